@@ -1,0 +1,88 @@
+"""forge_obs: experiment-scoped observability for RL pipelines on Monarch.
+
+    from forge_obs import record_metric, Reduce
+    record_metric("loss", 0.25, Reduce.MEAN)          # anywhere, any process: O(1), no I/O
+
+The recording API (``record_metric``, ``Reduce``, ``MetricCollector``, ...) imports neither
+Monarch nor torch. The actor API (``get_or_create_metric_logger``, ``GlobalLoggingActor``,
+``LocalFetcherActor``) is loaded on first use and needs ``torchmonarch``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from forge_obs.backends.base import LoggerBackend, get_logger_backend_class, register_backend
+from forge_obs.collector import MetricCollector, record_metric
+from forge_obs.metric import LoggingMode, Metric
+from forge_obs.record import RunContext, StepRecord
+from forge_obs.reduce import (
+    CountAccumulator,
+    LastAccumulator,
+    MaxAccumulator,
+    MeanAccumulator,
+    MetricAccumulator,
+    MinAccumulator,
+    Reduce,
+    SampleAccumulator,
+    StdAccumulator,
+    SumAccumulator,
+    reduce_metrics_states,
+    register_reduction,
+)
+
+__version__ = "0.1.0"
+
+_ACTOR_API = {
+    "get_or_create_metric_logger": "forge_obs.logger_actors",
+    "GlobalLoggingActor": "forge_obs.logger_actors",
+    "LocalFetcherActor": "forge_obs.logger_actors",
+    "ConsoleBackend": "forge_obs.backends.console",
+    "JsonlBackend": "forge_obs.backends.jsonl",
+    # tracer (issue 3) and structured timeline (issue 4): loaded on first use
+    "Tracer": "forge_obs.tracer",
+    "trace": "forge_obs.tracer",
+    "record_span": "forge_obs.timeline",
+    "record_event": "forge_obs.timeline",
+    "set_step": "forge_obs.timeline",
+    "add_step_tag": "forge_obs.timeline",
+}
+
+
+def __getattr__(name: str) -> Any:
+    mod = _ACTOR_API.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'forge_obs' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(mod), name)
+
+
+__all__ = [
+    "record_metric",
+    "Reduce",
+    "Metric",
+    "LoggingMode",
+    "MetricCollector",
+    "MetricAccumulator",
+    "MeanAccumulator",
+    "SumAccumulator",
+    "MaxAccumulator",
+    "MinAccumulator",
+    "StdAccumulator",
+    "CountAccumulator",
+    "LastAccumulator",
+    "SampleAccumulator",
+    "register_reduction",
+    "reduce_metrics_states",
+    "LoggerBackend",
+    "register_backend",
+    "get_logger_backend_class",
+    "RunContext",
+    "StepRecord",
+    "get_or_create_metric_logger",
+    "GlobalLoggingActor",
+    "LocalFetcherActor",
+    "ConsoleBackend",
+    "JsonlBackend",
+]

@@ -1,0 +1,75 @@
+"""JSONL store: ``<run_dir>/metrics.jsonl``, one object per step and mode (and rank), durable
+(flushed and fsync'ed) at every step. Read it back with :func:`forge_obs.store.read_metrics`.
+
+    {"run_id": "r1", "step": 0, "mode": "global_reduce", "wall_time": 1.7e9, "metrics": {"loss": 0.5}}
+    {"run_id": "r1", "step": 0, "mode": "per_rank_reduce", "source": {"label": "trainer/r0", ...}, "metrics": {...}}
+    {"run_id": "r1", "step": 0, "mode": "per_rank_no_reduce", "source": {...}, "values": [["loss", 0.5, 1.7e9]]}
+
+Config: ``logging_mode`` (default: ``global_reduce`` and ``per_rank_reduce``), ``fsync`` (default True).
+NaN/inf are written as JSON ``NaN``/``Infinity`` (Python's json reads them back).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from forge_obs.backends.base import LoggerBackend
+from forge_obs.metric import LoggingMode
+from forge_obs.record import StepRecord
+
+
+def _default(o: Any) -> Any:
+    item = getattr(o, "item", None)
+    if callable(item):
+        try:
+            return item()
+        except Exception:  # noqa: BLE001
+            pass
+    return str(o)
+
+
+class JsonlBackend(LoggerBackend):
+    default_modes = (LoggingMode.GLOBAL_REDUCE, LoggingMode.PER_RANK_REDUCE)
+
+    def init(self, run=None, **kwargs: Any) -> None:
+        super().init(run)
+        assert run is not None, "the jsonl backend needs a run directory"
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = run.run_dir / self.config.get("filename", "metrics.jsonl")
+        self._f = open(self.path, "a", encoding="utf-8")
+        self._fsync = bool(self.config.get("fsync", True))
+
+    def log_step(self, record: StepRecord) -> None:
+        base = {"run_id": record.run_id, "step": record.step}
+        lines = []
+        for mode in self.modes:
+            if mode is LoggingMode.GLOBAL_REDUCE:
+                row = dict(base, mode=mode.value, wall_time=record.wall_time, metrics=record.global_dict())
+                if record.missing:
+                    row["missing"] = record.missing
+                lines.append(row)
+            elif mode is LoggingMode.PER_RANK_REDUCE:
+                for label, metrics in record.per_rank.items():
+                    src = record.sources.get(label, {"label": label})
+                    lines.append(dict(base, mode=mode.value, wall_time=record.wall_time, source=src,
+                                      metrics={m.key: m.value for m in metrics}))
+            else:
+                for label, rows in record.raw.items():
+                    if rows:
+                        src = record.sources.get(label, {"label": label})
+                        lines.append(dict(base, mode=mode.value, source=src, values=[list(r) for r in rows]))
+        if not lines:
+            return
+        self._f.write("".join(json.dumps(r, default=_default) + "\n" for r in lines))
+        self._f.flush()
+        if self._fsync:
+            os.fsync(self._f.fileno())
+
+    def finish(self) -> None:
+        f = getattr(self, "_f", None)
+        if f is not None and not f.closed:
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()

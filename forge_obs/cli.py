@@ -1,0 +1,66 @@
+"""``forge-obs`` command line: one subcommand per view of a run directory.
+
+    forge-obs show runs/<run_id>            # the reduced metrics of a run, one line per step
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Callable
+
+#: subcommand name -> (help, add_arguments, run) ; other modules register theirs here
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
+
+
+def command(name: str, help: str, add_arguments: Callable[[argparse.ArgumentParser], None]):
+    def deco(fn: Callable[[argparse.Namespace], int]):
+        COMMANDS[name] = (help, add_arguments, fn)
+        return fn
+
+    return deco
+
+
+def _show_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--mode", default="global_reduce", help="global_reduce | per_rank_reduce | per_rank_no_reduce | all")
+
+
+@command("show", "print a run's reduced metrics, one JSON line per step", _show_args)
+def _show(args: argparse.Namespace) -> int:
+    from forge_obs.store import read_metrics
+
+    path = args.run_dir / "metrics.jsonl"
+    if not path.exists():
+        print(f"forge-obs: no metrics.jsonl in {args.run_dir}", file=sys.stderr)
+        return 2
+    for row in read_metrics(args.run_dir, None if args.mode == "all" else args.mode):
+        print(json.dumps(row))
+    return 0
+
+
+def _load_plugins() -> None:
+    """Subcommands defined in other modules (timeline, report, ...) register on import."""
+    import importlib
+
+    for mod in ("forge_obs.timeline.cli", "forge_obs.report.cli"):
+        try:
+            importlib.import_module(mod)
+        except ImportError:
+            pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    _load_plugins()
+    parser = argparse.ArgumentParser(prog="forge-obs", description="Views of a forge_obs run directory")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    for name, (help_, add_args, _fn) in sorted(COMMANDS.items()):
+        add_args(sub.add_parser(name, help=help_))
+    args = parser.parse_args(argv)
+    return COMMANDS[args.cmd][2](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

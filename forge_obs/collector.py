@@ -1,0 +1,256 @@
+"""The hot path: ``record_metric`` and the per-process :class:`MetricCollector`.
+
+    >>> from forge_obs import record_metric, Reduce
+    >>> from forge_obs.collector import MetricCollector
+    >>> for x in (1, 2, 3):
+    ...     record_metric("doc/sum", x, Reduce.SUM)
+    >>> MetricCollector().snapshot()["states"]["doc/sum"]["sum"]
+    6.0
+
+``record_metric`` is O(1): a dict lookup and an accumulator update under one process-wide lock,
+with no I/O, no RPC and no device sync. A flush *swaps* the accumulator dict (so values recorded
+while a flush runs land in the next step, never lost) and exports mergeable states. This module
+imports neither Monarch nor torch.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from forge_obs import _env
+from forge_obs._warn import WARNER
+from forge_obs.metric import Metric
+from forge_obs.reduce import MetricAccumulator, Reduce, accumulator_for, resolve_reduction
+
+__all__ = ["MetricCollector", "record_metric", "DEFAULT_RAW_CAP"]
+
+#: raw values kept per flush interval for ``per_rank_no_reduce`` streams (beyond: counted)
+DEFAULT_RAW_CAP = 100_000
+
+_DROP = object()
+
+
+class MetricCollector:
+    """Per-process singleton that accumulates values between flushes.
+
+    ``record_metric`` writes here; the process's ``LocalFetcherActor`` (or, on the controller, the
+    ``GlobalLoggingActor``) calls :meth:`snapshot` at each flush.
+    """
+
+    _instance: "MetricCollector | None" = None
+    _instance_lock = threading.Lock()
+
+    def __new__(cls) -> "MetricCollector":
+        inst = cls._instance
+        if inst is None:
+            with cls._instance_lock:
+                inst = cls._instance
+                if inst is None:
+                    inst = super().__new__(cls)
+                    inst._setup()
+                    cls._instance = inst
+        return inst
+
+    def _setup(self) -> None:
+        self._lock = threading.Lock()
+        self._accs: dict[str, MetricAccumulator] = {}
+        # per_rank_no_reduce: raw (key, value, wall time) tuples, bounded per flush interval
+        self._raw: list[tuple[str, Any, float]] | None = None
+        self.raw_cap = DEFAULT_RAW_CAP
+        self._recorded = 0
+        self._dropped = 0
+        self._nonfinite = 0
+        self._raw_overflow = 0
+        self._device_values = None  # set by forge_obs.device when a GPU value is first seen
+
+    # ------------------------------------------------------------------ recording
+    def push(self, metric: Metric) -> None:
+        """torchforge-compatible entry point: record a :class:`Metric`."""
+        record_metric(metric.key, metric.value, metric.reduction or Reduce.MEAN)
+
+    def set_streaming(self, enabled: bool) -> None:
+        """Keep raw values (with timestamps) for ``per_rank_no_reduce`` backends."""
+        with self._lock:
+            if enabled and self._raw is None:
+                self._raw = []
+            elif not enabled:
+                self._raw = None
+
+    @property
+    def streaming(self) -> bool:
+        return self._raw is not None
+
+    def _record_slow(self, key: Any, value: Any, reduction: Any) -> None:
+        """Called under the lock: a key's first value of the step, a reduction mismatch, or a
+        non-``Reduce`` reduction argument."""
+        try:
+            red = resolve_reduction(reduction)
+        except ValueError as e:
+            self._dropped += 1
+            WARNER.warn("bad_reduction", str(key), f"record_metric({key!r}): {e}; value dropped")
+            return
+        if not isinstance(key, str):
+            self._dropped += 1
+            WARNER.warn("bad_key", repr(key), f"record_metric: key must be a str, got {type(key).__name__}; value dropped")
+            return
+        acc = self._accs.get(key)
+        if acc is None:
+            cls = accumulator_for(red.value if isinstance(red, Reduce) else red)
+            if cls.numeric and not isinstance(value, (int, float)):
+                self._dropped += 1
+                WARNER.warn("bad_value", key, f"record_metric({key!r}): {type(value).__name__} value needs Reduce.SAMPLE; dropped")
+                return
+            acc = cls(red)
+            self._accs[key] = acc
+        elif acc.reduction is not red:
+            self._dropped += 1
+            WARNER.warn(
+                "reduction_mismatch",
+                key,
+                f"record_metric({key!r}): recorded with {_name(red)} but this step already has it as "
+                f"{_name(acc.reduction)}; value dropped (counted in obs/dropped_values)",
+            )
+            return
+        acc.append(value)
+        self._recorded += 1
+        if self._raw is not None:
+            self._append_raw(key, value)
+
+    def _append_raw(self, key: str, value: Any) -> None:
+        if len(self._raw) < self.raw_cap:  # type: ignore[arg-type]
+            self._raw.append((key, value, time.time()))  # type: ignore[union-attr]
+        else:
+            self._raw_overflow += 1
+
+    def _coerce(self, key: Any, value: Any, reduction: Any) -> Any:
+        """Turn a non-int/float value into a float (or keep a row for SAMPLE); _DROP if bad."""
+        if reduction is Reduce.SAMPLE or reduction == "sample":
+            return value
+        if type(value) is bool:
+            return float(value)
+        item = getattr(value, "item", None)
+        if item is not None:
+            dev = getattr(value, "device", None)
+            if dev is not None and getattr(dev, "type", "cpu") != "cpu":
+                return self._device_record(key, value, reduction)
+            try:
+                numel = getattr(value, "numel", None)
+                n = numel() if callable(numel) else getattr(value, "size", 1)
+                if n != 1:
+                    raise ValueError(f"{n} elements, expected 1")
+                v = float(item())
+            except Exception as e:  # noqa: BLE001 - bad input never raises into the caller
+                return self._drop(key, f"{type(value).__name__} could not be read as a scalar ({e})")
+        else:
+            try:
+                if isinstance(value, (str, bytes)) or value is None:
+                    raise TypeError
+                v = float(value)
+            except Exception:  # noqa: BLE001
+                return self._drop(key, f"value of type {type(value).__name__} is not a number")
+        if v - v:
+            self._count_nonfinite(key, v)
+        return v
+
+    def _device_record(self, key: str, value: Any, reduction: Any) -> Any:
+        """GPU tensors: accumulated on the device by :mod:`forge_obs.device` when available."""
+        try:
+            from forge_obs import device
+
+            return device.record_device_value(self, key, value, reduction)
+        except Exception as e:  # noqa: BLE001
+            return self._drop(key, f"device value could not be recorded ({e})")
+
+    def _drop(self, key: Any, why: str) -> Any:
+        with self._lock:
+            self._dropped += 1
+        WARNER.warn("bad_value", str(key), f"record_metric({key!r}): {why}; dropped (counted in obs/dropped_values)")
+        return _DROP
+
+    def _count_nonfinite(self, key: str, v: float) -> None:
+        with self._lock:
+            self._nonfinite += 1
+        WARNER.warn("nonfinite", str(key), f"record_metric({key!r}): non-finite value {v} kept (counted in obs/nonfinite_values)")
+
+    # ------------------------------------------------------------------ flushing
+    def snapshot(self) -> dict[str, Any]:
+        """Swap out everything recorded so far and return it as mergeable states.
+
+        Returns ``{"states": {key: state}, "raw": [(key, value, ts)] | None, "counters": {...},
+        "wall_time": t}``. Values recorded concurrently land in the next snapshot.
+        """
+        with self._lock:
+            accs, self._accs = self._accs, {}
+            raw = self._raw
+            if raw is not None:
+                self._raw = []
+            counters = {
+                "values_recorded": self._recorded,
+                "dropped_values": self._dropped,
+                "nonfinite_values": self._nonfinite,
+                "stream_overflow": self._raw_overflow,
+            }
+            self._recorded = self._dropped = self._nonfinite = self._raw_overflow = 0
+        dev = self._device_values
+        if dev is not None:
+            dev.drain_into(accs, counters)
+        states = {k: a.get_state() for k, a in accs.items()}
+        return {"states": states, "raw": raw, "counters": counters, "wall_time": time.time()}
+
+    def flush(self, global_step: int = 0, return_state: bool = True) -> dict[str, Any]:
+        """torchforge-compatible alias of :meth:`snapshot` (states of every key)."""
+        return self.snapshot()["states"]
+
+    def reset(self) -> None:
+        """Drop everything recorded so far (tests)."""
+        self.snapshot()
+
+
+def _name(r: Any) -> str:
+    return r.name if isinstance(r, Reduce) else str(r)
+
+
+_C = MetricCollector()
+
+
+def record_metric(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN) -> None:
+    """Record ``value`` under ``key``; reduced with ``reduction`` at the next flush.
+
+        >>> from forge_obs import record_metric, Reduce
+        >>> record_metric("loss", 0.25)                       # MEAN by default
+        >>> record_metric("tokens", 512, Reduce.SUM)
+        >>> record_metric("rollouts", {"prompt": "1+1", "reward": 1.0}, Reduce.SAMPLE)
+
+    Safe from any thread, asyncio task, actor or plain process; never raises. Values: int, float,
+    bool, NumPy scalars, 0-d/1-element tensors (GPU tensors are accumulated on the device), and
+    any row for ``Reduce.SAMPLE``. Bad values are dropped with a rate-limited warning and counted
+    in ``obs/dropped_values``; NaN/inf are kept and counted in ``obs/nonfinite_values``.
+    """
+    c = _C
+    t = type(value)
+    if t is float:
+        if value - value:
+            c._count_nonfinite(key, value)
+    elif t is not int:
+        value = c._coerce(key, value, reduction)
+        if value is _DROP:
+            return
+    with c._lock:
+        acc = c._accs.get(key)
+        if acc is not None and acc.reduction is reduction:
+            acc.append(value)
+            c._recorded += 1
+            if c._raw is not None:
+                c._append_raw(key, value)
+        else:
+            c._record_slow(key, value, reduction)
+
+
+if _env.METRICS_DISABLED:  # read once: a near-zero-cost no-op
+
+    def record_metric(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN) -> None:  # noqa: F811
+        """Disabled by ``FORGE_DISABLE_METRICS=true``: does nothing."""
+        return None
+

@@ -1,0 +1,313 @@
+"""Controller side of a flush: assemble rank snapshots into steps, reduce, hand to backends.
+
+    >>> import asyncio
+    >>> from forge_obs.pipeline import FlushPipeline
+    >>> from forge_obs.backends.base import LoggerBackend
+    >>> seen = []
+    >>> class Keep(LoggerBackend):
+    ...     def log_step(self, record): seen.append(record.global_dict())
+    >>> async def demo():
+    ...     p = FlushPipeline(backends={"keep": Keep({})}, run_id="doc", flush_timeout_s=5)
+    ...     p.start()
+    ...     p.register_ranks("m1", 1)
+    ...     p.begin_step(0, local_snapshot=None)
+    ...     p.submit(0, ("m1", 0), {"label": "m/r0"}, {"states": {"x": {"reduction_type": "sum", "sum": 2.0}}})
+    ...     await p.drain()
+    >>> asyncio.run(demo())
+    >>> seen[0]["x"]
+    2.0
+
+No Monarch here: the :class:`~forge_obs.logger_actors.GlobalLoggingActor` feeds this from its
+endpoints. Steps leave in the order they were begun. A step waits for every expected rank or
+until its deadline (``flush_timeout_s`` after the flush), whichever comes first; ranks that missed
+the previous step are not waited for again until they report. Snapshots that arrive after their
+step left (late, or a mesh's final snapshot when it stops) are merged into the next step, so no
+value is lost or counted twice. Reduction and backend I/O run in one worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from forge_obs.backends.base import LoggerBackend, call_hook
+from forge_obs.metric import Metric
+from forge_obs.record import StepRecord
+from forge_obs.reduce import Reduce, merge_states, reduce_metrics_states
+
+logger = logging.getLogger("forge_obs")
+
+RankKey = tuple  # (mesh_id, rank)
+
+_COUNTERS = ("values_recorded", "dropped_values", "nonfinite_values", "stream_overflow")
+
+
+@dataclass
+class _Pending:
+    step: int
+    deadline: float
+    expected: set
+    local: dict[str, Any] | None
+    t_begin: float
+    blocked_s: float = 0.0
+    final: bool = False
+    received: dict = field(default_factory=dict)  # rank_key -> (identity, snapshot)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class FlushPipeline:
+    """Step assembly (on the actor's event loop) and a backend worker thread."""
+
+    def __init__(
+        self,
+        backends: dict[str, LoggerBackend],
+        run_id: str,
+        flush_timeout_s: float = 10.0,
+        process_name: str = "Controller",
+    ) -> None:
+        self.backends = backends
+        self.run_id = run_id
+        self.flush_timeout_s = flush_timeout_s
+        self.process_name = process_name
+        self.ranks: dict[RankKey, dict[str, Any]] = {}  # registered rank -> last identity
+        self._ranks_lock = threading.Lock()  # registration may come from the spawning thread
+        self.lagging: set = set()
+        self._pending: list[_Pending] = []
+        self._carry: dict[RankKey, list[tuple[dict, dict]]] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._q: "queue.Queue[Any]" = queue.Queue()
+        self._worker = threading.Thread(target=self._work, name="forge_obs-backends", daemon=True)
+        self.backend_errors = 0
+        self.late_states = 0
+        self.last_backend_s = 0.0
+        self.steps_logged = 0
+        self._emitted = 0
+        self._logged_cv = threading.Condition()
+        self._reported_errors: set[str] = set()
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._assemble_loop())
+        self._worker.start()
+
+    async def drain(self) -> None:
+        """Wait until every begun step reached the backends (waiting at most its deadline)."""
+        while self._pending:
+            await asyncio.sleep(0.005)
+        target = self._emitted
+        await asyncio.get_running_loop().run_in_executor(None, self._wait_logged, target)
+
+    def _wait_logged(self, target: int) -> None:
+        with self._logged_cv:
+            self._logged_cv.wait_for(lambda: self.steps_logged >= target)
+
+    async def close(self) -> None:
+        """Drain, then finish every backend."""
+        await self.drain()
+        if self._task is not None:
+            self._task.cancel()
+        self._q.put(None)
+        await asyncio.get_running_loop().run_in_executor(None, self._worker.join)
+
+    # ------------------------------------------------------------ ranks
+    def register_ranks(self, mesh_id: str, num_ranks: int, mesh_name: str | None = None) -> None:
+        with self._ranks_lock:
+            for r in range(num_ranks):
+                self.ranks.setdefault((mesh_id, r), {"label": f"{mesh_name or mesh_id}/r{r}"})
+
+    def deregister(self, mesh_id: str, rank: int | None = None) -> None:
+        with self._ranks_lock:
+            keys = [k for k in self.ranks if k[0] == mesh_id and (rank is None or k[1] == rank)]
+            for k in keys:
+                self.ranks.pop(k, None)
+        for k in keys:
+            self.lagging.discard(k)
+            for p in self._pending:
+                p.expected.discard(k)
+        self._wake.set()
+
+    # ------------------------------------------------------------ steps
+    @property
+    def pending_steps(self) -> int:
+        return len(self._pending)
+
+    def begin_step(
+        self, step: int, local_snapshot: dict[str, Any] | None, blocked_s: float = 0.0, final: bool = False
+    ) -> None:
+        """Open ``step``: it waits for every registered rank's :meth:`submit`. A ``final`` step
+        (shutdown) is not logged when nothing was recorded."""
+        now = time.monotonic()
+        with self._ranks_lock:
+            expected = set(self.ranks)
+        self._pending.append(
+            _Pending(
+                step=step,
+                deadline=now + self.flush_timeout_s,
+                expected=expected,
+                local=local_snapshot,
+                t_begin=now,
+                blocked_s=blocked_s,
+                final=final,
+            )
+        )
+        self._wake.set()
+
+    def submit(self, step: int | None, rank_key: RankKey, identity: dict[str, Any], snapshot: dict[str, Any]) -> None:
+        """A rank's snapshot for ``step`` (``None``: a final snapshot when its mesh stops)."""
+        rank_key = tuple(rank_key)
+        if identity and rank_key in self.ranks:
+            self.ranks[rank_key] = identity
+        self.lagging.discard(rank_key)
+        target = None
+        if step is not None:
+            for p in self._pending:
+                if p.step == step and rank_key not in p.received:
+                    target = p
+                    break
+        if target is None:
+            if step is not None:
+                self.late_states += 1
+            self._carry.setdefault(rank_key, []).append((identity, snapshot))
+        else:
+            target.received[rank_key] = (identity, snapshot)
+        self._wake.set()
+
+    def _complete(self, p: _Pending) -> bool:
+        waiting = p.expected - p.received.keys() - self.lagging
+        return not waiting
+
+    async def _assemble_loop(self) -> None:
+        while True:
+            if not self._pending:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            p = self._pending[0]
+            if not self._complete(p):
+                timeout = p.deadline - time.monotonic()
+                if timeout > 0:
+                    self._wake.clear()
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), timeout)
+                    except asyncio.TimeoutError:
+                        pass
+                    continue
+            self._pending.pop(0)
+            missing = sorted(p.expected - p.received.keys(), key=str)
+            self.lagging.update(missing)
+            carry, self._carry = self._carry, {}
+            self._emitted += 1
+            self._q.put((p, missing, carry, len(self._pending)))
+
+    # ------------------------------------------------------------ worker thread
+    def _work(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                break
+            p, missing, carry, pending = item
+            try:
+                t0 = time.perf_counter()
+                record = self._build(p, missing, carry, pending)
+                if record is None:
+                    continue
+                record.global_metrics.append(Metric("obs/merge_s", time.perf_counter() - t0, Reduce.MAX))
+                t1 = time.perf_counter()
+                for name, be in self.backends.items():
+                    try:
+                        call_hook(be.log_step, record)
+                    except Exception as e:  # noqa: BLE001 - one backend never stops the others
+                        self.backend_errors += 1
+                        if name not in self._reported_errors:
+                            self._reported_errors.add(name)
+                            logger.error("forge_obs: backend %r failed at step %s: %r (counted in obs/backend_errors)", name, p.step, e)
+                self.last_backend_s = time.perf_counter() - t1
+            except Exception:  # noqa: BLE001
+                logger.exception("forge_obs: step %s could not be assembled", p.step)
+            finally:
+                with self._logged_cv:
+                    self.steps_logged += 1
+                    self._logged_cv.notify_all()
+        for name, be in self.backends.items():
+            try:
+                call_hook(be.finish)
+            except Exception as e:  # noqa: BLE001
+                logger.error("forge_obs: backend %r failed to finish: %r", name, e)
+
+    def _build(self, p: _Pending, missing: list, carry: dict, pending: int) -> StepRecord | None:
+        # rank label -> list of snapshots (the step's own, plus late/final ones carried in)
+        by_label: dict[str, list[dict]] = {}
+        sources: dict[str, dict] = {}
+        entries = []
+        if p.local is not None:
+            entries.append(({"label": self.process_name, "mesh": self.process_name, "rank": 0}, p.local))
+        entries.extend(p.received.values())
+        for items in carry.values():
+            entries.extend(items)
+        counters = dict.fromkeys(_COUNTERS, 0)
+        conflicts: list[str] = []
+        for ident, snap in entries:
+            label = ident.get("label") or str(ident)
+            by_label.setdefault(label, []).append(snap)
+            sources[label] = ident
+            for k, v in (snap.get("counters") or {}).items():
+                counters[k] = counters.get(k, 0) + v
+
+        def on_conflict(key: str, kinds: set) -> None:
+            conflicts.append(key)
+
+        rank_states: dict[str, dict[str, dict]] = {}
+        raw: dict[str, list] = {}
+        for label, snaps in by_label.items():
+            merged: dict[str, list[dict]] = {}
+            for s in snaps:
+                for k, st in (s.get("states") or {}).items():
+                    merged.setdefault(k, []).append(st)
+                if s.get("raw"):
+                    raw.setdefault(label, []).extend(s["raw"])
+            states = {}
+            for k, sts in merged.items():
+                if len({s["reduction_type"] for s in sts}) > 1:
+                    conflicts.append(k)
+                    continue
+                states[k] = sts[0] if len(sts) == 1 else merge_states(sts)
+            if states:
+                rank_states[label] = states
+        global_metrics = reduce_metrics_states(list(rank_states.values()), on_conflict)
+        per_rank = {
+            label: [Metric(m.key, m.value, m.reduction, m.timestamp, label) for m in reduce_metrics_states([st])]
+            for label, st in rank_states.items()
+        }
+        if p.final and not rank_states and not raw:
+            return None  # nothing was recorded after the last flush
+        missing_labels = [self.ranks.get(k, {}).get("label") or f"{k[0]}/r{k[1]}" for k in missing]
+        obs = {
+            "obs/values_recorded": counters["values_recorded"],
+            "obs/dropped_values": counters["dropped_values"] + len(conflicts),
+            "obs/nonfinite_values": counters["nonfinite_values"],
+            "obs/stream_overflow": counters["stream_overflow"],
+            "obs/flush_blocked_s": p.blocked_s,
+            "obs/backend_s": self.last_backend_s,
+            "obs/pending_steps": pending,
+            "obs/missing_ranks": len(missing),
+            "obs/late_states": self.late_states,
+            "obs/backend_errors": self.backend_errors,
+            "obs/ranks_reported": len(p.received),
+        }
+        global_metrics.extend(Metric(k, float(v), Reduce.SUM) for k, v in obs.items())
+        return StepRecord(
+            step=p.step,
+            run_id=self.run_id,
+            wall_time=time.time(),
+            global_metrics=global_metrics,
+            per_rank=per_rank,
+            raw=raw,
+            sources=sources,
+            missing=missing_labels,
+        )

@@ -1,0 +1,109 @@
+"""The one place that touches Monarch's private spawn-callback API (torchmonarch 0.7.0).
+
+Primary: ``monarch._src.actor.proc_mesh.register_proc_mesh_spawn_callback`` (runs ``cb(pm)`` for
+every ``spawn_procs`` in this process) and ``SetupActor.register_startup_function`` (runs a
+callable in every new child process, so meshes spawned from inside actors are covered too).
+Fallback, if those names move: wrap the public ``HostMesh.spawn_procs``. Either way the mesh name
+given to ``spawn_procs(name=...)`` is passed to the callback, and a callback error never reaches
+the caller of ``spawn_procs``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+from typing import Any, Callable
+
+logger = logging.getLogger("forge_obs")
+
+_mesh_name: contextvars.ContextVar[str | None] = contextvars.ContextVar("forge_obs_mesh_name", default=None)
+_callback: Callable[[Any, str | None], None] | None = None
+_private_ok = False
+_orig_spawn_procs: Any = None
+
+
+def _safe_call(pm: Any) -> None:
+    cb = _callback
+    if cb is None:
+        return
+    try:
+        cb(pm, _mesh_name.get())
+    except Exception as e:  # noqa: BLE001 - never raise into the user's spawn_procs
+        logger.warning("forge_obs: could not attach observability to a new proc mesh: %r", e)
+
+
+def install(callback: Callable[[Any, str | None], None]) -> str:
+    """Route every new proc mesh to ``callback(proc_mesh, mesh_name)``. Returns the mechanism
+    used: ``"spawn_callback"`` or ``"spawn_procs_wrapper"``."""
+    global _callback, _private_ok, _orig_spawn_procs
+    _callback = callback
+    from monarch._src.actor.host_mesh import HostMesh
+
+    if _orig_spawn_procs is None:
+        _orig_spawn_procs = HostMesh.spawn_procs
+        orig = _orig_spawn_procs
+
+        @functools.wraps(orig)
+        def spawn_procs(self: Any, *args: Any, **kwargs: Any) -> Any:
+            name = kwargs.get("name") if "name" in kwargs else (args[2] if len(args) > 2 else None)
+            token = _mesh_name.set(name or "anon")
+            try:
+                pm = orig(self, *args, **kwargs)
+            finally:
+                _mesh_name.reset(token)
+            if not _private_ok:
+                _safe_call(pm)
+            return pm
+
+        HostMesh.spawn_procs = spawn_procs
+    if not _private_ok:
+        try:
+            from monarch._src.actor.proc_mesh import register_proc_mesh_spawn_callback
+
+            register_proc_mesh_spawn_callback(_safe_call)
+            _private_ok = True
+        except Exception as e:  # noqa: BLE001
+            logger.info("forge_obs: Monarch spawn callback unavailable (%r); using the spawn_procs wrapper", e)
+    return "spawn_callback" if _private_ok else "spawn_procs_wrapper"
+
+
+def uninstall() -> None:
+    global _callback, _private_ok, _orig_spawn_procs
+    _callback = None
+    if _private_ok:
+        try:
+            from monarch._src.actor.proc_mesh import unregister_proc_mesh_spawn_callback
+
+            unregister_proc_mesh_spawn_callback(_safe_call)
+        except Exception:  # noqa: BLE001
+            pass
+        _private_ok = False
+    if _orig_spawn_procs is not None:
+        from monarch._src.actor.host_mesh import HostMesh
+
+        HostMesh.spawn_procs = _orig_spawn_procs
+        _orig_spawn_procs = None
+
+
+def register_child_startup(make_callable: Callable[[], Any]) -> bool:
+    """Run ``make_callable()``'s result in every child process spawned from now on."""
+    try:
+        from monarch._src.actor.proc_mesh import SetupActor
+
+        if make_callable not in SetupActor._startup_functions:
+            SetupActor.register_startup_function(make_callable)
+        return True
+    except Exception as e:  # noqa: BLE001
+        logger.info("forge_obs: child-process startup hook unavailable (%r)", e)
+        return False
+
+
+def unregister_child_startup(make_callable: Callable[[], Any]) -> None:
+    try:
+        from monarch._src.actor.proc_mesh import SetupActor
+
+        if make_callable in SetupActor._startup_functions:
+            SetupActor._startup_functions.remove(make_callable)
+    except Exception:  # noqa: BLE001
+        pass
