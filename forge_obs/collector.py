@@ -15,6 +15,7 @@ imports neither Monarch nor torch.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Any
@@ -23,6 +24,7 @@ from forge_obs import _env
 from forge_obs._warn import WARNER
 from forge_obs.metric import Metric
 from forge_obs.reduce import MetricAccumulator, Reduce, accumulator_for, resolve_reduction
+from forge_obs import sketch as _sketch  # noqa: F401,E402 - registers the "distribution" reduction in every process
 
 __all__ = ["MetricCollector", "record_metric", "DEFAULT_RAW_CAP"]
 
@@ -30,6 +32,7 @@ __all__ = ["MetricCollector", "record_metric", "DEFAULT_RAW_CAP"]
 DEFAULT_RAW_CAP = 100_000
 
 _DROP = object()
+_SAMPLE = Reduce.SAMPLE  # module global: cheaper than the Enum attribute lookup per call
 
 
 class MetricCollector:
@@ -126,20 +129,28 @@ class MetricCollector:
 
     def _coerce(self, key: Any, value: Any, reduction: Any) -> Any:
         """Turn a non-int/float value into a float (or keep a row for SAMPLE); _DROP if bad."""
-        if reduction is Reduce.SAMPLE or reduction == "sample":
+        if reduction is _SAMPLE or reduction == "sample":
             return value
+        if type(value) is (_TENSOR or _tensor_type()):  # plain torch.Tensor: the common case, fast
+            if not value.is_cpu:
+                return self._device_record(key, value, reduction)
+            try:
+                v = float(value.item())  # .item() rejects tensors of more than one element
+            except Exception as e:  # noqa: BLE001
+                return self._drop(key, f"Tensor could not be read as a scalar ({e})")
+            if v - v:
+                self._count_nonfinite(key, v)
+            return v
         if type(value) is bool:
             return float(value)
         item = getattr(value, "item", None)
         if item is not None:
-            dev = getattr(value, "device", None)
-            if dev is not None and getattr(dev, "type", "cpu") != "cpu":
+            # torch tensors: ``is_cpu`` is far cheaper than ``.device.type``; others: ``.device``
+            is_cpu = getattr(value, "is_cpu", None)
+            if is_cpu is False or (is_cpu is None and getattr(getattr(value, "device", None), "type", "cpu") != "cpu"):
                 return self._device_record(key, value, reduction)
             try:
-                numel = getattr(value, "numel", None)
-                n = numel() if callable(numel) else getattr(value, "size", 1)
-                if n != 1:
-                    raise ValueError(f"{n} elements, expected 1")
+                # .item() itself rejects tensors / arrays of more than one element
                 v = float(item())
             except Exception as e:  # noqa: BLE001 - bad input never raises into the caller
                 return self._drop(key, f"{type(value).__name__} could not be read as a scalar ({e})")
@@ -206,6 +217,17 @@ class MetricCollector:
     def reset(self) -> None:
         """Drop everything recorded so far (tests)."""
         self.snapshot()
+
+
+_TENSOR: Any = None  # torch.Tensor once torch is imported (never imported from here)
+
+
+def _tensor_type() -> Any:
+    global _TENSOR
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        _TENSOR = getattr(torch, "Tensor", None)
+    return _TENSOR
 
 
 def _name(r: Any) -> str:

@@ -1,0 +1,377 @@
+"""Device-side values: GPU tensors accumulated on the device, read once per flush.
+
+    record_metric("loss", loss)                      # loss: a CUDA tensor; no .item(), no sync
+    record_metric("grad_norm", gn, Reduce.MAX)
+
+``record_metric`` hands a non-CPU tensor here (``MetricCollector._coerce``). Per (key, step) a
+small float64 tensor (float32 where the device has no float64) on the value's device holds the
+running state, updated with in-place ops queued on the *current stream* of the recording thread:
+
+============  ==========================  =========================================
+reduction     device state                host-side state
+============  ==========================  =========================================
+MEAN, SUM     ``[sum]``                   count
+MAX / MIN     ``[max]`` / ``[min]``       count
+STD           ``[mean, m2]`` (Welford)    count (the Welford divisor is a host int)
+LAST          ``[value]``                 count, wall time of the last record
+COUNT         nothing                     count
+other (custom, ``distribution``)          the values, stacked at flush (at most ``RAW_CAP``
+                                          per key and step; beyond: counted as dropped)
+============  ==========================  =========================================
+
+Nothing here reads a device value on the host: no ``.item()``, no ``.cpu()``, no
+``torch.tensor(..., device=...)`` upload, so ``torch.cuda.set_sync_debug_mode("error")`` stays
+quiet. At ``MetricCollector.snapshot()`` (a flush), :meth:`DeviceValues.drain_into` makes the
+flushing thread's stream wait (``wait_stream``, no host wait) on every stream that recorded, then
+reads **all** device states of the process with one ``torch.cat`` and one device-to-host copy per
+device (one copy in total on a single-GPU process). That copy is the only host sync, and it is
+off the training thread. The values become ordinary accumulators of :mod:`forge_obs.reduce` and
+merge with CPU values recorded under the same key.
+
+Non-finite device values are kept (they propagate into the reduced value, e.g. a NaN mean);
+``obs/nonfinite_values`` counts the *keys* whose device state is non-finite at flush, not each
+value. Device values are not streamed raw (``per_rank_no_reduce``): only their reduced states
+travel. The module imports torch lazily (only when a device value is first recorded).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Any
+
+from forge_obs._warn import WARNER
+from forge_obs.reduce import (
+    CountAccumulator,
+    LastAccumulator,
+    MaxAccumulator,
+    MeanAccumulator,
+    MetricAccumulator,
+    MinAccumulator,
+    Reduce,
+    StdAccumulator,
+    SumAccumulator,
+    accumulator_for,
+    resolve_reduction,
+)
+
+__all__ = ["DeviceValues", "record_device_value", "RAW_CAP"]
+
+#: values kept per key and step for reductions without a device-side state (custom, distribution)
+RAW_CAP = 4096
+
+# reduction value -> (state length, kind)
+_LAYOUT = {
+    "mean": (1, "sum"),
+    "sum": (1, "sum"),
+    "max": (1, "max"),
+    "min": (1, "min"),
+    "std": (2, "std"),
+    "last": (1, "last"),
+    "count": (0, "count"),
+}
+
+
+class _Entry:
+    """One key's device state for the current step."""
+
+    __slots__ = ("reduction", "red_name", "kind", "state", "count", "ts", "raw", "device")
+
+    def __init__(self, reduction: Any, red_name: str, kind: str, device: Any) -> None:
+        self.reduction = reduction
+        self.red_name = red_name
+        self.kind = kind
+        self.state = None  # torch tensor on ``device`` (None for count / raw kinds)
+        self.count = 0
+        self.ts = -math.inf
+        self.raw: list[Any] | None = [] if kind == "raw" else None
+        self.device = device
+
+
+class DeviceValues:
+    """Per-process device accumulators (``MetricCollector._device_values``).
+
+    Works with any non-CPU torch device; the stream bookkeeping is CUDA's. Thread-safe: updates
+    of one process are serialised by one lock (they only *queue* kernels, a few µs each).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[str, _Entry] = {}
+        self._streams: dict[Any, Any] = {}  # (device, stream id) -> stream that recorded
+        self._dropped = 0
+        #: ``hook(accs, counters)`` called first at each drain (the GPU tracer resolves its
+        #: pending CUDA-event timings into the snapshot there)
+        self.hooks: list[Any] = []
+
+    def add_hook(self, hook: Any) -> None:
+        with self._lock:
+            if hook not in self.hooks:
+                self.hooks.append(hook)
+
+    # ---------------------------------------------------------------- recording
+    def record(self, key: Any, value: Any, reduction: Any) -> bool:
+        """Queue the update of ``key``'s state with ``value`` (a 1-element tensor). Returns False
+        (after a warning) when the value is dropped."""
+        import torch
+
+        if not isinstance(key, str):
+            return self._drop(key, f"key must be a str, got {type(key).__name__}")
+        if value.numel() != 1:
+            return self._drop(key, f"{type(value).__name__} could not be read as a scalar ({value.numel()} elements, expected 1)")
+        if value.is_complex():
+            return self._drop(key, "complex device values are not supported")
+        with self._lock:
+            e = self._entries.get(key)
+            if e is None or e.reduction is not reduction:
+                e = self._slow_entry(key, value, reduction)
+                if e is None:
+                    return False
+            if e.device != value.device:
+                self._dropped += 1
+                WARNER.warn("bad_value", key, f"record_metric({key!r}): device value on {value.device} but this step "
+                            f"already has {key!r} on {e.device}; dropped (counted in obs/dropped_values)")
+                return False
+            e.count += 1
+            kind = e.kind
+            if kind == "count":
+                return True
+            if value.device.type == "cuda":
+                s = torch.cuda.current_stream(value.device)
+                sk = (value.device, s.stream_id)
+                if sk not in self._streams:
+                    self._streams[sk] = s
+            with torch.inference_mode():
+                v = value.detach().reshape(())
+                st = e.state
+                if kind == "sum":
+                    st.add_(v)
+                elif kind == "max":
+                    torch.maximum(st, v, out=st)
+                elif kind == "min":
+                    torch.minimum(st, v, out=st)
+                elif kind == "std":
+                    # Welford with the count known on the host: delta = v - mean;
+                    # mean += delta / n; m2 += delta * (v - mean)
+                    mean = st[0]
+                    delta = v - mean
+                    mean.add_(delta, alpha=1.0 / e.count)
+                    st[1].add_(delta * (v - mean))
+                elif kind == "last":
+                    st.copy_(v)
+                    e.ts = time.time()
+                else:  # raw
+                    if len(e.raw) >= RAW_CAP:  # type: ignore[arg-type]
+                        e.count -= 1
+                        self._dropped += 1
+                        return False
+                    e.raw.append(v.to(st.dtype).reshape(1))  # type: ignore[union-attr]
+        return True
+
+    def _slow_entry(self, key: str, value: Any, reduction: Any) -> "_Entry | None":
+        """Under the lock: first device value of ``key`` this step, or a reduction given as a
+        name / differing from the step's first one."""
+        import torch
+
+        try:
+            red = resolve_reduction(reduction)
+        except ValueError as e:
+            self._dropped += 1
+            WARNER.warn("bad_reduction", key, f"record_metric({key!r}): {e}; value dropped")
+            return None
+        e = self._entries.get(key)
+        if e is not None:
+            if e.reduction is red:
+                return e
+            self._dropped += 1
+            WARNER.warn("reduction_mismatch", key, f"record_metric({key!r}): recorded with {_name(red)} but this step "
+                        f"already has it as {_name(e.reduction)}; value dropped (counted in obs/dropped_values)")
+            return None
+        name = red.value if isinstance(red, Reduce) else red
+        cls = accumulator_for(name)
+        if not cls.numeric:
+            self._dropped += 1
+            WARNER.warn("bad_value", key, f"record_metric({key!r}): a device tensor cannot be a {name} row; dropped")
+            return None
+        n, kind = _LAYOUT.get(name, (0, "raw"))
+        dev = value.device
+        e = _Entry(red, name, kind, dev)
+        if kind != "count":
+            dt = _acc_dtype(dev)
+            with torch.inference_mode():
+                if kind == "max":
+                    e.state = torch.full((1,), -math.inf, dtype=dt, device=dev)
+                elif kind == "min":
+                    e.state = torch.full((1,), math.inf, dtype=dt, device=dev)
+                elif kind == "raw":
+                    e.state = torch.empty((0,), dtype=dt, device=dev)  # carries the dtype only
+                else:
+                    e.state = torch.zeros((n,), dtype=dt, device=dev)
+        self._entries[key] = e
+        return e
+
+    def _drop(self, key: Any, why: str) -> bool:
+        with self._lock:
+            self._dropped += 1
+        WARNER.warn("bad_value", str(key), f"record_metric({key!r}): {why}; dropped (counted in obs/dropped_values)")
+        return False
+
+    # ---------------------------------------------------------------- flushing
+    def drain_into(self, accs: dict[str, MetricAccumulator], counters: dict[str, int]) -> None:
+        """Swap out this step's device states, read them with one device-to-host copy per device
+        and merge them into ``accs`` (the collector's CPU accumulators of the same snapshot)."""
+        with self._lock:
+            entries, self._entries = self._entries, {}
+            streams, self._streams = self._streams, {}
+            dropped, self._dropped = self._dropped, 0
+        counters["dropped_values"] = counters.get("dropped_values", 0) + dropped
+        for hook in list(self.hooks):
+            try:
+                hook(accs, counters)
+            except Exception as e:  # noqa: BLE001 - a flush never fails because of a hook
+                WARNER.warn("device_hook", repr(hook), f"device drain hook failed: {e!r}")
+        if not entries:
+            return
+        import torch
+
+        # which flat slice of the per-device buffer holds each entry
+        by_dev: dict[Any, list[Any]] = {}
+        size: dict[Any, int] = {}
+        where: dict[str, tuple[Any, int, int]] = {}
+        for key, e in entries.items():
+            t = (torch.cat(e.raw) if e.raw else None) if e.kind == "raw" else e.state
+            off = size.get(e.device, 0)
+            if t is None:
+                where[key] = (e.device, off, 0)
+                continue
+            n = int(t.numel())
+            by_dev.setdefault(e.device, []).append(t)
+            size[e.device] = off + n
+            where[key] = (e.device, off, n)
+        host: dict[Any, list[float]] = {}
+        for dev, parts in by_dev.items():
+            if dev.type == "cuda":
+                cur = torch.cuda.current_stream(dev)
+                for (sdev, _), s in streams.items():
+                    if sdev == dev and s != cur:
+                        cur.wait_stream(s)
+            with torch.inference_mode():
+                flat = parts[0] if len(parts) == 1 else torch.cat(parts)
+                host[dev] = _to_host(flat)  # the one device-to-host copy per device
+        nonfinite = 0
+        recorded = 0
+        for key, e in entries.items():
+            dev, off, n = where[key]
+            vals = host.get(dev, [])[off : off + n]
+            recorded += e.count
+            if e.count == 0:
+                continue
+            if e.kind != "raw" and any(v - v for v in vals):
+                nonfinite += 1
+            cur = accs.get(key)
+            if cur is None:
+                accs[key] = _make_acc(e, vals)
+            elif cur.reduction is not e.reduction:
+                counters["dropped_values"] = counters.get("dropped_values", 0) + e.count
+                WARNER.warn("reduction_mismatch", key, f"record_metric({key!r}): device values recorded with "
+                            f"{_name(e.reduction)} but CPU values with {_name(cur.reduction)}; device values dropped")
+            elif e.kind == "raw":  # values read back one by one: append them (any accumulator class)
+                for v in vals:
+                    cur.append(v)
+            else:
+                _set_state(cur, type(cur).merge_states([cur.get_state(), _make_acc(e, vals).get_state()]))
+        counters["values_recorded"] = counters.get("values_recorded", 0) + recorded
+        counters["nonfinite_values"] = counters.get("nonfinite_values", 0) + nonfinite
+
+
+def _to_host(flat: Any) -> list[float]:
+    """One device-to-host copy. On CUDA: an async copy into pinned memory, then a wait on an
+    event of the flushing thread's stream (so only this thread waits, and
+    ``torch.cuda.set_sync_debug_mode`` set by the training thread does not flag the flush)."""
+    import torch
+
+    if flat.device.type != "cuda":
+        return flat.cpu().tolist()
+    buf = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+    buf.copy_(flat, non_blocking=True)
+    ev = torch.cuda.Event()
+    ev.record(torch.cuda.current_stream(flat.device))
+    ev.synchronize()
+    return buf.tolist()
+
+
+def _acc_dtype(dev: Any) -> Any:
+    import torch
+
+    return torch.float32 if dev.type == "mps" else torch.float64
+
+
+def _name(r: Any) -> str:
+    return r.name if isinstance(r, Reduce) else str(r)
+
+
+def _make_acc(e: _Entry, vals: list[float]) -> MetricAccumulator:
+    """An accumulator of ``e``'s reduction class whose state equals the device result."""
+    cls = accumulator_for(e.red_name)
+    acc = cls(e.reduction)
+    k = e.kind
+    if k == "raw":
+        for v in vals:
+            acc.append(v)
+    elif isinstance(acc, (MeanAccumulator,)):
+        acc.total, acc.count = vals[0], e.count
+    elif isinstance(acc, SumAccumulator):
+        acc.total = vals[0]
+    elif isinstance(acc, (MaxAccumulator, MinAccumulator)):
+        acc.best = vals[0]
+    elif isinstance(acc, StdAccumulator):
+        acc.count, acc.mean, acc.m2 = e.count, vals[0], vals[1]
+    elif isinstance(acc, CountAccumulator):
+        acc.count = e.count
+    elif isinstance(acc, LastAccumulator):
+        acc.last, acc.ts = vals[0], e.ts
+    return acc
+
+
+def _set_state(acc: MetricAccumulator, st: dict[str, Any]) -> None:
+    if isinstance(acc, MeanAccumulator):
+        acc.total, acc.count = st["sum"], st["count"]
+    elif isinstance(acc, SumAccumulator):
+        acc.total = st["sum"]
+    elif isinstance(acc, MaxAccumulator):
+        acc.best = st["max"]
+    elif isinstance(acc, MinAccumulator):
+        acc.best = st["min"]
+    elif isinstance(acc, StdAccumulator):
+        acc.count, acc.mean, acc.m2 = st["count"], st["mean"], st["m2"]
+    elif isinstance(acc, CountAccumulator):
+        acc.count = st["count"]
+    elif isinstance(acc, LastAccumulator):
+        acc.last, acc.ts = st["value"], st["ts"]
+
+
+_install_lock = threading.Lock()
+
+
+def device_values(collector: Any) -> DeviceValues:
+    """The collector's :class:`DeviceValues`, created on first use."""
+    dv = collector._device_values
+    if dv is None:
+        with _install_lock:
+            dv = collector._device_values
+            if dv is None:
+                dv = collector._device_values = DeviceValues()
+    return dv
+
+
+def record_device_value(collector: Any, key: Any, value: Any, reduction: Any) -> Any:
+    """Called by ``record_metric`` for a non-CPU tensor: accumulate on the device, return the
+    collector's ``_DROP`` (nothing left for the CPU accumulators)."""
+    from forge_obs.collector import _DROP
+
+    dv = collector._device_values
+    if dv is None:
+        dv = device_values(collector)
+    dv.record(key, value, reduction)
+    return _DROP

@@ -1,0 +1,532 @@
+"""Tracer and ``@trace``: time code blocks and endpoints on the CPU or the GPU, never syncing.
+
+    from forge_obs import Tracer, trace
+
+    t = Tracer("trainer/step", timer="gpu", track_memory=True)
+    t.start()
+    loss = model(batch); t.step("forward")
+    loss.backward();      t.step("backward")
+    t.stop()              # queues two CUDA events' worth of bookkeeping; never waits for the GPU
+
+    @trace("generator/generate")            # sync or async functions, Monarch endpoints too
+    async def generate(self, prompt): ...
+
+    with trace("reward", timer="cpu") as t:  # context manager yielding the Tracer
+        ...; t.step("score")
+
+Metric names (torchforge's): ``{prefix}/{step}/duration_avg_s`` (MEAN), ``…/duration_max_s``
+(MAX), ``{prefix}/total_duration_avg_s``, ``{prefix}/total_duration_max_s``, with
+``track_memory``: ``{prefix}/memory_delta_end_start_avg_gb`` (MEAN) and
+``{prefix}/memory_peak_max_gb`` (MAX); in addition ``{prefix}/{step}/duration_dist_s`` and
+``{prefix}/total_duration_dist_s`` (the ``distribution`` reduction of :mod:`forge_obs.sketch`:
+``{"p50", "p90", "p99", "count"}``, 1 % relative error, merged exactly across ranks).
+
+``timer="gpu"`` records a CUDA event on the current stream at ``start``/``step``/``stop``; the
+durations (GPU time between the events) are resolved later by a background poller thread once the
+events completed, or at the next flush, whichever comes first. A duration whose events complete
+after a flush is reported in the next step. Without CUDA, ``timer="gpu"`` falls back to CPU
+timing with one warning. See docs/tracer.md for ``track_memory``'s exact semantics.
+
+``FORGE_DISABLE_PERF_METRICS=true`` (or ``FORGE_DISABLE_METRICS=true``) turns every Tracer into a
+no-op and ``@trace`` into the identity. This module imports torch only when a GPU timer or memory
+tracking is first used.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import logging
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any, Callable
+
+from forge_obs import _env
+from forge_obs.collector import MetricCollector
+from forge_obs.reduce import Reduce, accumulator_for
+from forge_obs.sketch import DISTRIBUTION
+
+__all__ = ["Tracer", "trace"]
+
+logger = logging.getLogger("forge_obs")
+
+_pc = time.perf_counter
+_MEAN, _MAX = Reduce.MEAN, Reduce.MAX
+_GIB = float(1 << 30)
+
+#: read once at import, like every forge_obs switch
+_DISABLED: bool = _env.PERF_METRICS_DISABLED
+
+_C = MetricCollector()
+
+
+# ---------------------------------------------------------------------------- recording
+def _emit(items: list) -> None:
+    """Record ``[(key, value, reduction), ...]`` under ONE acquisition of the collector's lock
+    (what ``record_metric`` does per value, for float values)."""
+    c = _C
+    with c._lock:
+        accs = c._accs
+        for key, v, red in items:
+            acc = accs.get(key)
+            if acc is not None and acc.reduction is red:
+                acc.append(v)
+                c._recorded += 1
+                if c._raw is not None:
+                    c._append_raw(key, v)
+            else:
+                c._record_slow(key, v, red)
+
+
+_step_keys_cache: dict[tuple[str, str], tuple[str, str, str]] = {}
+_total_keys_cache: dict[str, tuple[str, str, str]] = {}
+
+
+def _step_keys(prefix: str, name: str) -> tuple[str, str, str]:
+    k = _step_keys_cache.get((prefix, name))
+    if k is None:
+        base = f"{prefix}/{name}/duration_"
+        k = _step_keys_cache[(prefix, name)] = (base + "avg_s", base + "max_s", base + "dist_s")
+    return k
+
+
+def _total_keys(prefix: str) -> tuple[str, str, str]:
+    k = _total_keys_cache.get(prefix)
+    if k is None:
+        base = f"{prefix}/total_duration_"
+        k = _total_keys_cache[prefix] = (base + "avg_s", base + "max_s", base + "dist_s")
+    return k
+
+
+def _duration_items(prefix: str, steps: list, total: float) -> list:
+    items = []
+    for name, d in steps:
+        a, m, s = _step_keys(prefix, name)
+        items += ((a, d, _MEAN), (m, d, _MAX), (s, d, DISTRIBUTION))
+    a, m, s = _total_keys(prefix)
+    items += ((a, total, _MEAN), (m, total, _MAX), (s, total, DISTRIBUTION))
+    return items
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(kind: str, msg: str) -> None:
+    if kind not in _warned:
+        _warned.add(kind)
+        logger.warning("forge_obs: %s", msg)
+
+
+def _cuda_available() -> bool:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        try:
+            import torch  # noqa: F811
+        except ImportError:
+            return False
+    try:
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+# ---------------------------------------------------------------------------- memory
+class _CudaMemory:
+    """The device-memory counters ``track_memory`` reads (the current CUDA device's caching
+    allocator: host-side counters, no device sync). Tests substitute a fake."""
+
+    def available(self) -> bool:
+        return _cuda_available()
+
+    def allocated(self) -> int:
+        import torch
+
+        return torch.cuda.memory_allocated()
+
+    def peak(self) -> int:
+        import torch
+
+        return torch.cuda.max_memory_allocated()
+
+    def reset_peak(self) -> None:
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+
+
+_MEMORY: Any = _CudaMemory()
+
+
+class _MemoryOwner:
+    """At most one tracked region per process at a time: the outermost one.
+
+    The device's peak counter is process-wide, so a region started while another is tracked
+    (nested, or a concurrent asyncio task / thread) does not reset it and reports no memory
+    metrics; it never releases the owner's claim either. A claim is released by the owner's
+    ``stop()`` (always reached by ``@trace`` / ``with trace`` through try/finally), or when the
+    owning Tracer is restarted or garbage-collected.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: tuple[Any, int] | None = None  # (weakref to Tracer, token)
+        self._tokens = itertools.count(1)
+
+    def _held(self) -> bool:
+        o = self._owner
+        if o is None:
+            return False
+        t = o[0]()
+        return t is not None and t._mem_token == o[1] and t._active
+
+    def acquire(self, tracer: "Tracer") -> int:
+        """Claim tracking for ``tracer``; returns a token (0: not the outermost, not tracked)."""
+        mem = _MEMORY
+        if not mem.available():
+            _warn_once("memory_no_cuda", "Tracer(track_memory=True): CUDA is not available; memory is not tracked")
+            return 0
+        with self._lock:
+            if self._held():
+                return 0
+            token = next(self._tokens)
+            self._owner = (weakref.ref(tracer), token)
+        tracer._mem_token = token
+        mem.reset_peak()
+        tracer._mem_start = mem.allocated()
+        return token
+
+    def release(self, tracer: "Tracer", token: int) -> tuple[float, float] | None:
+        """End ``tracer``'s claim; returns (delta bytes, peak bytes) or None if not the owner."""
+        with self._lock:
+            o = self._owner
+            if o is None or o[1] != token or o[0]() is not tracer:
+                return None
+            self._owner = None
+        mem = _MEMORY
+        return float(mem.allocated() - tracer._mem_start), float(mem.peak())
+
+
+_OWNER = _MemoryOwner()
+
+
+# ---------------------------------------------------------------------------- GPU timings
+class _GpuTimings:
+    """Pending CUDA-event timings: resolved by a poller thread once complete, or at flush."""
+
+    poll_interval_s = 0.005
+    max_pending = 100_000
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._pending: deque = deque()  # (prefix, names, events, mem_items)
+        self._pool: dict[int, list[Any]] = {}
+        self._thread: threading.Thread | None = None
+        self._hooked = False
+        self.dropped = 0
+
+    def event(self, dev: int) -> Any:
+        pool = self._pool.get(dev)
+        if pool:
+            try:
+                return pool.pop()
+            except IndexError:
+                pass
+        import torch
+
+        return torch.cuda.Event(enable_timing=True)
+
+    def submit(self, prefix: str, names: list, events: list, dev: int) -> None:
+        if not self._hooked:
+            self._install()
+        with self._cv:
+            if len(self._pending) >= self.max_pending:
+                self.dropped += 1
+                _warn_once("gpu_pending", "Tracer(timer='gpu'): too many unresolved GPU timings; oldest dropped")
+                self._pending.popleft()
+            self._pending.append((prefix, names, events, dev))
+            self._cv.notify()
+
+    def _install(self) -> None:
+        with self._lock:
+            if self._hooked:
+                return
+            from forge_obs.device import device_values
+
+            device_values(_C).add_hook(self._drain_hook)
+            self._thread = threading.Thread(target=self._poll, name="forge_obs-gpu-timer", daemon=True)
+            self._thread.start()
+            self._hooked = True
+
+    def _take(self, wait: bool) -> list:
+        """Pop the records whose events completed (all of them, waiting, if ``wait``)."""
+        out = []
+        with self._lock:
+            if not self._pending:
+                return out
+            keep: deque = deque()
+            for rec in self._pending:
+                if wait or rec[2][-1].query():
+                    out.append(rec)
+                else:
+                    keep.append(rec)
+            self._pending = keep
+        return out
+
+    def _resolve(self, recs: list) -> list:
+        items: list = []
+        for prefix, names, events, dev in recs:
+            events[-1].synchronize()  # returns at once for completed events
+            steps = [(n, events[i].elapsed_time(events[i + 1]) / 1000.0) for i, n in enumerate(names)]
+            total = events[0].elapsed_time(events[-1]) / 1000.0
+            items += _duration_items(prefix, steps, total)
+            self._pool.setdefault(dev, []).extend(events)
+        return items
+
+    def _poll(self) -> None:
+        while True:
+            with self._cv:
+                while not self._pending:
+                    self._cv.wait()
+            time.sleep(self.poll_interval_s)
+            try:
+                recs = self._take(wait=False)
+                if recs:
+                    _emit(self._resolve(recs))
+            except Exception as e:  # noqa: BLE001 - never let the poller die
+                _warn_once("gpu_poll", f"GPU timer poller: {e!r}")
+
+    def _drain_hook(self, accs: dict, counters: dict) -> None:
+        """At flush: every pending timing goes into this snapshot (waiting for its events on the
+        flushing thread, never on the training thread)."""
+        items = self._resolve(self._take(wait=True))
+        n = 0
+        for key, v, red in items:
+            acc = accs.get(key)
+            if acc is None:
+                acc = accs[key] = accumulator_for(red.value if isinstance(red, Reduce) else red)(red)
+            elif acc.reduction is not red:
+                continue
+            acc.append(v)
+            n += 1
+        counters["values_recorded"] = counters.get("values_recorded", 0) + n
+
+    def resolve_now(self) -> None:
+        """Wait for and record every pending GPU timing (tests, shutdown)."""
+        _emit(self._resolve(self._take(wait=True)))
+
+
+_GPU = _GpuTimings()
+
+
+# ---------------------------------------------------------------------------- Tracer
+class Tracer:
+    """Times a region: ``start()``, any number of ``step(name)``, ``stop()``; reusable.
+
+    Args:
+        prefix: metric name prefix, e.g. ``"trainer/step"``.
+        track_memory: record the device-memory delta and peak of the region (outermost tracked
+            region only; see docs/tracer.md).
+        timer: ``"cpu"`` (``time.perf_counter``) or ``"gpu"`` (CUDA events on the current
+            stream, resolved asynchronously; falls back to ``"cpu"`` without CUDA).
+    """
+
+    __slots__ = ("prefix", "track_memory", "timer", "_gpu", "_active", "_t0", "_last", "_steps",
+                 "_names", "_events", "_dev", "_mem_token", "_mem_start", "__weakref__")
+
+    def __init__(self, prefix: str, track_memory: bool = False, timer: str = "cpu") -> None:
+        if timer not in ("cpu", "gpu"):
+            raise ValueError(f"timer must be 'cpu' or 'gpu', got {timer!r}")
+        self.prefix = prefix
+        self.track_memory = bool(track_memory)
+        self.timer = timer
+        self._gpu = False
+        if timer == "gpu" and not _DISABLED:
+            if _cuda_available():
+                self._gpu = True
+            else:
+                _warn_once("gpu_timer_no_cuda", "Tracer(timer='gpu'): CUDA is not available; using CPU timing")
+        self._active = False
+        self._t0 = self._last = 0.0
+        self._steps: list = []
+        self._names: list = []
+        self._events: list = []
+        self._dev = 0
+        self._mem_token = 0
+        self._mem_start = 0
+
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    def start(self) -> "Tracer":
+        if _DISABLED:
+            return self
+        if self._active:
+            _warn_once("restart", f"Tracer({self.prefix!r}).start() while running: restarted")
+            self._end_memory(record=False)
+        self._active = True
+        if self.track_memory:
+            _OWNER.acquire(self)
+        if self._gpu:
+            import torch
+
+            self._dev = dev = torch.cuda.current_device()
+            ev = _GPU.event(dev)
+            ev.record()
+            self._events = [ev]
+            self._names = []
+        else:
+            self._steps = []
+            self._t0 = self._last = _pc()
+        return self
+
+    def step(self, name: str) -> None:
+        if not self._active:
+            if not _DISABLED:
+                _warn_once("step_inactive", f"Tracer({self.prefix!r}).step({name!r}) before start(): ignored")
+            return
+        if self._gpu:
+            ev = _GPU.event(self._dev)
+            ev.record()
+            self._events.append(ev)
+            self._names.append(name)
+        else:
+            now = _pc()
+            self._steps.append((name, now - self._last))
+            self._last = now
+
+    def stop(self) -> None:
+        if not self._active:
+            if not _DISABLED:
+                _warn_once("stop_inactive", f"Tracer({self.prefix!r}).stop() before start(): ignored")
+            return
+        try:
+            if self._gpu:
+                ev = _GPU.event(self._dev)
+                ev.record()
+                self._events.append(ev)
+                _GPU.submit(self.prefix, self._names, self._events, self._dev)
+                self._events = []
+                self._names = []
+            else:
+                _emit(_duration_items(self.prefix, self._steps, _pc() - self._t0))
+        finally:
+            self._end_memory(record=True)
+            self._active = False
+
+    def _end_memory(self, record: bool) -> None:
+        tok = self._mem_token
+        if not tok:
+            return
+        self._mem_token = 0
+        res = _OWNER.release(self, tok)
+        if res is not None and record:
+            delta, peak = res
+            p = self.prefix
+            _emit([(f"{p}/memory_delta_end_start_avg_gb", delta / _GIB, _MEAN),
+                   (f"{p}/memory_peak_max_gb", peak / _GIB, _MAX)])
+
+    def __enter__(self) -> "Tracer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+class trace:
+    """``@trace(prefix, track_memory=False, timer="cpu")`` on a sync or async function (a
+    Monarch ``@endpoint`` too: put ``@endpoint`` above ``@trace``), or ``with trace(...) as t``
+    (also ``async with``). Each call / ``with`` uses its own :class:`Tracer`, so concurrent calls
+    never share state; a call that raises is still timed (and its memory claim released)."""
+
+    def __init__(self, prefix: str, track_memory: bool = False, timer: str = "cpu") -> None:
+        if timer not in ("cpu", "gpu"):
+            raise ValueError(f"timer must be 'cpu' or 'gpu', got {timer!r}")
+        self.prefix = prefix
+        self.track_memory = track_memory
+        self.timer = timer
+        self._open: list[Tracer] = []
+
+    # ------------------------------------------------------------ decorator
+    def __call__(self, fn: Callable) -> Callable:
+        if _DISABLED:
+            return fn
+        prefix, mem, timer = self.prefix, self.track_memory, self.timer
+        simple = not mem and (timer == "cpu" or not _cuda_available())
+        if timer == "gpu" and simple:
+            _warn_once("gpu_timer_no_cuda", "Tracer(timer='gpu'): CUDA is not available; using CPU timing")
+        a_key, m_key, d_key = _total_keys(prefix)
+
+        if inspect.iscoroutinefunction(fn):
+            if simple:
+
+                @functools.wraps(fn)
+                async def awrapper(*args: Any, **kwargs: Any) -> Any:
+                    t0 = _pc()
+                    try:
+                        return await fn(*args, **kwargs)
+                    finally:
+                        d = _pc() - t0
+                        _emit([(a_key, d, _MEAN), (m_key, d, _MAX), (d_key, d, DISTRIBUTION)])
+
+            else:
+
+                @functools.wraps(fn)
+                async def awrapper(*args: Any, **kwargs: Any) -> Any:
+                    t = Tracer(prefix, mem, timer)
+                    t.start()
+                    try:
+                        return await fn(*args, **kwargs)
+                    finally:
+                        t.stop()
+
+            return awrapper
+
+        if simple:
+
+            @functools.wraps(fn)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                t0 = _pc()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    d = _pc() - t0
+                    _emit([(a_key, d, _MEAN), (m_key, d, _MAX), (d_key, d, DISTRIBUTION)])
+
+        else:
+
+            @functools.wraps(fn)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                t = Tracer(prefix, mem, timer)
+                t.start()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    t.stop()
+
+        return wrapper
+
+    # ------------------------------------------------------------ context manager
+    def __enter__(self) -> Tracer:
+        t = Tracer(self.prefix, self.track_memory, self.timer)
+        self._open.append(t)
+        return t.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._open.pop().stop()
+
+    async def __aenter__(self) -> Tracer:
+        return self.__enter__()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.__exit__(*exc)
+
+
+def resolve_pending_gpu_timings() -> None:
+    """Record every GPU timing still waiting for its events (waits for them)."""
+    _GPU.resolve_now()
