@@ -1,0 +1,314 @@
+"""Weights & Biases backend: ONE W&B run per experiment, written only by the controller.
+
+    init_backends({
+        "wandb": {
+            "project": "grpo", "mode": "offline",            # any wandb.init kwarg passes through
+            "logging_mode": ["global_reduce", "per_rank_reduce"],
+            "step_metrics": {"generator/": "policy_version"},  # x-axis per key prefix
+        },
+    })
+
+What goes where:
+
+- ``global_reduce``: one history row per step in the experiment's run, ``step=global_step``.
+  Every row also carries ``trainer_step`` and ``wall_time``, so any chart can switch its x-axis.
+- ``per_rank_reduce``: by default the ranks' values are keys in the same run and the same row,
+  labelled by rank: ``trainer/r3/loss`` (rank label + key; a key that already starts with the
+  rank's mesh name does not repeat it). ``"per_rank": "runs"`` (or torchforge's
+  ``"per_rank_share_run": False``) gives one run per rank instead, grouped by the experiment
+  (``group=<run_id>``), with system metrics off unless ``"per_rank_system_metrics": true``.
+- ``per_rank_no_reduce``: raw values with their timestamps go to a companion run
+  ``<run_id>-raw`` in the same group (system metrics off), one row per value, plotted against
+  ``wall_time``. They never advance or overwrite the steps of the main run.
+- SAMPLE values (lists of row dicts) become ``wandb.Table`` s, logged in the step's row (with
+  the step, so scalar steps are never lost); lists of numbers become histograms.
+- ``step_metrics`` maps a key prefix (``"generator/"``) or glob (``"generator/*"``) or key to the
+  metric that is its x-axis (``define_metric(glob, step_metric=axis)``). The axis value is an
+  ordinary metric: ``record_metric("policy_version", v, Reduce.MAX)``.
+- Config: the W&B run's config gets the user's ``config`` (or ``run_config``) plus
+  ``forge_obs`` (run id, run dir, backend configs with credentials redacted).
+
+Steps: W&B drops a write to a step below its current one. Steps arrive in order, but when one
+does not increase (a resumed job replaying a step, a user's non-monotonic flush) it is written at
+the next free W&B step, with ``trainer_step`` holding the true value, and a warning is logged once.
+
+Defaults: ``dir=<run_dir>`` (files in ``runs/<run_id>/wandb/``), ``name``/``id``/``group`` =
+run id, ``resume="allow"``, ``reinit="create_new"``, ``settings=wandb.Settings(console="off")``.
+The API key is read by wandb itself (``WANDB_API_KEY`` / netrc); forge_obs never stores it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import math
+import re
+from typing import Any
+
+from forge_obs.backends.base import LoggerBackend
+from forge_obs.metric import LoggingMode
+from forge_obs.record import StepRecord
+from forge_obs.run import redact
+
+logger = logging.getLogger("forge_obs")
+
+#: config keys that forge_obs reads itself; everything else goes to ``wandb.init``
+OWN_KEYS = (
+    "logging_mode",
+    "per_rank",
+    "per_rank_share_run",
+    "per_rank_system_metrics",
+    "step_metrics",
+    "run_config",
+)
+PER_RANK_CHOICES = ("keys", "runs")
+AXIS_KEYS = ("trainer_step", "wall_time")
+
+
+def _import_wandb() -> Any:
+    try:
+        import wandb
+    except ImportError as e:
+        raise ValueError("the 'wandb' backend needs the wandb package: pip install 'forge-obs[wandb]'") from e
+    return wandb
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", s).strip("-") or "x"
+
+
+def axis_glob(prefix: str) -> str:
+    """``"generator/"`` -> ``"generator/*"``; a glob or exact key is kept."""
+    return prefix + "*" if prefix.endswith("/") else prefix
+
+
+def rank_key(label: str, key: str) -> str:
+    """Key of a per-rank value in the shared run: ``("trainer/r3", "loss") -> "trainer/r3/loss"``;
+    ``("trainer/r3", "trainer/loss") -> "trainer/r3/loss"`` (the mesh name is not repeated)."""
+    mesh = label.split("/", 1)[0]
+    if key.startswith(mesh + "/"):
+        key = key[len(mesh) + 1 :]
+    return f"{label}/{key}"
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _cell(v: Any) -> Any:
+    if v is None or isinstance(v, (str, int, float, bool)):
+        return v
+    try:
+        return json.dumps(v, default=str)
+    except Exception:  # noqa: BLE001
+        return str(v)
+
+
+class WandbBackend(LoggerBackend):
+    default_modes = (LoggingMode.GLOBAL_REDUCE,)
+
+    def __init__(self, logger_backend_config: dict[str, Any] | None = None) -> None:
+        super().__init__(logger_backend_config)
+        self._wandb = _import_wandb()
+        cfg = self.config
+        init_params = [p for p in inspect.signature(self._wandb.init).parameters if p not in ("self",)]
+        unknown = sorted(k for k in cfg if k not in OWN_KEYS and k not in init_params)
+        if unknown:
+            raise ValueError(
+                f"wandb backend: unknown key(s) {unknown}; valid: {', '.join(OWN_KEYS)} "
+                f"or any wandb.init argument ({', '.join(init_params)})"
+            )
+        per_rank = cfg.get("per_rank")
+        if per_rank is None:
+            share = cfg.get("per_rank_share_run", True)
+            per_rank = "keys" if share else "runs"
+        if per_rank not in PER_RANK_CHOICES:
+            raise ValueError(f"wandb backend: per_rank={per_rank!r}; valid: {', '.join(PER_RANK_CHOICES)}")
+        self.per_rank = per_rank
+        sm = cfg.get("step_metrics") or {}
+        if not isinstance(sm, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and v for k, v in sm.items()):
+            raise ValueError(
+                "wandb backend: step_metrics must map a key prefix/glob to an axis metric name, "
+                'e.g. {"generator/": "policy_version"}'
+            )
+        self.step_metrics: dict[str, str] = dict(sm)
+        rc = cfg.get("run_config")
+        if rc is not None and not isinstance(rc, dict):
+            raise ValueError("wandb backend: run_config must be a dict")
+        self.wb: Any = None  # the experiment's wandb run
+        self._rank_runs: dict[str, Any] = {}
+        self._raw_run: Any = None
+        self._last_step: int | None = None
+        self._warned_step = False
+        self.steps_adjusted = 0
+
+    # ------------------------------------------------------------------ runs
+    def init(self, run=None, **kwargs: Any) -> None:
+        super().init(run)
+        wandb = self._wandb
+        kw = {k: v for k, v in self.config.items() if k not in OWN_KEYS}
+        if run is not None:
+            run.run_dir.mkdir(parents=True, exist_ok=True)
+            kw.setdefault("dir", str(run.run_dir))
+            kw.setdefault("name", run.run_id)
+            kw.setdefault("id", _slug(run.run_id))
+            kw.setdefault("group", run.run_id)
+        kw.setdefault("resume", "allow")
+        kw.setdefault("reinit", "create_new")
+        if "settings" not in kw:
+            kw["settings"] = wandb.Settings(console="off")
+        config = dict(kw.pop("config", None) or {})
+        config.update(self.config.get("run_config") or {})
+        config["forge_obs"] = redact(
+            {
+                "run_id": run.run_id if run else None,
+                "run_dir": str(run.run_dir) if run else None,
+                "backends": run.config if run else {},
+            }
+        )
+        self._base = {k: kw[k] for k in ("project", "entity", "dir", "mode", "anonymous") if k in kw}
+        self._group = kw.get("group")
+        self._name = kw.get("name") or (run.run_id if run else "forge_obs")
+        self._id = kw.get("id")
+        self.wb = wandb.init(config=redact(config), **kw)
+        self._define_axes(self.wb)
+        for prefix, axis in self.step_metrics.items():
+            self.wb.define_metric(axis)
+            self.wb.define_metric(axis_glob(prefix), step_metric=axis)
+
+    @staticmethod
+    def _define_axes(wb: Any) -> None:
+        for axis in AXIS_KEYS:
+            wb.define_metric(axis)
+
+    def _companion(self, suffix: str, name: str, job_type: str, stats: bool, config: dict | None = None) -> Any:
+        wandb = self._wandb
+        settings = wandb.Settings(console="off", x_disable_stats=not stats)
+        kw = dict(self._base, name=f"{self._name}/{name}", job_type=job_type, reinit="create_new", settings=settings)
+        if self._group:
+            kw["group"] = self._group
+        if self._id:
+            kw["id"] = f"{self._id}-{_slug(suffix)}"
+            kw["resume"] = "allow"
+        return wandb.init(config=config or {}, **kw)
+
+    def _rank_run(self, label: str, source: dict[str, Any]) -> Any:
+        r = self._rank_runs.get(label)
+        if r is None:
+            mesh = str(source.get("mesh") or label.split("/", 1)[0])
+            r = self._companion(label, label, mesh, bool(self.config.get("per_rank_system_metrics", False)),
+                                config={"source": {k: v for k, v in source.items() if k != "pid"}})
+            self._define_axes(r)
+            for prefix, axis in self.step_metrics.items():
+                r.define_metric(axis)
+                r.define_metric(axis_glob(prefix), step_metric=axis)
+            self._rank_runs[label] = r
+        return r
+
+    def _raw(self) -> Any:
+        if self._raw_run is None:
+            self._raw_run = self._companion("raw", "raw", "raw_streams", False)
+            self._raw_run.define_metric("wall_time")
+            self._raw_run.define_metric("*", step_metric="wall_time")
+        return self._raw_run
+
+    # ------------------------------------------------------------------ values
+    def _put(self, row: dict[str, Any], key: str, value: Any, tables: bool = True) -> None:
+        wandb = self._wandb
+        item = getattr(value, "item", None)
+        if callable(item) and not isinstance(value, (list, dict)):
+            try:
+                value = item()
+            except Exception:  # noqa: BLE001
+                pass
+        if isinstance(value, bool) or _is_number(value):
+            row[key] = value
+        elif isinstance(value, list):
+            if value and all(isinstance(r, dict) for r in value):
+                if not tables:
+                    return
+                cols: list[str] = []
+                for r in value:
+                    for c in r:
+                        if c not in cols:
+                            cols.append(c)
+                row[key] = wandb.Table(columns=cols, data=[[_cell(r.get(c)) for c in cols] for r in value])
+            elif value and all(_is_number(v) for v in value):
+                finite = [v for v in value if math.isfinite(v)]
+                if finite:
+                    row[key] = wandb.Histogram(finite)
+            # empty lists (no samples this step) are skipped
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                self._put(row, f"{key}/{k}", v, tables)
+        elif isinstance(value, str):
+            row[key] = value
+
+    def _next_step(self, step: int) -> int:
+        if self._last_step is not None and step <= self._last_step:
+            self.steps_adjusted += 1
+            if not self._warned_step:
+                self._warned_step = True
+                logger.warning(
+                    "forge_obs wandb: step %s is not above the last logged step %s; W&B would drop it, so it "
+                    "is written at step %s (trainer_step keeps %s)",
+                    step, self._last_step, self._last_step + 1, step,
+                )
+            step = self._last_step + 1
+        self._last_step = step
+        return step
+
+    def log_step(self, record: StepRecord) -> None:
+        if self.wb is None:
+            return
+        axes = {"trainer_step": record.step, "wall_time": record.wall_time}
+        row: dict[str, Any] = {}
+        if LoggingMode.GLOBAL_REDUCE in self.modes:
+            for m in record.global_metrics:
+                self._put(row, m.key, m.value)
+        if LoggingMode.PER_RANK_REDUCE in self.modes:
+            for label, metrics in record.per_rank.items():
+                if self.per_rank == "keys":
+                    for m in metrics:
+                        self._put(row, rank_key(label, m.key), m.value, tables=False)
+                else:
+                    rrow: dict[str, Any] = {}
+                    for m in metrics:
+                        self._put(rrow, m.key, m.value, tables=False)
+                    if rrow:
+                        # the step's axis values (e.g. policy_version) so per-rank charts can use them
+                        for axis in set(self.step_metrics.values()):
+                            if axis in row and axis not in rrow:
+                                rrow[axis] = row[axis]
+                        rr = self._rank_run(label, record.sources.get(label, {"label": label}))
+                        rr.log({**rrow, **axes}, step=record.step)
+        if row:
+            row.update(axes)
+            self.wb.log(row, step=self._next_step(record.step))
+        if LoggingMode.PER_RANK_NO_REDUCE in self.modes and any(record.raw.values()):
+            raw = self._raw()
+            values = sorted(
+                ((ts, label, key, v) for label, rows in record.raw.items() for key, v, ts in rows), key=lambda t: t[0]
+            )
+            for ts, label, key, v in values:
+                r: dict[str, Any] = {}
+                self._put(r, rank_key(label, key), v, tables=False)
+                if r:
+                    raw.log({**r, "wall_time": ts, "trainer_step": record.step})
+
+    def finish(self) -> None:
+        runs = list(self._rank_runs.values()) + [self._raw_run, self.wb]
+        self._rank_runs.clear()
+        self._raw_run = None
+        self.wb = None
+        errors = []
+        for r in runs:
+            if r is None:
+                continue
+            try:
+                r.finish()
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+        if errors:
+            raise errors[0]
