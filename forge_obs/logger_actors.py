@@ -44,7 +44,7 @@ GLOBAL_LOGGER_NAME = "obs_global_logger"
 INBOX_NAME = "obs_inbox"
 FETCHER_NAME = "obs_fetcher"
 #: top-level keys of ``init_backends``'s config that are not backends
-RESERVED_KEYS = ("run", "flush_timeout_s")
+RESERVED_KEYS = ("run", "flush_timeout_s", "timeline")
 DEFAULT_FLUSH_TIMEOUT_S = 10.0
 
 __all__ = [
@@ -93,9 +93,20 @@ class LocalFetcherActor(Actor):
         except Exception as e:  # noqa: BLE001
             logger.error("forge_obs: fetcher configure failed: %r", e)
 
+    @endpoint
+    async def configure_timeline(self, run_dir: str, options: dict) -> None:
+        """Structured timeline (forge_obs.timeline): write this process's events under run_dir."""
+        try:
+            from forge_obs.timeline.writer import configure_from_push
+
+            configure_from_push(run_dir, options)
+        except Exception as e:  # noqa: BLE001
+            logger.error("forge_obs: timeline configure failed: %r", e)
+
     async def __cleanup__(self, exc: Exception | None) -> None:
         """The mesh is stopping: hand over what was recorded since the last flush, then leave."""
         self._submit(None)
+        _timeline_close()
         try:
             self.inbox.deregister_fetcher.broadcast(self.mesh_id, self.rank)
         except Exception:  # noqa: BLE001
@@ -119,6 +130,7 @@ class _ControllerState:
         self.last_step: int | None = None
         self.early: list[tuple] = []  # submissions before init_backends
         self.in_this_process = False  # the GlobalLoggingActor lives in this process
+        self.timeline: dict[str, Any] | None = None  # timeline options pushed to meshes
 
     def register(self, fetcher: Any, mesh_id: str, mesh_name: str, num_ranks: int) -> None:
         self.fetchers[mesh_id] = {"mesh": fetcher, "name": mesh_name, "size": int(num_ranks), "actors": []}
@@ -131,6 +143,9 @@ class _ControllerState:
         try:
             actors = "+".join(info["actors"]) or None
             info["mesh"].configure.broadcast(self.streaming, actors)
+            if self.timeline is not None and self.run is not None:
+                opts = dict(self.timeline, _ctl_us=time.time_ns() // 1000)
+                info["mesh"].configure_timeline.broadcast(str(self.run.run_dir), opts)
         except Exception as e:  # noqa: BLE001
             logger.warning("forge_obs: could not configure fetchers of mesh %s: %r", info["name"], e)
 
@@ -210,6 +225,10 @@ class GlobalLoggingActor(Actor):
         timeout = float(config.pop("flush_timeout_s", DEFAULT_FLUSH_TIMEOUT_S))
         if timeout <= 0:
             raise ValueError("flush_timeout_s must be > 0")
+        from forge_obs.timeline import writer as _timeline
+
+        timeline_cfg = config.pop("timeline", None)
+        _timeline.validate_options(timeline_cfg)  # raises ValueError on a bad key/value
         if "jsonl" not in config:
             config["jsonl"] = {}  # the local store is always on unless "jsonl": None
         backends: dict[str, LoggerBackend] = {}
@@ -243,6 +262,8 @@ class GlobalLoggingActor(Actor):
         write_meta(run.run_dir, run_id=run.run_id, process_name=st.process_name, config=config,
                    start_time=run.start_time, status="running")
         st.run = run
+        st.timeline = _timeline.controller_options(run.run_id, run.start_time, timeline_cfg)
+        _timeline.configure(run.run_dir, dict(st.timeline, _ctl=True))
         st.pipeline = FlushPipeline(backends, run.run_id, timeout, st.process_name)
         st.pipeline.start()
         for mesh_id, info in st.fetchers.items():
@@ -285,11 +306,23 @@ class GlobalLoggingActor(Actor):
         if st.pipeline is None:
             return
         _flush((st.last_step + 1) if st.last_step is not None else 0, final=True)
-        pipeline, st.pipeline = st.pipeline, None
-        await pipeline.close()
+        pipeline = st.pipeline
+        await pipeline.close()  # fetchers' final snapshots still reach it through the inbox
+        st.pipeline = None
+        st.timeline = None
+        _timeline_close()
         if st.run is not None:
             write_meta(st.run.run_dir, end_time=time.time(), status="finished", steps_logged=pipeline.steps_logged)
         st.last_step = None
+
+
+def _timeline_close() -> None:
+    try:
+        from forge_obs.timeline.writer import close
+
+        close()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _flush(step: int, final: bool = False) -> None:

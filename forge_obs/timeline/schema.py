@@ -20,6 +20,7 @@ integer microseconds relative to the header's ``t0`` (epoch µs), ``step`` is an
     ["T", 5000, 0, 43, "eval"]               add_step_tag("eval") at step 43
     ["M", {"actor": "TrainActor"}]           identity update (the actor name is learnt late)
     ["D", 120]                               120 records were dropped (buffer overflow)
+    ["C", 1763860000000950, 1763860000000100]   clock sample: local receive / controller send (epoch µs)
     ["Z", 9100]                              the process closed the file cleanly
 
 A complete span costs one record (~20-40 bytes); a span is written as ``B`` (then ``E``) only

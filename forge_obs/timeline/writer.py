@@ -162,6 +162,19 @@ class Writer:
                 except OSError:
                     pass
 
+    def clock_sample(self, clk: list) -> None:
+        """A later (local receive, controller send) pair: written when it narrows the estimate
+        of this host's clock offset (readers take the minimum of ``recv - send``)."""
+        if self.clk is not None and clk[0] - clk[1] >= self.clk[0] - self.clk[1]:
+            return
+        self.clk = clk
+        with self.lock:
+            if self.f is not None:
+                try:
+                    self.f.write(f'["C",{int(clk[0])},{int(clk[1])}]\n')
+                except (OSError, ValueError):
+                    pass
+
     # ------------------------------------------------------------ records
     def _nid(self, name: str, out: list) -> int:
         nid = self.names.get(name)
@@ -329,6 +342,8 @@ def configure(run_dir: Any, options: dict[str, Any], clk: list | None = None) ->
     with _lock:
         w = _writer
         if w is not None and w.run_dir == run_dir and w.f is not None:
+            if clk is not None:
+                w.clock_sample(clk)
             return _tl._ON
         if w is not None:
             _writer = None

@@ -1,0 +1,253 @@
+"""Read ``runs/<run_id>/events/*.jsonl`` back, streaming, as normalised items.
+
+    run = scan("runs/exp1")                      # headers, clock offsets, attempts (cheap pass)
+    for item in walk(run):                       # one pass over every record
+        if item[0] == SPAN: ...
+
+Items (times are epoch µs, corrected by the host's clock offset against the controller)::
+
+    (SPAN,    stream, lane, name, step, start, dur, extras)     a finished span
+    (OPEN,    stream, lane, name, step, start, extras)          a span that never ended (yielded
+                                                                 when the stream ends)
+    (INSTANT, stream, lane, name, step, ts, extras)
+    (STEP,    stream, lane, step, ts)
+    (TAG,     stream, lane, step, tag, ts)
+    (END,     stream)                                           after the stream's last record
+
+``stream`` is a :class:`Stream` (one process session: identity, lanes, first/last timestamp,
+whether it closed cleanly). A torn last line is skipped silently; other bad lines with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+logger = logging.getLogger("forge_obs")
+
+SPAN, OPEN, INSTANT, STEP, TAG, END = "span", "open", "instant", "step", "tag", "end"
+
+
+@dataclass
+class Stream:
+    key: tuple  # (host, pid, session)
+    header: dict
+    files: list = field(default_factory=list)
+    attempt: int = 0
+    offset_us: int = 0
+    lanes: dict = field(default_factory=dict)  # lane -> label
+    actor: str = ""
+    first_ts: int | None = None
+    last_ts: int | None = None
+    clean: bool = False
+    records: int = 0
+    dropped: int = 0
+    track: Any = None  # free for the consumer
+
+    @property
+    def host(self) -> str:
+        return self.header.get("host", "?")
+
+    @property
+    def pid(self) -> int:
+        return int(self.header.get("pid", 0))
+
+    @property
+    def mesh(self) -> str:
+        return self.header.get("mesh", "?")
+
+    @property
+    def rank(self) -> int:
+        return int(self.header.get("rank", 0))
+
+    @property
+    def label(self) -> str:
+        mid = f"/{self.actor}" if self.actor else ""
+        return f"{self.mesh}{mid}/r{self.rank}"
+
+
+@dataclass
+class Run:
+    run_dir: Path
+    streams: dict  # key -> Stream
+    files: list  # [(path, key)] in reading order
+    offsets: dict  # host -> µs to add
+    attempts: list  # distinct controller start times, ascending
+    controller_host: str | None = None
+
+
+def _lines(path: Path) -> Iterator[Any]:
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            try:
+                yield json.loads(line)
+            except ValueError:
+                if line.endswith("\n"):
+                    if line.strip():
+                        logger.warning("forge_obs: %s:%d is not valid JSON; skipped", path, i + 1)
+                # else: a torn last line (the writer died mid-line): skipped silently
+
+
+def _first_header(path: Path) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            line = f.readline()
+        h = json.loads(line)
+        return h if isinstance(h, dict) and h.get("h") else None
+    except (OSError, ValueError):
+        return None
+
+
+def scan(run_dir: "str | Path", keep: Callable[[dict], bool] | None = None, clocks: bool = True) -> Run:
+    """Headers of every event file, per-host clock offsets and attempts (restarts).
+    ``keep(header)`` drops whole processes (rank/mesh filters) before reading them."""
+    run_dir = Path(run_dir)
+    ev = run_dir / "events"
+    paths = sorted(ev.glob("*.jsonl")) if ev.is_dir() else []
+    streams: dict[tuple, Stream] = {}
+    files: list[tuple] = []
+    samples: dict[str, int] = {}
+    ctl_host = None
+    starts: set = set()
+    for p in paths:
+        h = _first_header(p)
+        if h is None:
+            continue
+        if h.get("ctl"):
+            ctl_host = h.get("host")
+        if h.get("start") is not None:
+            starts.add(h["start"])
+        key = (h.get("host"), h.get("pid"), h.get("session"))
+        if clocks and h.get("clk"):
+            d = int(h["clk"][0]) - int(h["clk"][1])
+            samples[h["host"]] = min(d, samples.get(h["host"], d))
+        if keep is not None and not keep(h):
+            continue
+        st = streams.get(key)
+        if st is None:
+            st = streams[key] = Stream(key=key, header=h, actor=h.get("actor", ""))
+        st.files.append((int(h.get("file", 0)), p))
+        files.append((key, int(h.get("file", 0)), p))
+    if clocks:  # later, tighter samples ("C" records): one cheap pass over the lines
+        for key, _i, p in files:
+            host = key[0]
+            with open(p, encoding="utf-8") as f:
+                for line in f:
+                    if line.startswith('["C"'):
+                        try:
+                            _c, recv, ctl = json.loads(line)
+                        except ValueError:
+                            continue
+                        d = int(recv) - int(ctl)
+                        samples[host] = min(d, samples.get(host, d))
+    offsets = {h: (0 if h == ctl_host else -d) for h, d in samples.items()}
+    if ctl_host is not None:
+        offsets[ctl_host] = 0
+    attempts = sorted(starts)
+    for st in streams.values():
+        st.offset_us = offsets.get(st.host, 0)
+        s = st.header.get("start")
+        st.attempt = attempts.index(s) if s in attempts else 0
+    files.sort(key=lambda t: (t[0][0] or "", t[0][1] or 0, t[0][2] or "", t[1], str(t[2])))
+    return Run(run_dir, streams, [(p, k) for k, _i, p in files], offsets, attempts, ctl_host)
+
+
+def walk(run: Run) -> Iterator[tuple]:
+    """Every record of the run, normalised (see the module docstring)."""
+    opens: dict[tuple, dict] = {}
+    for path, key in run.files:
+        st = run.streams[key]
+        names: dict[int, str] = {}
+        base = int(st.header.get("t0", 0)) + st.offset_us
+        op = opens.setdefault(key, {})
+        for r in _lines(path):
+            if isinstance(r, list):
+                if not r:
+                    continue
+                k = r[0]
+                st.records += 1
+                if type(k) is int:  # complete span
+                    ts = base + k
+                    end = ts + r[1]
+                    if st.first_ts is None or ts < st.first_ts:
+                        st.first_ts = ts
+                    if st.last_ts is None or end > st.last_ts:
+                        st.last_ts = end
+                    yield (SPAN, st, r[2], names.get(r[3], "?"), r[4], ts, r[1], r[5] if len(r) > 5 else None)
+                    continue
+                if k == "N":
+                    names[r[1]] = r[2]
+                    continue
+                if k == "L":
+                    st.lanes[r[1]] = r[2]
+                    continue
+                if k == "I":
+                    ts = base + r[1]
+                    _touch(st, ts)
+                    yield (INSTANT, st, r[2], names.get(r[3], "?"), r[4], ts, r[5] if len(r) > 5 else None)
+                elif k == "B":
+                    ts = base + r[2]
+                    _touch(st, ts)
+                    op[r[1]] = (r[3], names.get(r[4], "?"), r[5], ts, r[6] if len(r) > 6 else None)
+                elif k == "E":
+                    b = op.pop(r[1], None)
+                    ts = base + r[2]
+                    _touch(st, ts)
+                    if b is not None:
+                        ex = b[4]
+                        if len(r) > 3 and r[3]:
+                            ex = dict(ex or {}, **r[3])
+                        yield (SPAN, st, b[0], b[1], b[2], b[3], ts - b[3], ex)
+                elif k == "S":
+                    ts = base + r[1]
+                    _touch(st, ts)
+                    yield (STEP, st, r[2], r[3], ts)
+                elif k == "T":
+                    ts = base + r[1]
+                    _touch(st, ts)
+                    yield (TAG, st, r[2], r[3], r[4], ts)
+                elif k == "M":
+                    if isinstance(r[1], dict) and r[1].get("actor"):
+                        st.actor = r[1]["actor"]
+                elif k == "D":
+                    st.dropped += int(r[1])
+                elif k == "Z":
+                    _touch(st, base + r[1])
+                    st.clean = True
+                    continue
+                st.clean = False
+            elif isinstance(r, dict) and r.get("h"):
+                nkey = (r.get("host"), r.get("pid"), r.get("session"))
+                if nkey != key:  # a restarted process appended to the same file
+                    st = run.streams.get(nkey)
+                    if st is None:
+                        st = run.streams[nkey] = Stream(key=nkey, header=r, actor=r.get("actor", ""))
+                        st.offset_us = run.offsets.get(st.host, 0)
+                        s = r.get("start")
+                        st.attempt = run.attempts.index(s) if s in run.attempts else 0
+                    key = nkey
+                    op = opens.setdefault(key, {})
+                names = {}
+                if r.get("actor"):
+                    st.actor = r["actor"]
+                base = int(r.get("t0", 0)) + st.offset_us
+    for key, st in run.streams.items():
+        for _sid, b in opens.get(key, {}).items():
+            yield (OPEN, st, b[0], b[1], b[2], b[3], b[4])
+        yield (END, st)
+
+
+def _touch(st: Stream, ts: int) -> None:
+    if st.first_ts is None or ts < st.first_ts:
+        st.first_ts = ts
+    if st.last_ts is None or ts > st.last_ts:
+        st.last_ts = ts
+
+
+def run_end(run: Run) -> int | None:
+    """Last timestamp of the data (after :func:`walk`)."""
+    ends = [s.last_ts for s in run.streams.values() if s.last_ts is not None]
+    return max(ends) if ends else None
