@@ -10,8 +10,8 @@
 DDSketch-style log buckets: a positive value ``x`` goes to bucket ``ceil(log_gamma(x))`` with
 ``gamma = (1 + alpha) / (1 - alpha)``, and a bucket is read back as the value whose relative
 distance to both bucket edges is ``alpha``. So every quantile is returned with a **relative error
-of at most ``alpha`` (1 %)** of the value of the rank-``floor(q * (count - 1))`` sample (the
-"lower" quantile definition), as long as no bucket was collapsed. Negative values use a mirrored
+of at most ``alpha`` (1 %)** of the nearest-rank quantile (the ``ceil(q * count)``-th smallest
+sample; so the p99 of 3 samples is the largest), as long as no bucket was collapsed. Negative values use a mirrored
 set of buckets, zeros (``|x| < 1e-12``) their own counter. At most ``MAX_BUCKETS`` buckets are
 kept per sign; beyond that the *smallest-magnitude* buckets are merged (the low quantiles lose
 accuracy first, never the tail). Durations from 100 ns to 1 day need about 1,400 buckets.
@@ -144,7 +144,7 @@ def quantile(state: dict[str, Any], q: float) -> float:
     n = state["count"]
     if not n:
         return math.nan
-    rank = int(q * (n - 1))
+    rank = max(0, _ceil(q * n - 1e-9) - 1)  # nearest-rank definition
     seen = 0
     neg, pos = state["neg"], state["pos"]
     v = None
