@@ -1,0 +1,160 @@
+"""TensorBoard backend: one event writer per run, in ``runs/<run_id>/tb/``.
+
+    init_backends({"tensorboard": {"logging_mode": ["global_reduce", "per_rank_reduce"]}})
+    # then: tensorboard --logdir runs/<run_id>/tb
+
+- ``global_reduce``: scalars per step (``walltime`` = the step's wall time, so TensorBoard's
+  "wall" x-axis is real time). Distribution metrics (``"distribution"`` reduction) give
+  ``key/p50``, ``key/p90``, ``key/p99``, ``key/count``; a list of numbers is a histogram; SAMPLE
+  rows are a text table.
+- ``per_rank_reduce``: per-rank scalars in the same writer, tagged ``<rank label>/<key>``
+  (``trainer/r3/loss``): one writer per run, because several writers in one directory confuse
+  TensorBoard.
+- ``per_rank_no_reduce``: raw values as scalars with their own timestamps, tagged by rank, and,
+  for distribution metrics, a histogram per step of all raw values across ranks (``key``).
+- ``step_metrics`` (as for W&B): ``{"generator/": "policy_version"}`` plots ``generator/…`` with
+  ``step = policy_version`` (when the step's values contain it) instead of the trainer step.
+
+Config: ``logging_mode``, ``log_dir`` (default ``<run_dir>/tb``), ``step_metrics``,
+``flush_secs`` (default 10), ``histograms`` (key prefixes whose raw values also become
+histograms; default: distribution metrics only). Needs ``tensorboard`` (``forge-obs[tensorboard]``).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from forge_obs.backends.base import LoggerBackend
+from forge_obs.backends.wandb import rank_key
+from forge_obs.metric import LoggingMode
+from forge_obs.record import StepRecord
+
+OWN_KEYS = ("logging_mode", "log_dir", "step_metrics", "flush_secs", "histograms")
+DIST = "distribution"
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _prefix_match(key: str, pattern: str) -> bool:
+    if pattern.endswith("*"):
+        return key.startswith(pattern[:-1])
+    if pattern.endswith("/"):
+        return key.startswith(pattern)
+    return key == pattern
+
+
+def _md_table(rows: list[dict[str, Any]]) -> str:
+    cols: list[str] = []
+    for r in rows:
+        for c in r:
+            if c not in cols:
+                cols.append(c)
+
+    def cell(v: Any) -> str:
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cell(c) for c in cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(cell(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+class TensorBoardBackend(LoggerBackend):
+    default_modes = (LoggingMode.GLOBAL_REDUCE,)
+
+    def __init__(self, logger_backend_config: dict[str, Any] | None = None) -> None:
+        super().__init__(logger_backend_config)
+        unknown = sorted(set(self.config) - set(OWN_KEYS))
+        if unknown:
+            raise ValueError(f"tensorboard backend: unknown key(s) {unknown}; valid: {', '.join(OWN_KEYS)}")
+        sm = self.config.get("step_metrics") or {}
+        if not isinstance(sm, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and v for k, v in sm.items()):
+            raise ValueError('tensorboard backend: step_metrics must map a key prefix to an axis metric, e.g. {"generator/": "policy_version"}')
+        self.step_metrics: dict[str, str] = dict(sm)
+        hist = self.config.get("histograms") or []
+        if isinstance(hist, str):
+            hist = [hist]
+        self.histograms = list(hist)
+        try:
+            from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+        except ImportError as e:
+            raise ValueError("the 'tensorboard' backend needs tensorboard: pip install 'forge-obs[tensorboard]'") from e
+        self.writer: Any = None
+        self.log_dir: Path | None = None
+
+    def init(self, run=None, **kwargs: Any) -> None:
+        super().init(run)
+        from torch.utils.tensorboard import SummaryWriter
+
+        if self.config.get("log_dir"):
+            self.log_dir = Path(self.config["log_dir"])
+        elif run is not None:
+            self.log_dir = run.run_dir / "tb"
+        else:
+            raise ValueError("tensorboard backend: no run directory and no log_dir")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.writer = SummaryWriter(log_dir=str(self.log_dir), flush_secs=int(self.config.get("flush_secs", 10)))
+
+    # ------------------------------------------------------------------ values
+    def _step_for(self, key: str, record: StepRecord, axes: dict[str, Any]) -> int:
+        for pattern, axis in self.step_metrics.items():
+            if _prefix_match(key, pattern) and _is_number(axes.get(axis)):
+                return int(axes[axis])
+        return record.step
+
+    def _put(self, tag: str, value: Any, step: int, wall: float, texts: bool = True) -> None:
+        import numpy as np
+
+        w = self.writer
+        if isinstance(value, bool):
+            value = float(value)
+        if _is_number(value):
+            w.add_scalar(tag, float(value), step, walltime=wall)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                self._put(f"{tag}/{k}", v, step, wall, texts)
+        elif isinstance(value, list) and value:
+            if all(isinstance(r, dict) for r in value):
+                if texts:
+                    w.add_text(tag, _md_table(value), step, walltime=wall)
+            elif all(_is_number(v) for v in value):
+                arr = np.asarray([v for v in value if math.isfinite(v)], dtype=np.float64)
+                if arr.size:
+                    w.add_histogram(tag, arr, step, walltime=wall)
+
+    def _hist_key(self, key: str, dist_keys: set[str]) -> bool:
+        return key in dist_keys or any(_prefix_match(key, p) for p in self.histograms)
+
+    def log_step(self, record: StepRecord) -> None:
+        if self.writer is None:
+            return
+        glob = record.global_dict()
+        wall = record.wall_time
+        if LoggingMode.GLOBAL_REDUCE in self.modes:
+            for m in record.global_metrics:
+                self._put(m.key, m.value, self._step_for(m.key, record, glob), wall)
+        if LoggingMode.PER_RANK_REDUCE in self.modes:
+            for label, metrics in record.per_rank.items():
+                for m in metrics:
+                    self._put(rank_key(label, m.key), m.value, self._step_for(m.key, record, glob), wall, texts=False)
+        if LoggingMode.PER_RANK_NO_REDUCE in self.modes and record.raw:
+            import numpy as np
+
+            dist_keys = {m.key for m in record.global_metrics if str(getattr(m.reduction, "value", m.reduction)) == DIST}
+            by_key: dict[str, list[float]] = {}
+            for label, rows in record.raw.items():
+                for key, v, ts in rows:
+                    if _is_number(v):
+                        self.writer.add_scalar(rank_key(label, key), float(v), self._step_for(key, record, glob), walltime=ts)
+                        if self._hist_key(key, dist_keys) and math.isfinite(v):
+                            by_key.setdefault(key, []).append(float(v))
+            for key, vals in by_key.items():
+                self.writer.add_histogram(f"{key}/hist", np.asarray(vals), self._step_for(key, record, glob), walltime=wall)
+
+    def finish(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
