@@ -238,7 +238,7 @@ class Writer:
                     b = self.open.pop(e[1], None)
                     if b is not None:
                         ts = (b[2] + base) // 1000 - t0
-                        dur = (e[2] - b[2]) // 1000
+                        dur = (e[2] + base) // 1000 - t0 - ts  # floors of both ends: nesting survives
                         lane = self._lane(b[3], out)
                         nid = self._nid(b[4], out)
                         st = "null" if b[5] is None else b[5]
