@@ -1,0 +1,296 @@
+"""Structured timeline, in one process: API, writer, reader, export, SQL, doctor (no Monarch)."""
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from forge_obs import timeline as tl
+from forge_obs.identity import current_identity
+from forge_obs.timeline import reader, schema
+from forge_obs.timeline.doctor import diagnose
+from forge_obs.timeline.export import export_trace
+from forge_obs.timeline.validate import load
+
+
+@pytest.fixture
+def tdir(tmp_path):
+    tl.close()
+    yield tmp_path
+    tl.close()
+
+
+def _items(run_dir):
+    run = reader.scan(run_dir)
+    return run, list(reader.walk(run))
+
+
+def _spans(items, name=None):
+    return [it for it in items if it[0] == reader.SPAN and (name is None or it[3] == name)]
+
+
+def test_spans_events_steps_roundtrip(tdir):
+    assert tl.configure(tdir, open_after_s=60)
+    tl.set_step(3)
+
+    @tl.record_span("sync_fn", kind="deco")
+    def sync_fn(x):
+        return x * 2
+
+    @tl.record_span("async_fn", flow="ep-1")
+    async def async_fn():
+        await asyncio.sleep(0)
+        tl.record_event("produced", flow="ep-1", n=4)
+        return 5
+
+    with tl.record_span("outer", lr=0.1):
+        assert sync_fn(2) == 4
+    assert asyncio.run(async_fn()) == 5
+    with pytest.raises(KeyError):
+        with tl.record_span("fails"):
+            raise KeyError("boom")
+    tl.add_step_tag("eval")
+    tl.close()
+
+    run, items = _items(tdir)
+    (st,) = run.streams.values()
+    assert st.mesh == "controller" and st.clean
+    assert [it[3] for it in _spans(items)] == ["sync_fn", "outer", "async_fn", "fails"]
+    outer = _spans(items, "outer")[0]
+    inner = _spans(items, "sync_fn")[0]
+    assert outer[4] == 3 and outer[7] == {"a": {"lr": 0.1}}
+    assert outer[5] <= inner[5] and inner[5] + inner[6] <= outer[5] + outer[6]  # nesting kept
+    assert _spans(items, "fails")[0][7]["e"].startswith("KeyError")
+    assert _spans(items, "async_fn")[0][7]["f"] == "ep-1"
+    ev = [it for it in items if it[0] == reader.INSTANT]
+    assert ev[0][3] == "produced" and ev[0][6] == {"f": "ep-1", "a": {"n": 4}}
+    tags = [it for it in items if it[0] == reader.TAG]
+    assert tags[0][3:5] == (3, "eval")
+    # the async span ran in a task: its own track, named after the task
+    assert st.lanes[_spans(items, "async_fn")[0][2]] != st.lanes[outer[2]]
+
+
+def test_step_is_scoped_per_task(tdir):
+    tl.configure(tdir)
+
+    async def worker(step, gate):
+        tl.set_step(step)
+        await gate.wait()  # both tasks have set their step before either records
+        with tl.record_span("work"):
+            await asyncio.sleep(0)
+
+    async def main():
+        gate = asyncio.Event()
+        tasks = [asyncio.create_task(worker(s, gate)) for s in (10, 20)]
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        gate.set()
+        await asyncio.gather(*tasks)
+
+    asyncio.run(main())
+    tl.close()
+    _run, items = _items(tdir)
+    spans = _spans(items, "work")
+    assert sorted(s[4] for s in spans) == [10, 20]
+    assert len({s[2] for s in spans}) == 2  # concurrent tasks: separate tracks
+
+
+def test_compact_records_and_torn_last_line(tdir):
+    tl.configure(tdir)
+    tl.set_step(1)
+    for _ in range(1000):
+        with tl.record_span("fwd"):
+            pass
+    tl.close()
+    (path,) = (tdir / "events").glob("*.jsonl")
+    lines = path.read_text().splitlines()
+    spans = [ln for ln in lines if ln.startswith("[") and not ln.startswith('["')]
+    assert len(spans) == 1000
+    assert sum(len(s) + 1 for s in spans) / 1000 <= 40  # bytes per span record
+    with open(path, "a") as f:
+        f.write('[123,4,0,1')  # a writer killed mid-line
+    _run, items = _items(tdir)
+    assert len(_spans(items, "fwd")) == 1000
+
+
+def test_open_span_written_as_begin_and_unfinished_in_views(tdir):
+    tl.configure(tdir, open_after_s=0)
+    tl.set_step(7)
+    with tl.record_span("done"):
+        pass
+    hang = tl.record_span("hung_step")
+    hang.__enter__()
+    tl.flush()
+    # the open span is on disk before the process ends (a hang) ...
+    text = next((tdir / "events").glob("*.jsonl")).read_text()
+    assert '["B",' in text
+    with tl.record_span("after"):
+        pass
+    tl.close()
+    out = tdir / "trace.json"
+    stats = export_trace(tdir, out)
+    s = load(out)
+    assert stats["unfinished"] == 1 and len(s.unfinished) == 1
+    u = s.unfinished[0]
+    assert u["name"] == "hung_step" and u["args"]["step"] == 7
+    last = max(e["ts"] + e.get("dur", 0) for e in s.events if e.get("ph") in ("X", "i"))
+    assert u["ts"] + u["dur"] == last  # drawn up to the end of the data
+
+
+def test_rotation_keeps_every_record(tdir):
+    tl.configure(tdir, max_file_mb=0.002, open_after_s=0, flush_interval_s=0.01)
+    tl.set_step(0)
+    long = tl.record_span("long")
+    long.__enter__()
+    for i in range(400):
+        with tl.record_span(f"s{i % 7}"):
+            pass
+        if i % 20 == 0:
+            tl.flush()
+    long.__exit__(None, None, None)
+    tl.close()
+    files = sorted((tdir / "events").glob("*.jsonl"))
+    assert len(files) >= 3  # ~7 kB in 2 kB files
+    for f in files:
+        assert json.loads(f.open().readline())["h"] == 1  # every file is self-describing
+    _run, items = _items(tdir)
+    assert len(_spans(items)) == 401  # the span begun in file 0 ended in a later one
+    assert len(_spans(items, "long")) == 1
+
+
+def test_rank_selection(tdir):
+    assert schema.parse_ranks("all") is None
+    assert schema.parse_ranks("0,3") == {0, 3}
+    assert schema.parse_ranks("0-2,8") == {0, 1, 2, 8}
+    assert schema.rank_selected("every:4", 8) and not schema.rank_selected("every:4", 6)
+    with pytest.raises(ValueError):
+        schema.validate_options({"ranks": "zero"})
+    with pytest.raises(ValueError):
+        schema.validate_options({"max_file_mb": 0})
+    with pytest.raises(ValueError):
+        schema.validate_options({"rank": "0"})
+    ident = current_identity()
+    saved = (ident.mesh, ident.rank)
+    try:
+        ident.mesh, ident.rank = "trainer", 1
+        assert tl.configure(tdir, ranks="0,3") is False
+        assert not tl.is_enabled()
+        with tl.record_span("x"):
+            pass
+        tl.close()
+        assert not list((tdir / "events").glob("*.jsonl")) if (tdir / "events").exists() else True
+        ident.rank = 3
+        assert tl.configure(tdir / "b", ranks="0,3") is True
+        with tl.record_span("x"):
+            pass
+        tl.close()
+        assert len(list((tdir / "b" / "events").glob("*_trainer_3.jsonl"))) == 1
+    finally:
+        ident.mesh, ident.rank = saved
+        tl._set_on(True)
+
+
+def test_disable_switch_makes_everything_a_noop(tmp_path):
+    code = (
+        "from forge_obs import timeline as tl\n"
+        f"print(tl.configure({str(tmp_path)!r}))\n"
+        "with tl.record_span('x'): pass\n"
+        "tl.record_event('e'); tl.set_step(1); tl.close()\n"
+        "print(tl.is_enabled(), len(tl._buf))\n"
+    )
+    for var in ("FORGE_DISABLE_METRICS", "FORGE_DISABLE_TIMELINE"):
+        env = dict(os.environ, **{var: "true"})
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.split() == ["False", "False", "0"]
+        assert not (tmp_path / "events").exists()
+
+
+def _fake_run(root: Path, ranks: int, steps: int, slow_rank=None, hang_rank=None, nan_step=None):
+    """A run written by the real writer, one identity at a time (mesh 'trainer', N ranks)."""
+    import time
+
+    from forge_obs.timeline import writer
+
+    ident = current_identity()
+    saved = (ident.mesh, ident.rank, ident.world_size, writer.SESSION)
+    try:
+        for r in range(ranks):
+            ident.mesh, ident.rank, ident.world_size = "trainer", r, ranks
+            writer.SESSION = f"fake{r}"  # one process session per rank
+            tl.configure(root, open_after_s=0)
+            for s in range(steps):
+                tl.set_step(s)
+                if hang_rank == r and s == steps - 1:
+                    tl.record_span("train_step").__enter__()
+                    break
+                with tl.record_span("train_step"):
+                    time.sleep(0.006 if slow_rank == r else 0.002)
+            if hang_rank == r:
+                tl.flush()  # died without closing
+                writer._writer.f.close()
+                writer._writer = None
+                tl._buf.clear()
+            else:
+                tl.close()
+    finally:
+        ident.mesh, ident.rank, ident.world_size, writer.SESSION = saved
+    if nan_step is not None:
+        with open(root / "metrics.jsonl", "w") as f:
+            for s in range(steps):
+                v = float("nan") if s == nan_step else 0.5
+                f.write(json.dumps({"run_id": "x", "step": s, "mode": "global_reduce", "wall_time": 1.0,
+                                    "metrics": {"loss": v, "policy/staleness": 0.0}}) + "\n")
+
+
+def _cli(*argv):
+    return subprocess.run([sys.executable, "-c", "import sys; from forge_obs.cli import main; sys.exit(main())", *argv],
+                          capture_output=True, text=True)
+
+
+def test_doctor_on_written_runs(tmp_path):
+    tl.close()
+    clean = tmp_path / "clean"
+    _fake_run(clean, 4, 6, nan_step=None)
+    assert diagnose(clean) == []
+    bad = tmp_path / "bad"
+    _fake_run(bad, 4, 6, slow_rank=2, nan_step=3)
+    kinds = {(f.kind, f.rank) for f in diagnose(bad)}
+    assert ("straggler", 2) in kinds and ("nonfinite", None) in kinds
+    assert not any(k == "straggler" and r != 2 for k, r in kinds)
+    out = _cli("doctor", str(bad), "--json")
+    assert out.returncode == 1
+    found = json.loads(out.stdout)
+    st = [f for f in found if f["kind"] == "straggler"][0]
+    assert st["mesh"] == "trainer" and st["rank"] == 2 and st["steps"] == [0, 5]
+    clean_cli = _cli("doctor", str(clean))
+    assert clean_cli.returncode == 0 and "no findings" in clean_cli.stdout
+
+
+def test_doctor_growing_staleness(tmp_path):
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+        for s in range(12):
+            f.write(json.dumps({"run_id": "x", "step": s, "mode": "global_reduce", "metrics": {"policy/staleness": s * 0.5}}) + "\n")
+    (f,) = diagnose(tmp_path)
+    assert f.kind == "staleness" and f.steps == [0, 11]
+
+
+def test_sql_views(tmp_path):
+    pytest.importorskip("duckdb")
+    from forge_obs.timeline.sql import connect
+
+    tl.close()
+    _fake_run(tmp_path, 3, 4, slow_rank=1, hang_rank=2, nan_step=2)
+    con = connect(tmp_path)
+    rows = con.execute("SELECT rank, count(*), bool_and(finished) FROM spans GROUP BY rank ORDER BY rank").fetchall()
+    assert rows == [(0, 4, True), (1, 4, True), (2, 4, False)]  # rank 2: 3 finished + the hung one
+    (slow,) = con.execute("SELECT rank FROM spans WHERE finished GROUP BY rank ORDER BY median(dur_ms) DESC LIMIT 1").fetchone()
+    assert slow == 1
+    assert con.execute("SELECT count(*) FROM events WHERE kind = 'step'").fetchone()[0] == 12
+    nan = con.execute("SELECT step FROM metrics WHERE key = 'loss' AND isnan(value)").fetchall()
+    assert nan == [(2,)]
+    out = _cli("sql", str(tmp_path), "SELECT count(*) AS n FROM spans WHERE NOT finished", "--format", "json")
+    assert out.returncode == 0 and json.loads(out.stdout) == [{"n": 1}]
