@@ -94,8 +94,9 @@ class LocalFetcherActor(Actor):
             logger.error("forge_obs: fetcher configure failed: %r", e)
 
     @endpoint
-    async def configure_timeline(self, run_dir: str, options: dict) -> None:
-        """Structured timeline (forge_obs.timeline): write this process's events under run_dir."""
+    async def configure_timeline(self, run_dir: str | None, options: dict) -> None:
+        """Structured timeline (forge_obs.timeline): write this process's events under run_dir
+        (None: close the file; records are kept in a small buffer until the next run)."""
         try:
             from forge_obs.timeline.writer import configure_from_push
 
@@ -310,13 +311,19 @@ class GlobalLoggingActor(Actor):
         await pipeline.close()  # fetchers' final snapshots still reach it through the inbox
         st.pipeline = None
         st.timeline = None
-        _timeline_close()
+        _timeline_close(st)
         if st.run is not None:
             write_meta(st.run.run_dir, end_time=time.time(), status="finished", steps_logged=pipeline.steps_logged)
         st.last_step = None
 
 
-def _timeline_close() -> None:
+def _timeline_close(st: _ControllerState | None = None) -> None:
+    """Close this process's timeline (and, from the controller, every mesh's: run_dir None)."""
+    for info in list(st.fetchers.values()) if st is not None else ():
+        try:
+            info["mesh"].configure_timeline.broadcast(None, {})
+        except Exception:  # noqa: BLE001
+            pass
     try:
         from forge_obs.timeline.writer import close
 

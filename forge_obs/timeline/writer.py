@@ -365,9 +365,12 @@ def configure(run_dir: Any, options: dict[str, Any], clk: list | None = None) ->
     return True
 
 
-def configure_from_push(run_dir: str, options: dict[str, Any], recv_us: int | None = None) -> bool:
+def configure_from_push(run_dir: str | None, options: dict[str, Any], recv_us: int | None = None) -> bool:
     """Called in a mesh process by the fetcher when the controller pushes its configuration
     (``options["_ctl_us"]`` is the controller's clock when it sent it)."""
+    if run_dir is None:
+        close()
+        return False
     recv = recv_us if recv_us is not None else now_us()
     ctl = options.get("_ctl_us") if isinstance(options, dict) else None
     clk = [recv, int(ctl)] if ctl is not None else None
