@@ -235,6 +235,8 @@ def _name(r: Any) -> str:
 
 
 _C = MetricCollector()
+_acquire = _C._lock.acquire
+_release = _C._lock.release
 
 
 def record_metric(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN) -> None:
@@ -259,7 +261,8 @@ def record_metric(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN)
         value = c._coerce(key, value, reduction)
         if value is _DROP:
             return
-    with c._lock:
+    _acquire()  # explicit acquire/release: measurably cheaper than `with` on this path
+    try:
         acc = c._accs.get(key)
         if acc is not None and acc.reduction is reduction:
             acc.append(value)
@@ -268,6 +271,8 @@ def record_metric(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN)
                 c._append_raw(key, value)
         else:
             c._record_slow(key, value, reduction)
+    finally:
+        _release()
 
 
 if _env.METRICS_DISABLED:  # read once: a near-zero-cost no-op

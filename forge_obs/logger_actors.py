@@ -133,6 +133,19 @@ class _ControllerState:
         self.in_this_process = False  # the GlobalLoggingActor lives in this process
         self.timeline: dict[str, Any] | None = None  # timeline options pushed to meshes
 
+    def deregister(self, mesh_id: str, rank: int | None = None) -> None:
+        info = self.fetchers.get(mesh_id)
+        if info is None:
+            return
+        if rank is None:
+            self.fetchers.pop(mesh_id, None)
+        else:
+            info.setdefault("gone", set()).add(rank)
+            if len(info["gone"]) >= info["size"]:
+                self.fetchers.pop(mesh_id, None)
+        if self.pipeline is not None:
+            self.pipeline.deregister(mesh_id, rank)
+
     def register(self, fetcher: Any, mesh_id: str, mesh_name: str, num_ranks: int) -> None:
         self.fetchers[mesh_id] = {"mesh": fetcher, "name": mesh_name, "size": int(num_ranks), "actors": []}
         if self.pipeline is not None:
@@ -167,21 +180,12 @@ class ObsInbox(Actor):
         if info is not None and actor_name not in info["actors"] and not actor_name.startswith("obs_"):
             info["actors"].append(actor_name)
             _STATE.configure(mesh_id)
+            if _STATE.pipeline is not None:
+                _STATE.pipeline.relabel(mesh_id, f"{info['name']}/{'+'.join(info['actors'])}")
 
     @endpoint
     async def deregister_fetcher(self, mesh_id: str, rank: int | None = None) -> None:
-        st = _STATE
-        info = st.fetchers.get(mesh_id)
-        if info is None:
-            return
-        if rank is None:
-            st.fetchers.pop(mesh_id, None)
-        else:
-            info.setdefault("gone", set()).add(rank)
-            if len(info["gone"]) >= info["size"]:
-                st.fetchers.pop(mesh_id, None)
-        if st.pipeline is not None:
-            st.pipeline.deregister(mesh_id, rank)
+        _STATE.deregister(mesh_id, rank)
 
     @endpoint
     async def submit(self, step: int | None, rank_key: tuple, identity: dict, snapshot: dict) -> None:
@@ -413,7 +417,29 @@ def attach_fetcher(proc_mesh: Any, handles: LoggerHandles, mesh_name: str | None
     else:
         handles.inbox.register_fetcher.broadcast(fetcher, mesh_id, mesh_name or "mesh", len(proc_mesh))
     _track_actor_names(proc_mesh, handles.inbox, mesh_id)
+    _deregister_on_stop(proc_mesh, handles.inbox, mesh_id)
     return mesh_id
+
+
+def _deregister_on_stop(proc_mesh: Any, inbox: Any, mesh_id: str) -> None:
+    """``proc_mesh.stop()`` deregisters the mesh at once, so that a mesh stopped with a dead
+    process is not reported missing forever (the live ranks' final snapshots still arrive)."""
+    orig = proc_mesh.stop
+
+    def stop(*args: Any, **kwargs: Any) -> Any:
+        try:
+            if _STATE.in_this_process:
+                _STATE.deregister(mesh_id)
+            else:
+                inbox.deregister_fetcher.broadcast(mesh_id, None)
+        except Exception:  # noqa: BLE001
+            pass
+        return orig(*args, **kwargs)
+
+    try:
+        proc_mesh.stop = stop
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _track_actor_names(proc_mesh: Any, inbox: Any, mesh_id: str) -> None:

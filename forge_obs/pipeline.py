@@ -93,8 +93,21 @@ class FlushPipeline:
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._assemble_loop())
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._assemble_loop())
         self._worker.start()
+
+    def _on_loop(self, fn: Any, *args: Any) -> None:
+        """Run ``fn`` on the pipeline's event loop. Monarch runs each actor on its own loop and
+        thread: asyncio objects must only be touched from the loop that owns them."""
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is self._loop:
+            fn(*args)
+        else:
+            self._loop.call_soon_threadsafe(fn, *args)
 
     async def drain(self) -> None:
         """Wait until every begun step reached the backends (waiting at most its deadline)."""
@@ -121,7 +134,18 @@ class FlushPipeline:
             for r in range(num_ranks):
                 self.ranks.setdefault((mesh_id, r), {"label": f"{mesh_name or mesh_id}/r{r}"})
 
+    def relabel(self, mesh_id: str, prefix: str) -> None:
+        """Name a mesh's ranks ``<prefix>/r<rank>`` until they report their own identity."""
+        with self._ranks_lock:
+            for (m, r), ident in self.ranks.items():
+                if m == mesh_id and "pid" not in ident:
+                    ident["label"] = f"{prefix}/r{r}"
+
     def deregister(self, mesh_id: str, rank: int | None = None) -> None:
+        """Forget a rank (its mesh stopped); thread-safe."""
+        self._on_loop(self._deregister, mesh_id, rank)
+
+    def _deregister(self, mesh_id: str, rank: int | None) -> None:
         with self._ranks_lock:
             keys = [k for k in self.ranks if k[0] == mesh_id and (rank is None or k[1] == rank)]
             for k in keys:
@@ -141,7 +165,7 @@ class FlushPipeline:
         self, step: int, local_snapshot: dict[str, Any] | None, blocked_s: float = 0.0, final: bool = False
     ) -> None:
         """Open ``step``: it waits for every registered rank's :meth:`submit`. A ``final`` step
-        (shutdown) is not logged when nothing was recorded."""
+        (shutdown) is not logged when nothing was recorded. Call it on the pipeline's loop."""
         now = time.monotonic()
         with self._ranks_lock:
             expected = set(self.ranks)
@@ -159,8 +183,11 @@ class FlushPipeline:
         self._wake.set()
 
     def submit(self, step: int | None, rank_key: RankKey, identity: dict[str, Any], snapshot: dict[str, Any]) -> None:
-        """A rank's snapshot for ``step`` (``None``: a final snapshot when its mesh stops)."""
-        rank_key = tuple(rank_key)
+        """A rank's snapshot for ``step`` (``None``: a final snapshot when its mesh stops);
+        thread-safe."""
+        self._on_loop(self._submit, step, tuple(rank_key), identity, snapshot)
+
+    def _submit(self, step: int | None, rank_key: RankKey, identity: dict[str, Any], snapshot: dict[str, Any]) -> None:
         if identity and rank_key in self.ranks:
             self.ranks[rank_key] = identity
         self.lagging.discard(rank_key)

@@ -1,8 +1,13 @@
 """Shared pytest set-up: real Monarch processes, quiet logs, fast death detection."""
 
 import os
+import pathlib
 
 os.environ.setdefault("MONARCH_FILE_LOG", "error")
+# Monarch's child processes unpickle test actors by module name (tests.test_x): make the repo
+# root importable there too.
+_ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
 os.environ.setdefault("HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY", "1s")
 
 import pytest  # noqa: E402

@@ -1,0 +1,32 @@
+"""Helpers for tests that run the whole pipeline on real Monarch meshes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from forge_obs.store import read_metrics
+
+
+async def start_logger(tmp_path: Path, config: dict[str, Any] | None = None, run_id: str = "t", **run: Any):
+    """A fresh GlobalLoggingActor session writing to ``tmp_path/<run_id>``."""
+    import provisioner_hooks
+    from forge_obs import get_or_create_metric_logger
+    from forge_obs.collector import MetricCollector
+
+    provisioner_hooks.install()
+    MetricCollector().reset()
+    mlogger = await get_or_create_metric_logger(process_name="Controller")
+    cfg = dict(config or {})
+    cfg.setdefault("run", {"root": str(tmp_path), "id": run_id, **run})
+    await mlogger.init_backends.call_one(cfg)
+    return mlogger
+
+
+def global_rows(tmp_path: Path, run_id: str = "t") -> dict[int, dict[str, Any]]:
+    """step -> global metrics, from the JSONL store."""
+    return {r["step"]: r for r in read_metrics(tmp_path / run_id, "global_reduce")}
+
+
+def rank_rows(tmp_path: Path, run_id: str = "t") -> list[dict[str, Any]]:
+    return read_metrics(tmp_path / run_id, "per_rank_reduce")

@@ -1,0 +1,350 @@
+"""The whole pipeline on real Monarch proc meshes: doc examples, modes, exactness, dead and hung
+ranks, automatic attachment, config errors."""
+
+import asyncio
+import os
+import signal
+import threading
+import time
+
+import pytest
+from monarch.actor import Actor, current_rank, endpoint, this_host
+
+import provisioner_hooks
+from forge_obs import LoggerBackend, Reduce, get_or_create_metric_logger, record_metric, register_backend
+from tests.helpers import global_rows, rank_rows, start_logger
+
+
+class MyActor(Actor):
+    """The actor of the Forge metric-logging doc."""
+
+    @endpoint
+    async def my_fn(self):
+        rank = current_rank().rank
+        record_metric("my_sum_rank_metric", rank, Reduce.SUM)
+
+
+async def _two_replicas():
+    meshes = [this_host().spawn_procs(per_host={"procs": 2}, name=f"replica{i}") for i in range(2)]
+    return meshes, [m.spawn("MyActor", MyActor) for m in meshes]
+
+
+async def _stop(*meshes):
+    for m in meshes:
+        try:
+            await m.stop()
+        except Exception:  # noqa: BLE001 - a mesh with a dead process may fail to stop cleanly
+            pass
+
+
+async def test_forge_doc_examples_in_all_three_modes(tmp_path, capsys):
+    mlogger = await start_logger(
+        tmp_path,
+        {
+            "console": {"logging_mode": ["global_reduce", "per_rank_reduce", "per_rank_no_reduce"]},
+            "jsonl": {"logging_mode": ["global_reduce", "per_rank_reduce", "per_rank_no_reduce"]},
+        },
+    )
+    # 1.1: one process
+    for number in range(1, 4):
+        record_metric("my_sum_metric", number, Reduce.SUM)
+        record_metric("my_max_metric", number, Reduce.MAX)
+        record_metric("my_mean_metric", number, Reduce.MEAN)
+    await mlogger.flush.call_one(global_step=0)
+    # 2: an actor on 2 replicas x 2 procs, called twice
+    meshes, actors = await _two_replicas()
+    for _ in range(2):
+        await asyncio.gather(*(a.my_fn.call() for a in actors))
+    await mlogger.flush.call_one(global_step=1)
+    await mlogger.shutdown.call_one()
+    await _stop(*meshes)
+
+    out = capsys.readouterr().out
+    assert "=== [GlobalReduce] - METRICS STEP 0 ===\nmy_max_metric:  3.0\nmy_mean_metric: 2.0\nmy_sum_metric:  6.0" in out
+    assert "=== [GlobalReduce] - METRICS STEP 1 ===\nmy_sum_rank_metric: 4.0" in out
+    blocks = {lbl: v for lbl, v in _per_rank_blocks(out, step=1)}
+    assert blocks == {
+        "replica0/MyActor/r0": 0.0,
+        "replica0/MyActor/r1": 2.0,
+        "replica1/MyActor/r0": 0.0,
+        "replica1/MyActor/r1": 2.0,
+    }
+    raw_lines = [ln for ln in out.splitlines() if "INFO my_sum_rank_metric" in ln]
+    assert sorted(ln.split("] ")[0] + "]" + ln.rsplit(":", 1)[1] for ln in raw_lines) == sorted(
+        [f"[replica{i}/MyActor/r{r}] {r}" for i in range(2) for r in (0, 1) for _ in range(2)]
+    )
+    # the JSONL store has the same three views, with identity fields
+    g = global_rows(tmp_path)
+    assert g[1]["metrics"]["my_sum_rank_metric"] == 4.0
+    ranks = [r for r in rank_rows(tmp_path) if r["step"] == 1 and r["source"]["mesh"].startswith("replica")]
+    assert sorted((r["source"]["mesh"], r["source"]["rank"], r["metrics"]["my_sum_rank_metric"]) for r in ranks) == [
+        ("replica0", 0, 0.0), ("replica0", 1, 2.0), ("replica1", 0, 0.0), ("replica1", 1, 2.0)]
+    assert all(r["source"]["pid"] != os.getpid() and r["source"]["host"] for r in ranks)
+
+
+def _per_rank_blocks(out, step):
+    lines = out.splitlines()
+    for i, ln in enumerate(lines):
+        if ln.startswith("=== [replica") and ln.endswith(f"METRICS STEP {step} ==="):
+            label = ln[len("=== ["): ln.index("]")]
+            yield label, float(lines[i + 1].split(":")[1])
+
+
+class Gate(LoggerBackend):
+    """A backend that blocks until the test opens the gate (to prove flush does not wait)."""
+
+    gate = threading.Event()
+    steps: list = []
+
+    def log_step(self, record):
+        Gate.gate.wait(60)
+        Gate.steps.append(record.step)
+
+
+register_backend("test_gate", Gate)
+
+
+async def test_flush_returns_while_backends_are_still_busy(tmp_path):
+    Gate.gate.clear()
+    Gate.steps = []
+    mlogger = await start_logger(tmp_path, {"test_gate": {}})
+    for step in range(3):
+        record_metric("x", step, Reduce.SUM)
+        await mlogger.flush.call_one(step)  # returns although the backend is blocked
+    assert Gate.steps == []
+    Gate.gate.set()
+    await mlogger.shutdown.call_one()  # drains every pending step, in order
+    assert Gate.steps == [0, 1, 2]
+    assert [global_rows(tmp_path)[s]["metrics"]["x"] for s in range(3)] == [0.0, 1.0, 2.0]
+
+
+class Spammer(Actor):
+    @endpoint
+    async def spam(self, n_threads: int, n_tasks: int, per_worker: int) -> int:
+        def work():
+            for _ in range(per_worker):
+                record_metric("exact/n", 1, Reduce.SUM)
+
+        ts = [threading.Thread(target=work) for _ in range(n_threads)]
+        for t in ts:
+            t.start()
+
+        async def task():
+            for i in range(per_worker):
+                record_metric("exact/n", 1, Reduce.SUM)
+                if i % 500 == 0:
+                    await asyncio.sleep(0)
+
+        await asyncio.gather(*(task() for _ in range(n_tasks)))
+        await asyncio.get_running_loop().run_in_executor(None, lambda: [t.join() for t in ts])
+        return (n_threads + n_tasks) * per_worker
+
+
+async def test_a_million_values_from_threads_tasks_and_processes_lose_nothing(tmp_path):
+    mlogger = await start_logger(tmp_path, {})
+    meshes = [this_host().spawn_procs(per_host={"procs": 2}, name=f"spam{i}") for i in range(2)]
+    actors = [m.spawn("Spammer", Spammer) for m in meshes]
+    # 4 processes x (2 threads + 2 asyncio tasks) x 62,500 = 1,000,000 values
+    work = [asyncio.ensure_future(a.spam.call(2, 2, 62_500)) for a in actors]
+    step = 0
+    while not all(w.done() for w in work):  # flush continuously while values are being recorded
+        await mlogger.flush.call_one(step)
+        step += 1
+        await asyncio.wait(work, timeout=0.05)
+    sent = sum(v for w in work for _, v in w.result().items())
+    await mlogger.flush.call_one(step)
+    await mlogger.shutdown.call_one()
+    await _stop(*meshes)
+    rows = global_rows(tmp_path)
+    got = sum(r["metrics"].get("exact/n", 0.0) for r in rows.values())
+    assert sent == 1_000_000
+    assert got == 1_000_000, (got, len(rows))
+    assert len([r for r in rows.values() if r["metrics"].get("exact/n")]) > 1  # really spread over steps
+    assert sum(r["metrics"]["obs/values_recorded"] for r in rows.values()) >= 1_000_000
+
+
+class Fragile(Actor):
+    @endpoint
+    async def record(self, value: float) -> None:
+        record_metric("fragile/v", value, Reduce.SUM)
+
+    @endpoint
+    async def die_if(self, rank: int) -> None:
+        if current_rank().rank == rank:
+            os._exit(1)
+
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+async def test_dead_rank_costs_one_timeout_and_is_reported(tmp_path):
+    mlogger = await start_logger(tmp_path, {"flush_timeout_s": 2.0})
+    pm = this_host().spawn_procs(per_host={"procs": 2}, name="fragile")
+    a = pm.spawn("Fragile", Fragile)
+    await a.record.call(1.0)
+    await mlogger.flush.call_one(0)
+    await mlogger.wait_idle.call_one()
+    a.die_if.broadcast(1)
+    await a.slice(procs=0).record.call_one(1.0)
+    t0 = time.monotonic()
+    await mlogger.flush.call_one(1)
+    await mlogger.wait_idle.call_one()
+    waited_s = time.monotonic() - t0
+    await mlogger.flush.call_one(2)
+    await mlogger.shutdown.call_one()
+    await _stop(pm)
+    rows = global_rows(tmp_path)
+    assert rows[0]["metrics"]["fragile/v"] == 2.0 and rows[0]["metrics"]["obs/missing_ranks"] == 0
+    assert rows[1]["metrics"]["fragile/v"] == 1.0  # the survivor's value is logged
+    assert rows[1]["metrics"]["obs/missing_ranks"] == 1
+    assert rows[1]["missing"] == ["fragile/Fragile/r1"]
+    assert waited_s < 2.0 + 3.0  # one flush timeout, not a hang
+
+
+async def test_hung_rank_is_reported_and_its_values_arrive_late_not_lost(tmp_path):
+    mlogger = await start_logger(tmp_path, {"flush_timeout_s": 1.0})
+    pm = this_host().spawn_procs(per_host={"procs": 2}, name="hung")
+    a = pm.spawn("Fragile", Fragile)
+    await a.record.call(1.0)  # both ranks: 1.0 each
+    pid1 = await a.slice(procs=1).pid.call_one()
+    os.kill(pid1, signal.SIGSTOP)  # rank 1 hangs: its fetcher cannot answer
+    try:
+        t0 = time.monotonic()
+        await mlogger.flush.call_one(0)
+        await mlogger.wait_idle.call_one()
+        waited_s = time.monotonic() - t0
+    finally:
+        os.kill(pid1, signal.SIGCONT)
+    await a.slice(procs=1).pid.call_one()  # rank 1 is back (and has answered the old flush)
+    await mlogger.flush.call_one(1)
+    await mlogger.shutdown.call_one()
+    await _stop(pm)
+    rows = global_rows(tmp_path)
+    assert rows[0]["missing"] == ["hung/Fragile/r1"]
+    assert rows[0]["metrics"]["obs/missing_ranks"] == 1
+    assert rows[0]["metrics"]["fragile/v"] == 1.0
+    assert 1.0 <= waited_s < 1.0 + 3.0  # one flush timeout
+    total = sum(r["metrics"].get("fragile/v", 0.0) for r in rows.values())
+    assert total == 2.0  # rank 1's value arrived late and was logged with a later step, once
+    assert rows[1]["metrics"]["obs/missing_ranks"] == 0
+
+
+async def test_values_recorded_before_init_backends_are_kept(tmp_path):
+    provisioner_hooks.install()
+    from forge_obs.collector import MetricCollector
+
+    MetricCollector().reset()
+    mlogger = await get_or_create_metric_logger(process_name="Controller")
+    record_metric("early", 7, Reduce.SUM)
+    await mlogger.flush.call_one(0)  # no backends yet: a warning, values kept
+    await mlogger.init_backends.call_one({"run": {"root": str(tmp_path), "id": "t"}})
+    record_metric("early", 1, Reduce.SUM)
+    await mlogger.flush.call_one(1)
+    await mlogger.shutdown.call_one()
+    assert global_rows(tmp_path)[1]["metrics"]["early"] == 8.0
+
+
+class Parent(Actor):
+    """Spawns its own proc mesh from inside an actor (a grandchild of the controller)."""
+
+    def __init__(self):
+        self.meshes = []
+
+    @endpoint
+    async def spawn_child(self) -> None:
+        pm = this_host().spawn_procs(per_host={"procs": 1}, name="grandchild")
+        self.meshes.append(pm)
+        await pm.spawn("Leaf", Leaf).record.call()
+
+    @endpoint
+    async def stop_children(self) -> None:
+        for pm in self.meshes:
+            await pm.stop()
+
+
+class Leaf(Actor):
+    @endpoint
+    async def record(self) -> None:
+        record_metric("leaf/calls", 1, Reduce.SUM)
+
+
+async def test_meshes_spawned_inside_actors_are_attached_and_stop_hands_over(tmp_path):
+    mlogger = await start_logger(tmp_path, {"flush_timeout_s": 5.0})
+    before = await mlogger.get_fetcher_count.call_one()
+    pm = this_host().spawn_procs(per_host={"procs": 1}, name="parent")
+    parent = pm.spawn("Parent", Parent)
+    await parent.spawn_child.call_one()
+    assert await mlogger.get_fetcher_count.call_one() == before + 2  # parent mesh + grandchild mesh
+    await mlogger.flush.call_one(0)
+    await mlogger.wait_idle.call_one()
+    await parent.spawn_child.call_one()  # a second grandchild mesh, recording once more
+    await parent.stop_children.call_one()  # stopping hands over what was recorded since the flush
+    await mlogger.flush.call_one(1)
+    await mlogger.shutdown.call_one()
+    await _stop(pm)
+    rows = global_rows(tmp_path)
+    assert rows[0]["metrics"]["leaf/calls"] == 1.0
+    # the stopped mesh's last value arrives with its final snapshot: logged once, in a later step
+    assert sum(r["metrics"].get("leaf/calls", 0.0) for r in rows.values()) == 2.0
+
+
+async def test_install_is_idempotent_and_uninstall_stops_attaching(tmp_path):
+    mlogger = await start_logger(tmp_path, {})
+    provisioner_hooks.install()
+    provisioner_hooks.install()
+    n0 = await mlogger.get_fetcher_count.call_one()
+    pm = this_host().spawn_procs(per_host={"procs": 1}, name="once")
+    assert await mlogger.get_fetcher_count.call_one() == n0 + 1
+    provisioner_hooks.uninstall()
+    try:
+        pm2 = this_host().spawn_procs(per_host={"procs": 1}, name="unobserved")
+        assert await mlogger.get_fetcher_count.call_one() == n0 + 1
+    finally:
+        provisioner_hooks.install()
+    await mlogger.shutdown.call_one()
+    await _stop(pm, pm2)
+
+
+class FailingInit(LoggerBackend):
+    def init(self, run=None, **kw):
+        raise OSError("cannot open the dashboard")
+
+
+register_backend("test_failing_init", FailingInit)
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"consle": {}}, "unknown backend 'consle'; valid: console, jsonl"),
+        ({"console": {"logging_mode": "global"}}, "valid: global_reduce, per_rank_reduce, per_rank_no_reduce"),
+        ({"test_failing_init": {}}, "backend 'test_failing_init' failed to initialise"),
+        ({"run": {"dir": "x"}}, "valid: id, root"),
+        ({"console": "yes"}, "must be a dict"),
+    ],
+)
+async def test_config_mistakes_raise_at_init_backends_with_choices(tmp_path, config, message):
+    provisioner_hooks.install()
+    mlogger = await get_or_create_metric_logger(process_name="Controller")
+    with pytest.raises(Exception) as info:
+        await mlogger.init_backends.call_one({**config, "run": config.get("run", {"root": str(tmp_path)})})
+    assert message in str(info.value)
+    # the logger is still usable after a bad config
+    await mlogger.init_backends.call_one({"run": {"root": str(tmp_path), "id": "ok"}})
+    await mlogger.shutdown.call_one()
+
+
+async def test_self_observation_metrics_in_every_step(tmp_path):
+    mlogger = await start_logger(tmp_path, {})
+    record_metric("x", 1.0)
+    record_metric("x", "oops")
+    record_metric("x", float("nan"))
+    await mlogger.flush.call_one(0)
+    await mlogger.shutdown.call_one()
+    m = global_rows(tmp_path)[0]["metrics"]
+    assert m["obs/values_recorded"] == 2
+    assert m["obs/dropped_values"] == 1
+    assert m["obs/nonfinite_values"] == 1
+    assert 0 <= m["obs/flush_blocked_s"] < 1.0
+    assert m["obs/merge_s"] >= 0 and m["obs/missing_ranks"] == 0 and m["obs/pending_steps"] >= 0

@@ -1,0 +1,167 @@
+"""The hot path: exactness under concurrency, bad input, disabled mode, no heavy imports."""
+
+import asyncio
+import logging
+import math
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from forge_obs import Reduce, record_metric
+
+
+def test_values_land_in_the_snapshot_and_reset(fresh_collector):
+    for x in (1, 2, 3):
+        record_metric("s", x, Reduce.SUM)
+        record_metric("m", x, Reduce.MEAN)
+    snap = fresh_collector.snapshot()
+    assert snap["states"]["s"]["sum"] == 6.0
+    assert snap["states"]["m"] == {"reduction_type": "mean", "sum": 6.0, "count": 3}
+    assert snap["counters"]["values_recorded"] == 6
+    assert fresh_collector.snapshot()["states"] == {}
+
+
+def test_numpy_bool_and_tensor_values(fresh_collector):
+    torch = pytest.importorskip("torch")
+    record_metric("np", np.float32(1.5), Reduce.SUM)
+    record_metric("np", np.int64(2), Reduce.SUM)
+    record_metric("np", True, Reduce.SUM)
+    record_metric("t", torch.tensor(2.5), Reduce.SUM)
+    record_metric("t", torch.tensor([0.5]), Reduce.SUM)
+    snap = fresh_collector.snapshot()
+    assert snap["states"]["np"]["sum"] == 4.5
+    assert snap["states"]["t"]["sum"] == 3.0
+    assert snap["counters"]["dropped_values"] == 0
+
+
+@pytest.mark.parametrize("bad", ["1.0", None, [1, 2], {"a": 1}, b"x"])
+def test_bad_values_are_dropped_counted_and_warned_once(fresh_collector, caplog, bad):
+    key = f"bad/{type(bad).__name__}"
+    with caplog.at_level(logging.WARNING, logger="forge_obs"):
+        for _ in range(50):
+            record_metric(key, bad, Reduce.MEAN)  # never raises
+    record_metric(key, 1.0, Reduce.MEAN)
+    snap = fresh_collector.snapshot()
+    assert snap["counters"]["dropped_values"] == 50
+    assert snap["states"][key]["count"] == 1
+    msgs = [r.getMessage() for r in caplog.records if key in r.getMessage()]
+    assert len(msgs) == 1, msgs  # rate-limited: one warning, naming the key
+
+
+def test_multi_element_tensor_is_dropped(fresh_collector):
+    torch = pytest.importorskip("torch")
+    record_metric("vec", torch.ones(3))
+    assert fresh_collector.snapshot()["counters"]["dropped_values"] == 1
+
+
+def test_reduction_mismatch_drops_the_value_and_warns(fresh_collector, caplog):
+    with caplog.at_level(logging.WARNING, logger="forge_obs"):
+        record_metric("k", 1.0, Reduce.SUM)
+        record_metric("k", 5.0, Reduce.MAX)
+        record_metric("k", 2.0, Reduce.SUM)
+    snap = fresh_collector.snapshot()
+    assert snap["states"]["k"]["sum"] == 3.0
+    assert snap["counters"]["dropped_values"] == 1
+    assert any("'k'" in r.getMessage() and "MAX" in r.getMessage() for r in caplog.records)
+
+
+def test_unknown_reduction_name_is_dropped(fresh_collector):
+    record_metric("k", 1.0, "median")
+    record_metric("k2", 1.0, "sum")  # a registered name works like Reduce.SUM
+    snap = fresh_collector.snapshot()
+    assert snap["counters"]["dropped_values"] == 1
+    assert snap["states"]["k2"]["sum"] == 1.0
+
+
+def test_nonfinite_values_are_kept_and_counted(fresh_collector):
+    record_metric("loss", float("nan"))
+    record_metric("loss", float("inf"))
+    record_metric("loss", np.float64("-inf"))
+    record_metric("loss", 1.0)
+    snap = fresh_collector.snapshot()
+    assert snap["states"]["loss"]["count"] == 4
+    assert math.isnan(snap["states"]["loss"]["sum"])
+    assert snap["counters"]["nonfinite_values"] == 3
+
+
+def test_sample_rows(fresh_collector):
+    record_metric("rollouts", {"prompt": "1+1", "reward": 1.0}, Reduce.SAMPLE)
+    snap = fresh_collector.snapshot()
+    assert snap["states"]["rollouts"]["rows"] == [{"prompt": "1+1", "reward": 1.0}]
+
+
+def test_streaming_keeps_raw_values_with_timestamps(fresh_collector):
+    fresh_collector.set_streaming(True)
+    record_metric("x", 1.0)
+    record_metric("x", 2.0)
+    raw = fresh_collector.snapshot()["raw"]
+    assert [(k, v) for k, v, _ in raw] == [("x", 1.0), ("x", 2.0)]
+    assert raw[0][2] <= raw[1][2]
+
+
+def test_threads_and_tasks_lose_nothing_while_snapshots_run(fresh_collector):
+    n_threads, per_thread = 4, 50_000
+    totals = []
+    stop = threading.Event()
+
+    def flusher():
+        while not stop.is_set():
+            totals.append(fresh_collector.snapshot()["states"].get("n", {"sum": 0.0})["sum"])
+
+    def writer():
+        for _ in range(per_thread):
+            record_metric("n", 1, Reduce.SUM)
+
+    async def tasks():
+        async def one():
+            for i in range(per_thread):
+                record_metric("n", 1, Reduce.SUM)
+                if i % 1000 == 0:
+                    await asyncio.sleep(0)
+
+        await asyncio.gather(*(one() for _ in range(2)))
+
+    f = threading.Thread(target=flusher)
+    f.start()
+    ws = [threading.Thread(target=writer) for _ in range(n_threads)]
+    for w in ws:
+        w.start()
+    asyncio.run(tasks())
+    for w in ws:
+        w.join()
+    stop.set()
+    f.join()
+    totals.append(fresh_collector.snapshot()["states"].get("n", {"sum": 0.0})["sum"])
+    assert len(totals) > 2  # snapshots really ran concurrently
+    assert sum(totals) == (n_threads + 2) * per_thread
+
+
+def _run(code: str, **env: str) -> str:
+    import os
+
+    e = dict(os.environ, **env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, check=True).stdout
+
+
+def test_import_and_record_without_monarch_or_torch():
+    out = _run(
+        "import sys\n"
+        "sys.modules['monarch'] = None  # importing Monarch would now fail\n"
+        "from forge_obs import record_metric, Reduce, MetricCollector\n"
+        "record_metric('x', 2, Reduce.SUM)\n"
+        "print(MetricCollector().snapshot()['states']['x']['sum'], 'torch' in sys.modules)\n"
+    )
+    assert out.split() == ["2.0", "False"]
+
+
+def test_disabled_env_makes_record_metric_a_noop():
+    out = _run(
+        "from forge_obs import record_metric, MetricCollector\n"
+        "record_metric('x', 2)\n"
+        "print(len(MetricCollector().snapshot()['states']))\n",
+        FORGE_DISABLE_METRICS="true",
+    )
+    assert out.strip() == "0"

@@ -1,0 +1,178 @@
+"""Step assembly without Monarch: order, timeouts, late and final snapshots, failing backends."""
+
+import asyncio
+import threading
+
+import pytest
+
+from forge_obs.backends.base import LoggerBackend
+from forge_obs.pipeline import FlushPipeline
+
+
+def _snap(**sums):
+    return {"states": {k: {"reduction_type": "sum", "sum": float(v)} for k, v in sums.items()},
+            "counters": {"values_recorded": len(sums)}}
+
+
+class Keep(LoggerBackend):
+    def init(self, run=None, **kw):
+        self.records = []
+
+    def log_step(self, record):
+        self.records.append(record)
+
+
+def _pipeline(timeout=5.0, **backends):
+    bes = backends or {"keep": Keep({})}
+    for b in bes.values():
+        b.init()
+    return FlushPipeline(backends=bes, run_id="r", flush_timeout_s=timeout), bes
+
+
+def _ident(mesh, r):
+    return {"label": f"{mesh}/r{r}", "mesh": mesh, "rank": r}
+
+
+async def test_steps_leave_in_order_even_when_ranks_answer_out_of_order():
+    p, bes = _pipeline()
+    p.start()
+    p.register_ranks("m", 2, "trainer")
+    p.begin_step(0, None)
+    p.begin_step(1, None)
+    p.submit(1, ("m", 0), _ident("trainer", 0), _snap(x=10))
+    p.submit(1, ("m", 1), _ident("trainer", 1), _snap(x=20))
+    p.submit(0, ("m", 1), _ident("trainer", 1), _snap(x=2))
+    p.submit(0, ("m", 0), _ident("trainer", 0), _snap(x=1))
+    await p.close()
+    recs = bes["keep"].records
+    assert [r.step for r in recs] == [0, 1]
+    assert [r.global_dict()["x"] for r in recs] == [3.0, 30.0]
+    assert sorted(recs[0].per_rank) == ["trainer/r0", "trainer/r1"]
+    assert recs[0].global_dict()["obs/missing_ranks"] == 0
+
+
+async def test_missing_rank_costs_one_timeout_then_is_not_waited_for():
+    p, bes = _pipeline(timeout=0.3)
+    p.start()
+    p.register_ranks("m", 2, "trainer")
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    p.begin_step(0, None)
+    p.submit(0, ("m", 0), _ident("trainer", 0), _snap(x=1))
+    await p.drain()
+    first = loop.time() - t0
+    p.begin_step(1, None)
+    p.submit(1, ("m", 0), _ident("trainer", 0), _snap(x=1))
+    await p.drain()
+    second = loop.time() - first - t0
+    r0, r1 = bes["keep"].records
+    assert r0.missing == ["trainer/r1"] and r0.global_dict()["obs/missing_ranks"] == 1
+    assert r1.missing == ["trainer/r1"]
+    assert first >= 0.3  # waited for the timeout once ...
+    assert second < first  # ... but not again for a rank already known to be missing
+    # the straggler's late snapshot for step 0 is not lost: it joins the next step
+    p.submit(0, ("m", 1), _ident("trainer", 1), _snap(x=5))
+    p.begin_step(2, None)
+    p.submit(2, ("m", 0), _ident("trainer", 0), _snap(x=1))
+    p.submit(2, ("m", 1), _ident("trainer", 1), _snap(x=1))
+    await p.close()
+    r2 = bes["keep"].records[2]
+    assert r2.global_dict()["x"] == 7.0 and r2.missing == []
+    assert r2.global_dict()["obs/late_states"] == 1
+
+
+async def test_final_snapshot_of_a_stopped_mesh_joins_the_next_step():
+    p, bes = _pipeline()
+    p.start()
+    p.register_ranks("m", 1, "gen")
+    p.submit(None, ("m", 0), _ident("gen", 0), _snap(x=4))
+    p.deregister("m", 0)
+    p.begin_step(0, _snap(y=1))
+    await p.close()
+    (rec,) = bes["keep"].records
+    assert rec.global_dict()["x"] == 4.0 and rec.global_dict()["y"] == 1.0
+    assert rec.missing == []
+
+
+async def test_empty_final_step_is_not_logged():
+    p, bes = _pipeline()
+    p.start()
+    p.begin_step(0, _snap(y=1))
+    p.begin_step(1, {"states": {}, "counters": {}}, final=True)
+    await p.close()
+    assert [r.step for r in bes["keep"].records] == [0]
+
+
+class Boom(LoggerBackend):
+    def log_step(self, record):
+        raise RuntimeError("disk full")
+
+
+async def test_a_failing_backend_does_not_stop_the_others(caplog):
+    keep = Keep({})
+    p, bes = _pipeline(boom=Boom({}), keep=keep)
+    p.start()
+    for s in range(3):
+        p.begin_step(s, _snap(x=s))
+    await p.close()
+    assert [r.step for r in keep.records] == [0, 1, 2]
+    assert keep.records[-1].global_dict()["obs/backend_errors"] == 2  # counted before step 2 was logged
+    assert sum("'boom'" in r.getMessage() for r in caplog.records) == 1  # reported once
+
+
+class Slow(LoggerBackend):
+    def init(self, run=None, **kw):
+        self.gate = threading.Event()
+        self.steps = []
+
+    def log_step(self, record):
+        self.gate.wait(30)
+        self.steps.append(record.step)
+
+
+async def test_begin_step_does_not_wait_for_backends():
+    slow = Slow({})
+    p, _ = _pipeline(slow=slow)
+    p.start()
+    for s in range(3):
+        p.begin_step(s, _snap(x=1))  # returns although the backend is blocked
+    await asyncio.sleep(0)
+    assert slow.steps == []
+    slow.gate.set()
+    await p.close()
+    assert slow.steps == [0, 1, 2]
+
+
+def test_conflicting_reductions_across_ranks_count_as_dropped():
+    async def go():
+        p, bes = _pipeline()
+        p.start()
+        p.register_ranks("m", 1, "t")
+        p.begin_step(0, _snap(k=1))
+        p.submit(0, ("m", 0), _ident("t", 0), {"states": {"k": {"reduction_type": "max", "max": 3.0}}})
+        await p.close()
+        return bes["keep"].records[0]
+
+    rec = asyncio.run(go())
+    assert "k" not in rec.global_dict()
+    assert rec.global_dict()["obs/dropped_values"] >= 1
+
+
+@pytest.mark.parametrize("mode", ["global", "per_rank"])
+def test_per_rank_metrics_are_labelled(mode):
+    async def go():
+        p, bes = _pipeline()
+        p.start()
+        p.register_ranks("m", 2, "trainer")
+        p.begin_step(0, None)
+        for r in range(2):
+            p.submit(0, ("m", r), _ident("trainer", r), _snap(x=r + 1))
+        await p.close()
+        return bes["keep"].records[0]
+
+    rec = asyncio.run(go())
+    if mode == "global":
+        assert rec.global_dict()["x"] == 3.0
+    else:
+        assert {lbl: [m.value for m in ms] for lbl, ms in rec.per_rank.items()} == {"trainer/r0": [1.0], "trainer/r1": [2.0]}
+        assert all(m.source == lbl for lbl, ms in rec.per_rank.items() for m in ms)
