@@ -199,7 +199,7 @@ async def test_end_to_end_monarch_single_run(tmp_path, fresh_collector):
         await mlogger.init_backends.call_one({
             "run": {"root": str(tmp_path), "id": "e2e"},
             "wandb": {"mode": "offline", "project": "e2e", "logging_mode": ["global_reduce", "per_rank_reduce"],
-                      "config": {"algo": "grpo"}},
+                      "config": {"algo": "grpo"}, "settings": {"api_key": FAKE_KEY, "console": "off"}},
         })
         trainers = procs.spawn("trainer_actor", Trainer)
         for step in range(2):
@@ -220,3 +220,6 @@ async def test_end_to_end_monarch_single_run(tmp_path, fresh_collector):
     assert len(rank_keys) == 2, rank_keys
     assert any("/r0/" in k for k in rank_keys) and any("/r1/" in k for k in rank_keys)
     assert run.config["algo"] == "grpo" and run.config["forge_obs"]["run_id"] == "e2e"
+    # the API key is in none of our files (meta.json, metrics.jsonl) nor W&B's (run files, debug logs)
+    hits = [p for p in tmp_path.rglob("*") if p.is_file() and FAKE_KEY.encode() in p.read_bytes()]
+    assert hits == []
