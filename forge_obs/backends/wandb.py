@@ -139,7 +139,7 @@ class WandbBackend(LoggerBackend):
         self.wb: Any = None  # the experiment's wandb run
         self._rank_runs: dict[str, Any] = {}
         self._raw_run: Any = None
-        self._last_step: int | None = None
+        self._last_step: dict[str, int] = {}  # per W&B run: the last step written
         self._warned_step = False
         self.steps_adjusted = 0
 
@@ -172,10 +172,20 @@ class WandbBackend(LoggerBackend):
         self._name = kw.get("name") or (run.run_id if run else "forge_obs")
         self._id = kw.get("id")
         self.wb = wandb.init(config=redact(config), **kw)
+        self._resume_step("", self.wb)
         self._define_axes(self.wb)
         for prefix, axis in self.step_metrics.items():
             self.wb.define_metric(axis)
             self.wb.define_metric(axis_glob(prefix), step_metric=axis)
+
+    def _resume_step(self, name: str, wb: Any) -> None:
+        """A resumed W&B run continues after its last step."""
+        try:
+            nxt = int(wb.step)
+        except Exception:  # noqa: BLE001 - e.g. shared mode
+            return
+        if nxt > 0:
+            self._last_step[name] = nxt - 1
 
     @staticmethod
     def _define_axes(wb: Any) -> None:
@@ -199,6 +209,7 @@ class WandbBackend(LoggerBackend):
             mesh = str(source.get("mesh") or label.split("/", 1)[0])
             r = self._companion(label, label, mesh, bool(self.config.get("per_rank_system_metrics", False)),
                                 config={"source": {k: v for k, v in source.items() if k != "pid"}})
+            self._resume_step(label, r)
             self._define_axes(r)
             for prefix, axis in self.step_metrics.items():
                 r.define_metric(axis)
@@ -245,18 +256,19 @@ class WandbBackend(LoggerBackend):
         elif isinstance(value, str):
             row[key] = value
 
-    def _next_step(self, step: int) -> int:
-        if self._last_step is not None and step <= self._last_step:
+    def _next_step(self, step: int, run_name: str = "") -> int:
+        last = self._last_step.get(run_name)
+        if last is not None and step <= last:
             self.steps_adjusted += 1
             if not self._warned_step:
                 self._warned_step = True
                 logger.warning(
                     "forge_obs wandb: step %s is not above the last logged step %s; W&B would drop it, so it "
                     "is written at step %s (trainer_step keeps %s)",
-                    step, self._last_step, self._last_step + 1, step,
+                    step, last, last + 1, step,
                 )
-            step = self._last_step + 1
-        self._last_step = step
+            step = last + 1
+        self._last_step[run_name] = step
         return step
 
     def log_step(self, record: StepRecord) -> None:
@@ -282,7 +294,7 @@ class WandbBackend(LoggerBackend):
                             if axis in row and axis not in rrow:
                                 rrow[axis] = row[axis]
                         rr = self._rank_run(label, record.sources.get(label, {"label": label}))
-                        rr.log({**rrow, **axes}, step=record.step)
+                        rr.log({**rrow, **axes}, step=self._next_step(record.step, label))
         if row:
             row.update(axes)
             self.wb.log(row, step=self._next_step(record.step))
