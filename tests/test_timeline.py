@@ -230,7 +230,9 @@ def _fake_run(root: Path, ranks: int, steps: int, slow_rank=None, hang_rank=None
                 with tl.record_span("train_step"):
                     time.sleep(0.006 if slow_rank == r else 0.002)
             if hang_rank == r:
-                tl.flush()  # died without closing
+                tl.flush()  # died without closing: stop the writer, no "Z"
+                writer._writer.stop_ev.set()
+                writer._writer.thread.join()
                 writer._writer.f.close()
                 writer._writer = None
                 tl._buf.clear()

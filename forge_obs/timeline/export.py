@@ -108,90 +108,134 @@ def export_trace(
             first[0] = False
             f.write(",\n".join(lines))
 
-        for it in reader.walk(run):
-            kind = it[0]
-            if kind is SPAN:
-                _k, st, lane, name, step, ts, dur, ex = it
-                if lo is not None and (step is None or step < lo or step > hi):
-                    continue
-                pid = st.track if st.track is not None else track(st)
-                if ex:
+        INF = 2**62
+
+        def flush_stream(st: reader.Stream | None, items: list) -> None:
+            """Pack the process's tasks onto as few thread tracks as overlap requires (every
+            endpoint call of an actor is a new asyncio task), then emit its records."""
+            if st is None or not items:
+                return
+            span: dict[int, list] = {}
+            for it in items:
+                k = it[0]
+                if k is SPAN:
+                    a, b = it[5], it[5] + it[6]
+                elif k is OPEN:
+                    a, b = it[5], INF
+                elif k is INSTANT:
+                    a = b = it[5]
+                else:
+                    a = b = it[-1]
+                lane = it[2]
+                iv = span.get(lane)
+                if iv is None:
+                    span[lane] = [a, b]
+                else:
+                    if a < iv[0]:
+                        iv[0] = a
+                    if b > iv[1]:
+                        iv[1] = b
+            ends: list[int] = []  # per track: end of its last lane
+            tid_of: dict[int, int] = {}
+            labels: dict[int, list] = {}
+            for lane, (a, b) in sorted(span.items(), key=lambda kv: (kv[1][0], kv[0])):
+                for t, e in enumerate(ends):
+                    if e <= a:
+                        break
+                else:
+                    t = len(ends)
+                    ends.append(0)
+                ends[t] = b
+                tid_of[lane] = t + 1
+                labels.setdefault(t + 1, []).append(st.lanes.get(lane, f"track-{lane}"))
+            st.tid_names = {t: (ls[0] if len(ls) == 1 else f"{ls[0]} +{len(ls) - 1} tasks") for t, ls in labels.items()}
+            pid = track(st)
+            lines = chunk
+            for it in items:
+                kind = it[0]
+                if kind is SPAN:
+                    _k, _st, lane, name, step, ts, dur, ex = it
+                    tid = tid_of[lane]
+                    if ex:
+                        args = {"step": step}
+                        cat = "span"
+                        if "a" in ex:
+                            args.update(ex["a"])
+                        if "f" in ex:
+                            args["flow"] = ex["f"]
+                            flows.setdefault(_dumps(ex["f"], default=str), []).append((ts, pid, tid, st.mesh))
+                        if "e" in ex:
+                            args["error"] = ex["e"]
+                            cat = "error"
+                            stats["errors"] += 1
+                        lines.append(
+                            f'{{"ph":"X","cat":"{cat}","pid":{pid},"tid":{tid},"ts":{ts},"dur":{dur},'
+                            f'"name":{_dumps(name)},"args":{_dumps(args, default=str)}}}'
+                        )
+                    else:
+                        lines.append(
+                            f'{{"ph":"X","pid":{pid},"tid":{tid},"ts":{ts},"dur":{dur},'
+                            f'"name":{_dumps(name)},"args":{{"step":{"null" if step is None else step}}}}}'
+                        )
+                    stats["slices"] += 1
+                elif kind is INSTANT:
+                    _k, _st, lane, name, step, ts, ex = it
+                    tid = tid_of[lane]
                     args = {"step": step}
-                    cat = "span"
-                    if "a" in ex:
-                        args.update(ex["a"])
-                    if "f" in ex:
-                        args["flow"] = ex["f"]
-                        flows.setdefault(_dumps(ex["f"], default=str), []).append((ts, pid, lane + 1, st.mesh))
-                    if "e" in ex:
-                        args["error"] = ex["e"]
-                        cat = "error"
-                        stats["errors"] += 1
-                    chunk.append(
-                        f'{{"ph":"X","cat":"{cat}","pid":{pid},"tid":{lane + 1},"ts":{ts},"dur":{dur},'
+                    if ex:
+                        args.update(ex.get("a") or {})
+                        if "f" in ex:
+                            args["flow"] = ex["f"]
+                            flows.setdefault(_dumps(ex["f"], default=str), []).append((ts, pid, tid, st.mesh))
+                    lines.append(
+                        f'{{"ph":"i","s":"t","pid":{pid},"tid":{tid},"ts":{ts},'
                         f'"name":{_dumps(name)},"args":{_dumps(args, default=str)}}}'
                     )
-                else:
-                    chunk.append(
-                        f'{{"ph":"X","pid":{pid},"tid":{lane + 1},"ts":{ts},"dur":{dur},'
-                        f'"name":{_dumps(name)},"args":{{"step":{"null" if step is None else step}}}}}'
-                    )
-                stats["slices"] += 1
-            elif kind is INSTANT:
-                _k, st, lane, name, step, ts, ex = it
-                if lo is not None and (step is None or step < lo or step > hi):
+                    stats["instants"] += 1
+                elif kind is STEP:
+                    _k, _st, lane, step, ts = it
+                    lines.append(f'{{"ph":"i","s":"t","cat":"step","pid":{pid},"tid":{tid_of[lane]},"ts":{ts},'
+                                 f'"name":"step","args":{{"step":{step}}}}}')
+                    stats["instants"] += 1
+                elif kind is TAG:
+                    _k, _st, lane, step, tag, ts = it
+                    lines.append(f'{{"ph":"i","s":"t","cat":"tag","pid":{pid},"tid":{tid_of[lane]},"ts":{ts},'
+                                 f'"name":{_dumps("tag:" + str(tag))},"args":{{"step":{_dumps(step)},"tag":{_dumps(tag)}}}}}')
+                    stats["instants"] += 1
+                elif kind is OPEN:
+                    opens.append((it, tid_of[it[2]]))
+            emit(lines)
+            lines.clear()
+
+        cur: reader.Stream | None = None
+        items: list = []
+        for it in reader.walk(run):
+            kind = it[0]
+            st = it[1]
+            if st is not cur:
+                flush_stream(cur, items)
+                cur, items = st, []
+            if kind is END:
+                flush_stream(cur, items)
+                cur, items = None, []
+                continue
+            if lo is not None:
+                step = it[3] if (kind is STEP or kind is TAG) else it[4]
+                if step is None or step < lo or step > hi:
                     continue
-                pid = st.track if st.track is not None else track(st)
-                args = {"step": step}
-                if ex:
-                    args.update(ex.get("a") or {})
-                    if "f" in ex:
-                        args["flow"] = ex["f"]
-                        flows.setdefault(_dumps(ex["f"], default=str), []).append((ts, pid, lane + 1, st.mesh))
-                chunk.append(
-                    f'{{"ph":"i","s":"t","pid":{pid},"tid":{lane + 1},"ts":{ts},'
-                    f'"name":{_dumps(name)},"args":{_dumps(args, default=str)}}}'
-                )
-                stats["instants"] += 1
-            elif kind is STEP:
-                _k, st, lane, step, ts = it
-                if lo is not None and (step is None or step < lo or step > hi):
-                    continue
-                pid = st.track if st.track is not None else track(st)
-                chunk.append(f'{{"ph":"i","s":"t","cat":"step","pid":{pid},"tid":{lane + 1},"ts":{ts},'
-                             f'"name":"step","args":{{"step":{step}}}}}')
-                stats["instants"] += 1
-            elif kind is TAG:
-                _k, st, lane, step, tag, ts = it
-                if lo is not None and (step is None or step < lo or step > hi):
-                    continue
-                pid = st.track if st.track is not None else track(st)
-                chunk.append(f'{{"ph":"i","s":"t","cat":"tag","pid":{pid},"tid":{lane + 1},"ts":{ts},'
-                             f'"name":{_dumps("tag:" + str(tag))},"args":{{"step":{_dumps(step)},"tag":{_dumps(tag)}}}}}')
-                stats["instants"] += 1
-            elif kind is OPEN:
-                _k, st, lane, name, step, ts, ex = it
-                if lo is not None and (step is None or step < lo or step > hi):
-                    continue
-                opens.append(it)
-            elif kind is END:
-                pass
-            if len(chunk) >= 8192:
-                emit(chunk)
-                chunk = []
-        emit(chunk)
-        chunk = []
+            items.append(it)
+        flush_stream(cur, items)
         end = reader.run_end(run) or 0
-        for _k, st, lane, name, step, ts, ex in opens:
+        for (_k, st, lane, name, step, ts, ex), tid in opens:
             pid = track(st)
             args = {"step": step, "unfinished": True, "open_for_s": round((end - ts) / 1e6, 6)}
             if ex:
                 args.update(ex.get("a") or {})
                 if "f" in ex:
                     args["flow"] = ex["f"]
-                    flows.setdefault(_dumps(ex["f"], default=str), []).append((ts, pid, lane + 1, st.mesh))
+                    flows.setdefault(_dumps(ex["f"], default=str), []).append((ts, pid, tid, st.mesh))
             chunk.append(
-                f'{{"ph":"X","cat":"unfinished","pid":{pid},"tid":{lane + 1},"ts":{ts},"dur":{max(end - ts, 0)},'
+                f'{{"ph":"X","cat":"unfinished","pid":{pid},"tid":{tid},"ts":{ts},"dur":{max(end - ts, 0)},'
                 f'"name":{_dumps(name)},"args":{_dumps(args, default=str)}}}'
             )
             stats["unfinished"] += 1
@@ -223,8 +267,8 @@ def export_trace(
             chunk.append(f'{{"ph":"M","name":"process_name","pid":{pid},"args":{{"name":{_dumps(pname)}}}}}')
             chunk.append(f'{{"ph":"M","name":"process_labels","pid":{pid},"args":{{"labels":{_dumps(labels)}}}}}')
             chunk.append(f'{{"ph":"M","name":"process_sort_index","pid":{pid},"args":{{"sort_index":{pid}}}}}')
-            for lane, label in sorted(st.lanes.items()):
-                chunk.append(f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{lane + 1},"args":{{"name":{_dumps(label)}}}}}')
+            for tid, label in sorted((getattr(st, "tid_names", None) or {}).items()):
+                chunk.append(f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{tid},"args":{{"name":{_dumps(label)}}}}}')
             stats["tracks"] += 1
         emit(chunk)
         other = {"run_dir": str(run.run_dir), "clock_offsets_us": run.offsets, "attempts": run.attempts,

@@ -156,10 +156,15 @@ def scan(run_dir: "str | Path", keep: Callable[[dict], bool] | None = None, cloc
 
 
 def walk(run: Run) -> Iterator[tuple]:
-    """Every record of the run, normalised (see the module docstring)."""
+    """Every record of the run, normalised (see the module docstring). The records of one
+    process come together; its ``OPEN`` spans and its ``END`` follow its last record."""
     opens: dict[tuple, dict] = {}
-    for path, key in run.files:
+    done: set = set()
+    touched: list = []
+    files = run.files
+    for fi, (path, key) in enumerate(files):
         st = run.streams[key]
+        touched.append(key)
         names: dict[int, str] = {}
         base = int(st.header.get("t0", 0)) + st.offset_us
         op = opens.setdefault(key, {})
@@ -234,10 +239,21 @@ def walk(run: Run) -> Iterator[tuple]:
                 if r.get("actor"):
                     st.actor = r["actor"]
                 base = int(r.get("t0", 0)) + st.offset_us
+                touched.append(key)
+        if fi + 1 < len(files) and files[fi + 1][1] == files[fi][1]:
+            continue  # the next file continues this process (rotation)
+        for k in dict.fromkeys(touched):
+            if k in done:
+                continue
+            done.add(k)
+            s2 = run.streams[k]
+            for _sid, b in opens.pop(k, {}).items():
+                yield (OPEN, s2, b[0], b[1], b[2], b[3], b[4])
+            yield (END, s2)
+        touched = []
     for key, st in run.streams.items():
-        for _sid, b in opens.get(key, {}).items():
-            yield (OPEN, st, b[0], b[1], b[2], b[3], b[4])
-        yield (END, st)
+        if key not in done:
+            yield (END, st)
 
 
 def _touch(st: Stream, ts: int) -> None:

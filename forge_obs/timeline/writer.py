@@ -306,6 +306,8 @@ class Writer:
     def _run(self) -> None:
         interval = self.opts["flush_interval_s"]
         while not self.stop_ev.wait(interval):
+            if _writer is not self and self.selected:
+                break  # replaced or abandoned: never drain another writer's buffer
             _tl._torch_loaded[0] = "torch" in sys.modules
             try:
                 self._drain()
@@ -355,13 +357,14 @@ def configure(run_dir: Any, options: dict[str, Any], clk: list | None = None) ->
         _tl._torch_loaded[0] = "torch" in sys.modules
         _tl._swap_buffer(_tl.BUFFER_CAP)
         w = Writer(run_dir, opts, clk)
+        _writer = w
         w.start()
         if not w.selected:
+            _writer = None
             w.stop_ev.set()
             w.thread.join(timeout=5)
             _tl._swap_buffer(_tl.PRECONFIG_CAP)
             return False
-        _writer = w
     return True
 
 
