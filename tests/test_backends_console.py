@@ -110,3 +110,23 @@ async def test_failing_backend_is_isolated_reported_once_and_counted(caplog):
     counts = [r.global_dict()["obs/backend_errors"] for r in keep.records]
     assert counts[-1] >= 1 and counts == sorted(counts)
     assert p.backend_errors == 3
+
+
+async def test_failing_backend_through_the_global_logger(tmp_path, fresh_collector, capsys):
+    """A backend raising in log_step: console and the JSONL store still get every step."""
+    from forge_obs import Reduce, record_metric, register_backend
+    from tests.helpers import global_rows, start_logger
+
+    register_backend("test_boom", Boom)
+    mlogger = await start_logger(tmp_path, {"test_boom": {}, "console": {"compact": True}}, run_id="iso")
+    try:
+        for step in range(3):
+            record_metric("trainer/loss", 0.5, Reduce.MEAN)
+            await mlogger.flush.call_one(step)
+    finally:
+        await mlogger.shutdown.call_one()
+    rows = global_rows(tmp_path, "iso")
+    assert sorted(rows) == [0, 1, 2]
+    assert rows[2]["metrics"]["obs/backend_errors"] == 2.0
+    out = capsys.readouterr().out
+    assert [ln for ln in out.splitlines() if ln.startswith("[step")] == [f"[step {s}] trainer: loss=0.5" for s in range(3)]

@@ -71,3 +71,23 @@ def test_bad_config_raises_with_choices():
         TensorBoardBackend({"logdir": "x"})
     with pytest.raises(ValueError, match="valid: global_reduce"):
         TensorBoardBackend({"logging_mode": "sometimes"})
+
+
+async def test_through_the_global_logger(tmp_path, fresh_collector):
+    """init on the logger actor, log_step in its backend thread, finish at shutdown."""
+    from forge_obs import Reduce, record_metric
+    from tests.helpers import start_logger
+
+    mlogger = await start_logger(tmp_path, {"tensorboard": {"step_metrics": {"generator/": "policy_version"}}}, run_id="tbe")
+    try:
+        for step in range(3):
+            record_metric("trainer/loss", 1.0 + step, Reduce.MEAN)
+            record_metric("generator/tokens", 10.0, Reduce.SUM)
+            record_metric("policy_version", step * 2, Reduce.MAX)
+            await mlogger.flush.call_one(step)
+    finally:
+        await mlogger.shutdown.call_one()
+    ea = _read(tmp_path / "tbe" / "tb")
+    assert [(e.step, e.value) for e in ea.Scalars("trainer/loss")] == [(0, 1.0), (1, 2.0), (2, 3.0)]
+    assert [e.step for e in ea.Scalars("generator/tokens")] == [0, 2, 4]
+    assert "obs/backend_errors" in ea.Tags()["scalars"]
