@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import logging
-import os
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("wandb")
 
-sys.path.insert(0, str(Path(__file__).parent))
-from wandb_reader import find_run_file, find_run_files, read_run  # noqa: E402
+from tests.wandb_reader import find_run_file, find_run_files, read_run  # noqa: E402
 
 from forge_obs.backends.wandb import WandbBackend, rank_key  # noqa: E402
 from forge_obs.metric import Metric  # noqa: E402
