@@ -122,6 +122,16 @@ def test_per_rank_runs_grouped_without_system_metrics(tmp_path):
     assert "trainer/r0/loss" not in runs["exp1"].keys()
 
 
+def test_per_rank_include(tmp_path):
+    be = WandbBackend({"mode": "offline", "logging_mode": ["global_reduce", "per_rank_reduce"],
+                       "per_rank_include": ["trainer/loss"]})
+    be.init(run=_run(tmp_path))
+    be.log_step(_record(0, glob={"trainer/loss": 1.0}, per_rank={"trainer/r0": {"trainer/loss": 0.5, "trainer/gn": 2.0}}))
+    be.finish()
+    keys = read_run(find_run_file(tmp_path / "exp1" / "wandb", "exp1")).keys()
+    assert "trainer/r0/loss" in keys and "trainer/r0/gn" not in keys
+
+
 def test_torchforge_per_rank_share_run_flag():
     assert WandbBackend({"per_rank_share_run": False}).per_rank == "runs"
     assert WandbBackend({"per_rank_share_run": True}).per_rank == "keys"

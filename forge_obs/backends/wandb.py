@@ -17,6 +17,8 @@ What goes where:
   rank's mesh name does not repeat it). ``"per_rank": "runs"`` (or torchforge's
   ``"per_rank_share_run": False``) gives one run per rank instead, grouped by the experiment
   (``group=<run_id>``), with system metrics off unless ``"per_rank_system_metrics": true``.
+  ``"per_rank_include": ["trainer/loss", "generator/"]`` keeps only those key prefixes per rank
+  (many ranks x many keys make wide rows).
 - ``per_rank_no_reduce``: raw values with their timestamps go to a companion run
   ``<run_id>-raw`` in the same group (system metrics off), one row per value, plotted against
   ``wall_time``. They never advance or overwrite the steps of the main run.
@@ -59,6 +61,7 @@ OWN_KEYS = (
     "per_rank",
     "per_rank_share_run",
     "per_rank_system_metrics",
+    "per_rank_include",
     "step_metrics",
     "run_config",
 )
@@ -133,6 +136,8 @@ class WandbBackend(LoggerBackend):
                 'e.g. {"generator/": "policy_version"}'
             )
         self.step_metrics: dict[str, str] = dict(sm)
+        inc = cfg.get("per_rank_include") or []
+        self.per_rank_include = [inc] if isinstance(inc, str) else list(inc)
         rc = cfg.get("run_config")
         if rc is not None and not isinstance(rc, dict):
             raise ValueError("wandb backend: run_config must be a dict")
@@ -281,6 +286,8 @@ class WandbBackend(LoggerBackend):
                 self._put(row, m.key, m.value)
         if LoggingMode.PER_RANK_REDUCE in self.modes:
             for label, metrics in record.per_rank.items():
+                if self.per_rank_include:
+                    metrics = [m for m in metrics if any(m.key.startswith(p) for p in self.per_rank_include)]
                 if self.per_rank == "keys":
                     for m in metrics:
                         self._put(row, rank_key(label, m.key), m.value, tables=False)
