@@ -114,7 +114,7 @@ class DeviceValues:
     def record(self, key: Any, value: Any, reduction: Any) -> bool:
         """Queue the update of ``key``'s state with ``value`` (a 1-element tensor). Returns False
         (after a warning) when the value is dropped."""
-        import torch
+        torch = _torch or _torch_mod()
 
         if not isinstance(key, str):
             return self._drop(key, f"key must be a str, got {type(key).__name__}")
@@ -122,52 +122,62 @@ class DeviceValues:
             return self._drop(key, f"{type(value).__name__} could not be read as a scalar ({value.numel()} elements, expected 1)")
         if value.is_complex():
             return self._drop(key, "complex device values are not supported")
+        dev = value.device
         with self._lock:
             e = self._entries.get(key)
             if e is None or e.reduction is not reduction:
                 e = self._slow_entry(key, value, reduction)
                 if e is None:
                     return False
-            if e.device != value.device:
+            if e.device != dev:
                 self._dropped += 1
-                WARNER.warn("bad_value", key, f"record_metric({key!r}): device value on {value.device} but this step "
+                WARNER.warn("bad_value", key, f"record_metric({key!r}): device value on {dev} but this step "
                             f"already has {key!r} on {e.device}; dropped (counted in obs/dropped_values)")
                 return False
             e.count += 1
             kind = e.kind
             if kind == "count":
                 return True
-            if value.device.type == "cuda":
-                s = torch.cuda.current_stream(value.device)
-                sk = (value.device, s.stream_id)
-                if sk not in self._streams:
-                    self._streams[sk] = s
-            with torch.inference_mode():
-                v = value.detach().reshape(())
-                st = e.state
-                if kind == "sum":
-                    st.add_(v)
-                elif kind == "max":
-                    torch.maximum(st, v, out=st)
-                elif kind == "min":
-                    torch.minimum(st, v, out=st)
-                elif kind == "std":
-                    # Welford with the count known on the host: delta = v - mean;
-                    # mean += delta / n; m2 += delta * (v - mean)
-                    mean = st[0]
-                    delta = v - mean
-                    mean.add_(delta, alpha=1.0 / e.count)
-                    st[1].add_(delta * (v - mean))
-                elif kind == "last":
-                    st.copy_(v)
-                    e.ts = time.time()
-                else:  # raw
-                    if len(e.raw) >= RAW_CAP:  # type: ignore[arg-type]
-                        e.count -= 1
-                        self._dropped += 1
-                        return False
-                    e.raw.append(v.to(st.dtype).reshape(1))  # type: ignore[union-attr]
+            if dev.type == "cuda":
+                self._note_stream(torch, dev)
+            # no autograd context needed: the operand is detached and the state never requires grad
+            v = value.detach().reshape(())
+            st = e.state
+            if kind == "sum":
+                st.add_(v)
+            elif kind == "max":
+                torch.maximum(st, v, out=st)
+            elif kind == "min":
+                torch.minimum(st, v, out=st)
+            elif kind == "std":
+                # Welford with the count known on the host: delta = v - mean;
+                # mean += delta / n; m2 += delta * (v - mean)
+                mean = st[0]
+                delta = v - mean
+                mean.add_(delta, alpha=1.0 / e.count)
+                st[1].add_(delta * (v - mean))
+            elif kind == "last":
+                st.copy_(v)
+                e.ts = time.time()
+            else:  # raw
+                if len(e.raw) >= RAW_CAP:  # type: ignore[arg-type]
+                    e.count -= 1
+                    self._dropped += 1
+                    return False
+                e.raw.append(v.to(st.dtype).reshape(1))  # type: ignore[union-attr]
         return True
+
+    def _note_stream(self, torch: Any, dev: Any) -> None:
+        """Remember the current stream of ``dev`` (the flush waits on it). The raw-handle lookup is
+        cheap; the Stream object is fetched only for a stream not seen this step."""
+        try:
+            raw = torch._C._cuda_getCurrentRawStream(dev.index if dev.index is not None else torch.cuda.current_device())
+        except Exception:  # noqa: BLE001 - private API gone: use the public one
+            raw = None
+        sk = (dev, raw)
+        if raw is None or sk not in self._streams:
+            st = torch.cuda.current_stream(dev)
+            self._streams[(dev, raw if raw is not None else st.cuda_stream)] = st
 
     def _slow_entry(self, key: str, value: Any, reduction: Any) -> "_Entry | None":
         """Under the lock: first device value of ``key`` this step, or a reduction given as a
@@ -199,7 +209,7 @@ class DeviceValues:
         e = _Entry(red, name, kind, dev)
         if kind != "count":
             dt = _acc_dtype(dev)
-            with torch.inference_mode():
+            with torch.inference_mode(False):  # a normal tensor even if recorded under inference_mode
                 if kind == "max":
                     e.state = torch.full((1,), -math.inf, dtype=dt, device=dev)
                 elif kind == "min":
@@ -256,9 +266,8 @@ class DeviceValues:
                 for (sdev, _), s in streams.items():
                     if sdev == dev and s != cur:
                         cur.wait_stream(s)
-            with torch.inference_mode():
-                flat = parts[0] if len(parts) == 1 else torch.cat(parts)
-                host[dev] = _to_host(flat)  # the one device-to-host copy per device
+            flat = parts[0] if len(parts) == 1 else torch.cat(parts)
+            host[dev] = _to_host(flat)  # the one device-to-host copy per device
         nonfinite = 0
         recorded = 0
         for key, e in entries.items():
@@ -283,6 +292,14 @@ class DeviceValues:
                 _set_state(cur, type(cur).merge_states([cur.get_state(), _make_acc(e, vals).get_state()]))
         counters["values_recorded"] = counters.get("values_recorded", 0) + recorded
         counters["nonfinite_values"] = counters.get("nonfinite_values", 0) + nonfinite
+
+
+def _torch_mod() -> Any:
+    global _torch
+    import torch
+
+    _torch = torch
+    return torch
 
 
 def _to_host(flat: Any) -> list[float]:
@@ -352,6 +369,8 @@ def _set_state(acc: MetricAccumulator, st: dict[str, Any]) -> None:
 
 
 _install_lock = threading.Lock()
+_DROP: Any = None  # forge_obs.collector._DROP, imported on first use (no import cycle)
+_torch: Any = None
 
 
 def device_values(collector: Any) -> DeviceValues:
@@ -368,8 +387,11 @@ def device_values(collector: Any) -> DeviceValues:
 def record_device_value(collector: Any, key: Any, value: Any, reduction: Any) -> Any:
     """Called by ``record_metric`` for a non-CPU tensor: accumulate on the device, return the
     collector's ``_DROP`` (nothing left for the CPU accumulators)."""
-    from forge_obs.collector import _DROP
+    global _DROP
+    if _DROP is None:
+        from forge_obs.collector import _DROP as d
 
+        _DROP = d
     dv = collector._device_values
     if dv is None:
         dv = device_values(collector)

@@ -121,7 +121,14 @@ def _warn_once(kind: str, msg: str) -> None:
         logger.warning("forge_obs: %s", msg)
 
 
+_cuda_ok: bool | None = None
+
+
 def _cuda_available() -> bool:
+    """Whether CUDA can be used (cached once it is: ``torch.cuda.is_available()`` costs µs)."""
+    global _cuda_ok
+    if _cuda_ok:
+        return True
     torch = sys.modules.get("torch")
     if torch is None:
         try:
@@ -129,9 +136,10 @@ def _cuda_available() -> bool:
         except ImportError:
             return False
     try:
-        return bool(torch.cuda.is_available())
+        _cuda_ok = bool(torch.cuda.is_available())
     except Exception:  # noqa: BLE001
-        return False
+        _cuda_ok = False
+    return _cuda_ok
 
 
 # ---------------------------------------------------------------------------- memory
@@ -214,6 +222,43 @@ _OWNER = _MemoryOwner()
 
 
 # ---------------------------------------------------------------------------- GPU timings
+_torch: Any = None
+_stream_cache: dict[tuple[int, int], Any] = {}
+
+
+def _torch_mod() -> Any:
+    global _torch
+    if _torch is None:
+        import torch
+
+        _torch = torch
+    return _torch
+
+
+def _current_device() -> int:
+    torch = _torch or _torch_mod()
+    try:
+        return torch._C._cuda_getDevice()
+    except AttributeError:  # private API gone: the public one
+        return torch.cuda.current_device()
+
+
+def _record(ev: Any, dev: int) -> None:
+    """``ev.record()`` on the current stream of ``dev``, without the µs that
+    ``torch.cuda.current_stream()`` spends building a Stream object per call: the raw stream
+    handle (one C call) keys a cache of Stream objects (PyTorch's pool streams live as long as
+    the process)."""
+    torch = _torch or _torch_mod()
+    try:
+        raw = torch._C._cuda_getCurrentRawStream(dev)
+        s = _stream_cache.get((dev, raw))
+        if s is None:
+            s = _stream_cache[(dev, raw)] = torch.cuda.current_stream(dev)
+        torch._C._CudaEventBase.record(ev, s)
+    except AttributeError:  # private API gone: the public one
+        ev.record()
+
+
 class _GpuTimings:
     """Pending CUDA-event timings: resolved by a poller thread once complete, or at flush."""
 
@@ -228,6 +273,8 @@ class _GpuTimings:
         self._thread: threading.Thread | None = None
         self._hooked = False
         self.dropped = 0
+        self.resolved = 0  # records resolved so far (by the poller or a flush)
+        self._resolved_cv = threading.Condition()
 
     def event(self, dev: int) -> Any:
         pool = self._pool.get(dev)
@@ -236,9 +283,7 @@ class _GpuTimings:
                 return pool.pop()
             except IndexError:
                 pass
-        import torch
-
-        return torch.cuda.Event(enable_timing=True)
+        return (_torch or _torch_mod()).cuda.Event(enable_timing=True)
 
     def submit(self, prefix: str, names: list, events: list, dev: int) -> None:
         if not self._hooked:
@@ -263,18 +308,17 @@ class _GpuTimings:
             self._hooked = True
 
     def _take(self, wait: bool) -> list:
-        """Pop the records whose events completed (all of them, waiting, if ``wait``)."""
+        """Pop the records whose events completed, oldest first, up to the first that has not
+        (events complete in the order they were queued on a stream); all of them if ``wait``."""
         out = []
         with self._lock:
-            if not self._pending:
+            p = self._pending
+            if wait:
+                out = list(p)
+                p.clear()
                 return out
-            keep: deque = deque()
-            for rec in self._pending:
-                if wait or rec[2][-1].query():
-                    out.append(rec)
-                else:
-                    keep.append(rec)
-            self._pending = keep
+            while p and p[0][2][-1].query():
+                out.append(p.popleft())
         return out
 
     def _resolve(self, recs: list) -> list:
@@ -285,7 +329,20 @@ class _GpuTimings:
             total = events[0].elapsed_time(events[-1]) / 1000.0
             items += _duration_items(prefix, steps, total)
             self._pool.setdefault(dev, []).extend(events)
+        if recs:
+            with self._resolved_cv:
+                self.resolved += len(recs)
+                self._resolved_cv.notify_all()
         return items
+
+    def wait_resolved(self, n: int, timeout: float) -> bool:
+        """Block until ``n`` records were resolved in total (tests, benchmarks)."""
+        with self._resolved_cv:
+            return self._resolved_cv.wait_for(lambda: self.resolved >= n, timeout)
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
 
     def _poll(self) -> None:
         while True:
@@ -373,11 +430,9 @@ class Tracer:
         if self.track_memory:
             _OWNER.acquire(self)
         if self._gpu:
-            import torch
-
-            self._dev = dev = torch.cuda.current_device()
+            self._dev = dev = _current_device()
             ev = _GPU.event(dev)
-            ev.record()
+            _record(ev, dev)
             self._events = [ev]
             self._names = []
         else:
@@ -392,7 +447,7 @@ class Tracer:
             return
         if self._gpu:
             ev = _GPU.event(self._dev)
-            ev.record()
+            _record(ev, self._dev)
             self._events.append(ev)
             self._names.append(name)
         else:
@@ -408,7 +463,7 @@ class Tracer:
         try:
             if self._gpu:
                 ev = _GPU.event(self._dev)
-                ev.record()
+                _record(ev, self._dev)
                 self._events.append(ev)
                 _GPU.submit(self.prefix, self._names, self._events, self._dev)
                 self._events = []
