@@ -172,12 +172,14 @@ def test_config_errors_name_valid_choices(cfg, match):
 
 def test_api_key_never_written(tmp_path, caplog):
     caplog.set_level(logging.DEBUG)
-    be = WandbBackend({"mode": "offline", "config": {"api_key": FAKE_KEY, "lr": 0.1}})
+    be = WandbBackend({"mode": "offline", "config": {"api_key": FAKE_KEY, "lr": 0.1, "max_tokens": 16,
+                                                      "hf": {"hf_token": FAKE_KEY}}})
     be.init(run=_run(tmp_path, config={"wandb": {"mode": "offline", "api_key": FAKE_KEY}}))
     be.log_step(_record(0, glob={"loss": 1.0}))
     be.finish()
     run = read_run(find_run_file(tmp_path / "exp1" / "wandb", "exp1"))
     assert run.config["api_key"] == "***" and run.config["lr"] == 0.1
+    assert run.config["max_tokens"] == 16 and run.config["hf"] == {"hf_token": "***"}
     hits = [p for p in tmp_path.rglob("*") if p.is_file() and FAKE_KEY.encode() in p.read_bytes()]
     assert hits == []
     assert FAKE_KEY not in caplog.text

@@ -77,6 +77,19 @@ def _import_wandb() -> Any:
     return wandb
 
 
+_SECRET_KEY = re.compile(r"(^|[_.-])(api_?key|secret|secret_key|password|passwd|token|access_token|auth_token)$", re.I)
+
+
+def redact_secrets(obj: Any) -> Any:
+    """The user's experiment config with credential-looking keys (``api_key``, ``hf_token``,
+    ``password``, ...) replaced by ``"***"``; ``max_tokens`` or ``key_dim`` are kept."""
+    if isinstance(obj, dict):
+        return {k: ("***" if isinstance(k, str) and _SECRET_KEY.search(k) else redact_secrets(v)) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [redact_secrets(v) for v in obj]
+    return obj
+
+
 def _slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", s).strip("-") or "x"
 
@@ -176,7 +189,7 @@ class WandbBackend(LoggerBackend):
         self._group = kw.get("group")
         self._name = kw.get("name") or (run.run_id if run else "forge_obs")
         self._id = kw.get("id")
-        self.wb = wandb.init(config=redact(config), **kw)
+        self.wb = wandb.init(config=redact_secrets(config), **kw)
         self._resume_step("", self.wb)
         self._define_axes(self.wb)
         for prefix, axis in self.step_metrics.items():
