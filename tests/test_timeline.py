@@ -210,10 +210,14 @@ def test_disable_switch_makes_everything_a_noop(tmp_path):
 
 
 def _fake_run(root: Path, ranks: int, steps: int, slow_rank=None, hang_rank=None, nan_step=None):
-    """A run written by the real writer, one identity at a time (mesh 'trainer', N ranks)."""
+    """A run written by the real writer, one identity at a time (mesh 'trainer', N ranks), on a
+    simulated clock (train_step: 2 ms, 6 ms on the slow rank): no dependence on machine load."""
     import time
 
     from forge_obs.timeline import writer
+
+    clock = [time.perf_counter_ns()]
+    tl._pc = lambda: clock[0]
 
     ident = current_identity()
     saved = (ident.mesh, ident.rank, ident.world_size, writer.SESSION)
@@ -228,10 +232,12 @@ def _fake_run(root: Path, ranks: int, steps: int, slow_rank=None, hang_rank=None
                     tl.record_span("train_step").__enter__()
                     break
                 with tl.record_span("train_step"):
-                    time.sleep(0.006 if slow_rank == r else 0.002)
+                    clock[0] += 6_000_000 if slow_rank == r else 2_000_000 + 10_000 * ((r + s) % 3)
+                clock[0] += 1_000_000
             if hang_rank == r:
-                tl.flush()  # died without closing: stop the writer, no "Z"
-                writer._writer.stop_ev.set()
+                writer._writer.stop_ev.set()  # dies without closing: no "Z" ...
+                writer._writer.thread.join()
+                writer._writer._drain(final=True)  # ... after its writer wrote the open span as "B"
                 writer._writer.thread.join()
                 writer._writer.f.close()
                 writer._writer = None
@@ -240,6 +246,7 @@ def _fake_run(root: Path, ranks: int, steps: int, slow_rank=None, hang_rank=None
                 tl.close()
     finally:
         ident.mesh, ident.rank, ident.world_size, writer.SESSION = saved
+        tl._pc = time.perf_counter_ns
     if nan_step is not None:
         with open(root / "metrics.jsonl", "w") as f:
             for s in range(steps):
@@ -296,3 +303,46 @@ def test_sql_views(tmp_path):
     assert nan == [(2,)]
     out = _cli("sql", str(tmp_path), "SELECT count(*) AS n FROM spans WHERE NOT finished", "--format", "json")
     assert out.returncode == 0 and json.loads(out.stdout) == [{"n": 1}]
+
+
+def test_hot_path_imports_neither_monarch_nor_torch():
+    code = ("import sys; import forge_obs; from forge_obs import record_span, set_step\n"
+            "from forge_obs.timeline import writer\n"
+            "print(sorted(m for m in ('torch', 'monarch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_log_to_metrics_records_the_duration(tdir, fresh_collector):
+    tl.configure(tdir)
+    for _ in range(3):
+        with tl.record_span("fwd", log_to_metrics=True):
+            pass
+    tl.close()
+    snap = fresh_collector.snapshot()
+    assert "span/fwd/duration_s" in json.dumps(snap, default=str)
+
+
+def test_export_filters_and_clock_offsets(tmp_path):
+    tl.close()
+    _fake_run(tmp_path, 3, 5)
+    # pretend rank 1 ran on another host whose clock is 2 s ahead of the controller's
+    (f1,) = (tmp_path / "events").glob("*_trainer_1.jsonl")
+    lines = f1.read_text().splitlines(keepends=True)
+    h = json.loads(lines[0])
+    h.update(host="other", clk=[h["t0"] + 2_000_100, h["t0"] + 100], t0=h["t0"] + 2_000_000)
+    f1.write_text(json.dumps(h) + "\n" + "".join(lines[1:]))
+    ctl_h = {"h": 1, "v": 1, "run": "x", "session": "c", "host": h.get("host_ctl", "vm-ctl"), "pid": 1, "mesh": "controller",
+             "rank": 0, "ctl": True, "t0": h["t0"], "file": 0}
+    (tmp_path / "events" / "ctl.jsonl").write_text(json.dumps(ctl_h) + "\n")
+    out = tmp_path / "t.json"
+    export_trace(tmp_path, out, steps=(1, 3), ranks={0, 1})
+    s = load(out)
+    assert s.slices["train_step"] == 2 * 3  # ranks 0, 1 x steps 1..3
+    assert len(s.process_names) == 2
+    doc = json.loads(out.read_text())
+    assert doc["otherData"]["clock_offsets_us"]["other"] == -2_000_000
+    r0 = sorted(e["ts"] for e in s.events if e.get("name") == "train_step" and "trainer r0" not in s.process_names[e["pid"]])
+    r_other = [e["ts"] for e in s.events if e.get("ph") == "X"]
+    # after correction, the 'other' host's spans sit within the same second as rank 0's
+    assert max(r_other) - min(r_other) < 1_000_000 and r0

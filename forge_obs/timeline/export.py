@@ -150,6 +150,7 @@ def export_trace(
                 labels.setdefault(t + 1, []).append(st.lanes.get(lane, f"track-{lane}"))
             st.tid_names = {t: (ls[0] if len(ls) == 1 else f"{ls[0]} +{len(ls) - 1} tasks") for t, ls in labels.items()}
             pid = track(st)
+            st.emitted = True
             lines = chunk
             for it in items:
                 kind = it[0]
@@ -228,6 +229,7 @@ def export_trace(
         end = reader.run_end(run) or 0
         for (_k, st, lane, name, step, ts, ex), tid in opens:
             pid = track(st)
+            st.emitted = True
             args = {"step": step, "unfinished": True, "open_for_s": round((end - ts) / 1e6, 6)}
             if ex:
                 args.update(ex.get("a") or {})
@@ -257,7 +259,7 @@ def export_trace(
         stats["flows"] = fid
         # metadata: process / thread names
         for st in sorted(run.streams.values(), key=lambda s: s.track or 0):
-            if st.track is None:
+            if st.track is None or not getattr(st, "emitted", False):
                 continue
             pid = st.track
             actor = f"/{st.actor}" if st.actor else ""

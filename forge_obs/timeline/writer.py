@@ -37,6 +37,7 @@ SESSION = secrets.token_hex(4)
 _writer: "Writer | None" = None
 _lock = threading.Lock()
 _last_seq = [0]
+_lane_defs: dict[int, tuple] = {}  # lane -> (label, thread id), for the whole process
 
 
 def epoch_us(pc_ns: int) -> int:
@@ -72,7 +73,7 @@ class Writer:
         self.t0 = 0
         self.names: dict[str, int] = {}
         self.lanes_in_file: set[int] = set()
-        self.lane_defs: dict[int, tuple] = {}
+        self.lane_defs = _lane_defs  # process-wide: lanes outlive writers
         self.open: dict[int, tuple] = {}  # sid -> begin entry, not written yet
         self.written_open: dict[int, bool] = {}  # sid -> B written, waiting for its E
         self.dropped = 0
