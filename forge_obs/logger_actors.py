@@ -342,14 +342,15 @@ def _flush(step: int, final: bool = False) -> None:
     if st.pipeline is None:
         logger.warning("forge_obs: flush(%s) before init_backends: values are kept until the first flush after it", step)
         return
-    local = MetricCollector().snapshot()
+    # open the step before asking the ranks, so that no answer can arrive before it exists
+    pending = st.pipeline.begin_step(step, MetricCollector().snapshot(), final=final)
+    st.last_step = step
     for info in list(st.fetchers.values()):
         try:
             info["mesh"].flush.broadcast(step)
         except Exception as e:  # noqa: BLE001 - a dead mesh is reported as missing ranks
             logger.warning("forge_obs: flush of mesh %s failed: %r", info["name"], e)
-    st.last_step = step
-    st.pipeline.begin_step(step, local, blocked_s=time.perf_counter() - t0, final=final)
+    pending.blocked_s = time.perf_counter() - t0
 
 
 # -------------------------------------------------------------------- client side
@@ -383,7 +384,55 @@ async def get_or_create_metric_logger(proc_mesh: Any = None, process_name: str |
     set_cached_handles(handles)
     if proc_mesh is not None and not getattr(proc_mesh, "_forge_obs_mesh_id", None):
         attach_fetcher(proc_mesh, handles)
-    return glob
+    return MetricLogger(glob)
+
+
+class _Ready:
+    """An already-finished result that can be awaited or ``.get()``-ed like a Monarch Future."""
+
+    def __init__(self, value: Any = None) -> None:
+        self.value = value
+
+    def __await__(self):
+        return self.value
+        yield  # pragma: no cover - makes this a generator
+
+    def get(self, timeout: float | None = None) -> Any:
+        return self.value
+
+
+class _LocalFlush:
+    """``mlogger.flush``: in the controller process the flush runs right here (snapshot, open
+    the step, broadcast to fetchers), without a message round trip to the actor; elsewhere it is
+    the actor's endpoint."""
+
+    def __init__(self, endpoint: Any) -> None:
+        self._endpoint = endpoint
+
+    def call_one(self, global_step: int) -> Any:
+        if _STATE.in_this_process and _STATE.pipeline is not None:
+            _flush(global_step)
+            return _Ready(None)
+        return self._endpoint.call_one(global_step)
+
+    def __getattr__(self, name: str) -> Any:  # call, broadcast, ... go to the endpoint
+        return getattr(self._endpoint, name)
+
+
+class MetricLogger:
+    """What :func:`get_or_create_metric_logger` returns: the :class:`GlobalLoggingActor` handle
+    (``init_backends``, ``shutdown``, ... are its endpoints) with a faster ``flush`` in the
+    controller process. Picklable: in another process it is the plain actor handle."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+        self.flush = _LocalFlush(actor.flush)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.actor, name)
+
+    def __reduce__(self):
+        return (MetricLogger, (self.actor,))
 
 
 def spawn_handles_blocking() -> LoggerHandles:

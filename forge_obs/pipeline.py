@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forge_obs.backends.base import LoggerBackend, call_hook
-from forge_obs.metric import Metric
+from forge_obs.metric import LoggingMode, Metric
 from forge_obs.record import StepRecord
 from forge_obs.reduce import Reduce, merge_states, reduce_metrics_states
 
@@ -53,15 +53,14 @@ class _Pending:
     deadline: float
     expected: set
     local: dict[str, Any] | None
-    t_begin: float
     blocked_s: float = 0.0
     final: bool = False
     received: dict = field(default_factory=dict)  # rank_key -> (identity, snapshot)
-    done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class FlushPipeline:
-    """Step assembly (on the actor's event loop) and a backend worker thread."""
+    """Step assembly and backend I/O in one worker thread; every public method is thread-safe
+    (Monarch runs each actor on its own thread and loop)."""
 
     def __init__(
         self,
@@ -75,86 +74,66 @@ class FlushPipeline:
         self.flush_timeout_s = flush_timeout_s
         self.process_name = process_name
         self.ranks: dict[RankKey, dict[str, Any]] = {}  # registered rank -> last identity
-        self._ranks_lock = threading.Lock()  # registration may come from the spawning thread
         self.lagging: set = set()
         self._pending: list[_Pending] = []
         self._carry: dict[RankKey, list[tuple[dict, dict]]] = {}
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
-        self._q: "queue.Queue[Any]" = queue.Queue()
-        self._worker = threading.Thread(target=self._work, name="forge_obs-backends", daemon=True)
+        self._cv = threading.Condition()  # guards everything above and the counters below
+        self._closing = False
+        self._begun = 0
+        self.steps_logged = 0
         self.backend_errors = 0
         self.late_states = 0
         self.last_backend_s = 0.0
-        self.steps_logged = 0
-        self._emitted = 0
-        self._logged_cv = threading.Condition()
         self._reported_errors: set[str] = set()
+        self._worker = threading.Thread(target=self._work, name="forge_obs-backends", daemon=True)
+        # per-rank reductions are only computed when some backend shows per-rank views
+        self._need_per_rank = any(LoggingMode.PER_RANK_REDUCE in be.modes for be in backends.values())
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._task = self._loop.create_task(self._assemble_loop())
         self._worker.start()
-
-    def _on_loop(self, fn: Any, *args: Any) -> None:
-        """Run ``fn`` on the pipeline's event loop. Monarch runs each actor on its own loop and
-        thread: asyncio objects must only be touched from the loop that owns them."""
-        try:
-            here = asyncio.get_running_loop()
-        except RuntimeError:
-            here = None
-        if here is self._loop:
-            fn(*args)
-        else:
-            self._loop.call_soon_threadsafe(fn, *args)
 
     async def drain(self) -> None:
         """Wait until every begun step reached the backends (waiting at most its deadline)."""
-        while self._pending:
-            await asyncio.sleep(0.005)
-        target = self._emitted
+        with self._cv:
+            target = self._begun
         await asyncio.get_running_loop().run_in_executor(None, self._wait_logged, target)
 
     def _wait_logged(self, target: int) -> None:
-        with self._logged_cv:
-            self._logged_cv.wait_for(lambda: self.steps_logged >= target)
+        with self._cv:
+            self._cv.wait_for(lambda: self.steps_logged >= target or not self._worker.is_alive())
 
     async def close(self) -> None:
         """Drain, then finish every backend."""
         await self.drain()
-        if self._task is not None:
-            self._task.cancel()
-        self._q.put(None)
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
         await asyncio.get_running_loop().run_in_executor(None, self._worker.join)
 
     # ------------------------------------------------------------ ranks
     def register_ranks(self, mesh_id: str, num_ranks: int, mesh_name: str | None = None) -> None:
-        with self._ranks_lock:
+        with self._cv:
             for r in range(num_ranks):
                 self.ranks.setdefault((mesh_id, r), {"label": f"{mesh_name or mesh_id}/r{r}"})
 
     def relabel(self, mesh_id: str, prefix: str) -> None:
         """Name a mesh's ranks ``<prefix>/r<rank>`` until they report their own identity."""
-        with self._ranks_lock:
+        with self._cv:
             for (m, r), ident in self.ranks.items():
                 if m == mesh_id and "pid" not in ident:
                     ident["label"] = f"{prefix}/r{r}"
 
     def deregister(self, mesh_id: str, rank: int | None = None) -> None:
-        """Forget a rank (its mesh stopped); thread-safe."""
-        self._on_loop(self._deregister, mesh_id, rank)
-
-    def _deregister(self, mesh_id: str, rank: int | None) -> None:
-        with self._ranks_lock:
+        """Forget a mesh's ranks (the mesh stopped): no step waits for them any more."""
+        with self._cv:
             keys = [k for k in self.ranks if k[0] == mesh_id and (rank is None or k[1] == rank)]
             for k in keys:
                 self.ranks.pop(k, None)
-        for k in keys:
-            self.lagging.discard(k)
-            for p in self._pending:
-                p.expected.discard(k)
-        self._wake.set()
+                self.lagging.discard(k)
+                for p in self._pending:
+                    p.expected.discard(k)
+            self._cv.notify_all()
 
     # ------------------------------------------------------------ steps
     @property
@@ -163,104 +142,98 @@ class FlushPipeline:
 
     def begin_step(
         self, step: int, local_snapshot: dict[str, Any] | None, blocked_s: float = 0.0, final: bool = False
-    ) -> None:
+    ) -> _Pending:
         """Open ``step``: it waits for every registered rank's :meth:`submit`. A ``final`` step
-        (shutdown) is not logged when nothing was recorded. Call it on the pipeline's loop."""
-        now = time.monotonic()
-        with self._ranks_lock:
-            expected = set(self.ranks)
-        self._pending.append(
-            _Pending(
-                step=step,
-                deadline=now + self.flush_timeout_s,
-                expected=expected,
-                local=local_snapshot,
-                t_begin=now,
-                blocked_s=blocked_s,
-                final=final,
-            )
+        (shutdown) is not logged when nothing was recorded."""
+        p = _Pending(
+            step=step,
+            deadline=time.monotonic() + self.flush_timeout_s,
+            expected=set(),
+            local=local_snapshot,
+            blocked_s=blocked_s,
+            final=final,
         )
-        self._wake.set()
+        with self._cv:
+            p.expected = set(self.ranks)
+            self._pending.append(p)
+            self._begun += 1
+            self._cv.notify_all()
+        return p
 
     def submit(self, step: int | None, rank_key: RankKey, identity: dict[str, Any], snapshot: dict[str, Any]) -> None:
-        """A rank's snapshot for ``step`` (``None``: a final snapshot when its mesh stops);
-        thread-safe."""
-        self._on_loop(self._submit, step, tuple(rank_key), identity, snapshot)
-
-    def _submit(self, step: int | None, rank_key: RankKey, identity: dict[str, Any], snapshot: dict[str, Any]) -> None:
-        if identity and rank_key in self.ranks:
-            self.ranks[rank_key] = identity
-        self.lagging.discard(rank_key)
-        target = None
-        if step is not None:
-            for p in self._pending:
-                if p.step == step and rank_key not in p.received:
-                    target = p
-                    break
-        if target is None:
+        """A rank's snapshot for ``step`` (``None``: a final snapshot when its mesh stops)."""
+        rank_key = tuple(rank_key)
+        with self._cv:
+            if identity and rank_key in self.ranks:
+                self.ranks[rank_key] = identity
+            self.lagging.discard(rank_key)
+            target = None
             if step is not None:
-                self.late_states += 1
-            self._carry.setdefault(rank_key, []).append((identity, snapshot))
-        else:
-            target.received[rank_key] = (identity, snapshot)
-        self._wake.set()
+                for p in self._pending:
+                    if p.step == step and rank_key not in p.received:
+                        target = p
+                        break
+            if target is None:
+                if step is not None:
+                    self.late_states += 1
+                self._carry.setdefault(rank_key, []).append((identity, snapshot))
+            else:
+                target.received[rank_key] = (identity, snapshot)
+            self._cv.notify_all()
 
-    def _complete(self, p: _Pending) -> bool:
-        waiting = p.expected - p.received.keys() - self.lagging
-        return not waiting
-
-    async def _assemble_loop(self) -> None:
-        while True:
-            if not self._pending:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            p = self._pending[0]
-            if not self._complete(p):
-                timeout = p.deadline - time.monotonic()
-                if timeout > 0:
-                    self._wake.clear()
-                    try:
-                        await asyncio.wait_for(self._wake.wait(), timeout)
-                    except asyncio.TimeoutError:
-                        pass
+    def _next_step(self) -> "tuple[_Pending, list, dict, int] | None":
+        """Block until the oldest step is complete or past its deadline; None when closing."""
+        with self._cv:
+            while True:
+                if not self._pending:
+                    if self._closing:
+                        return None
+                    self._cv.wait()
                     continue
-            self._pending.pop(0)
-            missing = sorted(p.expected - p.received.keys(), key=str)
-            self.lagging.update(missing)
-            carry, self._carry = self._carry, {}
-            self._emitted += 1
-            self._q.put((p, missing, carry, len(self._pending)))
+                p = self._pending[0]
+                waiting = p.expected - p.received.keys() - self.lagging
+                timeout = p.deadline - time.monotonic()
+                if waiting and timeout > 0:
+                    self._cv.wait(timeout)
+                    continue
+                self._pending.pop(0)
+                missing = sorted(p.expected - p.received.keys(), key=str)
+                self.lagging.update(missing)
+                carry, self._carry = self._carry, {}
+                missing_labels = [self.ranks.get(k, {}).get("label") or f"{k[0]}/r{k[1]}" for k in missing]
+                return p, missing_labels, carry, len(self._pending)
 
     # ------------------------------------------------------------ worker thread
     def _work(self) -> None:
         while True:
-            item = self._q.get()
+            item = self._next_step()
             if item is None:
                 break
             p, missing, carry, pending = item
             try:
                 t0 = time.perf_counter()
                 record = self._build(p, missing, carry, pending)
-                if record is None:
-                    continue
-                record.global_metrics.append(Metric("obs/merge_s", time.perf_counter() - t0, Reduce.MAX))
-                t1 = time.perf_counter()
-                for name, be in self.backends.items():
-                    try:
-                        call_hook(be.log_step, record)
-                    except Exception as e:  # noqa: BLE001 - one backend never stops the others
-                        self.backend_errors += 1
-                        if name not in self._reported_errors:
-                            self._reported_errors.add(name)
-                            logger.error("forge_obs: backend %r failed at step %s: %r (counted in obs/backend_errors)", name, p.step, e)
-                self.last_backend_s = time.perf_counter() - t1
+                if record is not None:
+                    record.global_metrics.append(Metric("obs/merge_s", time.perf_counter() - t0, Reduce.MAX))
+                    t1 = time.perf_counter()
+                    for name, be in self.backends.items():
+                        try:
+                            call_hook(be.log_step, record)
+                        except Exception as e:  # noqa: BLE001 - one backend never stops the others
+                            self.backend_errors += 1
+                            if name not in self._reported_errors:
+                                self._reported_errors.add(name)
+                                logger.error(
+                                    "forge_obs: backend %r failed at step %s: %r (counted in obs/backend_errors)",
+                                    name, p.step, e,
+                                )
+                    self.last_backend_s = time.perf_counter() - t1
             except Exception:  # noqa: BLE001
                 logger.exception("forge_obs: step %s could not be assembled", p.step)
             finally:
-                with self._logged_cv:
+                with self._cv:
                     self.steps_logged += 1
-                    self._logged_cv.notify_all()
+                    self._cv.notify_all()
         for name, be in self.backends.items():
             try:
                 call_hook(be.finish)
@@ -292,28 +265,32 @@ class FlushPipeline:
         rank_states: dict[str, dict[str, dict]] = {}
         raw: dict[str, list] = {}
         for label, snaps in by_label.items():
-            merged: dict[str, list[dict]] = {}
             for s in snaps:
-                for k, st in (s.get("states") or {}).items():
-                    merged.setdefault(k, []).append(st)
                 if s.get("raw"):
                     raw.setdefault(label, []).extend(s["raw"])
-            states = {}
-            for k, sts in merged.items():
-                if len({s["reduction_type"] for s in sts}) > 1:
-                    conflicts.append(k)
-                    continue
-                states[k] = sts[0] if len(sts) == 1 else merge_states(sts)
+            if len(snaps) == 1:
+                states = snaps[0].get("states") or {}
+            else:  # the step's own snapshot plus late/final ones from the same rank
+                merged: dict[str, list[dict]] = {}
+                for s in snaps:
+                    for k, st in (s.get("states") or {}).items():
+                        merged.setdefault(k, []).append(st)
+                states = {}
+                for k, sts in merged.items():
+                    if len({s["reduction_type"] for s in sts}) > 1:
+                        conflicts.append(k)
+                        continue
+                    states[k] = sts[0] if len(sts) == 1 else merge_states(sts)
             if states:
                 rank_states[label] = states
         global_metrics = reduce_metrics_states(list(rank_states.values()), on_conflict)
-        per_rank = {
-            label: [Metric(m.key, m.value, m.reduction, m.timestamp, label) for m in reduce_metrics_states([st])]
-            for label, st in rank_states.items()
-        }
+        per_rank = (
+            {label: reduce_metrics_states([st], source=label) for label, st in rank_states.items()}
+            if self._need_per_rank
+            else {}
+        )
         if p.final and not rank_states and not raw:
             return None  # nothing was recorded after the last flush
-        missing_labels = [self.ranks.get(k, {}).get("label") or f"{k[0]}/r{k[1]}" for k in missing]
         obs = {
             "obs/values_recorded": counters["values_recorded"],
             "obs/dropped_values": counters["dropped_values"] + len(conflicts),
@@ -336,5 +313,5 @@ class FlushPipeline:
             per_rank=per_rank,
             raw=raw,
             sources=sources,
-            missing=missing_labels,
+            missing=missing,
         )

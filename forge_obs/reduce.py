@@ -388,27 +388,37 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def reduce_metrics_states(
-    states: list[dict[str, dict[str, Any]]], on_conflict: Callable[[str, set[str]], None] | None = None
+    states: list[dict[str, dict[str, Any]]],
+    on_conflict: Callable[[str, set[str]], None] | None = None,
+    source: str | None = None,
 ) -> list[Metric]:
     """Reduce ``[{key: state}, ...]`` (one dict per rank) to one :class:`Metric` per key.
 
     A key recorded with different reductions on different ranks cannot be merged: it is left out
     and ``on_conflict(key, reductions)`` is called (the pipeline counts it in
-    ``obs/dropped_values``).
+    ``obs/dropped_values``). ``source`` labels the Metrics (per-rank views).
     """
     by_key: dict[str, list[dict[str, Any]]] = {}
     for rank_states in states:
         for key, st in rank_states.items():
-            by_key.setdefault(key, []).append(st)
+            lst = by_key.get(key)
+            if lst is None:
+                by_key[key] = [st]
+            else:
+                lst.append(st)
+    now = _now()
     out: list[Metric] = []
     for key in sorted(by_key):
         sts = by_key[key]
-        kinds = {s["reduction_type"] for s in sts}
-        if len(kinds) > 1:
-            if on_conflict is not None:
-                on_conflict(key, kinds)
-            continue
-        cls = accumulator_for(sts[0]["reduction_type"])
-        value = cls.value_from_state(cls.merge_states(sts))
-        out.append(Metric(key=key, value=value, reduction=_BY_NAME.get(sts[0]["reduction_type"], sts[0]["reduction_type"])))
+        rt = sts[0]["reduction_type"]
+        cls = accumulator_for(rt)
+        if len(sts) == 1:
+            st = sts[0]
+        else:
+            if any(s["reduction_type"] != rt for s in sts):
+                if on_conflict is not None:
+                    on_conflict(key, {s["reduction_type"] for s in sts})
+                continue
+            st = cls.merge_states(sts)
+        out.append(Metric(key, cls.value_from_state(st), _BY_NAME.get(rt, rt), now, source))
     return out

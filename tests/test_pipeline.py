@@ -23,7 +23,7 @@ class Keep(LoggerBackend):
 
 
 def _pipeline(timeout=5.0, **backends):
-    bes = backends or {"keep": Keep({})}
+    bes = backends or {"keep": Keep({"logging_mode": ["global_reduce", "per_rank_reduce"]})}
     for b in bes.values():
         b.init()
     return FlushPipeline(backends=bes, run_id="r", flush_timeout_s=timeout), bes
@@ -94,6 +94,15 @@ async def test_final_snapshot_of_a_stopped_mesh_joins_the_next_step():
     assert rec.missing == []
 
 
+async def test_per_rank_views_are_skipped_when_no_backend_wants_them():
+    p, bes = _pipeline(keep=Keep({"logging_mode": "global_reduce"}))
+    p.start()
+    p.begin_step(0, _snap(y=1))
+    await p.close()
+    assert bes["keep"].records[0].per_rank == {}
+    assert bes["keep"].records[0].global_dict()["y"] == 1.0
+
+
 async def test_empty_final_step_is_not_logged():
     p, bes = _pipeline()
     p.start()
@@ -155,6 +164,7 @@ def test_conflicting_reductions_across_ranks_count_as_dropped():
 
     rec = asyncio.run(go())
     assert "k" not in rec.global_dict()
+    assert rec.per_rank  # per-rank views are computed when a backend asks for them
     assert rec.global_dict()["obs/dropped_values"] >= 1
 
 
