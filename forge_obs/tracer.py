@@ -47,8 +47,8 @@ from typing import Any, Callable
 
 from forge_obs import _env
 from forge_obs.collector import MetricCollector
-from forge_obs.reduce import Reduce, accumulator_for
-from forge_obs.sketch import DISTRIBUTION
+from forge_obs.reduce import MaxAccumulator, MeanAccumulator, Reduce, accumulator_for
+from forge_obs.sketch import DISTRIBUTION, DistributionAccumulator
 
 __all__ = ["Tracer", "trace"]
 
@@ -102,14 +102,58 @@ def _total_keys(prefix: str) -> tuple[str, str, str]:
     return k
 
 
-def _duration_items(prefix: str, steps: list, total: float) -> list:
-    items = []
-    for name, d in steps:
-        a, m, s = _step_keys(prefix, name)
-        items += ((a, d, _MEAN), (m, d, _MAX), (s, d, DISTRIBUTION))
-    a, m, s = _total_keys(prefix)
-    items += ((a, total, _MEAN), (m, total, _MAX), (s, total, DISTRIBUTION))
-    return items
+# key triple -> (the collector's accumulator dict it was found in, (mean, max, dist) accumulators)
+_trio_cache: dict[tuple[str, str, str], tuple[dict, tuple]] = {}
+_REDS = (_MEAN, _MAX, DISTRIBUTION)
+
+
+def _emit_durations(pairs: list) -> None:
+    """Record ``[(key_triple, seconds), ...]`` (avg/max/dist keys of a duration) under ONE lock
+    acquisition. Fast path: the three accumulators of a triple are cached for as long as the
+    collector's accumulator dict is the same object (a flush swaps it), and updated inline."""
+    c = _C
+    with c._lock:
+        accs = c._accs
+        if c._raw is not None:  # streaming raw values: the generic path keeps them
+            for keys, d in pairs:
+                for key, red in zip(keys, _REDS):
+                    _append_locked(c, accs, key, d, red)
+            return
+        for keys, d in pairs:
+            ent = _trio_cache.get(keys)
+            if ent is not None and ent[0] is accs:
+                mean, mx, dist = ent[1]
+                mean.total += d
+                mean.count += 1
+                if d > mx.best:
+                    mx.best = d
+                dist.append(d)
+                c._recorded += 3
+                continue
+            for key, red in zip(keys, _REDS):
+                _append_locked(c, accs, key, d, red)
+            trio = (accs.get(keys[0]), accs.get(keys[1]), accs.get(keys[2]))
+            if (type(trio[0]) is MeanAccumulator and trio[0].reduction is _MEAN
+                    and type(trio[1]) is MaxAccumulator and trio[1].reduction is _MAX
+                    and type(trio[2]) is DistributionAccumulator and trio[2].reduction is DISTRIBUTION):
+                _trio_cache[keys] = (accs, trio)
+
+
+def _append_locked(c: Any, accs: dict, key: str, v: float, red: Any) -> None:
+    acc = accs.get(key)
+    if acc is not None and acc.reduction is red:
+        acc.append(v)
+        c._recorded += 1
+        if c._raw is not None:
+            c._append_raw(key, v)
+    else:
+        c._record_slow(key, v, red)
+
+
+def _duration_pairs(prefix: str, steps: list, total: float) -> list:
+    pairs = [(_step_keys(prefix, name), d) for name, d in steps]
+    pairs.append((_total_keys(prefix), total))
+    return pairs
 
 
 _warned: set[str] = set()
@@ -327,7 +371,7 @@ class _GpuTimings:
             events[-1].synchronize()  # returns at once for completed events
             steps = [(n, events[i].elapsed_time(events[i + 1]) / 1000.0) for i, n in enumerate(names)]
             total = events[0].elapsed_time(events[-1]) / 1000.0
-            items += _duration_items(prefix, steps, total)
+            items += _duration_pairs(prefix, steps, total)
             self._pool.setdefault(dev, []).extend(events)
         if recs:
             with self._resolved_cv:
@@ -353,15 +397,15 @@ class _GpuTimings:
             try:
                 recs = self._take(wait=False)
                 if recs:
-                    _emit(self._resolve(recs))
+                    _emit_durations(self._resolve(recs))
             except Exception as e:  # noqa: BLE001 - never let the poller die
                 _warn_once("gpu_poll", f"GPU timer poller: {e!r}")
 
     def _drain_hook(self, accs: dict, counters: dict) -> None:
         """At flush: every pending timing goes into this snapshot (waiting for its events on the
         flushing thread, never on the training thread)."""
-        items = self._resolve(self._take(wait=True))
         n = 0
+        items = [(key, d, red) for keys, d in self._resolve(self._take(wait=True)) for key, red in zip(keys, _REDS)]
         for key, v, red in items:
             acc = accs.get(key)
             if acc is None:
@@ -374,7 +418,7 @@ class _GpuTimings:
 
     def resolve_now(self) -> None:
         """Wait for and record every pending GPU timing (tests, shutdown)."""
-        _emit(self._resolve(self._take(wait=True)))
+        _emit_durations(self._resolve(self._take(wait=True)))
 
 
 _GPU = _GpuTimings()
@@ -392,29 +436,29 @@ class Tracer:
             stream, resolved asynchronously; falls back to ``"cpu"`` without CUDA).
     """
 
-    __slots__ = ("prefix", "track_memory", "timer", "_gpu", "_active", "_t0", "_last", "_steps",
-                 "_names", "_events", "_dev", "_mem_token", "_mem_start", "__weakref__")
+    # defaults at class level: a Tracer is created per decorated call, so __init__ stays short
+    _gpu = False
+    _active = False
+    _t0 = _last = 0.0
+    _steps: list = []
+    _names: list = []
+    _events: list = []
+    _dev = 0
+    _mem_token = 0
+    _mem_start = 0
 
     def __init__(self, prefix: str, track_memory: bool = False, timer: str = "cpu") -> None:
-        if timer not in ("cpu", "gpu"):
-            raise ValueError(f"timer must be 'cpu' or 'gpu', got {timer!r}")
         self.prefix = prefix
-        self.track_memory = bool(track_memory)
+        self.track_memory = track_memory
         self.timer = timer
-        self._gpu = False
-        if timer == "gpu" and not _DISABLED:
-            if _cuda_available():
-                self._gpu = True
-            else:
-                _warn_once("gpu_timer_no_cuda", "Tracer(timer='gpu'): CUDA is not available; using CPU timing")
-        self._active = False
-        self._t0 = self._last = 0.0
-        self._steps: list = []
-        self._names: list = []
-        self._events: list = []
-        self._dev = 0
-        self._mem_token = 0
-        self._mem_start = 0
+        if timer != "cpu":
+            if timer != "gpu":
+                raise ValueError(f"timer must be 'cpu' or 'gpu', got {timer!r}")
+            if not _DISABLED:
+                if _cuda_available():
+                    self._gpu = True
+                else:
+                    _warn_once("gpu_timer_no_cuda", "Tracer(timer='gpu'): CUDA is not available; using CPU timing")
 
     @property
     def active(self) -> bool:
@@ -469,7 +513,7 @@ class Tracer:
                 self._events = []
                 self._names = []
             else:
-                _emit(_duration_items(self.prefix, self._steps, _pc() - self._t0))
+                _emit_durations(_duration_pairs(self.prefix, self._steps, _pc() - self._t0))
         finally:
             self._end_memory(record=True)
             self._active = False
@@ -515,7 +559,7 @@ class trace:
         simple = not mem and (timer == "cpu" or not _cuda_available())
         if timer == "gpu" and simple:
             _warn_once("gpu_timer_no_cuda", "Tracer(timer='gpu'): CUDA is not available; using CPU timing")
-        a_key, m_key, d_key = _total_keys(prefix)
+        keys = _total_keys(prefix)
 
         if inspect.iscoroutinefunction(fn):
             if simple:
@@ -527,7 +571,7 @@ class trace:
                         return await fn(*args, **kwargs)
                     finally:
                         d = _pc() - t0
-                        _emit([(a_key, d, _MEAN), (m_key, d, _MAX), (d_key, d, DISTRIBUTION)])
+                        _emit_durations([(keys, d)])
 
             else:
 
@@ -551,7 +595,7 @@ class trace:
                     return fn(*args, **kwargs)
                 finally:
                     d = _pc() - t0
-                    _emit([(a_key, d, _MEAN), (m_key, d, _MAX), (d_key, d, DISTRIBUTION)])
+                    _emit_durations([(keys, d)])
 
         else:
 
