@@ -139,6 +139,9 @@ def test_open_span_written_as_begin_and_unfinished_in_views(tdir):
     assert u["name"] == "hung_step" and u["args"]["step"] == 7
     last = max(e["ts"] + e.get("dur", 0) for e in s.events if e.get("ph") in ("X", "i"))
     assert u["ts"] + u["dur"] == last  # drawn up to the end of the data
+    cli = _cli("trace", str(tdir), "-o", str(tdir / "cli.json"))
+    assert cli.returncode == 0 and "1 unfinished" in cli.stdout
+    assert load(tdir / "cli.json").slices == s.slices
 
 
 def test_rotation_keeps_every_record(tdir):
