@@ -212,14 +212,15 @@ def test_disable_switch_makes_everything_a_noop(tmp_path):
         assert not (tmp_path / "events").exists()
 
 
-def _fake_run(root: Path, ranks: int, steps: int, slow_rank=None, hang_rank=None, nan_step=None):
+def _fake_run(root: Path, ranks: int, steps: int, slow_rank=None, hang_rank=None, nan_step=None, dead_rank=None):
     """A run written by the real writer, one identity at a time (mesh 'trainer', N ranks), on a
     simulated clock (train_step: 2 ms, 6 ms on the slow rank): no dependence on machine load."""
     import time
 
     from forge_obs.timeline import writer
 
-    clock = [time.perf_counter_ns()]
+    start = time.perf_counter_ns()
+    clock = [start]
     tl._pc = lambda: clock[0]
 
     ident = current_identity()
@@ -228,16 +229,19 @@ def _fake_run(root: Path, ranks: int, steps: int, slow_rank=None, hang_rank=None
         for r in range(ranks):
             ident.mesh, ident.rank, ident.world_size = "trainer", r, ranks
             writer.SESSION = f"fake{r}"  # one process session per rank
+            clock[0] = start  # ranks run side by side
             tl.configure(root, open_after_s=0)
             for s in range(steps):
                 tl.set_step(s)
+                if dead_rank == r and s == steps // 2:
+                    break
                 if hang_rank == r and s == steps - 1:
                     tl.record_span("train_step").__enter__()
                     break
                 with tl.record_span("train_step"):
                     clock[0] += 6_000_000 if slow_rank == r else 2_000_000 + 10_000 * ((r + s) % 3)
                 clock[0] += 1_000_000
-            if hang_rank == r:
+            if hang_rank == r or dead_rank == r:
                 writer._writer.stop_ev.set()  # dies without closing: no "Z" ...
                 writer._writer.thread.join()
                 writer._writer._drain(final=True)  # ... after its writer wrote the open span as "B"
@@ -349,3 +353,32 @@ def test_export_filters_and_clock_offsets(tmp_path):
     r_other = [e["ts"] for e in s.events if e.get("ph") == "X"]
     # after correction, the 'other' host's spans sit within the same second as rank 0's
     assert max(r_other) - min(r_other) < 1_000_000 and r0
+
+
+def test_doctor_finds_a_silent_rank(tmp_path):
+    tl.close()
+    _fake_run(tmp_path, 3, 40, dead_rank=1)
+    found = diagnose(tmp_path, stall_min_s=0.01)
+    assert [(f.kind, f.mesh, f.rank) for f in found] == [("stall", "trainer", 1)]
+    assert found[0].steps == [20]  # it had begun step 20
+
+
+def test_resumed_run_keeps_attempts_apart(tdir):
+    from forge_obs.timeline import writer
+    from forge_obs.timeline.sql import connect
+
+    saved = writer.SESSION
+    try:
+        for attempt, start in enumerate((1000.0, 2000.0)):
+            writer.SESSION = f"attempt{attempt}"  # a new process of the resumed job
+            tl.configure(tdir, _run_id="exp", _start=start)
+            tl.set_step(attempt * 10)
+            with tl.record_span("train_step"):
+                pass
+            tl.close()
+    finally:
+        writer.SESSION = saved
+    s = load(export_trace(tdir, tdir / "t.json") and tdir / "t.json")
+    assert sorted(n.split(" (")[0] for n in s.process_names.values()) == ["controller r0 [attempt 0]", "controller r0 [attempt 1]"]
+    rows = connect(tdir).execute("SELECT attempt, step FROM spans ORDER BY attempt").fetchall()
+    assert rows == [(0, 0), (1, 10)]
