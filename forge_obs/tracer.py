@@ -6,7 +6,7 @@
     t.start()
     loss = model(batch); t.step("forward")
     loss.backward();      t.step("backward")
-    t.stop()              # queues two CUDA events' worth of bookkeeping; never waits for the GPU
+    t.stop()              # records one more CUDA event and queues the timing; never waits for the GPU
 
     @trace("generator/generate")            # sync or async functions, Monarch endpoints too
     async def generate(self, prompt): ...
@@ -23,9 +23,9 @@ Metric names (torchforge's): ``{prefix}/{step}/duration_avg_s`` (MEAN), ``…/du
 
 ``timer="gpu"`` records a CUDA event on the current stream at ``start``/``step``/``stop``; the
 durations (GPU time between the events) are resolved later by a background poller thread once the
-events completed, or at the next flush, whichever comes first. A duration whose events complete
-after a flush is reported in the next step. Without CUDA, ``timer="gpu"`` falls back to CPU
-timing with one warning. See docs/tracer.md for ``track_memory``'s exact semantics.
+events completed, or at the next flush, whichever comes first; a flush includes every timing whose
+``stop()`` ran before it (the *flushing* thread waits for those events, the training thread never
+does). Without CUDA, ``timer="gpu"`` falls back to CPU timing with one warning. See docs/tracer.md for ``track_memory``'s exact semantics.
 
 ``FORGE_DISABLE_PERF_METRICS=true`` (or ``FORGE_DISABLE_METRICS=true``) turns every Tracer into a
 no-op and ``@trace`` into the identity. This module imports torch only when a GPU timer or memory
@@ -506,10 +506,13 @@ class Tracer:
             return
         try:
             if self._gpu:
-                ev = _GPU.event(self._dev)
-                _record(ev, self._dev)
-                self._events.append(ev)
-                _GPU.submit(self.prefix, self._names, self._events, self._dev)
+                try:
+                    ev = _GPU.event(self._dev)
+                    _record(ev, self._dev)
+                    self._events.append(ev)
+                    _GPU.submit(self.prefix, self._names, self._events, self._dev)
+                except Exception as e:  # noqa: BLE001 - never raise into the training step
+                    _warn_once("gpu_stop", f"Tracer({self.prefix!r}) could not queue its GPU timing: {e!r}")
                 self._events = []
                 self._names = []
             else:
