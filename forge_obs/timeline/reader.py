@@ -131,12 +131,26 @@ def scan(run_dir: "str | Path", keep: Callable[[dict], bool] | None = None, cloc
             st = streams[key] = Stream(key=key, header=h, actor=h.get("actor", ""))
         st.files.append((int(h.get("file", 0)), p))
         files.append((key, int(h.get("file", 0)), p))
-    if clocks:  # later, tighter samples ("C" records): one cheap pass over the lines
-        for key, _i, p in files:
+    if clocks:  # later, tighter samples ("C" records) and later sessions: one cheap pass
+        for key, _i, p in list(files):
             host = key[0]
             with open(p, encoding="utf-8") as f:
+                next(f, None)
                 for line in f:
-                    if line.startswith('["C"'):
+                    if line.startswith('{"h"'):  # a restarted process appended to this file
+                        try:
+                            h2 = json.loads(line)
+                        except ValueError:
+                            continue
+                        k2 = (h2.get("host"), h2.get("pid"), h2.get("session"))
+                        if h2.get("start") is not None:
+                            starts.add(h2["start"])
+                        if k2 not in streams and (keep is None or keep(h2)):
+                            streams[k2] = Stream(key=k2, header=h2, actor=h2.get("actor", ""))
+                        if h2.get("clk"):
+                            d = int(h2["clk"][0]) - int(h2["clk"][1])
+                            samples[host] = min(d, samples.get(host, d))
+                    elif line.startswith('["C"'):
                         try:
                             _c, recv, ctl = json.loads(line)
                         except ValueError:
