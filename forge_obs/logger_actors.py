@@ -105,11 +105,12 @@ class LocalFetcherActor(Actor):
             logger.error("forge_obs: timeline configure failed: %r", e)
 
     async def __cleanup__(self, exc: Exception | None) -> None:
-        """The mesh is stopping: hand over what was recorded since the last flush, then leave."""
+        """The mesh is stopping: hand over what was recorded since the last flush, then leave.
+        The whole mesh is deregistered (a rank that already died cannot say so itself)."""
         self._submit(None)
         _timeline_close()
         try:
-            self.inbox.deregister_fetcher.broadcast(self.mesh_id, self.rank)
+            self.inbox.deregister_fetcher.broadcast(self.mesh_id, None)
         except Exception:  # noqa: BLE001
             pass
 
