@@ -415,4 +415,15 @@ def current_writer() -> "Writer | None":
     return _writer
 
 
+def _after_fork_in_child() -> None:
+    """A forked child has no writer thread: forget the parent's writer (and its buffered
+    records); the child records into the small pre-configuration buffer until configured."""
+    global _writer
+    _writer = None
+    _tl._buf.clear()
+    _tl._swap_buffer(_tl.PRECONFIG_CAP)
+
+
 atexit.register(close)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
