@@ -109,6 +109,13 @@ def export_trace(
             f.write(",\n".join(lines))
 
         INF = 2**62
+        qnames: dict[str, str] = {}
+
+        def qname(name: str) -> str:
+            q = qnames.get(name)
+            if q is None:
+                q = qnames[name] = _dumps(name)
+            return q
 
         def flush_stream(st: reader.Stream | None, items: list) -> None:
             """Pack the process's tasks onto as few thread tracks as overlap requires (every
@@ -171,12 +178,12 @@ def export_trace(
                             stats["errors"] += 1
                         lines.append(
                             f'{{"ph":"X","cat":"{cat}","pid":{pid},"tid":{tid},"ts":{ts},"dur":{dur},'
-                            f'"name":{_dumps(name)},"args":{_dumps(args, default=str)}}}'
+                            f'"name":{qname(name)},"args":{_dumps(args, default=str)}}}'
                         )
                     else:
                         lines.append(
                             f'{{"ph":"X","pid":{pid},"tid":{tid},"ts":{ts},"dur":{dur},'
-                            f'"name":{_dumps(name)},"args":{{"step":{"null" if step is None else step}}}}}'
+                            f'"name":{qname(name)},"args":{{"step":{"null" if step is None else step}}}}}'
                         )
                     stats["slices"] += 1
                 elif kind is INSTANT:
@@ -190,7 +197,7 @@ def export_trace(
                             flows.setdefault(_dumps(ex["f"], default=str), []).append((ts, pid, tid, st.mesh))
                     lines.append(
                         f'{{"ph":"i","s":"t","pid":{pid},"tid":{tid},"ts":{ts},'
-                        f'"name":{_dumps(name)},"args":{_dumps(args, default=str)}}}'
+                        f'"name":{qname(name)},"args":{_dumps(args, default=str)}}}'
                     )
                     stats["instants"] += 1
                 elif kind is STEP:
@@ -238,7 +245,7 @@ def export_trace(
                     flows.setdefault(_dumps(ex["f"], default=str), []).append((ts, pid, tid, st.mesh))
             chunk.append(
                 f'{{"ph":"X","cat":"unfinished","pid":{pid},"tid":{tid},"ts":{ts},"dur":{max(end - ts, 0)},'
-                f'"name":{_dumps(name)},"args":{_dumps(args, default=str)}}}'
+                f'"name":{qname(name)},"args":{_dumps(args, default=str)}}}'
             )
             stats["unfinished"] += 1
         fid = 0

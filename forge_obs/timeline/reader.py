@@ -79,11 +79,15 @@ class Run:
     controller_host: str | None = None
 
 
+_raw_decode = json.JSONDecoder().raw_decode
+
+
 def _lines(path: Path) -> Iterator[Any]:
+    raw = _raw_decode
     with open(path, encoding="utf-8") as f:
         for i, line in enumerate(f):
             try:
-                yield json.loads(line)
+                yield raw(line)[0]
             except ValueError:
                 if line.endswith("\n"):
                     if line.strip():
