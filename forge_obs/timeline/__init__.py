@@ -147,9 +147,12 @@ class _Span:
         if _ON and not (_torch_loaded[0] and _compiling()):
             sid = _next_id()
             self.sid = sid
+            step = _step_var.get()
+            if step is None:
+                step = _proc_step[0]
             t = _pc()
             self.t0 = t
-            _append((K_BEGIN, sid, t, _lane(), self.name, _step(), self.extras))
+            _append((K_BEGIN, sid, t, _lane(), self.name, step, self.extras))
         return self
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
@@ -215,6 +218,8 @@ def record_span(name: str, *, flow: Any = None, log_to_metrics: bool = False, **
     ``span/<name>/duration_s`` (Reduce.MEAN); other keyword arguments are kept as attributes
     (JSON-serialisable values). A span that raises is marked with the error. A span that never
     ends (a hang) is still written, and shown as unfinished."""
+    if flow is None and not attrs:
+        return _Span(name if type(name) is str else str(name), None, log_to_metrics)
     return _Span(str(name), _extras(flow, attrs), log_to_metrics)
 
 
