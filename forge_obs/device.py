@@ -266,8 +266,13 @@ class DeviceValues:
                 for (sdev, _), s in streams.items():
                     if sdev == dev and s != cur:
                         cur.wait_stream(s)
-            flat = parts[0] if len(parts) == 1 else torch.cat(parts)
-            host[dev] = _to_host(flat)  # the one device-to-host copy per device
+            try:
+                flat = parts[0] if len(parts) == 1 else torch.cat(parts)
+                host[dev] = _to_host(flat)  # the one device-to-host copy per device
+            except Exception as e:  # noqa: BLE001 - a flush never fails: drop this device's values
+                WARNER.warn("device_read", str(dev), f"device values on {dev} could not be read at flush ({e!r}); dropped")
+        for key in [k for k, e in entries.items() if where[k][2] and e.device not in host]:
+            counters["dropped_values"] = counters.get("dropped_values", 0) + entries.pop(key).count
         nonfinite = 0
         recorded = 0
         for key, e in entries.items():

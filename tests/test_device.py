@@ -236,3 +236,17 @@ def test_cpu_tensor_record_metric_reads_the_value(fresh_collector):
     record_metric("t", torch.ones(2))  # dropped: not a scalar
     snap = fresh_collector.snapshot()
     assert snap["states"]["t"]["sum"] == 4.0 and snap["counters"]["dropped_values"] == 1
+
+
+def test_record_metric_routes_non_cpu_tensors_to_the_device_path(fresh_collector):
+    """A non-CPU tensor never reaches .item(): it goes to forge_obs.device (here a 'meta' tensor,
+    which has no data: the flush cannot read it and drops it, counted, without failing)."""
+    from forge_obs import record_metric
+
+    record_metric("meta", torch.ones((), device="meta"))
+    record_metric("meta_count", torch.ones((), device="meta"), Reduce.COUNT)  # host-side state only
+    record_metric("cpu", 1.0)
+    snap = fresh_collector.snapshot()
+    assert set(snap["states"]) == {"cpu", "meta_count"}
+    assert snap["states"]["meta_count"]["count"] == 1
+    assert snap["counters"]["dropped_values"] == 1 and snap["counters"]["values_recorded"] == 2
