@@ -120,7 +120,12 @@ async def test_timeline_from_proc_meshes(tmp_path):
         tp = TraceProcessor(trace=str(out), config=TraceProcessorConfig(bin_path=perfetto_shell()))
         rows = {r.name: r.n for r in tp.query("select name, count(*) as n from slice group by name")}
         assert rows["train_step"] == 3 * TRAIN_STEPS and rows["generate"] == 2 * GEN_STEPS
-        assert tp.query("select count(*) as n from flow").as_pandas_dataframe().n[0] == GEN_STEPS * 5
+        assert next(iter(tp.query("select count(*) as n from flow"))).n == GEN_STEPS * 5
+        unfinished = [r.name for r in tp.query(
+            "select s.name from slice s join args a using(arg_set_id) where a.key = 'args.unfinished'")]
+        assert unfinished == ["generate"]
+        tracks = {r.name for r in tp.query("select name from process")}
+        assert set(s.process_names.values()) <= tracks
         tp.close()
 
     # ---- DuckDB
