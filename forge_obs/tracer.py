@@ -34,6 +34,7 @@ tracking is first used.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import itertools
@@ -540,6 +541,9 @@ class Tracer:
         self.stop()
 
 
+_open_var: contextvars.ContextVar[tuple] = contextvars.ContextVar("forge_obs_open_traces", default=())
+
+
 class trace:
     """``@trace(prefix, track_memory=False, timer="cpu")`` on a sync or async function (a
     Monarch ``@endpoint`` too: put ``@endpoint`` above ``@trace``), or ``with trace(...) as t``
@@ -552,7 +556,6 @@ class trace:
         self.prefix = prefix
         self.track_memory = track_memory
         self.timer = timer
-        self._open: list[Tracer] = []
 
     # ------------------------------------------------------------ decorator
     def __call__(self, fn: Callable) -> Callable:
@@ -614,13 +617,21 @@ class trace:
         return wrapper
 
     # ------------------------------------------------------------ context manager
+    # The open tracers live in a context variable, not on the object: one ``trace`` object may
+    # be entered by several asyncio tasks / threads at once (each has its own context) and
+    # re-entered (nested) within one.
     def __enter__(self) -> Tracer:
         t = Tracer(self.prefix, self.track_memory, self.timer)
-        self._open.append(t)
+        _open_var.set(_open_var.get() + ((self, t),))
         return t.start()
 
     def __exit__(self, *exc: Any) -> None:
-        self._open.pop().stop()
+        stack = _open_var.get()
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i][0] is self:
+                _open_var.set(stack[:i] + stack[i + 1 :])
+                stack[i][1].stop()
+                return
 
     async def __aenter__(self) -> Tracer:
         return self.__enter__()

@@ -133,6 +133,28 @@ async def test_async_decorator_concurrent_calls_do_not_share_state(fresh_collect
     assert 1.0 <= d["p50"] / 0.1 <= 1.5
 
 
+async def test_one_trace_object_entered_by_concurrent_tasks(fresh_collector):
+    shared = trace("shared")  # e.g. a module-level object, entered by many tasks at once
+
+    async def task(s):
+        async with shared as t:
+            await asyncio.sleep(s)
+            t.step("slept")
+            return t
+
+    tracers = await asyncio.gather(task(0.05), task(0.2))  # enters first, exits first: not LIFO
+    assert tracers[0] is not tracers[1] and not any(t.active for t in tracers)
+    v = values(fresh_collector)
+    # the 0.05 s task exits first; it must stop its own tracer, not the 0.2 s task's
+    assert 1.0 <= v["shared/slept/duration_max_s"] / 0.2 <= 1.5
+    d = v["shared/slept/duration_dist_s"]
+    assert d["count"] == 2 and 1.0 <= d["p50"] / 0.05 <= 1.5 * 1.01
+    with shared:  # and nested re-entry within one task
+        with shared:
+            pass
+    assert values(fresh_collector)["shared/total_duration_dist_s"]["count"] == 2
+
+
 async def test_async_context_manager(fresh_collector):
     async with trace("acm") as t:
         await asyncio.sleep(0.01)
