@@ -63,4 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the registry of the importable module (plugins register there), not of __main__
+    from forge_obs.cli import main as _main
+
+    sys.exit(_main())

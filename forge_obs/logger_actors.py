@@ -69,7 +69,7 @@ class LocalFetcherActor(Actor):
         self.mesh_id = mesh_id
         self.rank = int(point.rank)
         self.identity = set_identity(
-            mesh=name, rank=self.rank, coords={k: int(v) for k, v in dict(point).items()}, world_size=len(point.extent)
+            mesh=name, rank=self.rank, coords={k: int(v) for k, v in dict(point).items()}, world_size=int(point.extent.nelements)
         )
         self.collector = MetricCollector()
 
@@ -318,7 +318,13 @@ class GlobalLoggingActor(Actor):
         st.timeline = None
         _timeline_close(st)
         if st.run is not None:
-            write_meta(st.run.run_dir, end_time=time.time(), status="finished", steps_logged=pipeline.steps_logged)
+            write_meta(
+                st.run.run_dir,
+                end_time=time.time(),
+                status="finished",
+                steps_logged=pipeline.steps_logged,
+                backend_errors=pipeline.backend_errors,  # obs/backend_errors lags a step; this is the total
+            )
         st.last_step = None
 
 
