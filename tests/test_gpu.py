@@ -149,6 +149,10 @@ def test_poller_resolves_without_a_flush(fresh_collector):
 
 
 def test_memory_tracking_on_cuda(fresh_collector):
+    import gc
+
+    gc.collect()  # no garbage of earlier tests freed inside the region
+    torch.cuda.synchronize()
     with trace("mem", track_memory=True):
         keep = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")  # 0.25 GiB kept
         tmp = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")  # 0.5 GiB freed inside
@@ -163,8 +167,11 @@ def test_device_values_from_side_streams_and_multiple_threads(fresh_collector):
     xs = torch.arange(1, 401, dtype=torch.float32, device="cuda")
     parts = xs.chunk(4)
 
+    main = torch.cuda.current_stream()
+
     def work(chunk):
         s = torch.cuda.Stream()
+        s.wait_stream(main)  # xs was made on the main stream
         with torch.cuda.stream(s):
             for x in chunk:
                 record_metric("sum", x * 1.0, Reduce.SUM)  # computed on the side stream
