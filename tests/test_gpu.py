@@ -88,6 +88,9 @@ def test_flush_from_another_thread_under_sync_debug_error(fresh_collector):
 def test_gpu_timer_agrees_with_cuda_events(fresh_collector):
     a = torch.randn(2048, 2048, device="cuda")
     direct = []
+    # keep the GPU busy while the events are queued: otherwise host-side gaps between the
+    # tracer's event and the reference event (GPU idle, waiting for the host) count in one only
+    torch.cuda._sleep(_sleep_cycles(20))
     for i in range(10):
         t = Tracer("agree", timer="gpu")
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
