@@ -35,7 +35,7 @@ def test_metric_names_and_step_durations_track_known_sleeps(fresh_collector):
     a, b, total = v["tr/a/duration_avg_s"], v["tr/b/duration_avg_s"], v["tr/total_duration_avg_s"]
     # sleeps only ever overshoot; on a loaded 2-core box by a few ms: compare as ratios
     assert a >= 0.05 and b >= 0.15
-    assert 2.0 <= b / a <= 3.3, (a, b)
+    assert 1.8 <= b / a <= 3.3, (a, b)  # 3.0 expected; an overshoot of the short sleep lowers it
     assert 1.0 <= total / (a + b) <= 1.05
     assert v["tr/a/duration_max_s"] == a
     d = v["tr/b/duration_dist_s"]
