@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_tracer.py            # table on stdout, JSON to bench/results/
 
-Each figure is the minimum over 7 repeats of the mean per-call time of a tight loop (the
+Each figure is the minimum over 21 repeats of the mean per-call time of a tight loop (the
 minimum is the least disturbed by the other processes on a shared machine). The baselines run in
 the same process, same run:
 
@@ -31,8 +31,8 @@ from forge_obs.collector import MetricCollector
 from forge_obs.tracer import Tracer, trace
 
 C = MetricCollector()
-N = 20_000
-REPEAT = 7
+N = 10_000
+REPEAT = 21
 
 
 def per_call_us(fn, number=N) -> float:
