@@ -103,8 +103,10 @@ def _total_keys(prefix: str) -> tuple[str, str, str]:
     return k
 
 
-# key triple -> (the collector's accumulator dict it was found in, (mean, max, dist) accumulators)
-_trio_cache: dict[tuple[str, str, str], tuple[dict, tuple]] = {}
+# key triple -> its (mean, max, dist) accumulators of the current step. Valid while the collector's
+# dict still maps the first key to the same MeanAccumulator object (a flush swaps in a new dict
+# of new accumulators). Holds at most 3 small accumulators per key, never an old dict.
+_trio_cache: dict[tuple[str, str, str], tuple] = {}
 _REDS = (_MEAN, _MAX, DISTRIBUTION)
 
 
@@ -121,9 +123,9 @@ def _emit_durations(pairs: list) -> None:
                     _append_locked(c, accs, key, d, red)
             return
         for keys, d in pairs:
-            ent = _trio_cache.get(keys)
-            if ent is not None and ent[0] is accs:
-                mean, mx, dist = ent[1]
+            trio = _trio_cache.get(keys)
+            if trio is not None and accs.get(keys[0]) is trio[0]:
+                mean, mx, dist = trio
                 mean.total += d
                 mean.count += 1
                 if d > mx.best:
@@ -137,7 +139,7 @@ def _emit_durations(pairs: list) -> None:
             if (type(trio[0]) is MeanAccumulator and trio[0].reduction is _MEAN
                     and type(trio[1]) is MaxAccumulator and trio[1].reduction is _MAX
                     and type(trio[2]) is DistributionAccumulator and trio[2].reduction is DISTRIBUTION):
-                _trio_cache[keys] = (accs, trio)
+                _trio_cache[keys] = trio
 
 
 def _append_locked(c: Any, accs: dict, key: str, v: float, red: Any) -> None:
@@ -313,7 +315,7 @@ class _GpuTimings:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
-        self._pending: deque = deque()  # (prefix, names, events, mem_items)
+        self._pending: deque = deque()  # (prefix, step names, events, device index)
         self._pool: dict[int, list[Any]] = {}
         self._thread: threading.Thread | None = None
         self._hooked = False
@@ -369,9 +371,14 @@ class _GpuTimings:
     def _resolve(self, recs: list) -> list:
         items: list = []
         for prefix, names, events, dev in recs:
-            events[-1].synchronize()  # returns at once for completed events
-            steps = [(n, events[i].elapsed_time(events[i + 1]) / 1000.0) for i, n in enumerate(names)]
-            total = events[0].elapsed_time(events[-1]) / 1000.0
+            try:
+                for e in events:  # at once for completed events (they may sit on several streams)
+                    e.synchronize()
+                steps = [(n, events[i].elapsed_time(events[i + 1]) / 1000.0) for i, n in enumerate(names)]
+                total = events[0].elapsed_time(events[-1]) / 1000.0
+            except Exception as e:  # noqa: BLE001 - one bad record never loses the others
+                _warn_once("gpu_resolve", f"Tracer({prefix!r}): GPU timing could not be read: {e!r}")
+                continue
             items += _duration_pairs(prefix, steps, total)
             self._pool.setdefault(dev, []).extend(events)
         if recs:

@@ -60,6 +60,32 @@ def test_reuse_after_stop_accumulates_mean_max_and_percentiles(fresh_collector):
     assert not t.active
 
 
+def test_durations_across_flushes_streaming_and_a_conflicting_user_key(fresh_collector):
+    from forge_obs import Reduce, record_metric
+
+    t = Tracer("fl")
+    for _ in range(3):
+        t.start()
+        t.stop()
+    assert values(fresh_collector)["fl/total_duration_dist_s"]["count"] == 3
+    for _ in range(2):
+        t.start()
+        t.stop()
+    assert values(fresh_collector)["fl/total_duration_dist_s"]["count"] == 2  # only this step's
+    record_metric("fl2/total_duration_avg_s", 1.0, Reduce.SUM)  # the user took the key first
+    with trace("fl2"):
+        pass
+    snap = fresh_collector.snapshot()
+    v = {m.key: m.value for m in reduce_metrics_states([snap["states"]])}
+    assert v["fl2/total_duration_avg_s"] == 1.0 and v["fl2/total_duration_dist_s"]["count"] == 1
+    assert snap["counters"]["dropped_values"] == 1
+    fresh_collector.set_streaming(True)  # per_rank_no_reduce: raw values are kept too
+    with trace("fl3"):
+        pass
+    raw = fresh_collector.snapshot()["raw"]
+    assert sorted(k for k, _, _ in raw) == [f"fl3/total_duration_{k}" for k in ("avg_s", "dist_s", "max_s")]
+
+
 def test_misuse_is_ignored_with_a_warning_never_raised(fresh_collector, caplog):
     t = Tracer("mis")
     with caplog.at_level(logging.WARNING, logger="forge_obs"):
