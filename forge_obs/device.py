@@ -134,9 +134,9 @@ class DeviceValues:
                 WARNER.warn("bad_value", key, f"record_metric({key!r}): device value on {dev} but this step "
                             f"already has {key!r} on {e.device}; dropped (counted in obs/dropped_values)")
                 return False
-            e.count += 1
             kind = e.kind
             if kind == "count":
+                e.count += 1
                 return True
             if dev.type == "cuda":
                 self._note_stream(torch, dev)
@@ -154,17 +154,17 @@ class DeviceValues:
                 # mean += delta / n; m2 += delta * (v - mean)
                 mean = st[0]
                 delta = v - mean
-                mean.add_(delta, alpha=1.0 / e.count)
+                mean.add_(delta, alpha=1.0 / (e.count + 1))
                 st[1].add_(delta * (v - mean))
             elif kind == "last":
                 st.copy_(v)
                 e.ts = time.time()
             else:  # raw
                 if len(e.raw) >= RAW_CAP:  # type: ignore[arg-type]
-                    e.count -= 1
                     self._dropped += 1
                     return False
                 e.raw.append(v.to(st.dtype).reshape(1))  # type: ignore[union-attr]
+            e.count += 1  # after the update: a failing op (raises to the caller's guard) counts nothing
         return True
 
     def _note_stream(self, torch: Any, dev: Any) -> None:

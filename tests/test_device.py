@@ -250,3 +250,15 @@ def test_record_metric_routes_non_cpu_tensors_to_the_device_path(fresh_collector
     assert set(snap["states"]) == {"cpu", "meta_count"}
     assert snap["states"]["meta_count"]["count"] == 1
     assert snap["counters"]["dropped_values"] == 1 and snap["counters"]["values_recorded"] == 2
+
+
+def test_device_values_without_device_state_are_capped_per_step(monkeypatch):
+    import forge_obs.device as device
+
+    monkeypatch.setattr(device, "RAW_CAP", 3)
+    dv = DeviceValues()
+    for x in range(5):
+        dv.record("lat", torch.tensor(float(x + 1)), DISTRIBUTION)
+    got, counters = drain(dv)
+    assert got["lat"]["count"] == 3 and got["lat"]["p99"] == pytest.approx(3.0, rel=ALPHA)
+    assert counters["dropped_values"] == 2 and counters["values_recorded"] == 3
