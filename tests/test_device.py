@@ -138,14 +138,14 @@ def test_device_bad_input_is_dropped_and_counted():
     from forge_obs.reduce import SumAccumulator
 
     dv = DeviceValues()
-    assert not dv.record("v", torch.ones(3), Reduce.MEAN)  # not a scalar
-    assert dv.record("k", torch.tensor(1.0), Reduce.MEAN)
-    assert not dv.record("k", torch.tensor(1.0), Reduce.MAX)  # reduction mismatch within a step
-    assert not dv.record("k", torch.tensor(1.0), "no_such_reduction")
-    assert not dv.record("rows", torch.tensor(1.0), Reduce.SAMPLE)
-    assert dv.record("c", torch.tensor(2.0), Reduce.MEAN)
-    got, counters = drain(dv, {"c": SumAccumulator(Reduce.SUM)})  # CPU has "c" as SUM: conflict
-    assert got == {"k": 1.0, "c": 0.0}
+    assert not dv.record("dev/v", torch.ones(3), Reduce.MEAN)  # not a scalar
+    assert dv.record("dev/k", torch.tensor(1.0), Reduce.MEAN)
+    assert not dv.record("dev/k", torch.tensor(1.0), Reduce.MAX)  # reduction mismatch within a step
+    assert not dv.record("dev/k", torch.tensor(1.0), "no_such_reduction")
+    assert not dv.record("dev/rows", torch.tensor(1.0), Reduce.SAMPLE)
+    assert dv.record("dev/c", torch.tensor(2.0), Reduce.MEAN)
+    got, counters = drain(dv, {"dev/c": SumAccumulator(Reduce.SUM)})  # CPU has "dev/c" as SUM: conflict
+    assert got == {"dev/k": 1.0, "dev/c": 0.0}
     assert counters["dropped_values"] == 5 and counters["values_recorded"] == 2
 
 
@@ -231,11 +231,11 @@ def test_collector_snapshot_drains_device_values(fresh_collector):
 def test_cpu_tensor_record_metric_reads_the_value(fresh_collector):
     from forge_obs import record_metric
 
-    record_metric("t", torch.tensor(2.5))
-    record_metric("t", torch.tensor([1.5]))
-    record_metric("t", torch.ones(2))  # dropped: not a scalar
+    record_metric("dev/cpu_t", torch.tensor(2.5))
+    record_metric("dev/cpu_t", torch.tensor([1.5]))
+    record_metric("dev/cpu_t", torch.ones(2))  # dropped: not a scalar
     snap = fresh_collector.snapshot()
-    assert snap["states"]["t"]["sum"] == 4.0 and snap["counters"]["dropped_values"] == 1
+    assert snap["states"]["dev/cpu_t"]["sum"] == 4.0 and snap["counters"]["dropped_values"] == 1
 
 
 def test_record_metric_routes_non_cpu_tensors_to_the_device_path(fresh_collector):
