@@ -178,6 +178,14 @@ class Fragile(Actor):
         return os.getpid()
 
 
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] not in "ZX"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
 async def test_dead_rank_costs_one_timeout_and_is_reported(tmp_path):
     mlogger = await start_logger(tmp_path, {"flush_timeout_s": 2.0})
     pm = this_host().spawn_procs(per_host={"procs": 2}, name="fragile")
@@ -185,7 +193,10 @@ async def test_dead_rank_costs_one_timeout_and_is_reported(tmp_path):
     await a.record.call(1.0)
     await mlogger.flush.call_one(0)
     await mlogger.wait_idle.call_one()
+    pid1 = await a.slice(procs=1).pid.call_one()
     a.die_if.broadcast(1)
+    while _alive(pid1):  # wait for the death itself, not a guessed delay
+        await asyncio.sleep(0.02)
     await a.slice(procs=0).record.call_one(1.0)
     t0 = time.monotonic()
     await mlogger.flush.call_one(1)
