@@ -39,6 +39,8 @@ _ACTOR_API = {
     "LocalFetcherActor": "forge_obs.logger_actors",
     "ConsoleBackend": "forge_obs.backends.console",
     "JsonlBackend": "forge_obs.backends.jsonl",
+    "WandbBackend": "forge_obs.backends.wandb",
+    "TensorBoardBackend": "forge_obs.backends.tensorboard",
     # tracer (issue 3) and structured timeline (issue 4): loaded on first use
     "Tracer": "forge_obs.tracer",
     "trace": "forge_obs.tracer",
@@ -85,4 +87,12 @@ __all__ = [
     "LocalFetcherActor",
     "ConsoleBackend",
     "JsonlBackend",
+    "WandbBackend",
+    "TensorBoardBackend",
+    "Tracer",
+    "trace",
+    "record_span",
+    "record_event",
+    "set_step",
+    "add_step_tag",
 ]
