@@ -47,7 +47,7 @@ from collections import deque
 from typing import Any, Callable
 
 from forge_obs import _env
-from forge_obs.collector import MetricCollector
+from forge_obs.collector import MetricCollector, _append_locked
 from forge_obs.reduce import MaxAccumulator, MeanAccumulator, Reduce, accumulator_for
 from forge_obs.sketch import DISTRIBUTION, DistributionAccumulator
 
@@ -73,14 +73,7 @@ def _emit(items: list) -> None:
     with c._lock:
         accs = c._accs
         for key, v, red in items:
-            acc = accs.get(key)
-            if acc is not None and acc.reduction is red:
-                acc.append(v)
-                c._recorded += 1
-                if c._raw is not None:
-                    c._append_raw(key, v)
-            else:
-                c._record_slow(key, v, red)
+            _append_locked(c, accs, key, v, red)
 
 
 _step_keys_cache: dict[tuple[str, str], tuple[str, str, str]] = {}
@@ -140,17 +133,6 @@ def _emit_durations(pairs: list) -> None:
                     and type(trio[1]) is MaxAccumulator and trio[1].reduction is _MAX
                     and type(trio[2]) is DistributionAccumulator and trio[2].reduction is DISTRIBUTION):
                 _trio_cache[keys] = trio
-
-
-def _append_locked(c: Any, accs: dict, key: str, v: float, red: Any) -> None:
-    acc = accs.get(key)
-    if acc is not None and acc.reduction is red:
-        acc.append(v)
-        c._recorded += 1
-        if c._raw is not None:
-            c._append_raw(key, v)
-    else:
-        c._record_slow(key, v, red)
 
 
 def _duration_pairs(prefix: str, steps: list, total: float) -> list:
