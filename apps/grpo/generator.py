@@ -218,6 +218,33 @@ class GeneratorService:
         self.versions = [0] * len(replicas)
         self._sync: list[asyncio.Task | None] = [None] * len(replicas)
         self._want: tuple[str, int] | None = None
+        self._dead = [asyncio.Event() for _ in replicas]
+
+    def on_replica_died(self, i: int) -> None:
+        """Monarch's supervision reported the replica's process gone (called on the loop)."""
+        self._dead[i].set()
+        self._mark_failed(i, "died (process exited)")
+
+    async def _call(self, i: int, coro, what: str):
+        """Await a call to replica ``i``; raise ReplicaDown when it dies, fails or stalls."""
+        call = asyncio.ensure_future(coro)
+        dead = asyncio.ensure_future(self._dead[i].wait())
+        try:
+            done, _ = await asyncio.wait({call, dead}, timeout=self._timeout(), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            dead.cancel()
+        if call in done:
+            try:
+                return call.result()
+            except Exception as e:  # noqa: BLE001 - the call to a dead replica failed
+                self._mark_failed(i, f"failed during {what} ({type(e).__name__})")
+                raise ReplicaDown(str(e)) from e
+        call.cancel()
+        if dead in done:
+            self._mark_failed(i, f"died during {what}")
+        else:
+            self._mark_failed(i, f"stalled ({what} timed out)")
+        raise ReplicaDown(what)
 
     def alive(self) -> list[int]:
         return [i for i, ok in enumerate(self.healthy) if ok]
@@ -254,15 +281,10 @@ class GeneratorService:
             self._gauges()
             t0 = time.perf_counter()
             try:
-                out = await asyncio.wait_for(
-                    self.replicas[i].generate.call_one(flow, prompts, n, max_tokens, temperature, latest_version),
-                    self._timeout())
-            except asyncio.TimeoutError:
-                self._mark_failed(i, "stalled (request timed out)")
-                continue
-            except Exception as e:  # noqa: BLE001 - a dead replica's call fails
-                self._mark_failed(i, f"failed ({type(e).__name__})")
-                continue
+                out = await self._call(i, self.replicas[i].generate.call_one(
+                    flow, prompts, n, max_tokens, temperature, latest_version), "generate")
+            except ReplicaDown:
+                continue  # retried on another replica
             finally:
                 self.inflight[i] -= 1
             dt = time.perf_counter() - t0
@@ -289,12 +311,10 @@ class GeneratorService:
         while self.healthy[i] and self._want is not None and self.versions[i] < self._want[1]:
             path, version = self._want
             try:
-                await asyncio.wait_for(self.replicas[i].update_weights.call_one(path, version), self._timeout())
+                await self._call(i, self.replicas[i].update_weights.call_one(path, version), "weight load")
                 self.versions[i] = version
-            except asyncio.TimeoutError:
-                self._mark_failed(i, "stalled (weight load timed out)")
-            except Exception as e:  # noqa: BLE001
-                self._mark_failed(i, f"failed during weight load ({type(e).__name__})")
+            except ReplicaDown:
+                return
 
     async def wait_synced(self, version: int) -> None:
         """Wait until every healthy replica has ``version`` (used at start-up and for --sync-weights)."""

@@ -138,7 +138,21 @@ class Progress:
 
 async def main(args: argparse.Namespace) -> dict:
     t_start = time.time()
-    monarch.actor.unhandled_fault_hook = lambda failure: print(f"[grpo] actor failure: {failure}", flush=True)
+    loop = asyncio.get_running_loop()
+    service: GeneratorService | None = None
+
+    def on_fault(failure) -> None:
+        """Monarch supervision: a process died. A generator replica's death goes to the service
+        (which keeps going on the others); anything else is reported."""
+        name = str(getattr(failure, "mesh_name", ""))
+        for i in range(args.replicas):
+            if name.startswith(f"replica{i}-") and service is not None:
+                loop.call_soon_threadsafe(service.on_replica_died, i)
+                return
+        if not name.startswith(("obs_", "logger-", "setup-")):
+            print(f"[grpo] actor failure: {str(failure).splitlines()[0]}", flush=True)
+
+    monarch.actor.unhandled_fault_hook = on_fault
     gen_kind, GenCls = pick_generator(args.generator)
     model_dir = str(ensure_model(warm_steps=args.warm_start_steps))
     rng = random.Random(args.seed)
@@ -180,7 +194,7 @@ async def main(args: argparse.Namespace) -> dict:
     reward_procs = this_host().spawn_procs(per_host={"procs": 1}, name="reward")
     buffer_procs = this_host().spawn_procs(per_host={"procs": 1}, name="buffer")
     all_procs = [*gen_procs, trainer_procs, ref_procs, reward_procs, buffer_procs]
-    replicas = [pm.spawn("generator", GenCls, model_dir, i, args.seed, args.kv_cache_mb, faults_gen[i])
+    replicas = [pm.spawn(f"replica{i}", GenCls, model_dir, i, args.seed, args.kv_cache_mb, faults_gen[i])
                 for i, pm in enumerate(gen_procs)]
     trainer = trainer_procs.spawn("trainer", Trainer, model_dir, args.trainer_ranks, free_port(), args.lr,
                                   args.kl_beta, weights_dir, faults_tr)

@@ -1,10 +1,10 @@
 """The verifiable task: two-number addition, answered as digits then end-of-text.
 
     >>> from apps.grpo.task import make_prompts, score
-    >>> p = make_prompts(2, seed=0)[0]; p.prompt == f"{p.answer - int(p.prompt.split('+')[1][:-1])}+{p.prompt.split('+')[1]}"
-    True
-    >>> score("146", 146), score("145", 146), score("x", 146)
-    (1.0, 0.42, 0.0)
+    >>> make_prompts(2, seed=0)
+    [Problem(prompt='6+6=', answer=12), Problem(prompt='0+4=', answer=4)]
+    >>> [round(score(s, 12), 2) for s in ("12", "13", "20", "x")]
+    [1.0, 0.42, 0.1, 0.0]
 
 The reward is checked by code: 1.0 for the exact sum, a well-formed wrong number gets 0.1 plus
 up to 0.4 the closer it is (within 5), anything else 0.0.
