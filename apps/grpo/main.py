@@ -288,7 +288,9 @@ async def main(args: argparse.Namespace) -> dict:
         from forge_obs.report import write_report
 
         summary["report"] = str(write_report(run_dir))
-    (open(os.path.join(run_dir, "grpo_summary.json"), "w")).write(json.dumps(summary, indent=2))
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "grpo_summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
     print(f"\n[grpo] reward: first 10 steps {summary['reward_first10']:.3f} -> last 10 steps "
           f"{summary['reward_last10']:.3f}   ({summary['steps']} steps, {summary['wall_s']:.0f}s)")
     print(f"[grpo] run directory: {run_dir}")
@@ -301,7 +303,10 @@ async def main(args: argparse.Namespace) -> dict:
 def summarize(run_dir: str, step_times: list, wall_s: float, gen_kind: str) -> dict:
     from forge_obs.store import read_metrics
 
-    rows = sorted(read_metrics(run_dir, "global_reduce"), key=lambda r: r["step"])
+    try:
+        rows = sorted(read_metrics(run_dir, "global_reduce"), key=lambda r: r["step"])
+    except FileNotFoundError:  # FORGE_DISABLE_METRICS=true: no store
+        rows = []
     rewards = [r["metrics"]["trainer/reward_mean"] for r in rows if "trainer/reward_mean" in r.get("metrics", {})]
     n = min(10, max(1, len(rewards) // 2))
     return {
@@ -310,6 +315,7 @@ def summarize(run_dir: str, step_times: list, wall_s: float, gen_kind: str) -> d
         "reward_first10": statistics.fmean(rewards[:n]) if rewards else float("nan"),
         "reward_last10": statistics.fmean(rewards[-n:]) if rewards else float("nan"),
         "rewards": rewards,
+        "step_s": step_times,
     }
 
 
