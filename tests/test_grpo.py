@@ -204,6 +204,18 @@ def test_grpo_fault_kill_replica(tmp_path):
     assert ("missing_ranks", "generator_1") in kinds, kinds
 
 
+def test_grpo_fault_stall_replica(tmp_path):
+    """A replica stops answering: it is timed out and taken out of rotation, the run goes on on
+    the other, and the doctor reports the span that never ended."""
+    run_dir = run_grpo(tmp_path, "stall", "--generator", "torch", "--steps", "30", "--batch-groups", "4",
+                       "--fault-stall-replica", "4", "--no-report")
+    vals = merged(global_rows(run_dir))
+    assert sum(vals["service/replica1_failures"]) == 1 and "service/replica0_failures" not in vals
+    assert min(vals["service/healthy_replicas"]) == 1 and len(vals["trainer/loss"]) == 30
+    hangs = [f for f in doctor(run_dir) if f["kind"] == "hang"]
+    assert hangs and all(f["mesh"] == "generator_1" for f in hangs), hangs
+
+
 def test_grpo_fault_slow_rank_and_nan(tmp_path):
     """A slow trainer rank and a NaN loss: `forge-obs doctor` names both."""
     run_dir = run_grpo(tmp_path, "slow", "--generator", "torch", "--replicas", "1", "--trainer-ranks", "3",

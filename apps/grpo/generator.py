@@ -80,10 +80,9 @@ class _GeneratorBase(Actor):
     @endpoint
     async def update_weights(self, path: str, version: int) -> int:
         """Load policy ``version`` from ``path`` (written by the trainer)."""
-        if self.faults.get("stall_at") is not None and version >= self.faults["stall_at"]:
-            await asyncio.sleep(3600)
         t0 = time.perf_counter()
         with record_span("weights_load", flow=f"policy-v{version}", version=version, replica=self.replica):
+            await self._maybe_stall(version)
             if self.faults.get("slow_sync_s"):
                 await asyncio.sleep(float(self.faults["slow_sync_s"]))  # injected: a slow weight sync
             import torch
@@ -208,7 +207,7 @@ class GeneratorService:
     out of rotation and its request retried on another; ``service/time_to_recovery_s`` is the time
     from the failure to the next request the service completed."""
 
-    def __init__(self, replicas: list, min_timeout_s: float = 20.0) -> None:
+    def __init__(self, replicas: list, min_timeout_s: float = 5.0) -> None:
         self.replicas = replicas
         self.healthy = [True] * len(replicas)
         self.inflight = [0] * len(replicas)
@@ -219,6 +218,7 @@ class GeneratorService:
         self._sync: list[asyncio.Task | None] = [None] * len(replicas)
         self._want: tuple[str, int] | None = None
         self._dead = [asyncio.Event() for _ in replicas]
+        self.closing = False
 
     def on_replica_died(self, i: int) -> None:
         """Monarch's supervision reported the replica's process gone (called on the loop)."""
@@ -230,7 +230,7 @@ class GeneratorService:
         call = asyncio.ensure_future(coro)
         dead = asyncio.ensure_future(self._dead[i].wait())
         try:
-            done, _ = await asyncio.wait({call, dead}, timeout=self._timeout(), return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({call, dead}, timeout=self.request_timeout(), return_when=asyncio.FIRST_COMPLETED)
         finally:
             dead.cancel()
         if call in done:
@@ -249,15 +249,20 @@ class GeneratorService:
     def alive(self) -> list[int]:
         return [i for i, ok in enumerate(self.healthy) if ok]
 
-    def _timeout(self) -> float:
+    def request_timeout(self) -> float:
         if len(self.latencies) < 5:
             return max(self.min_timeout_s, 60.0)
         return max(self.min_timeout_s, 10 * statistics.median(self.latencies[-50:]))
 
+    def close(self) -> None:
+        """The run is ending: calls cut short by the meshes stopping are not failures."""
+        self.closing = True
+
     def _mark_failed(self, i: int, why: str) -> None:
-        if not self.healthy[i]:
+        if not self.healthy[i] or self.closing:
             return
         self.healthy[i] = False
+        self._dead[i].set()  # calls still waiting on it give up now
         record_metric(f"service/replica{i}_failures", 1, Reduce.SUM)
         record_metric("service/replica_failures", 1, Reduce.SUM)
         record_event("replica_failed", replica=i, reason=why)

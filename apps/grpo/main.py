@@ -271,7 +271,12 @@ async def main(args: argparse.Namespace) -> dict:
             progress.update(step + 1, statistics.fmean(e["reward"] for e in batch))
             await mlogger.flush.call_one(step)
     finally:
+        # drain: rollouts in flight finish (or their replica is found dead / stalled), bounded
         state["stop"] = True
+        pending = [w for w in workers if not w.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=service.request_timeout() + 2.0)
+        service.close()
         for w in workers:
             w.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
