@@ -153,7 +153,7 @@ def test_grpo_vllm_end_to_end(tmp_path):
     """The real thing: 2 vLLM replicas, 2 trainer ranks; every metric group, the reward trend of
     the fixed seed, a trace that loads with flows, the report."""
     pytest.importorskip("vllm")
-    steps, lr = 60, 3e-4
+    steps, lr = 80, 3e-4
     run_dir = run_grpo(tmp_path, "e2e", "--generator", "vllm", "--steps", str(steps), "--seed", "0", "--lr", str(lr))
     vals = check_metrics(run_dir, lr, vllm=True)
     summary = json.loads((run_dir / "grpo_summary.json").read_text())
@@ -161,7 +161,7 @@ def test_grpo_vllm_end_to_end(tmp_path):
     assert len(vals["trainer/reward_mean"]) == steps
     # fixed seed: the policy learns (mean batch reward of the last 10 steps above the first 10)
     first, last = summary["reward_first10"], summary["reward_last10"]
-    assert last > first + 0.02, (first, last, summary["rewards"])
+    assert last > first + 0.03, (first, last, summary["rewards"])
     assert max(vals["trainer/policy_updates_per_min"]) > 0
     assert max(vals["generator/policy_staleness_steps"]) <= 3
     check_trace(run_dir, tmp_path)

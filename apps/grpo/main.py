@@ -121,8 +121,8 @@ def free_port() -> int:
 class Progress:
     """One-line progress bar on a terminal, a line every 10 steps otherwise."""
 
-    def __init__(self, total: int) -> None:
-        self.total, self.t0, self.tty = total, time.time(), sys.stderr.isatty()
+    def __init__(self, total: int, keep_every: int = 10) -> None:
+        self.total, self.t0, self.tty, self.keep_every = total, time.time(), sys.stderr.isatty(), max(1, keep_every)
 
     def update(self, done: int, reward: float) -> None:
         el = time.time() - self.t0
@@ -130,9 +130,10 @@ class Progress:
         w = 30
         bar = "#" * int(w * done / self.total) + "-" * (w - int(w * done / self.total))
         line = f"[{bar}] step {done}/{self.total}  batch reward {reward:.3f}  {el:.0f}s elapsed, ~{eta:.0f}s left"
-        if self.tty:
-            print("\r" + line, end="" if done < self.total else "\n", file=sys.stderr, flush=True)
-        elif done % 10 == 0 or done == self.total:
+        if self.tty:  # redrawn in place; kept (newline) on the steps the console prints
+            keep = done % self.keep_every == 0 or done == self.total
+            print("\r" + line + "\x1b[K", end="\n" if keep else "", file=sys.stderr, flush=True)
+        elif done % self.keep_every == 0 or done == self.total:
             print(line, file=sys.stderr, flush=True)
 
 
@@ -238,7 +239,7 @@ async def main(args: argparse.Namespace) -> dict:
             data_ready.set()
 
     workers = [asyncio.create_task(rollout_worker(w)) for w in range(args.replicas)]
-    progress = Progress(args.steps)
+    progress = Progress(args.steps, args.console_every)
     batch_size = args.batch_groups * args.group_size
     step_times: list[float] = []
     try:
