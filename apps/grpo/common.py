@@ -12,6 +12,15 @@ def setup_process(threads: int = 1) -> None:
     """Each actor process gets ``threads`` intra-op threads: 7+ processes share a few cores."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # "Loading weights" bars, once per actor
+    except Exception:  # noqa: BLE001
+        pass
     try:
         torch.set_num_threads(max(1, threads))
     except Exception:  # noqa: BLE001

@@ -110,7 +110,7 @@ class VLLMGenerator(_GeneratorBase):
         self.tok = AutoTokenizer.from_pretrained(model_dir)
         self.llm = LLM(model=model_dir, dtype="float32", max_model_len=64, seed=seed + replica, enforce_eager=True,
                        kv_cache_memory_bytes=kv_cache_mb * 1024**2, disable_log_stats=False,
-                       gpu_memory_utilization=0.05)
+                       gpu_memory_utilization=0.05, use_tqdm_on_load=False)
         record_metric("generator/model_load_s", time.perf_counter() - t0, Reduce.MAX)
         self.prev_prefix = (0.0, 0.0)
 
