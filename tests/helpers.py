@@ -5,7 +5,30 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from forge_obs.reduce import MetricAccumulator
 from forge_obs.store import read_metrics
+
+
+class RangeAccumulator(MetricAccumulator):
+    """A custom reduction for tests: max - min, merged exactly."""
+
+    def reset(self):
+        self.lo, self.hi = float("inf"), float("-inf")
+
+    def append(self, v):
+        self.lo, self.hi = min(self.lo, v), max(self.hi, v)
+
+    def get_state(self):
+        return self._state(lo=self.lo, hi=self.hi)
+
+    @classmethod
+    def merge_states(cls, states):
+        return {"reduction_type": states[0]["reduction_type"], "lo": min(s["lo"] for s in states),
+                "hi": max(s["hi"] for s in states)}
+
+    @classmethod
+    def value_from_state(cls, s):
+        return s["hi"] - s["lo"]
 
 
 async def start_logger(tmp_path: Path, config: dict[str, Any] | None = None, run_id: str = "t", **run: Any):

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from forge_obs.reduce import Reduce, accumulator_for, reduce_metrics_states, register_reduction
-from forge_obs.reduce import MetricAccumulator
+from tests.helpers import RangeAccumulator
 from forge_obs.sketch import ALPHA, DISTRIBUTION, DistributionAccumulator, quantile
 
 torch = pytest.importorskip("torch")
@@ -160,24 +160,7 @@ def test_device_nonfinite_values_are_kept_and_counted_per_key():
 
 
 def test_device_custom_reduction_gets_the_values():
-    class Range(MetricAccumulator):
-        def reset(self):
-            self.lo, self.hi = math.inf, -math.inf
-
-        def append(self, v):
-            self.lo, self.hi = min(self.lo, v), max(self.hi, v)
-
-        def get_state(self):
-            return self._state(lo=self.lo, hi=self.hi)
-
-        @classmethod
-        def merge_states(cls, ss):
-            return {"reduction_type": "dev_range", "lo": min(s["lo"] for s in ss), "hi": max(s["hi"] for s in ss)}
-
-        @classmethod
-        def value_from_state(cls, s):
-            return s["hi"] - s["lo"]
-
+    Range = RangeAccumulator
     name = register_reduction("dev_range", Range)
     dv = DeviceValues()
     cpu = Range(name)

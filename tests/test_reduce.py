@@ -6,8 +6,9 @@ import statistics
 
 import pytest
 
-from forge_obs import MetricAccumulator, Reduce, reduce_metrics_states, register_reduction
+from forge_obs import Reduce, reduce_metrics_states, register_reduction
 from forge_obs.reduce import merge_states, resolve_reduction
+from tests.helpers import RangeAccumulator
 
 
 def _state(reduction, values):
@@ -84,23 +85,7 @@ def test_conflicting_reductions_for_one_key_are_reported_not_merged():
     assert seen == [("k", ["max", "sum"])]
 
 
-class RangeAcc(MetricAccumulator):
-    def reset(self):
-        self.lo, self.hi = math.inf, -math.inf
-
-    def append(self, v):
-        self.lo, self.hi = min(self.lo, v), max(self.hi, v)
-
-    def get_state(self):
-        return self._state(lo=self.lo, hi=self.hi)
-
-    @classmethod
-    def merge_states(cls, states):
-        return {"reduction_type": "test_range", "lo": min(s["lo"] for s in states), "hi": max(s["hi"] for s in states)}
-
-    @classmethod
-    def value_from_state(cls, s):
-        return s["hi"] - s["lo"]
+RangeAcc = RangeAccumulator
 
 
 def test_custom_reduction_registers_by_name_and_merges():

@@ -24,6 +24,16 @@ from forge_obs.timeline.reader import END, INSTANT, OPEN, SPAN, STEP, TAG
 _dumps = json.dumps
 
 
+
+def _with_extras(args: dict, ex: dict | None, flows: dict, point: tuple) -> dict:
+    """Add a record's attributes to ``args`` and note its flow point ``(ts, pid, tid, mesh)``."""
+    if ex:
+        args.update(ex.get("a") or {})
+        if "f" in ex:
+            args["flow"] = ex["f"]
+            flows.setdefault(_dumps(ex["f"], default=str), []).append(point)
+    return args
+
 def parse_steps(spec: str | None) -> tuple[int, int] | None:
     """``"10:20"`` (inclusive), ``"10:"``, ``":20"`` or ``"7"``."""
     if not spec:
@@ -189,12 +199,7 @@ def export_trace(
                 elif kind is INSTANT:
                     _k, _st, lane, name, step, ts, ex = it
                     tid = tid_of[lane]
-                    args = {"step": step}
-                    if ex:
-                        args.update(ex.get("a") or {})
-                        if "f" in ex:
-                            args["flow"] = ex["f"]
-                            flows.setdefault(_dumps(ex["f"], default=str), []).append((ts, pid, tid, st.mesh))
+                    args = _with_extras({"step": step}, ex, flows, (ts, pid, tid, st.mesh))
                     lines.append(
                         f'{{"ph":"i","s":"t","pid":{pid},"tid":{tid},"ts":{ts},'
                         f'"name":{qname(name)},"args":{_dumps(args, default=str)}}}'
@@ -237,12 +242,9 @@ def export_trace(
         for (_k, st, lane, name, step, ts, ex), tid in opens:
             pid = track(st)
             st.emitted = True
-            args = {"step": step, "unfinished": True, "open_for_s": round((end - ts) / 1e6, 6)}
-            if ex:
-                args.update(ex.get("a") or {})
-                if "f" in ex:
-                    args["flow"] = ex["f"]
-                    flows.setdefault(_dumps(ex["f"], default=str), []).append((ts, pid, tid, st.mesh))
+            args = _with_extras(
+                {"step": step, "unfinished": True, "open_for_s": round((end - ts) / 1e6, 6)}, ex, flows, (ts, pid, tid, st.mesh)
+            )
             chunk.append(
                 f'{{"ph":"X","cat":"unfinished","pid":{pid},"tid":{tid},"ts":{ts},"dur":{max(end - ts, 0)},'
                 f'"name":{qname(name)},"args":{_dumps(args, default=str)}}}'
