@@ -26,7 +26,7 @@ class LoggingMode(Enum):
     PER_RANK_NO_REDUCE = "per_rank_no_reduce"
 
 
-@dataclass
+@dataclass(slots=True)
 class Metric:
     """One value as a backend receives it. ``source`` is the rank label for per-rank modes
     (``None`` for global values); ``timestamp`` is wall time in seconds."""

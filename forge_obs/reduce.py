@@ -55,6 +55,8 @@ class MetricAccumulator:
     def __init__(self, reduction: "Reduce | str") -> None:
         self.reduction = reduction
         self.reduction_type = reduction
+        #: the name states carry ("mean", or a custom reduction's name)
+        self.rt = reduction.value if isinstance(reduction, Reduce) else reduction
         self.reset()
 
     def append(self, value: Any) -> None:  # pragma: no cover - abstract
@@ -82,8 +84,7 @@ class MetricAccumulator:
         return cls.value_from_state(cls.merge_states(states))
 
     def _state(self, **fields: Any) -> dict[str, Any]:
-        r = self.reduction
-        fields["reduction_type"] = r.value if isinstance(r, Reduce) else r
+        fields["reduction_type"] = self.rt
         return fields
 
 
@@ -95,7 +96,7 @@ class SumAccumulator(MetricAccumulator):
         self.total += value
 
     def get_state(self) -> dict[str, Any]:
-        return self._state(sum=self.total)
+        return {"reduction_type": self.rt, "sum": self.total}
 
     @classmethod
     def merge_states(cls, states):
@@ -116,7 +117,7 @@ class MeanAccumulator(MetricAccumulator):
         self.count += 1
 
     def get_state(self) -> dict[str, Any]:
-        return self._state(sum=self.total, count=self.count)
+        return {"reduction_type": self.rt, "sum": self.total, "count": self.count}
 
     @classmethod
     def merge_states(cls, states):
@@ -141,7 +142,7 @@ class MaxAccumulator(MetricAccumulator):
             self.best = value
 
     def get_state(self) -> dict[str, Any]:
-        return self._state(max=self.best)
+        return {"reduction_type": self.rt, "max": self.best}
 
     @classmethod
     def merge_states(cls, states):
@@ -163,7 +164,7 @@ class MinAccumulator(MetricAccumulator):
             self.best = value
 
     def get_state(self) -> dict[str, Any]:
-        return self._state(min=self.best)
+        return {"reduction_type": self.rt, "min": self.best}
 
     @classmethod
     def merge_states(cls, states):
@@ -398,6 +399,14 @@ def reduce_metrics_states(
     and ``on_conflict(key, reductions)`` is called (the pipeline counts it in
     ``obs/dropped_values``). ``source`` labels the Metrics (per-rank views).
     """
+    now = _now()
+    if len(states) == 1:  # one rank (per-rank views, or a single-process run): nothing to merge
+        only = states[0]
+        return [
+            Metric(key, accumulator_for(st["reduction_type"]).value_from_state(st),
+                   _BY_NAME.get(st["reduction_type"], st["reduction_type"]), now, source)
+            for key, st in sorted(only.items())
+        ]
     by_key: dict[str, list[dict[str, Any]]] = {}
     for rank_states in states:
         for key, st in rank_states.items():
@@ -406,7 +415,6 @@ def reduce_metrics_states(
                 by_key[key] = [st]
             else:
                 lst.append(st)
-    now = _now()
     out: list[Metric] = []
     for key in sorted(by_key):
         sts = by_key[key]
