@@ -12,7 +12,6 @@ over what was recorded since the last flush. ``install()`` is idempotent; ``unin
 
 from __future__ import annotations
 
-
 import logging
 from typing import Any
 
