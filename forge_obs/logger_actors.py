@@ -16,19 +16,22 @@ proc mesh.
 
 Flush protocol (push, so a dead or hung rank never blocks the others): ``flush(step)`` snapshots
 the controller's own collector, broadcasts ``flush(step)`` to every fetcher mesh and returns.
-Each fetcher snapshots its process's collector and *pushes* the states back with ``submit``; the
-:class:`~forge_obs.pipeline.FlushPipeline` assembles the step (or gives up on missing ranks after
-``flush_timeout_s``), reduces it and hands it to the backends in a worker thread.
+Each fetcher snapshots its process's collector and *pushes* the states back through a Monarch
+port (``Channel.open``) that the controller drains in its own thread, so the states are taken in
+whatever the user's event loop is doing; the :class:`~forge_obs.pipeline.FlushPipeline` assembles
+the step (or gives up on missing ranks after ``flush_timeout_s``), reduces it and hands it to the
+backends in a worker thread.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from typing import Any
 
-from monarch.actor import Actor, context, endpoint, get_or_spawn_controller
+from monarch.actor import Actor, Channel, context, endpoint, get_or_spawn_controller
 
 from forge_obs.backends.base import LoggerBackend, backend_names, call_hook, get_logger_backend_class
 from forge_obs.collector import MetricCollector
@@ -46,6 +49,10 @@ FETCHER_NAME = "obs_fetcher"
 #: top-level keys of ``init_backends``'s config that are not backends
 RESERVED_KEYS = ("run", "flush_timeout_s", "timeline")
 DEFAULT_FLUSH_TIMEOUT_S = 10.0
+# kinds of message on the inbox's submission port
+_SUBMIT = "submit"
+_DEREGISTER = "deregister"
+_HELLO = "hello"  # a fetcher's own flush port
 
 __all__ = [
     "GlobalLoggingActor",
@@ -60,23 +67,52 @@ __all__ = [
 class LocalFetcherActor(Actor):
     """Runs on every proc of a mesh; snapshots that process's :class:`MetricCollector`."""
 
-    def __init__(self, inbox: Any, mesh_id: str, mesh_name: str | None = None) -> None:
+    def __init__(self, inbox: Any, mesh_id: str, mesh_name: str | None = None, port: Any = None) -> None:
         inst = context().actor_instance
         point = inst.rank
         proc_name = inst.actor_id.proc_name or ""
         name = mesh_name or (proc_name.rsplit("-", 1)[0] if "-" in proc_name else proc_name) or "mesh"
         self.inbox = inbox
+        self.port = port  # the controller's submission port (None: the inbox's endpoints)
+        if port is not None:
+            try:
+                port.return_undeliverable = False  # a gone controller must not fail this actor
+            except Exception:  # noqa: BLE001
+                pass
         self.mesh_id = mesh_id
         self.rank = int(point.rank)
         self.identity = set_identity(
             mesh=name, rank=self.rank, coords={k: int(v) for k, v in dict(point).items()}, world_size=int(point.extent.nelements)
         )
         self.collector = MetricCollector()
+        if port is not None:
+            self._open_flush_port()
+
+    def _open_flush_port(self) -> None:
+        """A port of this fetcher's own, drained by a thread: the controller sends it the step to
+        flush (a port send costs the controller ~6x less than a mesh cast)."""
+        try:
+            flush_port, receiver = Channel.open()
+            threading.Thread(target=self._drain_flush_port, args=(receiver,), name="forge_obs-fetcher", daemon=True).start()
+            self.port.send((_HELLO, self.mesh_id, self.rank, flush_port))
+        except Exception as e:  # noqa: BLE001 - the mesh cast (flush endpoint) still works
+            logger.debug("forge_obs: fetcher %s/r%d has no flush port: %r", self.mesh_id, self.rank, e)
+
+    def _drain_flush_port(self, receiver: Any) -> None:
+        while True:
+            try:
+                step = receiver.recv().get()
+            except Exception:  # noqa: BLE001 - the actor is going away
+                return
+            self._submit(step)
 
     def _submit(self, step: int | None) -> None:
         try:
             snap = self.collector.snapshot()
-            self.inbox.submit.broadcast(step, (self.mesh_id, self.rank), self.identity.to_dict(), snap)
+            if self.port is not None:
+                self.port.send((_SUBMIT, step, (self.mesh_id, self.rank), self.identity.to_dict(), snap))
+            else:
+                self.inbox.submit.broadcast(step, (self.mesh_id, self.rank), self.identity.to_dict(), snap)
         except Exception as e:  # noqa: BLE001 - an exception in a broadcast handler aborts the actor
             logger.error("forge_obs: fetcher %s/r%d could not submit step %s: %r", self.mesh_id, self.rank, step, e)
 
@@ -109,8 +145,11 @@ class LocalFetcherActor(Actor):
         The whole mesh is deregistered (a rank that already died cannot say so itself)."""
         self._submit(None)
         _timeline_close()
-        try:
-            self.inbox.deregister_fetcher.broadcast(self.mesh_id, None)
+        try:  # on the same channel as the final snapshot, so it cannot overtake it
+            if self.port is not None:
+                self.port.send((_DEREGISTER, self.mesh_id, None))
+            else:
+                self.inbox.deregister_fetcher.broadcast(self.mesh_id, None)
         except Exception:  # noqa: BLE001
             pass
 
@@ -133,6 +172,47 @@ class _ControllerState:
         self.early: list[tuple] = []  # submissions before init_backends
         self.in_this_process = False  # the GlobalLoggingActor lives in this process
         self.timeline: dict[str, Any] | None = None  # timeline options pushed to meshes
+        # guards pipeline/early hand-over: submissions arrive on the inbox's port thread
+        self.lock = threading.Lock()
+        self.early_ports: dict[str, dict[int, Any]] = {}  # flush ports of meshes not registered yet
+
+    def submit(self, step: int | None, rank_key: tuple, identity: dict | None, snapshot: dict) -> None:
+        """A fetcher's snapshot (from the port thread or the inbox's ``submit`` endpoint)."""
+        if identity is not None:
+            info = self.fetchers.get(rank_key[0])
+            if info is not None and info["actors"] and not identity.get("actor"):
+                identity["actor"] = "+".join(info["actors"])
+                identity["label"] = f"{identity['mesh']}/{identity['actor']}/r{identity['rank']}"
+        with self.lock:
+            pipeline = self.pipeline
+            if pipeline is None:
+                self.early.append((None, rank_key, identity, snapshot))  # kept for the first step
+                return
+        pipeline.submit(step, rank_key, identity, snapshot)
+
+    def hello(self, mesh_id: str, rank: int, port: Any) -> None:
+        """A fetcher's flush port: once every rank of a mesh sent one, flushes use the ports."""
+        try:
+            port.return_undeliverable = False  # a dead rank is reported missing, not raised here
+        except Exception:  # noqa: BLE001
+            pass
+        with self.lock:
+            info = self.fetchers.get(mesh_id)
+            if info is None:  # its registration (an endpoint message) has not arrived yet
+                self.early_ports.setdefault(mesh_id, {})[int(rank)] = port
+                return
+            ports = dict(info.get("ports") or {})
+            ports[int(rank)] = port
+            info["ports"] = ports  # replaced, never mutated: _flush reads it from another thread
+
+    def start_pipeline(self, pipeline: FlushPipeline) -> None:
+        with self.lock:
+            for mesh_id, info in self.fetchers.items():
+                pipeline.register_ranks(mesh_id, info["size"], info["name"])
+            for args in self.early:
+                pipeline.submit(*args)
+            self.early.clear()
+            self.pipeline = pipeline
 
     def deregister(self, mesh_id: str, rank: int | None = None) -> None:
         info = self.fetchers.get(mesh_id)
@@ -148,7 +228,9 @@ class _ControllerState:
             self.pipeline.deregister(mesh_id, rank)
 
     def register(self, fetcher: Any, mesh_id: str, mesh_name: str, num_ranks: int) -> None:
-        self.fetchers[mesh_id] = {"mesh": fetcher, "name": mesh_name, "size": int(num_ranks), "actors": []}
+        with self.lock:
+            self.fetchers[mesh_id] = {"mesh": fetcher, "name": mesh_name, "size": int(num_ranks), "actors": [],
+                                      "ports": self.early_ports.pop(mesh_id, None)}
         if self.pipeline is not None:
             self.pipeline.register_ranks(mesh_id, int(num_ranks), mesh_name)
             self.configure(mesh_id)
@@ -168,8 +250,39 @@ class _ControllerState:
 _STATE = _ControllerState()
 
 
+def _drain_port(receiver: Any) -> None:
+    """The inbox's port thread: fetchers' snapshots and deregistrations, in each sender's order.
+    It runs apart from every event loop (the user's controller loop included), so a controller
+    busy between flushes does not delay the states it is waiting for."""
+    while True:
+        try:
+            msg = receiver.recv().get()
+        except Exception as e:  # noqa: BLE001 - the process is going away
+            logger.debug("forge_obs: submission port closed: %r", e)
+            return
+        try:
+            if msg[0] == _SUBMIT:
+                _STATE.submit(*msg[1:])
+            elif msg[0] == _DEREGISTER:
+                _STATE.deregister(*msg[1:])
+            elif msg[0] == _HELLO:
+                _STATE.hello(*msg[1:])
+        except Exception:  # noqa: BLE001 - one bad message never stops the thread
+            logger.exception("forge_obs: could not take a fetcher message")
+
+
 class ObsInbox(Actor):
-    """Controller-side receiver of fetcher traffic (see :class:`_ControllerState`)."""
+    """Controller-side receiver of fetcher traffic (see :class:`_ControllerState`). Snapshots
+    arrive on a port drained by a thread of its own (:func:`_drain_port`); ``submit`` remains as
+    an endpoint for fetchers that have no port."""
+
+    def __init__(self) -> None:
+        self._port, receiver = Channel.open()
+        threading.Thread(target=_drain_port, args=(receiver,), name="forge_obs-inbox", daemon=True).start()
+
+    @endpoint
+    async def get_port(self) -> Any:
+        return self._port
 
     @endpoint
     async def register_fetcher(self, fetcher: Any, mesh_id: str, mesh_name: str, num_ranks: int) -> None:
@@ -190,16 +303,7 @@ class ObsInbox(Actor):
 
     @endpoint
     async def submit(self, step: int | None, rank_key: tuple, identity: dict, snapshot: dict) -> None:
-        st = _STATE
-        if identity is not None:
-            info = st.fetchers.get(rank_key[0])
-            if info is not None and info["actors"] and not identity.get("actor"):
-                identity["actor"] = "+".join(info["actors"])
-                identity["label"] = f"{identity['mesh']}/{identity['actor']}/r{identity['rank']}"
-        if st.pipeline is None:
-            st.early.append((None, rank_key, identity, snapshot))  # kept for the first step
-            return
-        st.pipeline.submit(step, rank_key, identity, snapshot)
+        _STATE.submit(step, rank_key, identity, snapshot)
 
 
 class GlobalLoggingActor(Actor):
@@ -270,17 +374,13 @@ class GlobalLoggingActor(Actor):
         st.run = run
         st.timeline = _timeline.controller_options(run.run_id, run.start_time, timeline_cfg)
         _timeline.configure(run.run_dir, dict(st.timeline, _ctl=True))
-        st.pipeline = FlushPipeline(backends, run.run_id, timeout, st.process_name)
-        st.pipeline.start()
-        for mesh_id, info in st.fetchers.items():
-            st.pipeline.register_ranks(mesh_id, info["size"], info["name"])
+        pipeline = FlushPipeline(backends, run.run_id, timeout, st.process_name)
+        pipeline.start()
+        st.start_pipeline(pipeline)
         st.streaming = any(LoggingMode.PER_RANK_NO_REDUCE in be.modes for be in backends.values())
         MetricCollector().set_streaming(st.streaming)
         for mesh_id in st.fetchers:
             st.configure(mesh_id)
-        for args in st.early:
-            st.pipeline.submit(*args)
-        st.early.clear()
         return {"run_id": run.run_id, "run_dir": str(run.run_dir)}
 
     @endpoint
@@ -314,7 +414,8 @@ class GlobalLoggingActor(Actor):
         _flush((st.last_step + 1) if st.last_step is not None else 0, final=True)
         pipeline = st.pipeline
         await pipeline.close()  # fetchers' final snapshots still reach it through the inbox
-        st.pipeline = None
+        with st.lock:
+            st.pipeline = None
         st.timeline = None
         _timeline_close(st)
         if st.run is not None:
@@ -354,7 +455,12 @@ def _flush(step: int, final: bool = False) -> None:
     st.last_step = step
     for info in list(st.fetchers.values()):
         try:
-            info["mesh"].flush.broadcast(step)
+            ports = info.get("ports")
+            if ports is not None and len(ports) == info["size"]:
+                for port in ports.values():
+                    port.send(step)
+            else:  # not every rank has said hello yet: a mesh cast to the flush endpoint
+                info["mesh"].flush.broadcast(step)
         except Exception as e:  # noqa: BLE001 - a dead mesh is reported as missing ranks
             logger.warning("forge_obs: flush of mesh %s failed: %r", info["name"], e)
     pending.blocked_s = time.perf_counter() - t0
@@ -364,9 +470,10 @@ def _flush(step: int, final: bool = False) -> None:
 class LoggerHandles:
     """The controller actors' handles, as passed to meshes and child processes."""
 
-    def __init__(self, glob: Any, inbox: Any) -> None:
+    def __init__(self, glob: Any, inbox: Any, port: Any = None) -> None:
         self.glob = glob
         self.inbox = inbox
+        self.port = port  # the inbox's submission port
 
 
 _handles: LoggerHandles | None = None
@@ -387,7 +494,7 @@ async def get_or_create_metric_logger(proc_mesh: Any = None, process_name: str |
     ``provisioner_hooks.install()`` is active)."""
     glob = await get_or_spawn_controller(GLOBAL_LOGGER_NAME, GlobalLoggingActor, process_name)
     inbox = await get_or_spawn_controller(INBOX_NAME, ObsInbox)
-    handles = LoggerHandles(glob, inbox)
+    handles = LoggerHandles(glob, inbox, await inbox.get_port.call_one())
     set_cached_handles(handles)
     if proc_mesh is not None and not getattr(proc_mesh, "_forge_obs_mesh_id", None):
         attach_fetcher(proc_mesh, handles)
@@ -452,7 +559,8 @@ def spawn_handles_blocking() -> LoggerHandles:
             warnings.simplefilter("ignore")
             glob = get_or_spawn_controller(GLOBAL_LOGGER_NAME, GlobalLoggingActor).get()
             inbox = get_or_spawn_controller(INBOX_NAME, ObsInbox).get()
-        h = LoggerHandles(glob, inbox)
+            port = inbox.get_port.call_one().get()
+        h = LoggerHandles(glob, inbox, port)
         set_cached_handles(h)
     return h
 
@@ -461,7 +569,9 @@ def attach_fetcher(proc_mesh: Any, handles: LoggerHandles, mesh_name: str | None
     """Spawn a :class:`LocalFetcherActor` on every proc of ``proc_mesh`` and register it.
     Returns the mesh id. Non-blocking: safe inside ``spawn_procs`` callbacks."""
     mesh_id = uuid.uuid4().hex[:12]
-    fetcher = proc_mesh.spawn(FETCHER_NAME, LocalFetcherActor, handles.inbox, mesh_id, mesh_name)
+    fetcher = proc_mesh.spawn(
+        FETCHER_NAME, LocalFetcherActor, handles.inbox, mesh_id, mesh_name, getattr(handles, "port", None)
+    )
     try:
         proc_mesh._forge_obs_mesh_id = mesh_id
     except Exception:  # noqa: BLE001
