@@ -167,7 +167,7 @@ def test_grpo_vllm_end_to_end(tmp_path):
     check_trace(run_dir, tmp_path)
     check_report(run_dir)
     kinds = {f["kind"] for f in doctor(run_dir)}
-    assert not kinds & {"nonfinite", "straggler", "hang", "missing_ranks"}, kinds
+    assert not kinds & {"nonfinite", "straggler", "hang", "missing_ranks", "sync_bottleneck"}, kinds
 
 
 def test_grpo_torch_generator(tmp_path):
@@ -216,7 +216,7 @@ def test_grpo_fault_stall_replica(tmp_path):
     assert hangs and all(f["mesh"] == "generator_1" for f in hangs), hangs
 
 
-def test_grpo_fault_slow_rank_and_nan(tmp_path):
+def test_grpo_fault_slow_rank_and_nan(tmp_path, capsys):
     """A slow trainer rank and a NaN loss: `forge-obs doctor` names both."""
     run_dir = run_grpo(tmp_path, "slow", "--generator", "torch", "--replicas", "1", "--trainer-ranks", "3",
                        "--steps", "8", "--batch-groups", "3", "--fault-slow-trainer-rank", "2",
@@ -230,4 +230,20 @@ def test_grpo_fault_slow_rank_and_nan(tmp_path):
     assert sum(vals["trainer/skipped_nonfinite_steps"]) >= 1
     from forge_obs.cli import main
 
-    assert main(["doctor", str(run_dir)]) == 0 or True  # the CLI prints the same findings
+    assert main(["doctor", str(run_dir)]) == 1  # findings: exit status 1
+    printed = capsys.readouterr().out
+    assert "[straggler] trainer" in printed and "[nonfinite]" in printed, printed
+
+
+def test_grpo_fault_slow_weight_sync(tmp_path):
+    """Every weight load on the replica takes 0.5 s longer: slow everywhere, so there is no
+    straggler, and the doctor names the weight sync as what holds the run back."""
+    run_dir = run_grpo(tmp_path, "slowsync", "--generator", "torch", "--replicas", "1", "--steps", "6",
+                       "--batch-groups", "3", "--fault-slow-weight-sync", "0.5", "--no-report")
+    findings = doctor(run_dir)
+    syncs = [f for f in findings if f["kind"] == "sync_bottleneck"]
+    assert [(f["mesh"], f["details"]["span"]) for f in syncs] == [("generator_0", "weights_load")], findings
+    assert syncs[0]["details"]["median_s"] >= 0.5 and syncs[0]["details"]["share"] >= 0.5
+    assert not [f for f in findings if f["kind"] == "straggler"], findings
+    vals = merged(global_rows(run_dir))
+    assert min(vals["generator/weight_pull_s"]) >= 0.5

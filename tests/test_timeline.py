@@ -212,9 +212,11 @@ def test_disable_switch_makes_everything_a_noop(tmp_path):
         assert not (tmp_path / "events").exists()
 
 
-def _fake_run(root: Path, ranks: int, steps: int, slow_rank=None, hang_rank=None, nan_step=None, dead_rank=None):
+def _fake_run(root: Path, ranks: int, steps: int, slow_rank=None, hang_rank=None, nan_step=None, dead_rank=None,
+              weight_sync_us=None):
     """A run written by the real writer, one identity at a time (mesh 'trainer', N ranks), on a
-    simulated clock (train_step: 2 ms, 6 ms on the slow rank): no dependence on machine load."""
+    simulated clock (train_step: 2 ms, 6 ms on the slow rank; with ``weight_sync_us`` every rank
+    also spends that long in 'weights_load' each step): no dependence on machine load."""
     import time
 
     from forge_obs.timeline import writer
@@ -240,6 +242,9 @@ def _fake_run(root: Path, ranks: int, steps: int, slow_rank=None, hang_rank=None
                     break
                 with tl.record_span("train_step"):
                     clock[0] += 6_000_000 if slow_rank == r else 2_000_000 + 10_000 * ((r + s) % 3)
+                if weight_sync_us is not None:
+                    with tl.record_span("weights_load"):
+                        clock[0] += weight_sync_us * 1000
                 clock[0] += 1_000_000
             if hang_rank == r or dead_rank == r:
                 writer._writer.stop_ev.set()  # dies without closing: no "Z" ...
@@ -284,6 +289,25 @@ def test_doctor_on_written_runs(tmp_path):
     assert st["mesh"] == "trainer" and st["rank"] == 2 and st["steps"] == [0, 5]
     clean_cli = _cli("doctor", str(clean))
     assert clean_cli.returncode == 0 and "no findings" in clean_cli.stdout
+
+
+def test_doctor_names_a_slow_weight_sync(tmp_path):
+    """Slow on every rank: no straggler to find, but the sync phase eats the processes' time."""
+    tl.close()
+    quick, slow = tmp_path / "quick", tmp_path / "slow"
+    _fake_run(quick, 3, 6, weight_sync_us=500)  # 0.5 ms of a ~3.5 ms step: fine
+    assert diagnose(quick) == []
+    _fake_run(slow, 3, 6, weight_sync_us=8_000)  # 8 ms of an 11 ms step
+    found = diagnose(slow)
+    assert sorted((f.kind, f.rank) for f in found) == [("sync_bottleneck", r) for r in range(3)]
+    f = found[0]
+    assert f.details["span"] == "weights_load" and f.details["calls"] == 6 and f.steps == [0, 5]
+    assert 0.6 < f.details["share"] < 0.8 and "'weights_load' takes" in f.message
+    # the threshold and the names are options (CLI too)
+    assert diagnose(slow, sync_share=0.9) == []
+    assert _cli("doctor", str(slow), "--sync-spans", "checkpoint").returncode == 0
+    out = _cli("doctor", str(slow), "--json")
+    assert out.returncode == 1 and {f["kind"] for f in json.loads(out.stdout)} == {"sync_bottleneck"}
 
 
 def test_doctor_growing_staleness(tmp_path):

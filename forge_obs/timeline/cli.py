@@ -78,9 +78,13 @@ def _doctor_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--json", action="store_true", help="findings as JSON")
     p.add_argument("--stall-min-s", type=float, default=None, help="shortest silence / open span reported")
+    p.add_argument("--sync-spans", default=None, metavar="REGEX",
+                   help="span names that move state (sync_bottleneck; default: weight|sync|ckpt|checkpoint|reload|barrier)")
+    p.add_argument("--sync-share", type=float, default=None, metavar="FRACTION",
+                   help="share of a process's time a sync span may take before it is reported (default 0.5)")
 
 
-@command("doctor", "find stragglers, stalls, hangs, non-finite metrics, missing ranks; exit 1 on findings", _doctor_args)
+@command("doctor", "find stragglers, stalls, hangs, sync bottlenecks, non-finite metrics, missing ranks; exit 1 on findings", _doctor_args)
 def _doctor(args: argparse.Namespace) -> int:
     from forge_obs.timeline.doctor import diagnose, format_findings
 
@@ -89,6 +93,10 @@ def _doctor(args: argparse.Namespace) -> int:
     kw = {}
     if args.stall_min_s is not None:
         kw["stall_min_s"] = args.stall_min_s
+    if args.sync_spans is not None:
+        kw["sync_spans"] = args.sync_spans
+    if args.sync_share is not None:
+        kw["sync_share"] = args.sync_share
     findings = diagnose(args.run_dir, **kw)
     if args.json:
         print(json.dumps([f.to_dict() for f in findings], indent=2, default=str))

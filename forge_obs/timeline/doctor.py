@@ -15,12 +15,19 @@ Each finding names the mesh / actor / rank and the steps:
   a mesh that wrote no timeline although selected.
 - ``staleness``: a metric whose name contains ``staleness`` grows over the run (Theil-Sen slope
   > 0 and the last third's mean exceeds the first third's by > 1).
+- ``sync_bottleneck``: a weight-sync / checkpoint / collective phase (span name matching
+  ``sync_spans``, by default ``weight|sync|ckpt|checkpoint|reload|barrier``) that covers
+  >= ``sync_share`` (default 50 %) of a process's active time over >= ``min_steps`` calls: the
+  run is held back by moving state, not by computing. A phase that is slow on *every* rank has no
+  outlier to find, so this is judged against the process's own time budget; the message adds
+  how long the controller spent waiting (spans named ``*wait*``).
 - ``dropped``: timeline records lost to buffer overflow.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -46,6 +53,10 @@ class Finding:
         return asdict(self)
 
 
+#: span names that move state rather than compute (``sync_bottleneck``)
+DEFAULT_SYNC_SPANS = r"weight|sync|ckpt|checkpoint|reload|barrier"
+
+
 def _steps_range(steps: list) -> list:
     s = sorted(x for x in steps if x is not None)
     return [s[0], s[-1]] if s else []
@@ -60,21 +71,29 @@ def diagnose(
     min_ratio: float = 1.25,
     persist: float = 0.6,
     min_steps: int = 3,
+    sync_spans: str = DEFAULT_SYNC_SPANS,
+    sync_share: float = 0.5,
 ) -> list[Finding]:
+    """Every finding over ``run_dir`` (timeline under ``events/``, metrics in ``metrics.jsonl``)."""
     run_dir = Path(run_dir)
     findings: list[Finding] = []
     if (run_dir / "events").is_dir():
         findings += _timeline_findings(run_dir, stall_min_s, hang_factor, silence_factor, z_threshold,
-                                       min_ratio, persist, min_steps)
+                                       min_ratio, persist, min_steps, re.compile(sync_spans), sync_share)
     if (run_dir / "metrics.jsonl").exists():
         findings += _metric_findings(run_dir)
     return findings
 
 
 def _timeline_findings(run_dir: Path, stall_min_s: float, hang_factor: float, silence_factor: float,
-                       z_thr: float, min_ratio: float, persist: float, min_steps: int) -> list[Finding]:
+                       z_thr: float, min_ratio: float, persist: float, min_steps: int,
+                       sync_re: "re.Pattern[str]", sync_share: float) -> list[Finding]:
     out: list[Finding] = []
     run = reader.scan(run_dir)
+    # time budget: (stream key, span name) -> [(start, end)] for sync-like and wait-like spans
+    budget: dict[tuple, list] = defaultdict(list)
+    budget_steps: dict[tuple, list] = defaultdict(list)
+    is_budgeted: dict[str, bool] = {}
     # (attempt, mesh, name) -> step -> rank -> summed duration (µs)
     per_step: dict[tuple, dict] = defaultdict(lambda: defaultdict(lambda: defaultdict(int)))
     longest: dict[tuple, int] = defaultdict(int)  # (attempt, mesh, name) -> longest finished span
@@ -90,6 +109,12 @@ def _timeline_findings(run_dir: Path, stall_min_s: float, hang_factor: float, si
             if step is not None:
                 per_step[g][step][st.key] += dur
                 last_step[st.key] = step
+            b = is_budgeted.get(name)
+            if b is None:
+                b = is_budgeted[name] = bool(sync_re.search(name) or "wait" in name)
+            if b:
+                budget[(st.key, name)].append((ts, ts + dur))
+                budget_steps[(st.key, name)].append(step)
         elif k is OPEN:
             opens.append(it)
         elif k is STEP:
@@ -171,6 +196,8 @@ def _timeline_findings(run_dir: Path, stall_min_s: float, hang_factor: float, si
                 {"silent_s": silent / 1e6, "mean_gap_s": gap / 1e6, "host": st.host, "pid": st.pid, "attempt": st.attempt},
             ))
 
+    out += _sync_findings(streams, budget, budget_steps, sync_re, sync_share, min_steps)
+
     # ---- dropped records
     for st in streams.values():
         if st.dropped:
@@ -197,6 +224,57 @@ def _timeline_findings(run_dir: Path, stall_min_s: float, hang_factor: float, si
         if miss:
             out.append(Finding("missing_ranks", f"mesh {g[1]}: ranks {miss} wrote no timeline", g[1], None, None, [],
                                {"ranks": miss, "attempt": g[0]}))
+    return out
+
+
+def _covered_us(intervals: list) -> int:
+    """Length of the union of ``[(start, end)]`` (concurrent spans count once)."""
+    total, cur_s, cur_e = 0, None, None
+    for a, b in sorted(intervals):
+        if cur_e is None or a > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = a, b
+        elif b > cur_e:
+            cur_e = b
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def _sync_findings(streams: dict, budget: dict, budget_steps: dict, sync_re: "re.Pattern[str]",
+                   sync_share: float, min_calls: int) -> list[Finding]:
+    """``sync_bottleneck``: state-moving phases that take most of a process's active time."""
+    def share(key: tuple, name: str) -> float:
+        st = streams[key]
+        window = (st.last_ts or 0) - (st.first_ts or 0)
+        return _covered_us(budget[(key, name)]) / window if window > 0 else 0.0
+
+    waits = [(share(key, name), streams[key], name) for (key, name) in budget
+             if "wait" in name and streams[key].header.get("ctl")]
+    wait_note = ""
+    if waits:
+        w, wst, wname = max(waits, key=lambda x: x[0])
+        if w >= 0.25:
+            wait_note = f"; meanwhile the controller spent {w:.0%} of its time in '{wname}'"
+    out = []
+    for (key, name), spans in budget.items():
+        if not sync_re.search(name) or len(spans) < min_calls:
+            continue
+        frac = share(key, name)
+        if frac < sync_share:
+            continue
+        st = streams[key]
+        durs = sorted(b - a for a, b in spans)
+        med_s = durs[len(durs) // 2] / 1e6
+        out.append(Finding(
+            "sync_bottleneck",
+            f"{st.label}: '{name}' takes {frac:.0%} of its time ({len(spans)} calls, median {med_s:.3f}s): "
+            f"moving state, not computing, holds this process back{wait_note}",
+            st.mesh, st.actor or None, st.rank, _steps_range(budget_steps[(key, name)]),
+            {"span": name, "share": round(frac, 4), "calls": len(spans), "median_s": med_s,
+             "host": st.host, "pid": st.pid, "attempt": st.attempt},
+        ))
     return out
 
 
