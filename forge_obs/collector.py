@@ -66,6 +66,7 @@ class MetricCollector:
         self._dropped = 0
         self._nonfinite = 0
         self._raw_overflow = 0
+        self._obs_cpu_s = 0.0  # CPU forge_obs's own threads and exports used (obs/cpu_s)
         self._device_values = None  # set by forge_obs.device when a GPU value is first seen
 
     # ------------------------------------------------------------------ recording
@@ -185,6 +186,12 @@ class MetricCollector:
             self._nonfinite += 1
         WARNER.warn("nonfinite", str(key), f"record_metric({key!r}): non-finite value {v} kept (counted in obs/nonfinite_values)")
 
+    def add_obs_cpu(self, cpu_s: float) -> None:
+        """Count CPU time spent by forge_obs itself (exports, writer and pipeline threads); it is
+        reported, summed over processes, as ``obs/cpu_s``."""
+        with self._lock:
+            self._obs_cpu_s += cpu_s
+
     # ------------------------------------------------------------------ flushing
     def snapshot(self) -> dict[str, Any]:
         """Swap out everything recorded so far and return it as mergeable states.
@@ -202,8 +209,10 @@ class MetricCollector:
                 "dropped_values": self._dropped,
                 "nonfinite_values": self._nonfinite,
                 "stream_overflow": self._raw_overflow,
+                "obs_cpu_s": self._obs_cpu_s,
             }
             self._recorded = self._dropped = self._nonfinite = self._raw_overflow = 0
+            self._obs_cpu_s = 0.0
         dev = self._device_values
         if dev is not None:
             dev.drain_into(accs, counters)

@@ -107,6 +107,7 @@ class LocalFetcherActor(Actor):
             self._submit(step)
 
     def _submit(self, step: int | None) -> None:
+        cpu0 = time.thread_time()
         try:
             snap = self.collector.snapshot()
             if self.port is not None:
@@ -115,6 +116,7 @@ class LocalFetcherActor(Actor):
                 self.inbox.submit.broadcast(step, (self.mesh_id, self.rank), self.identity.to_dict(), snap)
         except Exception as e:  # noqa: BLE001 - an exception in a broadcast handler aborts the actor
             logger.error("forge_obs: fetcher %s/r%d could not submit step %s: %r", self.mesh_id, self.rank, step, e)
+        self.collector.add_obs_cpu(time.thread_time() - cpu0)  # reported with the next step
 
     @endpoint
     async def flush(self, global_step: int) -> None:
@@ -254,12 +256,14 @@ def _drain_port(receiver: Any) -> None:
     """The inbox's port thread: fetchers' snapshots and deregistrations, in each sender's order.
     It runs apart from every event loop (the user's controller loop included), so a controller
     busy between flushes does not delay the states it is waiting for."""
+    collector = MetricCollector()
     while True:
         try:
             msg = receiver.recv().get()
         except Exception as e:  # noqa: BLE001 - the process is going away
             logger.debug("forge_obs: submission port closed: %r", e)
             return
+        cpu0 = time.thread_time()
         try:
             if msg[0] == _SUBMIT:
                 _STATE.submit(*msg[1:])
@@ -269,6 +273,7 @@ def _drain_port(receiver: Any) -> None:
                 _STATE.hello(*msg[1:])
         except Exception:  # noqa: BLE001 - one bad message never stops the thread
             logger.exception("forge_obs: could not take a fetcher message")
+        collector.add_obs_cpu(time.thread_time() - cpu0)
 
 
 class ObsInbox(Actor):
@@ -447,6 +452,7 @@ def _timeline_close(st: _ControllerState | None = None) -> None:
 def _flush(step: int, final: bool = False) -> None:
     st = _STATE
     t0 = time.perf_counter()
+    cpu0 = time.thread_time()
     if st.pipeline is None:
         logger.warning("forge_obs: flush(%s) before init_backends: values are kept until the first flush after it", step)
         return
@@ -464,6 +470,7 @@ def _flush(step: int, final: bool = False) -> None:
         except Exception as e:  # noqa: BLE001 - a dead mesh is reported as missing ranks
             logger.warning("forge_obs: flush of mesh %s failed: %r", info["name"], e)
     pending.blocked_s = time.perf_counter() - t0
+    MetricCollector().add_obs_cpu(time.thread_time() - cpu0)  # reported with the next step
 
 
 # -------------------------------------------------------------------- client side

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forge_obs.backends.base import LoggerBackend, call_hook
+from forge_obs.collector import MetricCollector
 from forge_obs.metric import LoggingMode, Metric
 from forge_obs.record import StepRecord
 from forge_obs.reduce import Reduce, merge_states, reduce_metrics_states
@@ -43,7 +44,8 @@ logger = logging.getLogger("forge_obs")
 
 RankKey = tuple  # (mesh_id, rank)
 
-_COUNTERS = ("values_recorded", "dropped_values", "nonfinite_values", "stream_overflow")
+_COLLECTOR = MetricCollector()
+_COUNTERS = ("values_recorded", "dropped_values", "nonfinite_values", "stream_overflow", "obs_cpu_s")
 
 
 @dataclass
@@ -209,6 +211,7 @@ class FlushPipeline:
             if item is None:
                 break
             p, missing, carry, pending = item
+            cpu0 = time.thread_time()
             try:
                 t0 = time.perf_counter()
                 record = self._build(p, missing, carry, pending)
@@ -230,6 +233,7 @@ class FlushPipeline:
             except Exception:  # noqa: BLE001
                 logger.exception("forge_obs: step %s could not be assembled", p.step)
             finally:
+                _COLLECTOR.add_obs_cpu(time.thread_time() - cpu0)
                 with self._cv:
                     self.steps_logged += 1
                     self._cv.notify_all()
@@ -295,6 +299,8 @@ class FlushPipeline:
             "obs/dropped_values": counters["dropped_values"] + len(conflicts),
             "obs/nonfinite_values": counters["nonfinite_values"],
             "obs/stream_overflow": counters["stream_overflow"],
+            # forge_obs's own CPU, all processes (the controller's merge and backends: the step before)
+            "obs/cpu_s": counters["obs_cpu_s"],
             "obs/flush_blocked_s": p.blocked_s,
             "obs/backend_s": self.last_backend_s,
             "obs/pending_steps": pending,

@@ -161,6 +161,9 @@ async def test_a_million_values_from_threads_tasks_and_processes_lose_nothing(tm
     assert got == 1_000_000, (got, len(rows))
     assert len([r for r in rows.values() if r["metrics"].get("exact/n")]) > 1  # really spread over steps
     assert sum(r["metrics"]["obs/values_recorded"] for r in rows.values()) >= 1_000_000
+    # forge_obs's own CPU (exports on 4 ranks, the controller's flushes, merges and backends)
+    cpu = [r["metrics"]["obs/cpu_s"] for r in rows.values()]
+    assert sum(cpu) > 0 and all(0 <= c < 5.0 for c in cpu), cpu
 
 
 class Fragile(Actor):

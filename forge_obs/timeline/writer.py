@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from forge_obs import timeline as _tl
+from forge_obs.collector import MetricCollector
 from forge_obs.identity import current_identity
 from forge_obs.timeline.schema import VERSION, rank_selected, validate_options
 
@@ -37,6 +38,7 @@ SESSION = secrets.token_hex(4)
 _writer: "Writer | None" = None
 _lock = threading.Lock()
 _last_seq = [0]
+_count_cpu = MetricCollector().add_obs_cpu  # the writer thread's CPU, reported as obs/cpu_s
 _lane_defs: dict[int, tuple] = {}  # lane -> (label, thread id), for the whole process
 
 
@@ -310,10 +312,12 @@ class Writer:
             if _writer is not self and self.selected:
                 break  # replaced or abandoned: never drain another writer's buffer
             _tl._torch_loaded[0] = "torch" in sys.modules
+            cpu0 = time.thread_time()
             try:
                 self._drain()
             except Exception as e:  # noqa: BLE001 - never die silently, never raise
                 logger.warning("forge_obs: timeline writer pass failed: %r", e)
+            _count_cpu(time.thread_time() - cpu0)
 
     def start(self) -> None:
         with self.lock:
