@@ -23,7 +23,7 @@ from typing import Any
 from forge_obs import _env
 from forge_obs._warn import WARNER
 from forge_obs.metric import Metric
-from forge_obs.reduce import MetricAccumulator, Reduce, accumulator_for, resolve_reduction
+from forge_obs.reduce import ROW_FIELDS, MetricAccumulator, Reduce, accumulator_for, resolve_reduction
 from forge_obs import sketch as _sketch  # noqa: F401,E402 - registers the "distribution" reduction in every process
 
 __all__ = ["MetricCollector", "record_metric", "DEFAULT_RAW_CAP"]
@@ -66,7 +66,8 @@ class MetricCollector:
         self._dropped = 0
         self._nonfinite = 0
         self._raw_overflow = 0
-        self._obs_cpu_s = 0.0  # CPU forge_obs's own threads and exports used (obs/cpu_s)
+        # CPU forge_obs itself used, by part (obs/cpu_<part>_s): export, timeline, controller
+        self._obs_cpu: dict[str, float] = {}
         self._device_values = None  # set by forge_obs.device when a GPU value is first seen
 
     # ------------------------------------------------------------------ recording
@@ -186,18 +187,21 @@ class MetricCollector:
             self._nonfinite += 1
         WARNER.warn("nonfinite", str(key), f"record_metric({key!r}): non-finite value {v} kept (counted in obs/nonfinite_values)")
 
-    def add_obs_cpu(self, cpu_s: float) -> None:
-        """Count CPU time spent by forge_obs itself (exports, writer and pipeline threads); it is
-        reported, summed over processes, as ``obs/cpu_s``."""
+    def add_obs_cpu(self, part: str, cpu_s: float) -> None:
+        """Count CPU time spent by forge_obs itself (``part``: ``export``, ``timeline``,
+        ``controller``); reported, summed over processes, as ``obs/cpu_<part>_s`` and ``obs/cpu_s``."""
         with self._lock:
-            self._obs_cpu_s += cpu_s
+            self._obs_cpu[part] = self._obs_cpu.get(part, 0.0) + cpu_s
 
     # ------------------------------------------------------------------ flushing
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, packed: bool = False) -> dict[str, Any]:
         """Swap out everything recorded so far and return it as mergeable states.
 
         Returns ``{"states": {key: state}, "raw": [(key, value, ts)] | None, "counters": {...},
-        "wall_time": t}``. Values recorded concurrently land in the next snapshot.
+        "wall_time": t}``. Values recorded concurrently land in the next snapshot. With
+        ``packed=True`` (what fetchers send), the built-in numeric reductions come as
+        ``"packed": {reduction: (keys, rows)}`` (see :data:`forge_obs.reduce.ROW_FIELDS`) and
+        ``"states"`` holds the others (SAMPLE, custom reductions).
         """
         with self._lock:
             accs, self._accs = self._accs, {}
@@ -209,15 +213,33 @@ class MetricCollector:
                 "dropped_values": self._dropped,
                 "nonfinite_values": self._nonfinite,
                 "stream_overflow": self._raw_overflow,
-                "obs_cpu_s": self._obs_cpu_s,
             }
+            for part, v in self._obs_cpu.items():
+                counters[f"cpu_{part}_s"] = v
             self._recorded = self._dropped = self._nonfinite = self._raw_overflow = 0
-            self._obs_cpu_s = 0.0
+            self._obs_cpu = {}
         dev = self._device_values
         if dev is not None:
             dev.drain_into(accs, counters)
-        states = {k: a.get_state() for k, a in accs.items()}
-        return {"states": states, "raw": raw, "counters": counters, "wall_time": time.time()}
+        out = {"raw": raw, "counters": counters, "wall_time": time.time()}
+        if not packed:
+            out["states"] = {k: a.get_state() for k, a in accs.items()}
+            return out
+        groups: dict[str, tuple[list, list]] = {}
+        states: dict[str, Any] = {}
+        for k, a in accs.items():
+            rt = a.rt
+            g = groups.get(rt)
+            if g is None:
+                if rt not in ROW_FIELDS:
+                    states[k] = a.get_state()
+                    continue
+                g = groups[rt] = ([], [])
+            g[0].append(k)
+            g[1].append(a.row())
+        out["packed"] = groups
+        out["states"] = states
+        return out
 
     def flush(self, global_step: int = 0, return_state: bool = True) -> dict[str, Any]:
         """torchforge-compatible alias of :meth:`snapshot` (states of every key)."""

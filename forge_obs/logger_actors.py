@@ -109,14 +109,14 @@ class LocalFetcherActor(Actor):
     def _submit(self, step: int | None) -> None:
         cpu0 = time.thread_time()
         try:
-            snap = self.collector.snapshot()
+            snap = self.collector.snapshot(packed=True)
             if self.port is not None:
                 self.port.send((_SUBMIT, step, (self.mesh_id, self.rank), self.identity.to_dict(), snap))
             else:
                 self.inbox.submit.broadcast(step, (self.mesh_id, self.rank), self.identity.to_dict(), snap)
         except Exception as e:  # noqa: BLE001 - an exception in a broadcast handler aborts the actor
             logger.error("forge_obs: fetcher %s/r%d could not submit step %s: %r", self.mesh_id, self.rank, step, e)
-        self.collector.add_obs_cpu(time.thread_time() - cpu0)  # reported with the next step
+        self.collector.add_obs_cpu("export", time.thread_time() - cpu0)  # reported with the next step
 
     @endpoint
     async def flush(self, global_step: int) -> None:
@@ -273,7 +273,7 @@ def _drain_port(receiver: Any) -> None:
                 _STATE.hello(*msg[1:])
         except Exception:  # noqa: BLE001 - one bad message never stops the thread
             logger.exception("forge_obs: could not take a fetcher message")
-        collector.add_obs_cpu(time.thread_time() - cpu0)
+        collector.add_obs_cpu("controller", time.thread_time() - cpu0)
 
 
 class ObsInbox(Actor):
@@ -457,7 +457,7 @@ def _flush(step: int, final: bool = False) -> None:
         logger.warning("forge_obs: flush(%s) before init_backends: values are kept until the first flush after it", step)
         return
     # open the step before asking the ranks, so that no answer can arrive before it exists
-    pending = st.pipeline.begin_step(step, MetricCollector().snapshot(), final=final)
+    pending = st.pipeline.begin_step(step, MetricCollector().snapshot(packed=True), final=final)
     st.last_step = step
     for info in list(st.fetchers.values()):
         try:
@@ -470,7 +470,7 @@ def _flush(step: int, final: bool = False) -> None:
         except Exception as e:  # noqa: BLE001 - a dead mesh is reported as missing ranks
             logger.warning("forge_obs: flush of mesh %s failed: %r", info["name"], e)
     pending.blocked_s = time.perf_counter() - t0
-    MetricCollector().add_obs_cpu(time.thread_time() - cpu0)  # reported with the next step
+    MetricCollector().add_obs_cpu("controller", time.thread_time() - cpu0)  # reported with the next step
 
 
 # -------------------------------------------------------------------- client side

@@ -37,15 +37,17 @@ from typing import Any
 from forge_obs.backends.base import LoggerBackend, call_hook
 from forge_obs.collector import MetricCollector
 from forge_obs.metric import LoggingMode, Metric
-from forge_obs.record import StepRecord
-from forge_obs.reduce import Reduce, merge_states, reduce_metrics_states
+from forge_obs.record import RankViews, StepRecord
+from forge_obs.reduce import Reduce, merge_states, reduce_snapshots, snapshot_states
 
 logger = logging.getLogger("forge_obs")
 
 RankKey = tuple  # (mesh_id, rank)
 
 _COLLECTOR = MetricCollector()
-_COUNTERS = ("values_recorded", "dropped_values", "nonfinite_values", "stream_overflow", "obs_cpu_s")
+_COUNTERS = ("values_recorded", "dropped_values", "nonfinite_values", "stream_overflow")
+#: parts of forge_obs's own CPU (obs/cpu_<part>_s; obs/cpu_s is their sum)
+CPU_PARTS = ("export", "timeline", "controller")
 
 
 @dataclass
@@ -233,7 +235,7 @@ class FlushPipeline:
             except Exception:  # noqa: BLE001
                 logger.exception("forge_obs: step %s could not be assembled", p.step)
             finally:
-                _COLLECTOR.add_obs_cpu(time.thread_time() - cpu0)
+                _COLLECTOR.add_obs_cpu("controller", time.thread_time() - cpu0)
                 with self._cv:
                     self.steps_logged += 1
                     self._cv.notify_all()
@@ -265,18 +267,18 @@ class FlushPipeline:
         def on_conflict(key: str, kinds: set) -> None:
             conflicts.append(key)
 
-        rank_states: dict[str, dict[str, dict]] = {}
+        rank_snaps: dict[str, dict] = {}  # label -> one snapshot (packed rows and/or states)
         raw: dict[str, list] = {}
         for label, snaps in by_label.items():
             for s in snaps:
                 if s.get("raw"):
                     raw.setdefault(label, []).extend(s["raw"])
             if len(snaps) == 1:
-                states = snaps[0].get("states") or {}
+                snap = snaps[0]
             else:  # the step's own snapshot plus late/final ones from the same rank
                 merged: dict[str, list[dict]] = {}
                 for s in snaps:
-                    for k, st in (s.get("states") or {}).items():
+                    for k, st in snapshot_states(s).items():
                         merged.setdefault(k, []).append(st)
                 states = {}
                 for k, sts in merged.items():
@@ -284,15 +286,13 @@ class FlushPipeline:
                         conflicts.append(k)
                         continue
                     states[k] = sts[0] if len(sts) == 1 else merge_states(sts)
-            if states:
-                rank_states[label] = states
-        global_metrics = reduce_metrics_states(list(rank_states.values()), on_conflict)
-        per_rank = (
-            {label: reduce_metrics_states([st], source=label) for label, st in rank_states.items()}
-            if self._need_per_rank
-            else {}
-        )
-        if p.final and not rank_states and not raw:
+                snap = {"states": states}
+            if snap.get("states") or snap.get("packed"):
+                rank_snaps[label] = snap
+        global_metrics = reduce_snapshots(list(rank_snaps.values()), on_conflict)
+        # per-rank Metrics are built only if a backend reads them (JSONL reads plain values)
+        per_rank = RankViews(rank_snaps) if self._need_per_rank else {}
+        if p.final and not rank_snaps and not raw:
             return None  # nothing was recorded after the last flush
         obs = {
             "obs/values_recorded": counters["values_recorded"],
@@ -300,7 +300,8 @@ class FlushPipeline:
             "obs/nonfinite_values": counters["nonfinite_values"],
             "obs/stream_overflow": counters["stream_overflow"],
             # forge_obs's own CPU, all processes (the controller's merge and backends: the step before)
-            "obs/cpu_s": counters["obs_cpu_s"],
+            "obs/cpu_s": sum(counters.get(f"cpu_{part}_s", 0.0) for part in CPU_PARTS),
+            **{f"obs/cpu_{part}_s": counters.get(f"cpu_{part}_s", 0.0) for part in CPU_PARTS},
             "obs/flush_blocked_s": p.blocked_s,
             "obs/backend_s": self.last_backend_s,
             "obs/pending_steps": pending,

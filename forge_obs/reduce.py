@@ -46,7 +46,8 @@ class MetricAccumulator:
 
     Subclasses implement ``append``, ``get_state``, ``merge_states`` (classmethod: list of states
     -> one state), ``value_from_state`` (classmethod) and ``reset``. ``get_value`` and
-    ``get_reduced_value_from_states`` (torchforge's names) are derived from those.
+    ``get_reduced_value_from_states`` (torchforge's names) are derived from those. The built-in
+    numeric ones also export a compact ``row()`` (see :data:`ROW_FIELDS`) for the wire.
     """
 
     #: whether values must be numbers (False: structured rows, e.g. SAMPLE)
@@ -98,6 +99,9 @@ class SumAccumulator(MetricAccumulator):
     def get_state(self) -> dict[str, Any]:
         return {"reduction_type": self.rt, "sum": self.total}
 
+    def row(self) -> float:
+        return self.total
+
     @classmethod
     def merge_states(cls, states):
         return {"reduction_type": states[0]["reduction_type"], "sum": math.fsum(s["sum"] for s in states)}
@@ -118,6 +122,9 @@ class MeanAccumulator(MetricAccumulator):
 
     def get_state(self) -> dict[str, Any]:
         return {"reduction_type": self.rt, "sum": self.total, "count": self.count}
+
+    def row(self) -> tuple:
+        return (self.total, self.count)
 
     @classmethod
     def merge_states(cls, states):
@@ -144,6 +151,9 @@ class MaxAccumulator(MetricAccumulator):
     def get_state(self) -> dict[str, Any]:
         return {"reduction_type": self.rt, "max": self.best}
 
+    def row(self) -> float:
+        return self.best
+
     @classmethod
     def merge_states(cls, states):
         vals = [s["max"] for s in states]
@@ -165,6 +175,9 @@ class MinAccumulator(MetricAccumulator):
 
     def get_state(self) -> dict[str, Any]:
         return {"reduction_type": self.rt, "min": self.best}
+
+    def row(self) -> float:
+        return self.best
 
     @classmethod
     def merge_states(cls, states):
@@ -193,6 +206,9 @@ class StdAccumulator(MetricAccumulator):
 
     def get_state(self) -> dict[str, Any]:
         return self._state(count=self.count, mean=self.mean, m2=self.m2)
+
+    def row(self) -> tuple:
+        return (self.count, self.mean, self.m2)
 
     @classmethod
     def merge_states(cls, states):
@@ -223,6 +239,9 @@ class CountAccumulator(MetricAccumulator):
     def get_state(self) -> dict[str, Any]:
         return self._state(count=self.count)
 
+    def row(self) -> int:
+        return self.count
+
     @classmethod
     def merge_states(cls, states):
         return {"reduction_type": states[0]["reduction_type"], "count": sum(s["count"] for s in states)}
@@ -245,6 +264,9 @@ class LastAccumulator(MetricAccumulator):
 
     def get_state(self) -> dict[str, Any]:
         return self._state(value=self.last, ts=self.ts)
+
+    def row(self) -> tuple:
+        return (self.last, self.ts)
 
     @classmethod
     def merge_states(cls, states):
@@ -388,6 +410,160 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     return accumulator_for(states[0]["reduction_type"]).merge_states(states)
 
 
+# ----------------------------------------------------------------- packed states
+#: built-in reductions whose state travels as a compact row (a number or a tuple, in this order)
+#: instead of a dict: ``{"mean": (keys, rows)}`` pickles and merges several times cheaper
+ROW_FIELDS: dict[str, tuple[str, ...]] = {
+    "mean": ("sum", "count"),
+    "sum": ("sum",),
+    "max": ("max",),
+    "min": ("min",),
+    "count": ("count",),
+    "std": ("count", "mean", "m2"),
+    "last": ("value", "ts"),
+}
+
+
+def _nan_or(pick: Callable) -> Callable[[list], float]:
+    def value(rows: list) -> float:
+        for v in rows:
+            if v != v:  # NaN sticks (a NaN loss is a signal)
+                return math.nan
+        return float(pick(rows))
+
+    return value
+
+
+def _std_rows(rows: list) -> float:
+    n, mean, m2 = 0, 0.0, 0.0
+    for nb, mb, m2b in rows:  # Chan et al., as StdAccumulator.merge_states
+        if not nb:
+            continue
+        delta = mb - mean
+        tot = n + nb
+        mean += delta * nb / tot
+        m2 += m2b + delta * delta * n * nb / tot
+        n = tot
+    return math.sqrt(m2 / n) if n else 0.0
+
+
+def _last(row: tuple) -> float:
+    return float(row[0]) if row[0] is not None else math.nan
+
+
+#: value of one row, and of several rows merged (the arithmetic of merge_states + value_from_state)
+_ROW_VALUE: dict[str, Callable[[Any], Any]] = {
+    "mean": lambda r: r[0] / r[1] if r[1] else 0.0,
+    "sum": float,
+    "max": float,
+    "min": float,
+    "count": float,
+    "std": lambda r: math.sqrt(r[2] / r[0]) if r[0] else 0.0,
+    "last": _last,
+}
+_ROWS_VALUE: dict[str, Callable[[list], Any]] = {
+    "mean": lambda rows: (math.fsum([r[0] for r in rows]) / c) if (c := sum([r[1] for r in rows])) else 0.0,
+    "sum": lambda rows: float(math.fsum(rows)),
+    "max": _nan_or(max),
+    "min": _nan_or(min),
+    "count": lambda rows: float(sum(rows)),
+    "std": _std_rows,
+    "last": lambda rows: _last(max(rows, key=lambda r: r[1])),
+}
+
+
+def state_to_row(state: dict[str, Any]) -> Any:
+    f = ROW_FIELDS[state["reduction_type"]]
+    return state[f[0]] if len(f) == 1 else tuple(state[x] for x in f)
+
+
+def row_to_state(rt: str, row: Any) -> dict[str, Any]:
+    f = ROW_FIELDS[rt]
+    st = {f[0]: row} if len(f) == 1 else dict(zip(f, row))
+    st["reduction_type"] = rt
+    return st
+
+
+def snapshot_states(snapshot: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{key: state}`` of a (possibly packed) collector snapshot."""
+    out = dict(snapshot.get("states") or {})
+    for rt, (keys, rows) in (snapshot.get("packed") or {}).items():
+        for k, row in zip(keys, rows):
+            out[k] = row_to_state(rt, row)
+    return out
+
+
+def snapshot_values(snapshot: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """``({key: value}, {key: reduction name})`` of one rank's snapshot (no merge)."""
+    values: dict[str, Any] = {}
+    kinds: dict[str, str] = {}
+    for rt, (keys, rows) in (snapshot.get("packed") or {}).items():
+        values.update(zip(keys, map(_ROW_VALUE[rt], rows)))
+        kinds.update(dict.fromkeys(keys, rt))
+    for k, st in (snapshot.get("states") or {}).items():
+        rt = st["reduction_type"]
+        values[k] = accumulator_for(rt).value_from_state(st)
+        kinds[k] = rt
+    return values, kinds
+
+
+def reduction_of(rt: str) -> "Reduce | str":
+    """The Reduce member (or custom name) a state's ``reduction_type`` stands for."""
+    return _BY_NAME.get(rt, rt)
+
+
+def reduce_snapshots(
+    snapshots: list[dict[str, Any]],
+    on_conflict: Callable[[str, set[str]], None] | None = None,
+    source: str | None = None,
+) -> list[Metric]:
+    """Merge the states of several ranks' snapshots (``{"packed": {rt: (keys, rows)}, "states":
+    {key: state}}``) into one :class:`Metric` per key, sorted by key. A key recorded with
+    different reductions on different ranks is left out and reported to ``on_conflict``."""
+    now = _now()
+    groups: dict[str, list] = {}  # key -> [reduction name, [rows or states]]
+    conflicts: dict[str, set] = {}
+
+    def add(key: str, rt: str, item: Any) -> None:
+        g = groups.get(key)
+        if g is None:
+            groups[key] = [rt, [item]]
+        elif g[0] == rt:
+            g[1].append(item)
+        else:
+            conflicts.setdefault(key, {g[0]}).add(rt)
+
+    for snap in snapshots:
+        for rt, (keys, rows) in (snap.get("packed") or {}).items():
+            get = groups.get
+            for k, row in zip(keys, rows):
+                g = get(k)
+                if g is None:
+                    groups[k] = [rt, [row]]
+                elif g[0] == rt:
+                    g[1].append(row)
+                else:
+                    conflicts.setdefault(k, {g[0]}).add(rt)
+        for k, st in (snap.get("states") or {}).items():
+            rt = st["reduction_type"]
+            add(k, rt, state_to_row(st) if rt in ROW_FIELDS else st)
+    out: list[Metric] = []
+    append = out.append
+    for key in sorted(groups):
+        if key in conflicts:
+            if on_conflict is not None:
+                on_conflict(key, conflicts[key])
+            continue
+        rt, items = groups[key]
+        if rt in ROW_FIELDS:
+            v = _ROW_VALUE[rt](items[0]) if len(items) == 1 else _ROWS_VALUE[rt](items)
+        else:
+            cls = accumulator_for(rt)
+            v = cls.value_from_state(items[0] if len(items) == 1 else cls.merge_states(items))
+        append(Metric(key, v, _BY_NAME.get(rt, rt), now, source))
+    return out
+
+
 def reduce_metrics_states(
     states: list[dict[str, dict[str, Any]]],
     on_conflict: Callable[[str, set[str]], None] | None = None,
@@ -399,34 +575,4 @@ def reduce_metrics_states(
     and ``on_conflict(key, reductions)`` is called (the pipeline counts it in
     ``obs/dropped_values``). ``source`` labels the Metrics (per-rank views).
     """
-    now = _now()
-    if len(states) == 1:  # one rank (per-rank views, or a single-process run): nothing to merge
-        only = states[0]
-        return [
-            Metric(key, accumulator_for(st["reduction_type"]).value_from_state(st),
-                   _BY_NAME.get(st["reduction_type"], st["reduction_type"]), now, source)
-            for key, st in sorted(only.items())
-        ]
-    by_key: dict[str, list[dict[str, Any]]] = {}
-    for rank_states in states:
-        for key, st in rank_states.items():
-            lst = by_key.get(key)
-            if lst is None:
-                by_key[key] = [st]
-            else:
-                lst.append(st)
-    out: list[Metric] = []
-    for key in sorted(by_key):
-        sts = by_key[key]
-        rt = sts[0]["reduction_type"]
-        cls = accumulator_for(rt)
-        if len(sts) == 1:
-            st = sts[0]
-        else:
-            if any(s["reduction_type"] != rt for s in sts):
-                if on_conflict is not None:
-                    on_conflict(key, {s["reduction_type"] for s in sts})
-                continue
-            st = cls.merge_states(sts)
-        out.append(Metric(key, cls.value_from_state(st), _BY_NAME.get(rt, rt), now, source))
-    return out
+    return reduce_snapshots([{"states": st} for st in states], on_conflict, source)

@@ -51,10 +51,9 @@ class JsonlBackend(LoggerBackend):
                     row["missing"] = record.missing
                 lines.append(row)
             elif mode is LoggingMode.PER_RANK_REDUCE:
-                for label, metrics in record.per_rank.items():
+                for label, values in record.per_rank_values().items():
                     src = record.sources.get(label, {"label": label})
-                    lines.append(dict(base, mode=mode.value, wall_time=record.wall_time, source=src,
-                                      metrics={m.key: m.value for m in metrics}))
+                    lines.append(dict(base, mode=mode.value, wall_time=record.wall_time, source=src, metrics=values))
             else:
                 for label, rows in record.raw.items():
                     if rows:

@@ -41,7 +41,7 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "ranks": "all",  # "all" | "0,3" | "0-3,8" | "every:4" (rank % 4 == 0, per mesh)
     "max_file_mb": 64.0,  # rotate a process's file past this size
     "max_files": 0,  # keep at most this many files per process (0: all)
-    "flush_interval_s": 0.1,  # writer pass period
+    "flush_interval_s": 0.5,  # writer pass period (what a killed process can lose)
     "open_after_s": 1.0,  # write spans still open after this long as "B" records
     "meshes": None,  # None: every mesh; or a list / comma string of mesh names that write
 }

@@ -38,7 +38,7 @@ SESSION = secrets.token_hex(4)
 _writer: "Writer | None" = None
 _lock = threading.Lock()
 _last_seq = [0]
-_count_cpu = MetricCollector().add_obs_cpu  # the writer thread's CPU, reported as obs/cpu_s
+_count_cpu = MetricCollector().add_obs_cpu  # the writer thread's CPU, reported as obs/cpu_timeline_s
 _lane_defs: dict[int, tuple] = {}  # lane -> (label, thread id), for the whole process
 
 
@@ -317,7 +317,7 @@ class Writer:
                 self._drain()
             except Exception as e:  # noqa: BLE001 - never die silently, never raise
                 logger.warning("forge_obs: timeline writer pass failed: %r", e)
-            _count_cpu(time.thread_time() - cpu0)
+            _count_cpu("timeline", time.thread_time() - cpu0)
 
     def start(self) -> None:
         with self.lock:
