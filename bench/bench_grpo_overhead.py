@@ -10,8 +10,8 @@
    merge / backends, the timeline writer threads, all processes, measured with thread CPU
    clocks), plus inline work counted in the run and priced here: ``record_metric`` calls
    (``obs/values_recorded``) x the cost of one call, spans/events in the timeline x the cost of
-   one, and two Monarch messages per rank and step: the flush request (CPU of both processes)
-   and the receiving side of the states (their sending side is already in ``obs/cpu_export_s``).
+   one, and the receiving side of two Monarch messages per rank and step (the flush request and
+   the states; their sending sides are already in ``obs/cpu_flush_s`` and ``obs/cpu_export_s``).
    Reported as a share of the machine's CPU per step (cores x step time: the slowdown of a
    CPU-bound run) and of one core.
 
@@ -36,6 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from forge_obs.pipeline import CPU_PARTS  # noqa: E402
 os.environ.setdefault("MONARCH_FILE_LOG", "error")
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
@@ -49,7 +50,9 @@ def one_run(disabled: bool, args: argparse.Namespace, root: str, i: int) -> dict
     cmd = [sys.executable, "-m", "apps.grpo.main", "--steps", str(args.steps), "--seed", "0", "--no-report",
            "--generator", args.generator, "--run-root", root, "--run-id", run_id, "--console-every", "1000000"]
     t0 = time.time()
-    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    sampler = CpuSampler()
+    with sampler:
+        res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if res.returncode != 0:
         raise SystemExit(f"run failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     summary = json.loads((Path(root) / run_id / "grpo_summary.json").read_text())
@@ -57,9 +60,49 @@ def one_run(disabled: bool, args: argparse.Namespace, root: str, i: int) -> dict
     out = {"obs": not disabled, "run_id": run_id, "generator": summary["generator"], "wall_s": time.time() - t0,
            "step_s_median": statistics.median(steps), "step_s_mean": statistics.fmean(steps),
            "train_loop_s": sum(summary["step_s"]), "steps": len(summary["step_s"])}
+    ends = summary.get("step_end_wall") or []
+    if len(ends) > args.warmup:
+        out["machine_busy"] = sampler.busy_between(ends[args.warmup - 1] if args.warmup else ends[0], ends[-1])
     if not disabled:
         out["accounted"] = run_counts(Path(root) / run_id, args.warmup)
     return out
+
+
+class CpuSampler:
+    """Samples /proc/stat twice a second while a run goes on: how busy the machine was."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.samples: list[tuple[float, int, int]] = []  # (wall time, idle+iowait jiffies, total jiffies)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                with open("/proc/stat") as f:
+                    vals = [int(x) for x in f.readline().split()[1:]]
+                self.samples.append((time.time(), vals[3] + vals[4], sum(vals)))
+            except (OSError, ValueError, IndexError):
+                return
+            if self._stop.wait(0.5):
+                return
+
+    def __enter__(self) -> "CpuSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def busy_between(self, t0: float, t1: float) -> float | None:
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if len(inside) < 2:
+            return None
+        (_, i0, a0), (_, i1, a1) = inside[0], inside[-1]
+        return 1.0 - (i1 - i0) / (a1 - a0) if a1 > a0 else None
 
 
 def run_counts(run_dir: Path, warmup: int) -> dict:
@@ -77,9 +120,7 @@ def run_counts(run_dir: Path, warmup: int) -> dict:
     n_steps = max(len(read_metrics(run_dir, "global_reduce")), 1)
     return {
         "obs_cpu_s": mean("obs/cpu_s"),
-        "cpu_export_s": mean("obs/cpu_export_s"),
-        "cpu_timeline_s": mean("obs/cpu_timeline_s"),
-        "cpu_controller_s": mean("obs/cpu_controller_s"),
+        **{f"cpu_{part}_s": mean(f"obs/cpu_{part}_s") for part in CPU_PARTS},
         "values_recorded": mean("obs/values_recorded"),
         "ranks_reported": mean("obs/ranks_reported"),
         "flush_blocked_s_median": statistics.median(m.get("obs/flush_blocked_s", 0.0) for m in rows),
@@ -195,22 +236,24 @@ def main() -> None:
         [r for r in rows if r["obs"]], [r for r in rows if not r["obs"]])]
     print(f"  ratio on/off: {ratio:.3f}  (overhead {100 * (ratio - 1):+.1f} %); "
           f"per pair: {', '.join(f'{p:.3f}' for p in pairs)}")
+    busy = [r["machine_busy"] for r in rows if r.get("machine_busy") is not None]
+    if busy:
+        print(f"  machine busy during the measured steps: {', '.join(f'{100 * b:.0f} %' for b in busy)}")
 
     costs = unit_costs()
     acc = {k: statistics.fmean(r["accounted"][k] for r in rows if r["obs"]) for k in rows[0]["accounted"]}
     cores = os.cpu_count() or 1
     parts = [
         ("forge_obs threads and exports (obs/cpu_s, all processes)", acc["obs_cpu_s"],
-         f"export {acc['cpu_export_s'] * 1e3:.2f} + timeline writer {acc['cpu_timeline_s'] * 1e3:.2f} + "
-         f"controller {acc['cpu_controller_s'] * 1e3:.2f} ms"),
+         " + ".join(f"{part} {acc['cpu_' + part + '_s'] * 1e3:.2f}" for part in CPU_PARTS) + " ms"),
         ("record_metric calls", acc["values_recorded"] * costs["record_metric_s"],
          f"{acc['values_recorded']:.0f} x {costs['record_metric_s'] * 1e6:.2f} us"),
         ("spans and events (inline part)", acc["timeline_records_per_step"] * costs["span_s"],
          f"{acc['timeline_records_per_step']:.1f} x {costs['span_s'] * 1e6:.2f} us"),
-        ("Monarch messages: flush request (both ends) + states (receiving end)",
-         acc["ranks_reported"] * (costs["message_small_send_s"] + costs["message_small_recv_s"] + costs["message_snapshot_recv_s"]),
-         f"{acc['ranks_reported']:.0f} ranks x ({costs['message_small_send_s'] * 1e6:.0f} + "
-         f"{costs['message_small_recv_s'] * 1e6:.0f} + {costs['message_snapshot_recv_s'] * 1e6:.0f}) us"),
+        ("Monarch messages, receiving ends: flush request + states",
+         acc["ranks_reported"] * (costs["message_small_recv_s"] + costs["message_snapshot_recv_s"]),
+         f"{acc['ranks_reported']:.0f} ranks x ({costs['message_small_recv_s'] * 1e6:.0f} + "
+         f"{costs['message_snapshot_recv_s'] * 1e6:.0f}) us"),
     ]
     total = sum(p[1] for p in parts)
     machine_share = total / (cores * med_on)

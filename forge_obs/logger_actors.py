@@ -273,7 +273,7 @@ def _drain_port(receiver: Any) -> None:
                 _STATE.hello(*msg[1:])
         except Exception:  # noqa: BLE001 - one bad message never stops the thread
             logger.exception("forge_obs: could not take a fetcher message")
-        collector.add_obs_cpu("controller", time.thread_time() - cpu0)
+        collector.add_obs_cpu("inbox", time.thread_time() - cpu0)
 
 
 class ObsInbox(Actor):
@@ -470,7 +470,7 @@ def _flush(step: int, final: bool = False) -> None:
         except Exception as e:  # noqa: BLE001 - a dead mesh is reported as missing ranks
             logger.warning("forge_obs: flush of mesh %s failed: %r", info["name"], e)
     pending.blocked_s = time.perf_counter() - t0
-    MetricCollector().add_obs_cpu("controller", time.thread_time() - cpu0)  # reported with the next step
+    MetricCollector().add_obs_cpu("flush", time.thread_time() - cpu0)  # reported with the next step
 
 
 # -------------------------------------------------------------------- client side

@@ -47,7 +47,7 @@ RankKey = tuple  # (mesh_id, rank)
 _COLLECTOR = MetricCollector()
 _COUNTERS = ("values_recorded", "dropped_values", "nonfinite_values", "stream_overflow")
 #: parts of forge_obs's own CPU (obs/cpu_<part>_s; obs/cpu_s is their sum)
-CPU_PARTS = ("export", "timeline", "controller")
+CPU_PARTS = ("export", "timeline", "flush", "inbox", "pipeline")
 
 
 @dataclass
@@ -235,7 +235,7 @@ class FlushPipeline:
             except Exception:  # noqa: BLE001
                 logger.exception("forge_obs: step %s could not be assembled", p.step)
             finally:
-                _COLLECTOR.add_obs_cpu("controller", time.thread_time() - cpu0)
+                _COLLECTOR.add_obs_cpu("pipeline", time.thread_time() - cpu0)
                 with self._cv:
                     self.steps_logged += 1
                     self._cv.notify_all()

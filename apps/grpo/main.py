@@ -242,6 +242,7 @@ async def main(args: argparse.Namespace) -> dict:
     progress = Progress(args.steps, args.console_every)
     batch_size = args.batch_groups * args.group_size
     step_times: list[float] = []
+    step_ends: list[float] = []  # wall clock at the end of each step
     try:
         for step in range(args.steps):
             set_step(step)
@@ -266,6 +267,7 @@ async def main(args: argparse.Namespace) -> dict:
                 service.publish(path, state["version"])
             dt = time.perf_counter() - t0
             step_times.append(dt)
+            step_ends.append(time.time())
             record_metric("controller/step_s", dt, Reduce.MEAN)
             record_metric("controller/wait_for_batch_s", t_wait, Reduce.MEAN)
             record_metric("controller/policy_version", state["version"], Reduce.MAX)
@@ -290,6 +292,7 @@ async def main(args: argparse.Namespace) -> dict:
         shutil.rmtree(weights_dir, ignore_errors=True)
 
     summary = summarize(run_dir, step_times, time.time() - t_start, gen_kind)
+    summary["step_end_wall"] = step_ends
     if not args.no_report:
         from forge_obs.report import write_report
 

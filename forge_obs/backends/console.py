@@ -203,11 +203,14 @@ class ConsoleBackend(LoggerBackend):
 
     def log_step(self, record: StepRecord) -> None:
         self._out = sys.stderr if self.config.get("stream") == "stderr" else sys.stdout
-        if record.step % self.every == 0:
+        printed = record.step % self.every == 0
+        if printed:
             super().log_step(record)
         if record.missing:
+            printed = True
             print(f"[forge_obs] step {record.step}: missing ranks: {', '.join(record.missing)}", file=self._out)
-        self._out.flush()
+        if printed:
+            self._out.flush()
 
     def _visible(self, metrics: list[Metric]) -> list[Metric]:
         show_obs = self.config.get("show_obs", False)
