@@ -362,3 +362,41 @@ async def test_self_observation_metrics_in_every_step(tmp_path):
     assert m["obs/nonfinite_values"] == 1
     assert 0 <= m["obs/flush_blocked_s"] < 1.0
     assert m["obs/merge_s"] >= 0 and m["obs/missing_ranks"] == 0 and m["obs/pending_steps"] >= 0
+
+
+class Arrival(LoggerBackend):
+    """Notes the wall time at which each step reached the backends."""
+
+    at: dict = {}
+
+    def log_step(self, record):
+        Arrival.at[record.step] = time.monotonic()
+
+
+register_backend("test_arrival", Arrival)
+
+
+class Recorder(Actor):
+    @endpoint
+    async def record(self, v: float) -> None:
+        record_metric("busy/v", v, Reduce.SUM)
+
+
+async def test_a_controller_that_blocks_its_loop_does_not_delay_the_step(tmp_path):
+    """The ranks' states are taken by the inbox's own thread: while the user's
+    controller loop is blocked by synchronous work after a flush, the step still completes."""
+    mlogger = await start_logger(tmp_path, {"test_arrival": {}, "flush_timeout_s": 30})
+    mesh = this_host().spawn_procs(per_host={"procs": 2}, name="busyloop")
+    rec = mesh.spawn("Recorder", Recorder)
+    await mlogger.flush.call_one(0)  # warm-up: every fetcher has its flush port
+    await mlogger.wait_idle.call_one()
+    await rec.record.call(2.0)
+    Arrival.at.clear()
+    await mlogger.flush.call_one(1)
+    blocked_from = time.monotonic()
+    time.sleep(3.0)  # synchronous work on the controller's loop (the workload, not a wait)
+    blocked_until = time.monotonic()
+    await mlogger.shutdown.call_one()
+    await _stop(mesh)
+    assert 1 in Arrival.at and blocked_from < Arrival.at[1] < blocked_until, (Arrival.at, blocked_from, blocked_until)
+    assert global_rows(tmp_path)[1]["metrics"]["busy/v"] == 4.0
