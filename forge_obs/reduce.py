@@ -38,6 +38,10 @@ __all__ = [
     "resolve_reduction",
     "merge_states",
     "reduce_metrics_states",
+    "reduce_snapshots",
+    "snapshot_states",
+    "snapshot_values",
+    "ROW_FIELDS",
 ]
 
 
@@ -156,9 +160,7 @@ class MaxAccumulator(MetricAccumulator):
 
     @classmethod
     def merge_states(cls, states):
-        vals = [s["max"] for s in states]
-        best = math.nan if any(v != v for v in vals) else max(vals)
-        return {"reduction_type": states[0]["reduction_type"], "max": best}
+        return {"reduction_type": states[0]["reduction_type"], "max": _ROWS_VALUE["max"]([s["max"] for s in states])}
 
     @classmethod
     def value_from_state(cls, state):
@@ -181,9 +183,7 @@ class MinAccumulator(MetricAccumulator):
 
     @classmethod
     def merge_states(cls, states):
-        vals = [s["min"] for s in states]
-        best = math.nan if any(v != v for v in vals) else min(vals)
-        return {"reduction_type": states[0]["reduction_type"], "min": best}
+        return {"reduction_type": states[0]["reduction_type"], "min": _ROWS_VALUE["min"]([s["min"] for s in states])}
 
     @classmethod
     def value_from_state(cls, state):
@@ -212,16 +212,7 @@ class StdAccumulator(MetricAccumulator):
 
     @classmethod
     def merge_states(cls, states):
-        n, mean, m2 = 0, 0.0, 0.0
-        for s in states:
-            nb = s["count"]
-            if not nb:
-                continue
-            delta = s["mean"] - mean
-            tot = n + nb
-            mean += delta * nb / tot
-            m2 += s["m2"] + delta * delta * n * nb / tot
-            n = tot
+        n, mean, m2 = _chan([(s["count"], s["mean"], s["m2"]) for s in states])
         return {"reduction_type": states[0]["reduction_type"], "count": n, "mean": mean, "m2": m2}
 
     @classmethod
@@ -434,9 +425,10 @@ def _nan_or(pick: Callable) -> Callable[[list], float]:
     return value
 
 
-def _std_rows(rows: list) -> float:
+def _chan(rows: list) -> tuple:
+    """Merge (count, mean, m2) rows (Chan et al.): exact, numerically stable."""
     n, mean, m2 = 0, 0.0, 0.0
-    for nb, mb, m2b in rows:  # Chan et al., as StdAccumulator.merge_states
+    for nb, mb, m2b in rows:
         if not nb:
             continue
         delta = mb - mean
@@ -444,6 +436,11 @@ def _std_rows(rows: list) -> float:
         mean += delta * nb / tot
         m2 += m2b + delta * delta * n * nb / tot
         n = tot
+    return n, mean, m2
+
+
+def _std_rows(rows: list) -> float:
+    n, _mean, m2 = _chan(rows)
     return math.sqrt(m2 / n) if n else 0.0
 
 

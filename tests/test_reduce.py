@@ -104,3 +104,36 @@ def test_unknown_and_builtin_names_are_rejected_with_choices():
         resolve_reduction("median")
     with pytest.raises(ValueError, match="built-in"):
         register_reduction("sum", RangeAcc)
+
+
+def test_packed_snapshots_reduce_exactly_like_state_dicts(fresh_collector):
+    """What fetchers send (built-in reductions packed as (keys, rows), the others as state dicts)
+    reduces to the same values as the state dicts, across ranks and per rank, NaN included."""
+    from forge_obs import record_metric
+    from forge_obs.reduce import reduce_snapshots, snapshot_states, snapshot_values
+
+    register_reduction("range_packed_test", RangeAccumulator)
+    rng = random.Random(7)
+    kinds = [Reduce.MEAN, Reduce.SUM, Reduce.MAX, Reduce.MIN, Reduce.STD, Reduce.COUNT, Reduce.LAST, "range_packed_test"]
+    packed, plain = [], []
+    for rank in range(3):
+        for i, red in enumerate(kinds):
+            for _ in range(rng.randint(1, 5)):
+                record_metric(f"k{i}", rng.uniform(-5, 5), red)
+        record_metric("only_here", float(rank), Reduce.SUM)
+        if rank == 1:
+            record_metric("nan_max", float("nan"), Reduce.MAX)
+        snap = fresh_collector.snapshot(packed=True)
+        assert "range_packed_test" not in snap["packed"] and set(snap["states"]) == {"k7"}
+        packed.append(snap)
+        plain.append(snapshot_states(snap))
+    a = {m.key: m.value for m in reduce_snapshots(packed)}
+    b = {m.key: m.value for m in reduce_metrics_states(plain)}
+    assert a.keys() == b.keys() and len(a) == len(kinds) + 2
+    for k in a:
+        assert (math.isnan(a[k]) and math.isnan(b[k])) or a[k] == b[k], k
+    assert math.isnan(a["nan_max"]) and a["only_here"] == 3.0
+    # one rank's values, without Metrics
+    values, rts = snapshot_values(packed[0])
+    (ref,) = [{m.key: m.value for m in reduce_metrics_states([plain[0]])}]
+    assert values == ref and rts["k0"] == "mean" and rts["k7"] == "range_packed_test"
