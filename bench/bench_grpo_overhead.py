@@ -10,9 +10,10 @@
    merge / backends, the timeline writer threads, all processes, measured with thread CPU
    clocks), plus inline work counted in the run and priced here: ``record_metric`` calls
    (``obs/values_recorded``) x the cost of one call, spans/events in the timeline x the cost of
-   one, and the receiving side of the flush request each rank gets per step (its sending side is
-   in ``obs/cpu_flush_s``; both sides of the states' message are in ``obs/cpu_export_s`` and
-   ``obs/cpu_inbox_s``, which counts all of the inbox thread's CPU).
+   one, and the receiving side of the flush request each rank gets per step (an actor endpoint
+   message, measured here; its sending side is in ``obs/cpu_flush_s``; both sides of the states'
+   message are in ``obs/cpu_export_s`` and ``obs/cpu_inbox_s``, which counts all of the inbox
+   thread's CPU).
    Reported as a share of the machine's CPU per step (cores x step time: the slowdown of a
    CPU-bound run) and of one core.
 
@@ -174,6 +175,10 @@ def _message_costs(n: int = 2000) -> dict:
             return self.port
 
         @endpoint
+        async def flush(self, step: int) -> None:  # what a fetcher's flush request costs to take
+            self.n += 1
+
+        @endpoint
         async def cpu(self) -> tuple:
             return time.process_time(), self.n
 
@@ -186,12 +191,16 @@ def _message_costs(n: int = 2000) -> dict:
         sink = pm.spawn("sink", Sink)
         port = await sink.get_port.call_one()
         out = {}
-        for kind, payload in (("small", 7), ("snapshot", ("submit", 7, ("m", 0), {"label": "g/r0"}, snapshot))):
+        for kind, payload in (("small", 7), ("snapshot", ("submit", 7, ("m", 0), {"label": "g/r0"}, snapshot)),
+                              ("endpoint", None)):
             # idle baseline over the same time: what both processes burn without messages
             c0, (k0, _) = time.process_time(), await sink.cpu.call_one()
             t0 = time.perf_counter()
             for _ in range(n):
-                port.send(payload)
+                if kind == "endpoint":
+                    sink.flush.broadcast(7)
+                else:
+                    port.send(payload)
             while (await sink.cpu.call_one())[1] % n:
                 await asyncio.sleep(0.05)  # few polls: each is a round trip of its own
             elapsed = time.perf_counter() - t0
@@ -251,9 +260,9 @@ def main() -> None:
          f"{acc['values_recorded']:.0f} x {costs['record_metric_s'] * 1e6:.2f} us"),
         ("spans and events (inline part)", acc["timeline_records_per_step"] * costs["span_s"],
          f"{acc['timeline_records_per_step']:.1f} x {costs['span_s'] * 1e6:.2f} us"),
-        ("flush requests, receiving end (Monarch message)",
-         acc["ranks_reported"] * costs["message_small_recv_s"],
-         f"{acc['ranks_reported']:.0f} ranks x {costs['message_small_recv_s'] * 1e6:.0f} us"),
+        ("flush requests, receiving end (Monarch endpoint message)",
+         acc["ranks_reported"] * costs["message_endpoint_recv_s"],
+         f"{acc['ranks_reported']:.0f} ranks x {costs['message_endpoint_recv_s'] * 1e6:.0f} us"),
     ]
     total = sum(p[1] for p in parts)
     machine_share = total / (cores * med_on)
