@@ -532,15 +532,8 @@ def reduce_snapshots(
 
     for snap in snapshots:
         for rt, (keys, rows) in (snap.get("packed") or {}).items():
-            get = groups.get
             for k, row in zip(keys, rows):
-                g = get(k)
-                if g is None:
-                    groups[k] = [rt, [row]]
-                elif g[0] == rt:
-                    g[1].append(row)
-                else:
-                    conflicts.setdefault(k, {g[0]}).add(rt)
+                add(k, rt, row)
         for k, st in (snap.get("states") or {}).items():
             rt = st["reduction_type"]
             add(k, rt, state_to_row(st) if rt in ROW_FIELDS else st)
