@@ -66,7 +66,7 @@ class MetricCollector:
         self._dropped = 0
         self._nonfinite = 0
         self._raw_overflow = 0
-        # CPU forge_obs itself used, by part (obs/cpu_<part>_s): export, timeline, controller
+        # CPU forge_obs itself used, by part (obs/cpu_<part>_s; parts: pipeline.CPU_PARTS)
         self._obs_cpu: dict[str, float] = {}
         self._device_values = None  # set by forge_obs.device when a GPU value is first seen
 
@@ -188,8 +188,9 @@ class MetricCollector:
         WARNER.warn("nonfinite", str(key), f"record_metric({key!r}): non-finite value {v} kept (counted in obs/nonfinite_values)")
 
     def add_obs_cpu(self, part: str, cpu_s: float) -> None:
-        """Count CPU time spent by forge_obs itself (``part``: ``export``, ``timeline``,
-        ``controller``); reported, summed over processes, as ``obs/cpu_<part>_s`` and ``obs/cpu_s``."""
+        """Count CPU time spent by forge_obs itself (``part``: ``export``, ``timeline``, ``flush``,
+        ``inbox``, ``pipeline``); reported, summed over processes, as ``obs/cpu_<part>_s`` and
+        ``obs/cpu_s``."""
         with self._lock:
             self._obs_cpu[part] = self._obs_cpu.get(part, 0.0) + cpu_s
 

@@ -68,18 +68,16 @@ __all__ = [
 class LocalFetcherActor(Actor):
     """Runs on every proc of a mesh; snapshots that process's :class:`MetricCollector`."""
 
-    def __init__(self, inbox: Any, mesh_id: str, mesh_name: str | None = None, port: Any = None) -> None:
+    def __init__(self, port: Any, mesh_id: str, mesh_name: str | None = None) -> None:
         inst = context().actor_instance
         point = inst.rank
         proc_name = inst.actor_id.proc_name or ""
         name = mesh_name or (proc_name.rsplit("-", 1)[0] if "-" in proc_name else proc_name) or "mesh"
-        self.inbox = inbox
-        self.port = port  # the controller's submission port (None: the inbox's endpoints)
-        if port is not None:
-            try:
-                port.return_undeliverable = False  # a gone controller must not fail this actor
-            except Exception:  # noqa: BLE001
-                pass
+        self.port = port  # the controller inbox's submission port
+        try:
+            port.return_undeliverable = False  # a gone controller must not fail this actor
+        except Exception:  # noqa: BLE001
+            pass
         self.mesh_id = mesh_id
         self.rank = int(point.rank)
         self.identity = set_identity(
@@ -91,11 +89,8 @@ class LocalFetcherActor(Actor):
         cpu0 = time.thread_time()
         try:
             snap = self.collector.snapshot(packed=True)
-            if self.port is not None:
-                self.port.send((_SUBMIT, step, (self.mesh_id, self.rank), self.identity.to_dict(), snap))
-            else:
-                self.inbox.submit.broadcast(step, (self.mesh_id, self.rank), self.identity.to_dict(), snap)
-        except Exception as e:  # noqa: BLE001 - an exception in a broadcast handler aborts the actor
+            self.port.send((_SUBMIT, step, (self.mesh_id, self.rank), self.identity.to_dict(), snap))
+        except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
             logger.error("forge_obs: fetcher %s/r%d could not submit step %s: %r", self.mesh_id, self.rank, step, e)
         self.collector.add_obs_cpu("export", time.thread_time() - cpu0)  # reported with the next step
 
@@ -129,10 +124,7 @@ class LocalFetcherActor(Actor):
         self._submit(None)
         _timeline_close()
         try:  # on the same channel as the final snapshot, so it cannot overtake it
-            if self.port is not None:
-                self.port.send((_DEREGISTER, self.mesh_id, None))
-            else:
-                self.inbox.deregister_fetcher.broadcast(self.mesh_id, None)
+            self.port.send((_DEREGISTER, self.mesh_id, None))
         except Exception:  # noqa: BLE001
             pass
 
@@ -160,7 +152,7 @@ class _ControllerState:
         self.sender: _FlushSender | None = None
 
     def submit(self, step: int | None, rank_key: tuple, identity: dict | None, snapshot: dict) -> None:
-        """A fetcher's snapshot (from the port thread or the inbox's ``submit`` endpoint)."""
+        """A fetcher's snapshot (from the inbox's port thread)."""
         if identity is not None:
             info = self.fetchers.get(rank_key[0])
             if info is not None and info["actors"] and not identity.get("actor"):
@@ -289,8 +281,7 @@ def _take_fetcher_message(msg: tuple) -> None:
 class ObsInbox(Actor):
     """Controller-side receiver of fetcher traffic (see :class:`_ControllerState`). Snapshots
     arrive on a port drained by a thread of its own (:func:`_drain_port`): it answers ~0.3 ms
-    sooner than an actor endpoint and costs the controller less per message. ``submit`` remains as
-    an endpoint for fetchers that have no port."""
+    sooner than an actor endpoint and costs the controller less per message."""
 
     def __init__(self) -> None:
         self._port, receiver = Channel.open()
@@ -316,10 +307,6 @@ class ObsInbox(Actor):
     @endpoint
     async def deregister_fetcher(self, mesh_id: str, rank: int | None = None) -> None:
         _STATE.deregister(mesh_id, rank)
-
-    @endpoint
-    async def submit(self, step: int | None, rank_key: tuple, identity: dict, snapshot: dict) -> None:
-        _STATE.submit(step, rank_key, identity, snapshot)
 
 
 class GlobalLoggingActor(Actor):
@@ -468,7 +455,7 @@ def _flush(step: int, final: bool = False) -> None:
         logger.warning("forge_obs: flush(%s) before init_backends: values are kept until the first flush after it", step)
         return
     # open the step before asking the ranks, so that no answer can arrive before it exists
-    pending = st.pipeline.begin_step(step, MetricCollector().snapshot(packed=True), final=final)
+    pending = st.pipeline.begin_step(step, _COLLECTOR.snapshot(packed=True), final=final)
     st.last_step = step
     if st.sender is None:
         st.sender = _FlushSender()
@@ -483,14 +470,14 @@ def _flush(step: int, final: bool = False) -> None:
     else:  # keep each mesh's steps in order behind what the thread still has to send
         st.sender.put(step, infos)
     pending.blocked_s = time.perf_counter() - t0
-    MetricCollector().add_obs_cpu("flush", time.thread_time() - cpu0)  # reported with the next step
+    _COLLECTOR.add_obs_cpu("flush", time.thread_time() - cpu0)  # reported with the next step
 
 
 # -------------------------------------------------------------------- client side
 class LoggerHandles:
     """The controller actors' handles, as passed to meshes and child processes."""
 
-    def __init__(self, glob: Any, inbox: Any, port: Any = None) -> None:
+    def __init__(self, glob: Any, inbox: Any, port: Any) -> None:
         self.glob = glob
         self.inbox = inbox
         self.port = port  # the inbox's submission port
@@ -590,7 +577,7 @@ def attach_fetcher(proc_mesh: Any, handles: LoggerHandles, mesh_name: str | None
     Returns the mesh id. Non-blocking: safe inside ``spawn_procs`` callbacks."""
     mesh_id = uuid.uuid4().hex[:12]
     fetcher = proc_mesh.spawn(
-        FETCHER_NAME, LocalFetcherActor, handles.inbox, mesh_id, mesh_name, getattr(handles, "port", None)
+        FETCHER_NAME, LocalFetcherActor, handles.port, mesh_id, mesh_name
     )
     try:
         proc_mesh._forge_obs_mesh_id = mesh_id
