@@ -90,10 +90,11 @@ def _timeline_findings(run_dir: Path, stall_min_s: float, hang_factor: float, si
                        sync_re: "re.Pattern[str]", sync_share: float) -> list[Finding]:
     out: list[Finding] = []
     run = reader.scan(run_dir)
-    # time budget: (stream key, span name) -> [(start, end)] for sync-like and wait-like spans
+    # time budget: (stream key, span name) -> [(start, end)] of sync-like spans, and of the
+    # controller's wait-like ones
     budget: dict[tuple, list] = defaultdict(list)
     budget_steps: dict[tuple, list] = defaultdict(list)
-    is_budgeted: dict[str, bool] = {}
+    is_sync: dict[str, bool] = {}
     # (attempt, mesh, name) -> step -> rank -> summed duration (µs)
     per_step: dict[tuple, dict] = defaultdict(lambda: defaultdict(lambda: defaultdict(int)))
     longest: dict[tuple, int] = defaultdict(int)  # (attempt, mesh, name) -> longest finished span
@@ -109,10 +110,10 @@ def _timeline_findings(run_dir: Path, stall_min_s: float, hang_factor: float, si
             if step is not None:
                 per_step[g][step][st.key] += dur
                 last_step[st.key] = step
-            b = is_budgeted.get(name)
+            b = is_sync.get(name)
             if b is None:
-                b = is_budgeted[name] = bool(sync_re.search(name) or "wait" in name)
-            if b:
+                b = is_sync[name] = bool(sync_re.search(name))
+            if b or ("wait" in name and st.header.get("ctl")):
                 budget[(st.key, name)].append((ts, ts + dur))
                 budget_steps[(st.key, name)].append(step)
         elif k is OPEN:
@@ -250,11 +251,11 @@ def _sync_findings(streams: dict, budget: dict, budget_steps: dict, sync_re: "re
         window = (st.last_ts or 0) - (st.first_ts or 0)
         return _covered_us(budget[(key, name)]) / window if window > 0 else 0.0
 
-    waits = [(share(key, name), streams[key], name) for (key, name) in budget
+    waits = [(share(key, name), name) for (key, name) in budget
              if "wait" in name and streams[key].header.get("ctl")]
     wait_note = ""
     if waits:
-        w, wst, wname = max(waits, key=lambda x: x[0])
+        w, wname = max(waits)
         if w >= 0.25:
             wait_note = f"; meanwhile the controller spent {w:.0%} of its time in '{wname}'"
     out = []
@@ -265,8 +266,7 @@ def _sync_findings(streams: dict, budget: dict, budget_steps: dict, sync_re: "re
         if frac < sync_share:
             continue
         st = streams[key]
-        durs = sorted(b - a for a, b in spans)
-        med_s = durs[len(durs) // 2] / 1e6
+        med_s = median(b - a for a, b in spans) / 1e6
         out.append(Finding(
             "sync_bottleneck",
             f"{st.label}: '{name}' takes {frac:.0%} of its time ({len(spans)} calls, median {med_s:.3f}s): "
