@@ -149,30 +149,14 @@ def unit_costs() -> dict:
 
 
 def _message_costs(n: int = 2000) -> dict:
+    """CPU of one flush request (an actor endpoint message) at each end, idle burn subtracted."""
     import asyncio
 
-    from monarch.actor import Actor, Channel, endpoint, this_host
-
-    from forge_obs import Reduce, record_metric
-    from forge_obs.collector import MetricCollector
+    from monarch.actor import Actor, endpoint, this_host
 
     class Sink(Actor):
         def __init__(self) -> None:
-            import threading
-
             self.n = 0
-            self.port, recv = Channel.open()
-
-            def drain() -> None:
-                while True:
-                    recv.recv().get()
-                    self.n += 1
-
-            threading.Thread(target=drain, daemon=True).start()
-
-        @endpoint
-        async def get_port(self):
-            return self.port
 
         @endpoint
         async def flush(self, step: int) -> None:  # what a fetcher's flush request costs to take
@@ -182,36 +166,22 @@ def _message_costs(n: int = 2000) -> dict:
         async def cpu(self) -> tuple:
             return time.process_time(), self.n
 
-    for i in range(100):
-        record_metric(f"generator/metric_{i}_s", float(i), Reduce.MEAN)
-    snapshot = MetricCollector().snapshot()
-
     async def run() -> dict:
         pm = this_host().spawn_procs(per_host={"procs": 1}, name="msgcost")
         sink = pm.spawn("sink", Sink)
-        port = await sink.get_port.call_one()
-        out = {}
-        for kind, payload in (("small", 7), ("snapshot", ("submit", 7, ("m", 0), {"label": "g/r0"}, snapshot)),
-                              ("endpoint", None)):
-            # idle baseline over the same time: what both processes burn without messages
-            c0, (k0, _) = time.process_time(), await sink.cpu.call_one()
-            t0 = time.perf_counter()
-            for _ in range(n):
-                if kind == "endpoint":
-                    sink.flush.broadcast(7)
-                else:
-                    port.send(payload)
-            while (await sink.cpu.call_one())[1] % n:
-                await asyncio.sleep(0.05)  # few polls: each is a round trip of its own
-            elapsed = time.perf_counter() - t0
-            c1, (k1, _) = time.process_time(), await sink.cpu.call_one()
-            await asyncio.sleep(elapsed)
-            c2, (k2, _) = time.process_time(), await sink.cpu.call_one()
-            # idle rates scaled to the busy interval, per side
-            out[f"message_{kind}_send_s"] = max((c1 - c0) - (c2 - c1), 0.0) / n
-            out[f"message_{kind}_recv_s"] = max((k1 - k0) - (k2 - k1), 0.0) / n
+        c0, (k0, _) = time.process_time(), await sink.cpu.call_one()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            sink.flush.broadcast(7)
+        while (await sink.cpu.call_one())[1] < n:
+            await asyncio.sleep(0.05)  # few polls: each is a round trip of its own
+        elapsed = time.perf_counter() - t0
+        c1, (k1, _) = time.process_time(), await sink.cpu.call_one()
+        await asyncio.sleep(elapsed)  # idle baseline over the same time: what both processes burn anyway
+        c2, (k2, _) = time.process_time(), await sink.cpu.call_one()
         await pm.stop()
-        return out
+        return {"message_endpoint_send_s": max((c1 - c0) - (c2 - c1), 0.0) / n,
+                "message_endpoint_recv_s": max((k1 - k0) - (k2 - k1), 0.0) / n}
 
     return asyncio.run(run())
 
