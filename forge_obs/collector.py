@@ -20,11 +20,11 @@ import threading
 import time
 from typing import Any
 
-from forge_obs import _env
+from forge_obs._env import METRICS_DISABLED
 from forge_obs._warn import WARNER
 from forge_obs.metric import Metric
 from forge_obs.reduce import ROW_FIELDS, MetricAccumulator, Reduce, accumulator_for, resolve_reduction
-from forge_obs import sketch as _sketch  # noqa: F401,E402 - registers the "distribution" reduction in every process
+from forge_obs.sketch import DISTRIBUTION  # noqa: F401,E402 - registers the "distribution" reduction in every process
 
 __all__ = ["MetricCollector", "record_metric", "DEFAULT_RAW_CAP"]
 
@@ -33,6 +33,19 @@ DEFAULT_RAW_CAP = 100_000
 
 _DROP = object()
 _SAMPLE = Reduce.SAMPLE  # module global: cheaper than the Enum attribute lookup per call
+
+
+class Taken:
+    """What :meth:`MetricCollector.swap` took: accumulators, raw values, counters, and the
+    device values not yet read (resolved by :meth:`MetricCollector.export`)."""
+
+    __slots__ = ("accs", "raw", "counters", "device")
+
+    def __init__(self, accs: dict, raw: list | None, counters: dict, device: Any) -> None:
+        self.accs = accs
+        self.raw = raw
+        self.counters = counters
+        self.device = device
 
 
 class MetricCollector:
@@ -170,9 +183,10 @@ class MetricCollector:
     def _device_record(self, key: str, value: Any, reduction: Any) -> Any:
         """GPU tensors: accumulated on the device by :mod:`forge_obs.device` when available."""
         try:
-            from forge_obs import device
+            from forge_obs.device import record_device_value
 
-            return device.record_device_value(self, key, value, reduction)
+            record_device_value(self, key, value, reduction)
+            return _DROP  # accumulated on the device: nothing left for the CPU accumulators
         except Exception as e:  # noqa: BLE001
             return self._drop(key, f"device value could not be recorded ({e})")
 
@@ -195,14 +209,12 @@ class MetricCollector:
             self._obs_cpu[part] = self._obs_cpu.get(part, 0.0) + cpu_s
 
     # ------------------------------------------------------------------ flushing
-    def snapshot(self, packed: bool = False) -> dict[str, Any]:
-        """Swap out everything recorded so far and return it as mergeable states.
+    def swap(self) -> "Taken":
+        """Take everything recorded so far, in O(1) under the lock: no export, no device sync.
 
-        Returns ``{"states": {key: state}, "raw": [(key, value, ts)] | None, "counters": {...},
-        "wall_time": t}``. Values recorded concurrently land in the next snapshot. With
-        ``packed=True`` (what fetchers send), the built-in numeric reductions come as
-        ``"packed": {reduction: (keys, rows)}`` (see :data:`forge_obs.reduce.ROW_FIELDS`) and
-        ``"states"`` holds the others (SAMPLE, custom reductions).
+        This is the cut of a flush: a value recorded before ``swap()`` returns is in the returned
+        :class:`Taken`; a value recorded after it is in the next one. :meth:`export` turns a
+        ``Taken`` into mergeable states later, off the caller's path.
         """
         with self._lock:
             accs, self._accs = self._accs, {}
@@ -220,9 +232,21 @@ class MetricCollector:
             self._recorded = self._dropped = self._nonfinite = self._raw_overflow = 0
             self._obs_cpu = {}
         dev = self._device_values
-        if dev is not None:
-            dev.drain_into(accs, counters)
-        out = {"raw": raw, "counters": counters, "wall_time": time.time()}
+        device = dev.swap() if dev is not None else None
+        return Taken(accs, raw, counters, device)
+
+    def export(self, taken: "Taken", packed: bool = False) -> dict[str, Any]:
+        """Mergeable states of a :class:`Taken` (device values are read here, once per device).
+
+        Returns ``{"states": {key: state}, "raw": [(key, value, ts)] | None, "counters": {...},
+        "wall_time": t}``. With ``packed=True`` (what fetchers send), the built-in numeric
+        reductions come as ``"packed": {reduction: (keys, rows)}`` (see
+        :data:`forge_obs.reduce.ROW_FIELDS`) and ``"states"`` holds the others (SAMPLE, custom).
+        """
+        accs, counters = taken.accs, taken.counters
+        if taken.device is not None:
+            taken.device.resolve_into(accs, counters)
+        out = {"raw": taken.raw, "counters": counters, "wall_time": time.time()}
         if not packed:
             out["states"] = {k: a.get_state() for k, a in accs.items()}
             return out
@@ -241,6 +265,10 @@ class MetricCollector:
         out["packed"] = groups
         out["states"] = states
         return out
+
+    def snapshot(self, packed: bool = False) -> dict[str, Any]:
+        """:meth:`swap` then :meth:`export`: everything recorded so far, as mergeable states."""
+        return self.export(self.swap(), packed)
 
     def flush(self, global_step: int = 0, return_state: bool = True) -> dict[str, Any]:
         """torchforge-compatible alias of :meth:`snapshot` (states of every key)."""
@@ -320,7 +348,7 @@ def record_metric(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN)
         _release()
 
 
-if _env.METRICS_DISABLED:  # read once: a near-zero-cost no-op
+if METRICS_DISABLED:  # read once: a near-zero-cost no-op
 
     def record_metric(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN) -> None:  # noqa: F811
         """Disabled by ``FORGE_DISABLE_METRICS=true``: does nothing."""

@@ -21,9 +21,9 @@ other (custom, ``distribution``)          the values, stacked at flush (at most 
 
 Nothing here reads a device value on the host: no ``.item()``, no ``.cpu()``, no
 ``torch.tensor(..., device=...)`` upload, so ``torch.cuda.set_sync_debug_mode("error")`` stays
-quiet. At ``MetricCollector.snapshot()`` (a flush), :meth:`DeviceValues.drain_into` makes the
-flushing thread's stream wait (``wait_stream``, no host wait) on every stream that recorded, then
-reads **all** device states of the process with one ``torch.cat`` and one device-to-host copy per
+quiet. At a flush, :meth:`DeviceValues.swap` takes the states at the cut (no sync), then
+:meth:`DeviceTake.resolve_into`, on the exporting thread, makes its stream wait (``wait_stream``,
+no host wait) on every stream that recorded and reads **all** device states of the process with one ``torch.cat`` and one device-to-host copy per
 device (one copy in total on a single-GPU process). That copy is the only host sync, and it is
 off the training thread. The values become ordinary accumulators of :mod:`forge_obs.reduce` and
 merge with CPU values recorded under the same key.
@@ -56,7 +56,7 @@ from forge_obs.reduce import (
     resolve_reduction,
 )
 
-__all__ = ["DeviceValues", "record_device_value", "RAW_CAP"]
+__all__ = ["DeviceValues", "DeviceTake", "record_device_value", "RAW_CAP"]
 
 #: values kept per key and step for reductions without a device-side state (custom, distribution)
 RAW_CAP = 4096
@@ -101,8 +101,9 @@ class DeviceValues:
         self._entries: dict[str, _Entry] = {}
         self._streams: dict[Any, Any] = {}  # (device, stream id) -> stream that recorded
         self._dropped = 0
-        #: ``hook(accs, counters)`` called first at each drain (the GPU tracer resolves its
-        #: pending CUDA-event timings into the snapshot there)
+        #: objects with ``take()`` (called at the cut, must be O(1)) and
+        #: ``resolve(taken, accs, counters)`` (called at export): the GPU tracer's pending
+        #: CUDA-event timings enter the step of the cut that took them
         self.hooks: list[Any] = []
 
     def add_hook(self, hook: Any) -> None:
@@ -228,19 +229,45 @@ class DeviceValues:
         return False
 
     # ---------------------------------------------------------------- flushing
-    def drain_into(self, accs: dict[str, MetricAccumulator], counters: dict[str, int]) -> None:
-        """Swap out this step's device states, read them with one device-to-host copy per device
-        and merge them into ``accs`` (the collector's CPU accumulators of the same snapshot)."""
+    def swap(self) -> "DeviceTake | None":
+        """Take this step's device states in O(1) (no device sync): the cut of a flush. Hooks
+        (the GPU tracer's pending timings) are taken at the same moment. ``None``: nothing."""
         with self._lock:
             entries, self._entries = self._entries, {}
             streams, self._streams = self._streams, {}
             dropped, self._dropped = self._dropped, 0
-        counters["dropped_values"] = counters.get("dropped_values", 0) + dropped
-        for hook in list(self.hooks):
+            hooks = list(self.hooks)
+        taken_hooks = []
+        for hook in hooks:
             try:
-                hook(accs, counters)
+                taken_hooks.append((hook, hook.take()))
             except Exception as e:  # noqa: BLE001 - a flush never fails because of a hook
-                WARNER.warn("device_hook", repr(hook), f"device drain hook failed: {e!r}")
+                WARNER.warn("device_hook", repr(hook), f"device hook failed to take its values: {e!r}")
+        if not entries and not dropped and not any(t for _, t in taken_hooks):
+            return None
+        return DeviceTake(entries, streams, dropped, taken_hooks)
+
+
+class DeviceTake:
+    """Device values taken at a cut; :meth:`resolve_into` reads them (one device-to-host copy
+    per device) and merges them into the CPU accumulators of the same step."""
+
+    def __init__(self, entries: dict, streams: dict, dropped: int, hooks: list) -> None:
+        self.entries = entries
+        self.streams = streams
+        self.dropped = dropped
+        self.hooks = hooks  # [(hook, what hook.take() returned)]
+
+    def resolve_into(self, accs: dict[str, MetricAccumulator], counters: dict[str, int]) -> None:
+        """Read the device states and merge them into ``accs`` (the accumulators taken at the
+        same cut). Runs on the exporting thread, never on the training thread."""
+        entries, streams = self.entries, self.streams
+        counters["dropped_values"] = counters.get("dropped_values", 0) + self.dropped
+        for hook, taken in self.hooks:
+            try:
+                hook.resolve(taken, accs, counters)
+            except Exception as e:  # noqa: BLE001 - a flush never fails because of a hook
+                WARNER.warn("device_hook", repr(hook), f"device hook failed: {e!r}")
         if not entries:
             return
         import torch
@@ -374,7 +401,6 @@ def _set_state(acc: MetricAccumulator, st: dict[str, Any]) -> None:
 
 
 _install_lock = threading.Lock()
-_DROP: Any = None  # forge_obs.collector._DROP, imported on first use (no import cycle)
 _torch: Any = None
 
 
@@ -389,16 +415,10 @@ def device_values(collector: Any) -> DeviceValues:
     return dv
 
 
-def record_device_value(collector: Any, key: Any, value: Any, reduction: Any) -> Any:
-    """Called by ``record_metric`` for a non-CPU tensor: accumulate on the device, return the
-    collector's ``_DROP`` (nothing left for the CPU accumulators)."""
-    global _DROP
-    if _DROP is None:
-        from forge_obs.collector import _DROP as d
-
-        _DROP = d
+def record_device_value(collector: Any, key: Any, value: Any, reduction: Any) -> bool:
+    """Called by ``record_metric`` for a non-CPU tensor: accumulate ``value`` on the device.
+    Returns False when it was dropped (already counted and warned)."""
     dv = collector._device_values
     if dv is None:
         dv = device_values(collector)
-    dv.record(key, value, reduction)
-    return _DROP
+    return dv.record(key, value, reduction)

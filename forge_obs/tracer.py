@@ -46,7 +46,7 @@ import weakref
 from collections import deque
 from typing import Any, Callable
 
-from forge_obs import _env
+from forge_obs._env import PERF_METRICS_DISABLED
 from forge_obs.collector import MetricCollector, _append_locked
 from forge_obs.reduce import MaxAccumulator, MeanAccumulator, Reduce, accumulator_for
 from forge_obs.sketch import DISTRIBUTION, DistributionAccumulator
@@ -60,7 +60,7 @@ _MEAN, _MAX = Reduce.MEAN, Reduce.MAX
 _GIB = float(1 << 30)
 
 #: read once at import, like every forge_obs switch
-_DISABLED: bool = _env.PERF_METRICS_DISABLED
+_DISABLED: bool = PERF_METRICS_DISABLED
 
 _C = MetricCollector()
 
@@ -331,7 +331,7 @@ class _GpuTimings:
                 return
             from forge_obs.device import device_values
 
-            device_values(_C).add_hook(self._drain_hook)
+            device_values(_C).add_hook(self)
             self._thread = threading.Thread(target=self._poll, name="forge_obs-gpu-timer", daemon=True)
             self._thread.start()
             self._hooked = True
@@ -391,11 +391,16 @@ class _GpuTimings:
             except Exception as e:  # noqa: BLE001 - never let the poller die
                 _warn_once("gpu_poll", f"GPU timer poller: {e!r}")
 
-    def _drain_hook(self, accs: dict, counters: dict) -> None:
-        """At flush: every pending timing goes into this snapshot (waiting for its events on the
-        flushing thread, never on the training thread)."""
+    def take(self) -> list:
+        """At a cut (device hook): the pending timings belong to the step being cut. O(1)-ish: a
+        list swap, no wait on the GPU."""
+        return self._take(wait=True)
+
+    def resolve(self, recs: list, accs: dict, counters: dict) -> None:
+        """At export (device hook): wait for the taken timings' events on the exporting thread,
+        never on the training thread, and add them to the step's accumulators."""
         n = 0
-        items = [(key, d, red) for keys, d in self._resolve(self._take(wait=True)) for key, red in zip(keys, _REDS)]
+        items = [(key, d, red) for keys, d in self._resolve(recs) for key, red in zip(keys, _REDS)]
         for key, v, red in items:
             acc = accs.get(key)
             if acc is None:

@@ -93,7 +93,9 @@ from forge_obs.device import DeviceValues  # noqa: E402
 def drain(dv, accs=None):
     accs = {} if accs is None else accs
     counters = {"values_recorded": 0, "dropped_values": 0, "nonfinite_values": 0}
-    dv.drain_into(accs, counters)
+    taken = dv.swap()
+    if taken is not None:
+        taken.resolve_into(accs, counters)
     return {k: a.get_value() for k, a in accs.items()}, counters
 
 
@@ -199,7 +201,7 @@ def test_device_records_from_many_threads_are_exact():
 
 
 def test_collector_snapshot_drains_device_values(fresh_collector):
-    """The collector's hook: ``_device_values.drain_into`` runs at snapshot."""
+    """Device values taken at the collector's swap are read at its export."""
     from forge_obs.device import device_values
     from forge_obs import record_metric
 

@@ -10,6 +10,7 @@ opened (and re-checked every pass: a new mesh/rank opens a new file). See
 from __future__ import annotations
 
 import atexit
+import importlib
 import json
 import logging
 import os
@@ -21,10 +22,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from forge_obs import timeline as _tl
 from forge_obs.collector import MetricCollector
 from forge_obs.identity import current_identity
 from forge_obs.timeline.schema import VERSION, rank_selected, validate_options
+
+# the recording state this writer drains (not `from forge_obs import timeline`: importing through
+# the root package can deadlock with another thread that is still initialising it)
+_tl = importlib.import_module("forge_obs.timeline")
 
 logger = logging.getLogger("forge_obs")
 
