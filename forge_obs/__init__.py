@@ -34,9 +34,9 @@ from forge_obs.reduce import (
 __version__ = "0.1.0"
 
 _ACTOR_API = {
-    "get_or_create_metric_logger": "forge_obs.logger_actors",
-    "GlobalLoggingActor": "forge_obs.logger_actors",
-    "LocalFetcherActor": "forge_obs.logger_actors",
+    "get_or_create_metric_logger": "forge_obs.client",
+    "GlobalLoggingActor": "forge_obs.controller",
+    "LocalFetcherActor": "forge_obs.fetcher",
     "ConsoleBackend": "forge_obs.backends.console",
     "JsonlBackend": "forge_obs.backends.jsonl",
     "WandbBackend": "forge_obs.backends.wandb",

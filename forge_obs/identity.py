@@ -30,13 +30,21 @@ class ProcessIdentity:
     @property
     def label(self) -> str:
         """A short, stable rank label, e.g. ``trainer/TrainActor/r3`` (or ``trainer/r3``)."""
-        mid = f"/{self.actor}" if self.actor else ""
-        return f"{self.mesh}{mid}/r{self.rank}"
+        return rank_label(self.mesh, self.actor, self.rank)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["label"] = self.label
         return d
+
+
+def rank_label(mesh: str, actor: str | None, rank: int) -> str:
+    """The one way a rank is labelled everywhere: ``mesh/Actor/rN`` (``mesh/rN`` without actor).
+
+        >>> rank_label("trainer", "Trainer", 1), rank_label("buffer", "", 0)
+        ('trainer/Trainer/r1', 'buffer/r0')
+    """
+    return f"{mesh}/{actor}/r{rank}" if actor else f"{mesh}/r{rank}"
 
 
 _identity: ProcessIdentity | None = None

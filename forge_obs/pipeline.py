@@ -1,4 +1,4 @@
-"""Controller side of a flush: assemble rank snapshots into steps, reduce, hand to backends.
+"""Controller side of a flush: cuts, step assembly, reduction, hand-off to backends.
 
     >>> import asyncio
     >>> from forge_obs.pipeline import FlushPipeline
@@ -9,20 +9,27 @@
     >>> async def demo():
     ...     p = FlushPipeline(backends={"keep": Keep({})}, run_id="doc", flush_timeout_s=5)
     ...     p.start()
-    ...     p.register_ranks("m1", 1)
-    ...     p.begin_step(0, local_snapshot=None)
-    ...     p.submit(0, ("m1", 0), {"label": "m/r0"}, {"states": {"x": {"reduction_type": "sum", "sum": 2.0}}})
+    ...     cut = p.begin_cut(0, local=None, ranks={("m1", 0): "m/r0"})
+    ...     p.ack(cut.seq, ("m1", 0), ())
+    ...     p.states(cut.seq, ("m1", 0), {"label": "m/r0"}, {"states": {"x": {"reduction_type": "sum", "sum": 2.0}}})
     ...     await p.drain()
     >>> asyncio.run(demo())
     >>> seen[0]["x"]
     2.0
 
-No Monarch here: the :class:`~forge_obs.logger_actors.GlobalLoggingActor` feeds this from its
-endpoints. Steps leave in the order they were begun. A step waits for every expected rank or
-until its deadline (``flush_timeout_s`` after the flush), whichever comes first; ranks that missed
-the previous step are not waited for again until they report. Snapshots that arrive after their
-step left (late, or a mesh's final snapshot when it stops) are merged into the next step, so no
-value is lost or counted twice. Reduction and backend I/O run in one worker thread.
+No Monarch here: the controller actors feed this from the inbox's port. A flush is a *cut*
+(``begin_cut``, numbered by ``seq``): every expected rank swaps its collector and acknowledges
+(``ack``), then sends the states it took (``states``). The cut is closed when every expected
+rank acknowledged, or ``flush_timeout_s`` after it began; ``flush`` returns then. A rank's ack
+may declare the meshes spawned from its process (``children``), which it cut in turn: they are
+expected too. Ranks that miss a cut are *lagging*: later cuts do not wait for them until they
+answer again, and they are reported as missing in every step they are absent from.
+
+Steps leave in the order their cuts began. A step waits for the states of every rank that
+acknowledged its cut, or until its deadline. States that arrive after their step left (a rank
+that was late), and the final states of a stopping mesh, go into the first cut still open whose
+``seq`` they may belong to (never an earlier one), so no value is lost, counted twice, or put in
+a step before the flush that cut it. Reduction and backend I/O run in one worker thread.
 """
 
 from __future__ import annotations
@@ -32,10 +39,11 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from forge_obs.backends.base import LoggerBackend, call_hook
-from forge_obs.collector import MetricCollector
+from forge_obs.collector import MetricCollector, Taken
+from forge_obs.identity import rank_label
 from forge_obs.metric import LoggingMode, Metric
 from forge_obs.record import RankViews, StepRecord
 from forge_obs.reduce import Reduce, merge_states, reduce_snapshots, snapshot_states
@@ -43,6 +51,8 @@ from forge_obs.reduce import Reduce, merge_states, reduce_snapshots, snapshot_st
 logger = logging.getLogger("forge_obs")
 
 RankKey = tuple  # (mesh_id, rank)
+#: a mesh declared in an ack: (mesh_id, size, mesh name, actor label, stopping)
+ChildMesh = tuple
 
 _COLLECTOR = MetricCollector()
 _COUNTERS = ("values_recorded", "dropped_values", "nonfinite_values", "stream_overflow")
@@ -51,19 +61,42 @@ CPU_PARTS = ("export", "timeline", "flush", "inbox", "pipeline")
 
 
 @dataclass
-class _Pending:
+class RankBook:
+    """What the controller knows about ranks, kept across ``init_backends``/``shutdown``
+    sessions: their labels and identities, the meshes each one spawned, and which are lagging
+    (did not answer a cut: dead, hung or slow), so that a new session does not wait for them."""
+
+    labels: dict = field(default_factory=dict)  # rank -> label
+    identities: dict = field(default_factory=dict)  # rank -> identity it last sent
+    tree: dict = field(default_factory=dict)  # rank -> ranks of the live meshes it spawned
+    lagging: set = field(default_factory=set)
+
+
+@dataclass
+class Cut:
+    """One flush: which ranks it waits for, which answered, and what they sent."""
+
+    seq: int
     step: int
     deadline: float
-    expected: set
-    local: dict[str, Any] | None
-    blocked_s: float = 0.0
+    local: Any  # the controller's own Taken (exported by the worker) or a snapshot dict
     final: bool = False
-    received: dict = field(default_factory=dict)  # rank_key -> (identity, snapshot)
+    expected: set = field(default_factory=set)  # ranks that should take part
+    finals: set = field(default_factory=set)  # ranks of stopping meshes: their final states are their answer
+    acked: set = field(default_factory=set)
+    received: dict = field(default_factory=dict)  # rank_key -> (identity, snapshot) of this cut
+    extra: list = field(default_factory=list)  # (rank_key, identity, snapshot) late or final ones
+    closed: bool = False
+    late: list = field(default_factory=list)  # ranks that missed the cut (set when it closes)
+    start: float = 0.0  # time.monotonic() when it began
+    blocked_s: float = 0.0  # from begin to close: how long an awaiting flush blocks
+    _waiters: list = field(default_factory=list)
 
 
 class FlushPipeline:
-    """Step assembly and backend I/O in one worker thread; every public method is thread-safe
-    (Monarch runs each actor on its own thread and loop)."""
+    """Cuts, step assembly and backend I/O in one worker thread; every public method is
+    thread-safe (Monarch runs each actor on its own thread and loop; the inbox drains its port
+    on a thread of its own)."""
 
     def __init__(
         self,
@@ -71,17 +104,21 @@ class FlushPipeline:
         run_id: str,
         flush_timeout_s: float = 10.0,
         process_name: str = "Controller",
+        book: RankBook | None = None,
     ) -> None:
         self.backends = backends
         self.run_id = run_id
         self.flush_timeout_s = flush_timeout_s
         self.process_name = process_name
-        self.ranks: dict[RankKey, dict[str, Any]] = {}  # registered rank -> last identity
-        self.lagging: set = set()
-        self._pending: list[_Pending] = []
-        self._carry: dict[RankKey, list[tuple[dict, dict]]] = {}
+        self.book = book if book is not None else RankBook()
+        self.labels: dict[RankKey, str] = self.book.labels
+        self.identities: dict[RankKey, dict[str, Any]] = self.book.identities
+        self.tree: dict[RankKey, list[RankKey]] = self.book.tree
+        self._pending: list[Cut] = []
+        self._held: list[tuple[int, RankKey, dict, dict]] = []  # (min seq, rank, identity, snapshot)
         self._cv = threading.Condition()  # guards everything above and the counters below
         self._closing = False
+        self._seq = 0
         self._begun = 0
         self.steps_logged = 0
         self.backend_errors = 0
@@ -91,6 +128,10 @@ class FlushPipeline:
         self._worker = threading.Thread(target=self._work, name="forge_obs-backends", daemon=True)
         # per-rank reductions are only computed when some backend shows per-rank views
         self._need_per_rank = any(LoggingMode.PER_RANK_REDUCE in be.modes for be in backends.values())
+
+    @property
+    def lagging(self) -> set:
+        return self.book.lagging
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -114,97 +155,232 @@ class FlushPipeline:
             self._cv.notify_all()
         await asyncio.get_running_loop().run_in_executor(None, self._worker.join)
 
-    # ------------------------------------------------------------ ranks
-    def register_ranks(self, mesh_id: str, num_ranks: int, mesh_name: str | None = None) -> None:
+    # ------------------------------------------------------------ cuts
+    def begin_cut(
+        self,
+        step: int,
+        local: Any,
+        ranks: dict[RankKey, str] | None = None,
+        stopping: dict[RankKey, str] | None = None,
+        final: bool = False,
+    ) -> Cut:
+        """Open the cut of ``step``. ``ranks``: the live ranks it is cast to (key -> label);
+        ``stopping``: ranks of meshes stopped since the last cut, whose final states answer it.
+        The ranks their processes spawned (declared in earlier acks) are expected too."""
+        ranks = ranks or {}
+        stopping = stopping or {}
+        callbacks: list = []
         with self._cv:
-            for r in range(num_ranks):
-                self.ranks.setdefault((mesh_id, r), {"label": f"{mesh_name or mesh_id}/r{r}"})
-
-    def relabel(self, mesh_id: str, prefix: str) -> None:
-        """Name a mesh's ranks ``<prefix>/r<rank>`` until they report their own identity."""
-        with self._cv:
-            for (m, r), ident in self.ranks.items():
-                if m == mesh_id and "pid" not in ident:
-                    ident["label"] = f"{prefix}/r{r}"
-
-    def deregister(self, mesh_id: str, rank: int | None = None) -> None:
-        """Forget a mesh's ranks (the mesh stopped): no step waits for them any more."""
-        with self._cv:
-            keys = [k for k in self.ranks if k[0] == mesh_id and (rank is None or k[1] == rank)]
-            for k in keys:
-                self.ranks.pop(k, None)
-                self.lagging.discard(k)
-                for p in self._pending:
-                    p.expected.discard(k)
-            self._cv.notify_all()
-
-    # ------------------------------------------------------------ steps
-    @property
-    def pending_steps(self) -> int:
-        return len(self._pending)
-
-    def begin_step(
-        self, step: int, local_snapshot: dict[str, Any] | None, blocked_s: float = 0.0, final: bool = False
-    ) -> _Pending:
-        """Open ``step``: it waits for every registered rank's :meth:`submit`. A ``final`` step
-        (shutdown) is not logged when nothing was recorded."""
-        p = _Pending(
-            step=step,
-            deadline=time.monotonic() + self.flush_timeout_s,
-            expected=set(),
-            local=local_snapshot,
-            blocked_s=blocked_s,
-            final=final,
-        )
-        with self._cv:
-            p.expected = set(self.ranks)
-            self._pending.append(p)
+            self._seq += 1
+            now = time.monotonic()
+            cut = Cut(seq=self._seq, step=step, deadline=now + self.flush_timeout_s, local=local, final=final, start=now)
+            self.labels.update(ranks)
+            self.labels.update(stopping)
+            # a stopped mesh's lagging (dead) ranks will hand nothing over: not waited for
+            stopping = {k: v for k, v in stopping.items() if k not in self.lagging}
+            expected = set(ranks) | set(stopping)
+            todo = list(ranks)
+            while todo:  # meshes spawned from inside those processes, and theirs
+                for child in self.tree.get(todo.pop(), ()):
+                    if child not in expected:
+                        expected.add(child)
+                        todo.append(child)
+            cut.expected = expected
+            cut.finals = set(stopping)
+            for k in stopping:  # stopped meshes drop out of the tree after this cut
+                self.tree.pop(k, None)
+            self._claim_held(cut)
+            self._pending.append(cut)
             self._begun += 1
+            self._maybe_close(cut, callbacks)
             self._cv.notify_all()
-        return p
+        _run(callbacks)
+        return cut
 
-    def submit(self, step: int | None, rank_key: RankKey, identity: dict[str, Any], snapshot: dict[str, Any]) -> None:
-        """A rank's snapshot for ``step`` (``None``: a final snapshot when its mesh stops)."""
+    def ack(self, seq: int, rank_key: RankKey, children: Iterable[ChildMesh] = ()) -> None:
+        """A rank swapped its collector for cut ``seq`` (and cut the meshes it declares)."""
+        rank_key = tuple(rank_key)
+        callbacks: list = []
+        with self._cv:
+            self.lagging.discard(rank_key)
+            live: list[RankKey] = []
+            cut = self._find(seq)
+            for mesh_id, size, name, actor, stopping in children:
+                for r in range(int(size)):
+                    key = (mesh_id, r)
+                    if key not in self.identities:  # a rank's own identity names it best
+                        self.labels[key] = rank_label(name, actor, r)
+                    if not stopping:
+                        live.append(key)
+                    if cut is not None and not cut.closed:
+                        cut.expected.add(key)
+                        if stopping:
+                            cut.finals.add(key)
+            self.tree[rank_key] = live
+            if cut is not None:
+                self._claim_held(cut)
+                cut.acked.add(rank_key)
+                self._maybe_close(cut, callbacks)
+            self._cv.notify_all()
+        _run(callbacks)
+
+    def states(self, seq: int, rank_key: RankKey, identity: dict[str, Any] | None, snapshot: dict[str, Any]) -> None:
+        """What a rank took at cut ``seq``."""
         rank_key = tuple(rank_key)
         with self._cv:
-            if identity and rank_key in self.ranks:
-                self.ranks[rank_key] = identity
-            self.lagging.discard(rank_key)
-            target = None
-            if step is not None:
-                for p in self._pending:
-                    if p.step == step and rank_key not in p.received:
-                        target = p
-                        break
-            if target is None:
-                if step is not None:
-                    self.late_states += 1
-                self._carry.setdefault(rank_key, []).append((identity, snapshot))
-            else:
-                target.received[rank_key] = (identity, snapshot)
+            self._note_identity(rank_key, identity)
+            cut = self._find(seq)
+            if cut is not None and rank_key not in cut.received:
+                cut.received[rank_key] = (identity, snapshot)
+            else:  # its step already left (the rank was late): the first cut still open takes it
+                self.late_states += 1
+                self._place(seq + 1, rank_key, identity, snapshot)
             self._cv.notify_all()
 
-    def _next_step(self) -> "tuple[_Pending, list, dict, int] | None":
-        """Block until the oldest step is complete or past its deadline; None when closing."""
+    def final(self, last_seq: int, rank_key: RankKey, identity: dict[str, Any] | None, snapshot: dict[str, Any]) -> None:
+        """A stopping rank's last states: recorded after cut ``last_seq`` (the last it took)."""
+        rank_key = tuple(rank_key)
+        callbacks: list = []
         with self._cv:
-            while True:
-                if not self._pending:
-                    if self._closing:
-                        return None
-                    self._cv.wait()
-                    continue
-                p = self._pending[0]
-                waiting = p.expected - p.received.keys() - self.lagging
-                timeout = p.deadline - time.monotonic()
-                if waiting and timeout > 0:
-                    self._cv.wait(timeout)
-                    continue
-                self._pending.pop(0)
-                missing = sorted(p.expected - p.received.keys(), key=str)
-                self.lagging.update(missing)
-                carry, self._carry = self._carry, {}
-                missing_labels = [self.ranks.get(k, {}).get("label") or f"{k[0]}/r{k[1]}" for k in missing]
-                return p, missing_labels, carry, len(self._pending)
+            self._note_identity(rank_key, identity)
+            self.lagging.discard(rank_key)
+            for cut in self._pending:
+                if cut.seq > last_seq and rank_key in cut.finals and rank_key not in cut.received:
+                    cut.received[rank_key] = (identity, snapshot)
+                    cut.acked.add(rank_key)
+                    self._maybe_close(cut, callbacks)
+                    break
+            else:
+                self._place(last_seq + 1, rank_key, identity, snapshot)
+            self._cv.notify_all()
+        _run(callbacks)
+
+    def forget_mesh(self, mesh_id: str) -> None:
+        """A mesh is gone for good: no cut waits for its ranks any more."""
+        callbacks: list = []
+        with self._cv:
+            for tree_key in [k for k in self.tree if k[0] == mesh_id]:
+                del self.tree[tree_key]
+            for kids in self.tree.values():
+                kids[:] = [k for k in kids if k[0] != mesh_id]
+            self.lagging.difference_update([k for k in self.lagging if k[0] == mesh_id])
+            for cut in self._pending:
+                cut.expected = {k for k in cut.expected if k[0] != mesh_id}
+                self._maybe_close(cut, callbacks)
+            self._cv.notify_all()
+        _run(callbacks)
+
+    def close_cut(self, cut: Cut) -> None:
+        """End the wait for acknowledgements (the flush timed out): ranks that did not answer
+        are lagging from now on."""
+        callbacks: list = []
+        with self._cv:
+            self._close(cut, callbacks)
+            self._cv.notify_all()
+        _run(callbacks)
+
+    def on_cut_closed(self, cut: Cut, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` (from any thread) once ``cut`` is closed; at once if it is."""
+        with self._cv:
+            if not cut.closed:
+                cut._waiters.append(callback)
+                return
+        callback()
+
+    def wait_cut(self, cut: Cut, timeout: float | None = None) -> bool:
+        """Block until ``cut`` is closed (threads that cannot await); True if it closed."""
+        with self._cv:
+            return self._cv.wait_for(lambda: cut.closed, timeout)
+
+    def known_ranks(self) -> int:
+        with self._cv:
+            return len(self.labels)
+
+    # ------------------------------------------------------------ internals (under self._cv)
+    def _find(self, seq: int) -> Cut | None:
+        for cut in self._pending:
+            if cut.seq == seq:
+                return cut
+        return None
+
+    def _note_identity(self, rank_key: RankKey, identity: dict[str, Any] | None) -> None:
+        if identity:
+            self.identities[rank_key] = identity
+            if identity.get("label"):
+                self.labels[rank_key] = identity["label"]
+
+    def _claim_held(self, cut: Cut) -> None:
+        """Final states that arrived before ``cut`` expected them answer it now."""
+        keep = []
+        for item in self._held:
+            min_seq, key, ident, snap = item
+            if key in cut.finals and key not in cut.received and min_seq <= cut.seq:
+                cut.acked.add(key)
+                cut.received[key] = (ident, snap)
+            else:
+                keep.append(item)
+        self._held = keep
+
+    def _place(self, min_seq: int, rank_key: RankKey, identity: dict | None, snapshot: dict) -> None:
+        """Into the first open cut numbered ``min_seq`` or later, or held for the next one."""
+        for cut in self._pending:
+            if cut.seq >= min_seq:
+                cut.extra.append((rank_key, identity, snapshot))
+                return
+        self._held.append((min_seq, rank_key, identity or {}, snapshot))
+
+    def _maybe_close(self, cut: Cut, callbacks: list) -> None:
+        if not cut.closed and not (cut.expected - self.lagging - cut.acked):
+            self._close(cut, callbacks)
+
+    def _close(self, cut: Cut, callbacks: list) -> None:
+        if cut.closed:
+            return
+        cut.closed = True
+        cut.blocked_s = time.monotonic() - cut.start
+        cut.late = sorted(cut.expected - self.lagging - cut.acked, key=str)
+        self.lagging.update(cut.late)
+        callbacks.extend(cut._waiters)
+        cut._waiters.clear()
+
+    def _next_step(self) -> "tuple[Cut, list, list, int] | None":
+        """Block until the oldest cut is closed and its states are in, or it is past its
+        deadline; None when closing."""
+        callbacks: list = []
+        try:
+            with self._cv:
+                while True:
+                    if not self._pending:
+                        if self._closing:
+                            return None
+                        self._cv.wait()
+                        continue
+                    cut = self._pending[0]
+                    timeout = cut.deadline - time.monotonic()
+                    if not cut.closed:
+                        if timeout > 0:
+                            self._cv.wait(timeout)
+                            continue
+                        self._close(cut, callbacks)
+                    waiting = cut.acked - cut.received.keys() - self.lagging
+                    if waiting and timeout > 0:
+                        self._cv.wait(timeout)
+                        continue
+                    self._pending.pop(0)
+                    absent = cut.expected - cut.received.keys()
+                    self.lagging.update(absent)
+                    # held items that may go into this step (late states of earlier cuts)
+                    extra = list(cut.extra)
+                    keep = []
+                    for min_seq, key, ident, snap in self._held:
+                        (extra.append((key, ident, snap)) if min_seq <= cut.seq else keep.append((min_seq, key, ident, snap)))
+                    self._held = keep
+                    missing = [self.labels.get(k) or f"{k[0]}/r{k[1]}" for k in sorted(absent, key=str)]
+                    late = [self.labels.get(k) or f"{k[0]}/r{k[1]}" for k in cut.late]
+                    cut.extra = extra
+                    return cut, missing, late, len(self._pending)
+        finally:
+            _run(callbacks)
 
     # ------------------------------------------------------------ worker thread
     def _work(self) -> None:
@@ -212,11 +388,11 @@ class FlushPipeline:
             item = self._next_step()
             if item is None:
                 break
-            p, missing, carry, pending = item
+            p, missing, late, pending = item
             cpu0 = time.thread_time()
             try:
                 t0 = time.perf_counter()
-                record = self._build(p, missing, carry, pending)
+                record = self._build(p, missing, late, pending)
                 if record is not None:
                     record.global_metrics.append(Metric("obs/merge_s", time.perf_counter() - t0, Reduce.MAX))
                     t1 = time.perf_counter()
@@ -245,16 +421,19 @@ class FlushPipeline:
             except Exception as e:  # noqa: BLE001
                 logger.error("forge_obs: backend %r failed to finish: %r", name, e)
 
-    def _build(self, p: _Pending, missing: list, carry: dict, pending: int) -> StepRecord | None:
-        # rank label -> list of snapshots (the step's own, plus late/final ones carried in)
+    def _build(self, p: Cut, missing: list, late: list, pending: int) -> StepRecord | None:
+        # rank label -> list of snapshots (the step's own, plus late/final ones placed in it)
         by_label: dict[str, list[dict]] = {}
         sources: dict[str, dict] = {}
         entries = []
-        if p.local is not None:
-            entries.append(({"label": self.process_name, "mesh": self.process_name, "rank": 0}, p.local))
+        local = p.local
+        if isinstance(local, Taken):
+            local = _COLLECTOR.export(local, packed=True)
+        if local is not None:
+            entries.append(({"label": self.process_name, "mesh": self.process_name, "rank": 0}, local))
         entries.extend(p.received.values())
-        for items in carry.values():
-            entries.extend(items)
+        for key, ident, snap in p.extra:
+            entries.append((ident or self.identities.get(key) or {"label": self.labels.get(key, str(key))}, snap))
         counters = dict.fromkeys(_COUNTERS, 0)
         conflicts: list[str] = []
         for ident, snap in entries:
@@ -306,6 +485,7 @@ class FlushPipeline:
             "obs/backend_s": self.last_backend_s,
             "obs/pending_steps": pending,
             "obs/missing_ranks": len(missing),
+            "obs/late_ranks": len(late),
             "obs/late_states": self.late_states,
             "obs/backend_errors": self.backend_errors,
             "obs/ranks_reported": len(p.received),
@@ -320,4 +500,14 @@ class FlushPipeline:
             raw=raw,
             sources=sources,
             missing=missing,
+            late=late,
         )
+
+
+def _run(callbacks: list) -> None:
+    """Call cut-closed callbacks outside the pipeline's lock (they wake other threads' loops)."""
+    for cb in callbacks:
+        try:
+            cb()
+        except Exception:  # noqa: BLE001 - a waiter that went away never breaks a cut
+            logger.debug("forge_obs: a cut waiter failed", exc_info=True)

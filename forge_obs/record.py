@@ -75,7 +75,9 @@ class StepRecord:
     - ``per_rank``: rank label -> that rank's reduced Metrics (``source`` = label).
     - ``raw``: rank label -> ``[(key, value, wall_time), ...]`` (only when a backend streams).
     - ``sources``: rank label -> identity dict (mesh, actor, rank, host, pid, coords).
-    - ``missing``: labels of ranks that did not report within the flush timeout.
+    - ``missing``: labels of ranks whose values are not in this step: they did not take part
+      in its cut within ``flush_timeout_s`` (dead, hung or slow) or their states did not arrive.
+    - ``late``: those of ``missing`` that did not acknowledge this step's cut in time.
     """
 
     step: int
@@ -86,6 +88,7 @@ class StepRecord:
     raw: dict[str, list[tuple[str, Any, float]]] = field(default_factory=dict)
     sources: dict[str, dict[str, Any]] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
+    late: list[str] = field(default_factory=list)
 
     def global_dict(self) -> dict[str, Any]:
         return {m.key: m.value for m in self.global_metrics}

@@ -25,22 +25,28 @@ _installed = False
 
 
 def _on_spawn(proc_mesh: Any, mesh_name: str | None) -> None:
-    from forge_obs.logger_actors import attach_fetcher, spawn_handles_blocking
+    from forge_obs.client import attach_fetcher, spawn_handles_blocking
 
     attach_fetcher(proc_mesh, spawn_handles_blocking(), mesh_name)
 
 
 class _ChildInstall:
-    """Runs in each new child process: install the hook there, with the logger's handles."""
+    """Runs in each new child process before any actor is built: the logger's handles, the
+    current options (so that raw streaming and the timeline are on from the first value), and
+    the hook itself, so that meshes spawned from inside actors are observed too."""
 
-    def __init__(self, handles: Any) -> None:
+    def __init__(self, handles: Any, options: dict[str, Any]) -> None:
         self.handles = handles
+        self.options = options
 
     def __call__(self) -> None:
-        from forge_obs.logger_actors import cached_handles, set_cached_handles
+        from forge_obs.fetcher import apply_options, expect_fetcher
+        from forge_obs.client import cached_handles, set_cached_handles
 
         if cached_handles() is None and self.handles is not None:
             set_cached_handles(self.handles)
+        expect_fetcher()  # the spawn callback attaches one to this process's mesh
+        apply_options(self.options, timeline=False)  # the fetcher starts the timeline
         install()
 
 
@@ -48,9 +54,10 @@ def _make_child_install() -> Any:
     if not _installed:
         return None
     try:
-        from forge_obs.logger_actors import spawn_handles_blocking
+        from forge_obs.client import spawn_handles_blocking
+        from forge_obs.fetcher import current_options
 
-        return _ChildInstall(spawn_handles_blocking())
+        return _ChildInstall(spawn_handles_blocking(), current_options())
     except Exception as e:  # noqa: BLE001
         logger.warning("forge_obs: child processes will not be observed: %r", e)
         return None

@@ -1,11 +1,14 @@
-"""The one place that touches Monarch's private spawn-callback API (torchmonarch 0.7.0).
+"""The one place that patches Monarch proc meshes (torchmonarch 0.7.0).
 
-Primary: ``monarch._src.actor.proc_mesh.register_proc_mesh_spawn_callback`` (runs ``cb(pm)`` for
+New meshes, primary: ``monarch._src.actor.proc_mesh.register_proc_mesh_spawn_callback`` (runs ``cb(pm)`` for
 every ``spawn_procs`` in this process) and ``SetupActor.register_startup_function`` (runs a
 callable in every new child process, so meshes spawned from inside actors are covered too).
 Fallback, if those names move: wrap the public ``HostMesh.spawn_procs``. Either way the mesh name
 given to ``spawn_procs(name=...)`` is passed to the callback, and a callback error never reaches
 the caller of ``spawn_procs``.
+
+Each observed mesh: :func:`watch_mesh` wraps that mesh object's ``spawn`` (to label its ranks with
+the user's actor names) and ``stop`` (so the next flush collects the final states it hands over).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ def install(callback: Callable[[Any, str | None], None]) -> str:
     used: ``"spawn_callback"`` or ``"spawn_procs_wrapper"``."""
     global _callback, _private_ok, _orig_spawn_procs
     _callback = callback
-    from monarch._src.actor.host_mesh import HostMesh
+    from monarch.actor import HostMesh
 
     if _orig_spawn_procs is None:
         _orig_spawn_procs = HostMesh.spawn_procs
@@ -80,7 +83,7 @@ def uninstall() -> None:
             pass
         _private_ok = False
     if _orig_spawn_procs is not None:
-        from monarch._src.actor.host_mesh import HostMesh
+        from monarch.actor import HostMesh
 
         HostMesh.spawn_procs = _orig_spawn_procs
         _orig_spawn_procs = None
@@ -107,3 +110,34 @@ def unregister_child_startup(make_callable: Callable[[], Any]) -> None:
             SetupActor._startup_functions.remove(make_callable)
     except Exception:  # noqa: BLE001
         pass
+
+
+def watch_mesh(proc_mesh: Any, on_spawn: Callable[[str], Any], on_stop: Callable[[], Any]) -> None:
+    """Call ``on_spawn(actor_name)`` after each ``proc_mesh.spawn(name, ...)`` and ``on_stop()``
+    when ``proc_mesh.stop()`` is called (before it runs). Patches this one mesh object; a
+    callback error is logged, never raised into the user's call."""
+
+    def _quiet(fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001
+            logger.warning("forge_obs: mesh watcher failed: %r", e)
+
+    orig_spawn, orig_stop = proc_mesh.spawn, proc_mesh.stop
+
+    @functools.wraps(orig_spawn)
+    def spawn(name: str, *args: Any, **kwargs: Any) -> Any:
+        out = orig_spawn(name, *args, **kwargs)
+        _quiet(on_spawn, name)
+        return out
+
+    @functools.wraps(orig_stop)
+    def stop(*args: Any, **kwargs: Any) -> Any:
+        _quiet(on_stop)
+        return orig_stop(*args, **kwargs)
+
+    try:
+        proc_mesh.spawn = spawn
+        proc_mesh.stop = stop
+    except Exception as e:  # noqa: BLE001 - a mesh type that refuses attributes: unlabelled, stop() unseen
+        logger.info("forge_obs: cannot watch proc mesh %r: %r", proc_mesh, e)

@@ -11,7 +11,7 @@ import pytest
 from monarch.actor import Actor, current_rank, endpoint, this_host
 
 import provisioner_hooks
-from forge_obs import LoggerBackend, Reduce, get_or_create_metric_logger, record_metric, register_backend
+from forge_obs import LoggerBackend, MetricAccumulator, Reduce, get_or_create_metric_logger, record_metric, register_backend, register_reduction
 from tests.helpers import global_rows, rank_rows, start_logger
 
 
@@ -289,18 +289,18 @@ async def test_meshes_spawned_inside_actors_are_attached_and_stop_hands_over(tmp
     pm = this_host().spawn_procs(per_host={"procs": 1}, name="parent")
     parent = pm.spawn("Parent", Parent)
     await parent.spawn_child.call_one()
+    await mlogger.flush.call_one(0)  # the parent's fetcher cuts the grandchild mesh and declares it
     assert await mlogger.get_fetcher_count.call_one() == before + 2  # parent mesh + grandchild mesh
-    await mlogger.flush.call_one(0)
-    await mlogger.wait_idle.call_one()
     await parent.spawn_child.call_one()  # a second grandchild mesh, recording once more
     await parent.stop_children.call_one()  # stopping hands over what was recorded since the flush
-    await mlogger.flush.call_one(1)
+    await mlogger.flush.call_one(1)  # waits for those final states: they land in step 1
     await mlogger.shutdown.call_one()
     await _stop(pm)
     rows = global_rows(tmp_path)
     assert rows[0]["metrics"]["leaf/calls"] == 1.0
-    # the stopped mesh's last value arrives with its final snapshot: logged once, in a later step
+    assert rows[1]["metrics"]["leaf/calls"] == 1.0, rows
     assert sum(r["metrics"].get("leaf/calls", 0.0) for r in rows.values()) == 2.0
+    assert all(not r.get("missing") for r in rows.values()), rows
 
 
 async def test_install_is_idempotent_and_uninstall_stops_attaching(tmp_path):
@@ -376,27 +376,61 @@ class Arrival(LoggerBackend):
 register_backend("test_arrival", Arrival)
 
 
+class SlowExport(MetricAccumulator):
+    """A custom reduction whose state takes 0.5 s to export (the workload of a big state)."""
+
+    def reset(self):
+        self.total = 0.0
+
+    def append(self, v):
+        self.total += v
+
+    def get_state(self):
+        time.sleep(0.5)  # export work, not a wait for something
+        return self._state(total=self.total)
+
+    @classmethod
+    def merge_states(cls, states):
+        return {"reduction_type": "slow_export", "total": sum(s["total"] for s in states)}
+
+    @classmethod
+    def value_from_state(cls, s):
+        return s["total"]
+
+
+register_reduction("slow_export", SlowExport)
+
+
 class Recorder(Actor):
     @endpoint
     async def record(self, v: float) -> None:
         record_metric("busy/v", v, Reduce.SUM)
 
+    @endpoint
+    async def record_slow(self, v: float) -> None:
+        record_metric("busy/slow", v, "slow_export")
 
-async def test_a_controller_that_blocks_its_loop_does_not_delay_the_step(tmp_path):
-    """The ranks' states are taken by the inbox's own thread: while the user's
-    controller loop is blocked by synchronous work after a flush, the step still completes."""
+
+async def test_flush_returns_before_export_and_a_blocked_controller_loop_does_not_delay_the_step(tmp_path):
+    """A flush waits only for the ranks' acknowledgements, not for their exports; the states are
+    taken by the inbox's own thread, so while the user's controller loop is blocked by
+    synchronous work after a flush, the step still completes."""
     mlogger = await start_logger(tmp_path, {"test_arrival": {}, "flush_timeout_s": 30})
     mesh = this_host().spawn_procs(per_host={"procs": 2}, name="busyloop")
     rec = mesh.spawn("Recorder", Recorder)
-    await mlogger.flush.call_one(0)  # warm-up: every fetcher has its flush port
+    await mlogger.flush.call_one(0)  # warm-up
     await mlogger.wait_idle.call_one()
     await rec.record.call(2.0)
+    await rec.record_slow.call(1.0)
     Arrival.at.clear()
+    t0 = time.monotonic()
     await mlogger.flush.call_one(1)
     blocked_from = time.monotonic()
     time.sleep(3.0)  # synchronous work on the controller's loop (the workload, not a wait)
     blocked_until = time.monotonic()
     await mlogger.shutdown.call_one()
     await _stop(mesh)
+    assert blocked_from - t0 < 0.5  # the flush did not wait for the 0.5 s exports
     assert 1 in Arrival.at and blocked_from < Arrival.at[1] < blocked_until, (Arrival.at, blocked_from, blocked_until)
-    assert global_rows(tmp_path)[1]["metrics"]["busy/v"] == 4.0
+    m = global_rows(tmp_path)[1]["metrics"]
+    assert m["busy/v"] == 4.0 and m["busy/slow"] == 2.0

@@ -101,7 +101,7 @@ async def test_failing_backend_is_isolated_reported_once_and_counted(caplog):
     p.start()
     with caplog.at_level(logging.ERROR, logger="forge_obs"):
         for step in range(3):
-            p.begin_step(step, local_snapshot={"states": {"x": {"reduction_type": "sum", "sum": 1.0}}})
+            p.begin_cut(step, {"states": {"x": {"reduction_type": "sum", "sum": 1.0}}})
         await p.drain()
         await p.close()
     assert [r.step for r in keep.records] == [0, 1, 2]  # the others still get every step

@@ -51,7 +51,7 @@ async def test_fallback_wrapper_attaches_when_the_private_callback_is_unavailabl
 
 
 async def test_attach_failure_never_reaches_spawn_procs(tmp_path, monkeypatch, caplog):
-    import forge_obs.logger_actors as la
+    import forge_obs.client as la
 
     mlogger = await start_logger(tmp_path, {})
 

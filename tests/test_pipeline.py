@@ -1,4 +1,5 @@
-"""Step assembly without Monarch: order, timeouts, late and final snapshots, failing backends."""
+"""Cuts and step assembly without Monarch: order, acknowledgements, timeouts, late and final
+states, meshes declared by ranks, failing backends."""
 
 import asyncio
 import threading
@@ -33,16 +34,24 @@ def _ident(mesh, r):
     return {"label": f"{mesh}/r{r}", "mesh": mesh, "rank": r}
 
 
+def _ranks(n, mesh_id="m", name="trainer"):
+    return {(mesh_id, r): f"{name}/r{r}" for r in range(n)}
+
+
+def _answer(p, cut, r, mesh_id="m", name="trainer", **sums):
+    p.ack(cut.seq, (mesh_id, r))
+    p.states(cut.seq, (mesh_id, r), _ident(name, r), _snap(**sums))
+
+
 async def test_steps_leave_in_order_even_when_ranks_answer_out_of_order():
     p, bes = _pipeline()
     p.start()
-    p.register_ranks("m", 2, "trainer")
-    p.begin_step(0, None)
-    p.begin_step(1, None)
-    p.submit(1, ("m", 0), _ident("trainer", 0), _snap(x=10))
-    p.submit(1, ("m", 1), _ident("trainer", 1), _snap(x=20))
-    p.submit(0, ("m", 1), _ident("trainer", 1), _snap(x=2))
-    p.submit(0, ("m", 0), _ident("trainer", 0), _snap(x=1))
+    c0 = p.begin_cut(0, None, _ranks(2))
+    c1 = p.begin_cut(1, None, _ranks(2))
+    _answer(p, c1, 0, x=10)
+    _answer(p, c1, 1, x=20)
+    _answer(p, c0, 1, x=2)
+    _answer(p, c0, 0, x=1)
     await p.close()
     recs = bes["keep"].records
     assert [r.step for r in recs] == [0, 1]
@@ -54,50 +63,83 @@ async def test_steps_leave_in_order_even_when_ranks_answer_out_of_order():
 async def test_missing_rank_costs_one_timeout_then_is_not_waited_for():
     p, bes = _pipeline(timeout=0.3)
     p.start()
-    p.register_ranks("m", 2, "trainer")
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-    p.begin_step(0, None)
-    p.submit(0, ("m", 0), _ident("trainer", 0), _snap(x=1))
+    c0 = p.begin_cut(0, None, _ranks(2))
+    _answer(p, c0, 0, x=1)
+    assert not p.wait_cut(c0, 0.05)  # rank 1 has not acknowledged: the cut stays open
     await p.drain()
     first = loop.time() - t0
-    p.begin_step(1, None)
-    p.submit(1, ("m", 0), _ident("trainer", 0), _snap(x=1))
+    assert c0.closed and c0.late == [("m", 1)]
+    c1 = p.begin_cut(1, None, _ranks(2))
+    _answer(p, c1, 0, x=1)
+    assert c1.closed  # rank 1 is lagging: only rank 0 was waited for
     await p.drain()
     second = loop.time() - first - t0
     r0, r1 = bes["keep"].records
-    assert r0.missing == ["trainer/r1"] and r0.global_dict()["obs/missing_ranks"] == 1
-    assert r1.missing == ["trainer/r1"]
+    assert r0.missing == ["trainer/r1"] and r0.late == ["trainer/r1"]
+    assert r0.global_dict()["obs/missing_ranks"] == 1 and r0.global_dict()["obs/late_ranks"] == 1
+    assert r1.missing == ["trainer/r1"] and r1.late == []
     assert first >= 0.3  # waited for the timeout once ...
     assert second < first  # ... but not again for a rank already known to be missing
-    # the straggler's late snapshot for step 0 is not lost: it joins the next step
-    p.submit(0, ("m", 1), _ident("trainer", 1), _snap(x=5))
-    p.begin_step(2, None)
-    p.submit(2, ("m", 0), _ident("trainer", 0), _snap(x=1))
-    p.submit(2, ("m", 1), _ident("trainer", 1), _snap(x=1))
+    # the straggler's late states for step 0 are not lost: they join the next step
+    p.ack(c0.seq, ("m", 1))
+    p.states(c0.seq, ("m", 1), _ident("trainer", 1), _snap(x=5))
+    c2 = p.begin_cut(2, None, _ranks(2))
+    _answer(p, c2, 0, x=1)
+    _answer(p, c2, 1, x=1)
     await p.close()
     r2 = bes["keep"].records[2]
     assert r2.global_dict()["x"] == 7.0 and r2.missing == []
     assert r2.global_dict()["obs/late_states"] == 1
 
 
-async def test_final_snapshot_of_a_stopped_mesh_joins_the_next_step():
+async def test_a_cut_waits_for_every_ack_including_meshes_declared_by_ranks():
+    p, _ = _pipeline()
+    p.start()
+    cut = p.begin_cut(0, None, _ranks(1))
+    p.ack(cut.seq, ("kid", 0))  # a child's ack may overtake its parent's
+    assert not cut.closed
+    p.ack(cut.seq, ("m", 0), [("kid", 2, "leaf", "Leaf", False)])  # the parent declares 2 ranks
+    assert not cut.closed and cut.expected == {("m", 0), ("kid", 0), ("kid", 1)}
+    p.ack(cut.seq, ("kid", 1))
+    assert cut.closed and cut.late == []
+    assert p.labels[("kid", 1)] == "leaf/Leaf/r1"
+    nxt = p.begin_cut(1, None, _ranks(1))
+    assert nxt.expected == {("m", 0), ("kid", 0), ("kid", 1)}  # known from the last ack
+    await p.close()
+
+
+async def test_final_states_of_a_stopped_mesh_answer_the_next_cut():
     p, bes = _pipeline()
     p.start()
-    p.register_ranks("m", 1, "gen")
-    p.submit(None, ("m", 0), _ident("gen", 0), _snap(x=4))
-    p.deregister("m", 0)
-    p.begin_step(0, _snap(y=1))
+    p.final(0, ("g", 0), _ident("gen", 0), _snap(x=4))  # arrives before the cut that expects it
+    cut = p.begin_cut(0, _snap(y=1), ranks={}, stopping={("g", 0): "gen/r0"})
+    assert cut.closed  # the final states were its answer
     await p.close()
     (rec,) = bes["keep"].records
     assert rec.global_dict()["x"] == 4.0 and rec.global_dict()["y"] == 1.0
     assert rec.missing == []
 
 
+async def test_a_final_never_lands_in_a_cut_before_the_last_one_its_rank_took():
+    p, bes = _pipeline()
+    p.start()
+    c0 = p.begin_cut(0, None, _ranks(1))
+    c1 = p.begin_cut(1, None, _ranks(1))
+    _answer(p, c1, 0, x=1)  # rank took cut 1 (seq 2) ...
+    p.final(c1.seq, ("m", 0), _ident("trainer", 0), _snap(x=100))  # ... then stopped
+    _answer(p, c0, 0, x=1)
+    c2 = p.begin_cut(2, None)
+    await p.close()
+    got = {r.step: r.global_dict().get("x") for r in bes["keep"].records}
+    assert got == {0: 1.0, 1: 1.0, 2: 100.0} and c2.seq > c1.seq
+
+
 async def test_per_rank_views_are_skipped_when_no_backend_wants_them():
     p, bes = _pipeline(keep=Keep({"logging_mode": "global_reduce"}))
     p.start()
-    p.begin_step(0, _snap(y=1))
+    p.begin_cut(0, _snap(y=1))
     await p.close()
     assert bes["keep"].records[0].per_rank == {}
     assert bes["keep"].records[0].global_dict()["y"] == 1.0
@@ -106,8 +148,8 @@ async def test_per_rank_views_are_skipped_when_no_backend_wants_them():
 async def test_empty_final_step_is_not_logged():
     p, bes = _pipeline()
     p.start()
-    p.begin_step(0, _snap(y=1))
-    p.begin_step(1, {"states": {}, "counters": {}}, final=True)
+    p.begin_cut(0, _snap(y=1))
+    p.begin_cut(1, {"states": {}, "counters": {}}, final=True)
     await p.close()
     assert [r.step for r in bes["keep"].records] == [0]
 
@@ -122,7 +164,7 @@ async def test_a_failing_backend_does_not_stop_the_others(caplog):
     p, bes = _pipeline(boom=Boom({}), keep=keep)
     p.start()
     for s in range(3):
-        p.begin_step(s, _snap(x=s))
+        p.begin_cut(s, _snap(x=s))
     await p.close()
     assert [r.step for r in keep.records] == [0, 1, 2]
     assert keep.records[-1].global_dict()["obs/backend_errors"] == 2  # counted before step 2 was logged
@@ -139,12 +181,12 @@ class Slow(LoggerBackend):
         self.steps.append(record.step)
 
 
-async def test_begin_step_does_not_wait_for_backends():
+async def test_begin_cut_does_not_wait_for_backends():
     slow = Slow({})
     p, _ = _pipeline(slow=slow)
     p.start()
     for s in range(3):
-        p.begin_step(s, _snap(x=1))  # returns although the backend is blocked
+        p.begin_cut(s, _snap(x=1))  # returns although the backend is blocked
     await asyncio.sleep(0)
     assert slow.steps == []
     slow.gate.set()
@@ -156,9 +198,9 @@ def test_conflicting_reductions_across_ranks_count_as_dropped():
     async def go():
         p, bes = _pipeline()
         p.start()
-        p.register_ranks("m", 1, "t")
-        p.begin_step(0, _snap(k=1))
-        p.submit(0, ("m", 0), _ident("t", 0), {"states": {"k": {"reduction_type": "max", "max": 3.0}}})
+        cut = p.begin_cut(0, _snap(k=1), _ranks(1, name="t"))
+        p.ack(cut.seq, ("m", 0))
+        p.states(cut.seq, ("m", 0), _ident("t", 0), {"states": {"k": {"reduction_type": "max", "max": 3.0}}})
         await p.close()
         return bes["keep"].records[0]
 
@@ -173,10 +215,9 @@ def test_per_rank_metrics_are_labelled(mode):
     async def go():
         p, bes = _pipeline()
         p.start()
-        p.register_ranks("m", 2, "trainer")
-        p.begin_step(0, None)
+        cut = p.begin_cut(0, None, _ranks(2))
         for r in range(2):
-            p.submit(0, ("m", r), _ident("trainer", r), _snap(x=r + 1))
+            _answer(p, cut, r, x=r + 1)
         await p.close()
         return bes["keep"].records[0]
 

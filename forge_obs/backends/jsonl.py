@@ -49,6 +49,8 @@ class JsonlBackend(LoggerBackend):
                 row = dict(base, mode=mode.value, wall_time=record.wall_time, metrics=record.global_dict())
                 if record.missing:
                     row["missing"] = record.missing
+                if record.late:
+                    row["late"] = record.late
                 lines.append(row)
             elif mode is LoggingMode.PER_RANK_REDUCE:
                 for label, values in record.per_rank_values().items():

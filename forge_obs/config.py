@@ -1,0 +1,62 @@
+"""``init_backends``'s config dict, parsed and checked once into a :class:`LoggerConfig`.
+
+    >>> import tempfile
+    >>> from forge_obs.config import LoggerConfig
+    >>> cfg = LoggerConfig.parse({"console": {"logging_mode": "global_reduce"},
+    ...                           "run": {"id": "exp1", "root": tempfile.mkdtemp()}})
+    >>> sorted(cfg.backends), cfg.flush_timeout_s, cfg.run.run_id
+    (['console', 'jsonl'], 10.0, 'exp1')
+
+Top-level keys are backend names (or ``"package.module:Class"`` paths) plus the reserved keys
+below. Mistakes raise ``ValueError`` naming the valid choices.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from forge_obs.run import RunConfig
+
+__all__ = ["LoggerConfig", "RESERVED_KEYS", "DEFAULT_FLUSH_TIMEOUT_S"]
+
+#: top-level keys of ``init_backends``'s config that are not backends
+RESERVED_KEYS = ("run", "flush_timeout_s", "timeline")
+DEFAULT_FLUSH_TIMEOUT_S = 10.0
+
+
+@dataclass
+class LoggerConfig:
+    """What ``init_backends`` was given, validated."""
+
+    run: RunConfig
+    flush_timeout_s: float = DEFAULT_FLUSH_TIMEOUT_S
+    timeline: dict[str, Any] | None = None
+    #: backend name -> its own config dict (``jsonl`` is on unless given as None/False)
+    backends: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, config: Any) -> "LoggerConfig":
+        if not isinstance(config, dict):
+            raise ValueError(f"init_backends takes a dict of backend configs, got {type(config).__name__}")
+        config = dict(config)
+        run = RunConfig.from_config(config.pop("run", None))
+        timeout = config.pop("flush_timeout_s", DEFAULT_FLUSH_TIMEOUT_S)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
+            raise ValueError(f"flush_timeout_s must be a number of seconds > 0, got {timeout!r}")
+        timeline = config.pop("timeline", None)
+        from forge_obs.timeline.schema import validate_options
+
+        validate_options(timeline)  # raises ValueError on a bad key or value
+        config.setdefault("jsonl", {})  # the local store is always on unless "jsonl": None
+        backends: dict[str, dict[str, Any]] = {}
+        for name, bcfg in config.items():
+            if bcfg is None or bcfg is False:
+                continue
+            if not isinstance(name, str):
+                raise ValueError(f"backend names are strings, got {name!r}")
+            if not isinstance(bcfg, dict):
+                raise ValueError(f"config of backend {name!r} must be a dict, got {type(bcfg).__name__}")
+            backends[name] = bcfg
+        return cls(run=run, flush_timeout_s=float(timeout), timeline=timeline, backends=backends)

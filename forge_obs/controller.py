@@ -1,0 +1,351 @@
+"""The controller's actors: :class:`GlobalLoggingActor` (the experiment's logger) and
+:class:`ObsInbox` (the port the fetchers answer on).
+
+    import asyncio
+    from forge_obs import get_or_create_metric_logger, record_metric, Reduce
+
+    async def main():
+        mlogger = await get_or_create_metric_logger(process_name="Controller")
+        await mlogger.init_backends.call_one({"console": {"logging_mode": "global_reduce"}})
+        for n in (1, 2, 3):
+            record_metric("my_sum_metric", n, Reduce.SUM)
+        await mlogger.flush.call_one(global_step=0)   # prints my_sum_metric: 6.0
+        await mlogger.shutdown.call_one()
+
+    asyncio.run(main())
+
+A flush is a cut (see :mod:`forge_obs.pipeline`): :func:`start_flush` swaps the controller's own
+collector, opens the cut and casts it to every mesh of :data:`~forge_obs.registry.LOCAL_MESHES`;
+it is complete when every expected rank acknowledged on the inbox's port (or after
+``flush_timeout_s``). The inbox drains that port on a thread of its own, whatever the user's
+event loop is doing. Both actors run in the controller process and share :data:`_STATE`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import operator
+import threading
+import time
+from typing import Any
+
+from monarch.actor import Actor, Channel, endpoint
+
+from forge_obs.backends.base import LoggerBackend, call_hook, get_logger_backend_class
+from forge_obs.collector import MetricCollector
+from forge_obs.config import RESERVED_KEYS, LoggerConfig
+from forge_obs.fetcher import ACK, FINAL, STATES, configure_all, store_options
+from forge_obs.metric import LoggingMode
+from forge_obs.pipeline import Cut, FlushPipeline, RankBook
+from forge_obs.record import RunContext
+from forge_obs.registry import LOCAL_MESHES
+from forge_obs.run import redact, write_meta
+
+logger = logging.getLogger("forge_obs")
+
+__all__ = ["GlobalLoggingActor", "ObsInbox", "start_flush", "FlushWait", "GLOBAL_LOGGER_NAME", "INBOX_NAME"]
+
+GLOBAL_LOGGER_NAME = "obs_global_logger"
+INBOX_NAME = "obs_inbox"
+#: the largest step a backend can store (W&B, TensorBoard and DuckDB use signed 64-bit steps)
+MAX_STEP = 2**63 - 1
+
+
+class _ControllerState:
+    """What the controller actors share (they run in the controller process, each on its own
+    thread); ``lock`` guards the hand-over between the inbox thread and ``init_backends``."""
+
+    def __init__(self) -> None:
+        self.process_name = "Controller"
+        self.in_this_process = False  # the GlobalLoggingActor lives in this process
+        self.pipeline: FlushPipeline | None = None
+        self.run: RunContext | None = None
+        self.last_step: int | None = None
+        self.early: list[tuple] = []  # states that arrived with no pipeline (before init_backends)
+        self.book = RankBook()  # what is known of ranks, across sessions
+        self.lock = threading.Lock()
+
+
+_STATE = _ControllerState()
+_COLLECTOR = MetricCollector()
+
+
+def check_step(step: Any) -> int:
+    """A flush's step is a non-negative integer that backends can store; anything else is a
+    programming error, raised at the ``flush`` call."""
+    if isinstance(step, bool):
+        raise TypeError(f"flush: global_step must be an int, got bool {step!r}")
+    if not isinstance(step, int):
+        try:
+            step = operator.index(step)  # numpy integers
+        except TypeError:
+            raise TypeError(f"flush: global_step must be an int, got {type(step).__name__} {step!r}") from None
+    if not 0 <= step <= MAX_STEP:
+        raise ValueError(f"flush: global_step must be in [0, 2**63 - 1], got {step}")
+    return int(step)
+
+
+# -------------------------------------------------------------------- flush
+class FlushWait:
+    """What ``mlogger.flush.call_one(step)`` returns in the controller process: awaitable (or
+    ``.get()`` from synchronous code), done when the cut is complete. The cut's messages were
+    already sent when it was created."""
+
+    def __init__(self, cut: Cut | None, pipeline: FlushPipeline | None) -> None:
+        self.cut = cut
+        self.pipeline = pipeline
+
+    def __await__(self):
+        return self._wait().__await__()
+
+    async def _wait(self) -> None:
+        cut, pipeline = self.cut, self.pipeline
+        if cut is None or cut.closed:
+            return None
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(_resolve, done)
+
+        pipeline.on_cut_closed(cut, wake)
+        try:
+            await asyncio.wait_for(done, max(0.0, cut.deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            pipeline.close_cut(cut)
+        return None
+
+    def get(self, timeout: float | None = None) -> None:
+        cut, pipeline = self.cut, self.pipeline
+        if cut is None or cut.closed:
+            return None
+        left = max(0.0, cut.deadline - time.monotonic())
+        if not pipeline.wait_cut(cut, left if timeout is None else min(timeout, left)):
+            pipeline.close_cut(cut)
+        return None
+
+
+def _resolve(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def start_flush(step: Any, final: bool = False) -> FlushWait:
+    """Cut every rank for ``step``: swap this process's collector, open the cut, cast it to every
+    observed mesh. Returns at once; await the result for the cut to complete."""
+    step = check_step(step)
+    st = _STATE
+    pipeline = st.pipeline
+    if pipeline is None:
+        logger.warning("forge_obs: flush(%s) before init_backends: values are kept until the first flush after it", step)
+        return FlushWait(None, None)
+    cpu0 = time.thread_time()
+    taken = _COLLECTOR.swap()
+    live, stopped = LOCAL_MESHES.take_for_cut()
+    ranks = {(e.mesh_id, r): e.label(r) for e in live for r in range(e.size)}
+    stopping = {(e.mesh_id, r): e.label(r) for e in stopped for r in range(e.size)}
+    cut = pipeline.begin_cut(step, taken, ranks, stopping, final=final)
+    st.last_step = step
+    from forge_obs.timeline.writer import now_us
+
+    ctl_us = now_us()
+    for e in live:
+        try:
+            e.fetchers.cut.broadcast(cut.seq, step, e.actor_label, ctl_us)
+        except Exception as ex:  # noqa: BLE001 - a dead mesh is reported as missing ranks
+            logger.warning("forge_obs: could not cut mesh %s: %r", e.name, ex)
+    _COLLECTOR.add_obs_cpu("flush", time.thread_time() - cpu0)  # reported with the next step
+    return FlushWait(cut, pipeline)
+
+
+# -------------------------------------------------------------------- inbox
+def _drain_port(receiver: Any) -> None:
+    """The inbox's thread: every message of the port, in each sender's order, apart from every
+    event loop. All of the thread's CPU is counted in ``obs/cpu_inbox_s``."""
+    cpu = time.thread_time()
+    while True:
+        try:
+            msg = receiver.recv().get()
+        except Exception as e:  # noqa: BLE001 - the process is going away
+            logger.debug("forge_obs: inbox port closed: %r", e)
+            return
+        _take(msg)
+        now = time.thread_time()
+        _COLLECTOR.add_obs_cpu("inbox", now - cpu)
+        cpu = now
+
+
+def _take(msg: tuple) -> None:
+    """One message of the inbox's port: an ack, a rank's states, or a stopping rank's final states."""
+    try:
+        kind = msg[0]
+        with _STATE.lock:
+            pipeline = _STATE.pipeline
+            if pipeline is None:
+                if kind in (STATES, FINAL):  # kept for the first step after init_backends
+                    _STATE.early.append(msg[2:])
+                return
+        if kind == ACK:
+            pipeline.ack(msg[1], msg[2], msg[3])
+        elif kind == STATES:
+            pipeline.states(*msg[1:])
+        elif kind == FINAL:
+            pipeline.final(*msg[1:])
+    except Exception:  # noqa: BLE001 - one bad message never stops the drain
+        logger.exception("forge_obs: could not take a fetcher message")
+
+
+class ObsInbox(Actor):
+    """Owns the port every fetcher answers on (acks, states, final states), drained by a thread
+    of its own; also registers meshes attached by hand from processes that have no fetcher."""
+
+    def __init__(self) -> None:
+        self._port, receiver = Channel.open()
+        threading.Thread(target=_drain_port, args=(receiver,), name="forge_obs-inbox", daemon=True).start()
+
+    @endpoint
+    async def get_port(self) -> Any:
+        return self._port
+
+    @endpoint
+    async def register_mesh(self, fetchers: Any, mesh_id: str, mesh_name: str, num_ranks: int) -> None:
+        LOCAL_MESHES.add(mesh_id, mesh_name, num_ranks, fetchers)
+
+    @endpoint
+    async def add_actor(self, mesh_id: str, actor: str) -> None:
+        LOCAL_MESHES.add_actor(mesh_id, actor)
+
+    @endpoint
+    async def stop_mesh(self, mesh_id: str) -> None:
+        LOCAL_MESHES.mark_stopping(mesh_id)
+
+
+# -------------------------------------------------------------------- logger
+class GlobalLoggingActor(Actor):
+    """The experiment's single logger, a controller singleton (``get_or_create_metric_logger``).
+
+    Endpoints: ``init_backends(config)``, ``flush(global_step)``, ``shutdown()``; ``wait_idle()``
+    waits until every flushed step reached the backends; ``get_fetcher_count()``.
+    """
+
+    def __init__(self, process_name: str | None = None) -> None:
+        _STATE.process_name = process_name or "Controller"
+        _STATE.in_this_process = True
+
+    @endpoint
+    async def init_backends(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Validate ``config`` and start the backends. Raises ValueError (listing valid choices)
+        for an unknown backend, mode or key, and RuntimeError naming the backend whose init failed.
+        Returns ``{"run_id": ..., "run_dir": ...}``."""
+        st = _STATE
+        if st.pipeline is not None:
+            raise RuntimeError("init_backends was already called; call shutdown() first")
+        cfg = LoggerConfig.parse(config)
+        backends: dict[str, LoggerBackend] = {}
+        for name, bcfg in cfg.backends.items():
+            try:
+                cls = get_logger_backend_class(name)
+            except ValueError as e:
+                raise ValueError(f"{e}; reserved keys: {', '.join(RESERVED_KEYS)}") from None
+            backends[name] = cls(bcfg)  # validates logging_mode
+        run = RunContext(
+            run_id=cfg.run.run_id,
+            run_dir=cfg.run.run_dir,
+            process_name=st.process_name,
+            config=redact(cfg.backends),
+            start_time=time.time(),
+        )
+        for name, be in backends.items():
+            try:
+                call_hook(be.init, run=run, role="global", process_name=st.process_name)
+            except Exception as e:
+                for other in backends.values():
+                    try:
+                        call_hook(other.finish)
+                    except Exception:  # noqa: BLE001
+                        pass
+                raise RuntimeError(f"backend {name!r} failed to initialise: {e!r}") from e
+        write_meta(run.run_dir, run_id=run.run_id, process_name=st.process_name, config=cfg.backends,
+                   start_time=run.start_time, status="running")
+        from forge_obs.timeline import writer as _timeline
+
+        st.run = run
+        timeline = _timeline.controller_options(run.run_id, run.start_time, cfg.timeline)
+        _timeline.configure(run.run_dir, dict(timeline, _ctl=True))
+        pipeline = FlushPipeline(backends, run.run_id, cfg.flush_timeout_s, st.process_name, st.book)
+        pipeline.start()
+        streaming = any(LoggingMode.PER_RANK_NO_REDUCE in be.modes for be in backends.values())
+        _COLLECTOR.set_streaming(streaming)
+        options = {"streaming": streaming, "run_dir": str(run.run_dir), "timeline": timeline}
+        store_options(options)
+        with st.lock:
+            for item in st.early:
+                pipeline.final(0, *item)
+            st.early.clear()
+            st.pipeline = pipeline
+        await _configure_meshes(options, cfg.flush_timeout_s)
+        return {"run_id": run.run_id, "run_dir": str(run.run_dir)}
+
+    @endpoint
+    async def get_fetcher_count(self) -> int:
+        """Observed meshes: those spawned here, and those spawned from their processes that
+        declared themselves at the last flush."""
+        children = set()
+        if _STATE.pipeline is not None:
+            children = {k[0] for kids in list(_STATE.pipeline.tree.values()) for k in kids}
+        return len(LOCAL_MESHES) + len(children)
+
+    @endpoint
+    async def flush(self, global_step: int) -> None:
+        """Cut every rank for ``global_step``; returns once every rank took part (or after
+        ``flush_timeout_s``). Reduction and backend I/O happen in the background, in step order."""
+        await start_flush(global_step)
+
+    @endpoint
+    async def wait_idle(self) -> None:
+        """Return once every step flushed so far has reached the backends."""
+        if _STATE.pipeline is not None:
+            await _STATE.pipeline.drain()
+
+    @endpoint
+    async def shutdown(self) -> None:
+        """Log what was recorded after the last flush (as step ``last + 1``), drain every pending
+        step and finish the backends. ``init_backends`` may be called again afterwards."""
+        st = _STATE
+        if st.pipeline is None:
+            return
+        await start_flush((st.last_step + 1) if st.last_step is not None else 0, final=True)
+        pipeline = st.pipeline
+        await pipeline.close()  # late states still reach it through the inbox until here
+        with st.lock:
+            st.pipeline = None
+        options = {"streaming": False, "run_dir": None, "timeline": None}
+        store_options(options)
+        _COLLECTOR.set_streaming(False)
+        for e in LOCAL_MESHES.entries():  # close the meshes' timelines; no wait
+            try:
+                e.fetchers.configure.broadcast(options)
+            except Exception:  # noqa: BLE001
+                pass
+        try:
+            from forge_obs.timeline.writer import close
+
+            close()
+        except Exception:  # noqa: BLE001
+            pass
+        if st.run is not None:
+            write_meta(
+                st.run.run_dir,
+                end_time=time.time(),
+                status="finished",
+                steps_logged=pipeline.steps_logged,
+                backend_errors=pipeline.backend_errors,  # obs/backend_errors lags a step; this is the total
+            )
+        st.last_step = None
+
+
+async def _configure_meshes(options: dict[str, Any], timeout_s: float) -> None:
+    """Apply ``options`` on every observed mesh (and the meshes spawned from them) and wait for
+    it, so that every value recorded after ``init_backends`` returns is seen as configured."""
+    await configure_all(LOCAL_MESHES.entries(), options, timeout_s)

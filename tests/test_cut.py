@@ -1,0 +1,156 @@
+"""The exact step cut, on real Monarch proc meshes and cold starts: a value recorded by work the
+controller awaited before ``flush(step)`` is in ``step``; one recorded by work started after
+``flush`` returned is in a later step — whatever the number of meshes, for actors in meshes
+spawned from inside actors, and for every logging mode."""
+
+import ast
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from monarch.actor import Actor, endpoint, this_host
+
+from forge_obs import Reduce, record_metric
+from forge_obs.store import read_metrics
+from tests.helpers import global_rows, start_logger
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MONARCH_FILE_LOG="error")
+    out = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def _readme_block(heading: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text.split(heading, 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_readme_use_example_prints_each_steps_own_loss(tmp_path):
+    """The README's "Use" example, verbatim, in a fresh process: 1.0 / 0.5 / 0.333."""
+    (tmp_path / "use.py").write_text(_readme_block("## Use"))
+    out = _run(["use.py"], cwd=tmp_path).stdout
+    blocks = re.findall(r"METRICS STEP (\d+) ===\n((?:[^=\n].*\n)*)", out)
+    loss = {int(step): float(re.search(r"trainer/loss:\s*(\S+)", body).group(1)) for step, body in blocks}
+    assert loss == {0: 1.0, 1: 0.5, 2: pytest.approx(1 / 3, rel=1e-5)}, out
+    rows = read_metrics(next((tmp_path / "runs").iterdir()))
+    assert [r["metrics"]["trainer/loss"] for r in rows] == [1.0, 0.5, pytest.approx(1 / 3)]
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_cold_start_multi_mesh_loop_puts_every_value_in_its_step(tmp_path, attempt):
+    """2 meshes x 2 procs, fresh process each time: SUM, MAX and the raw stream of every step
+    are exactly that step's."""
+    steps = 6
+    _run(["-m", "tests.cut_programs", "multi_mesh", str(tmp_path), str(steps)], cwd=tmp_path)
+    rows = {r["step"]: r["metrics"] for r in read_metrics(tmp_path / "cut")}
+    assert [rows[s]["cut/sum"] for s in range(steps)] == [40.0] * steps
+    assert [rows[s]["cut/max"] for s in range(steps)] == [s * 100 + 1.0 for s in range(steps)]
+    assert [rows[s]["cut/raw"] for s in range(steps)] == [float(s) for s in range(steps)]
+    assert all(rows[s]["obs/missing_ranks"] == 0 for s in range(steps))
+    raw = [r for r in read_metrics(tmp_path / "cut", "per_rank_no_reduce")]
+    per_step: dict[int, list] = {}
+    for r in raw:
+        per_step.setdefault(r["step"], []).extend(v for k, v, _ts in r["values"] if k == "cut/raw")
+    # every raw value exactly once, in its step: 4 ranks x 1 value per step, the step's number
+    assert {s: sorted(v) for s, v in per_step.items()} == {s: [float(s)] * 4 for s in range(steps)}
+
+
+def test_chain_into_a_mesh_spawned_inside_an_actor_is_cut_exactly(tmp_path):
+    """controller -> Relay (its mesh) -> Leaf (a mesh the Relay spawned): each step has exactly
+    that step's values from both levels."""
+    steps = 5
+    _run(["-m", "tests.cut_programs", "chain", str(tmp_path), str(steps)], cwd=tmp_path)
+    rows = {r["step"]: r for r in read_metrics(tmp_path / "cut")}
+    for s in range(steps):
+        m = rows[s]["metrics"]
+        assert (m["chain/relay"], m["chain/leaf"], m["chain/step"]) == (1.0, 2.0, float(s)), (s, m)
+        assert not rows[s].get("missing")
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_attach_by_hand_then_spawn_at_once(tmp_path, attempt):
+    """``await get_or_create_metric_logger(proc_mesh=pm)`` followed at once by ``pm.spawn``
+    (torchforge's provisioner): the child processes start cleanly and the values are in step 0."""
+    out = _run(["-m", "tests.cut_programs", "attach_then_spawn", str(tmp_path)], cwd=tmp_path)
+    assert "partially initialized module" not in out.stderr and "ImportError" not in out.stderr
+    m = read_metrics(tmp_path / "cut")[0]["metrics"]
+    assert m["cut/sum"] == 20.0 and m["cut/max"] == 1.0
+
+
+class Stoppable(Actor):
+    @endpoint
+    async def record(self, v: float) -> None:
+        record_metric("hang/v", v, Reduce.SUM)
+
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+async def test_a_hung_rank_costs_one_timeout_then_flush_does_not_wait_for_it(tmp_path):
+    mlogger = await start_logger(tmp_path, {"flush_timeout_s": 1.0})
+    pm = this_host().spawn_procs(per_host={"procs": 2}, name="stall")
+    a = pm.spawn("Stoppable", Stoppable)
+    await a.record.call(1.0)
+    pid1 = await a.slice(procs=1).pid.call_one()
+    os.kill(pid1, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        await mlogger.flush.call_one(0)  # waits for rank 1's acknowledgement: one timeout
+        first_s = time.monotonic() - t0
+        await a.slice(procs=0).record.call_one(1.0)
+        t0 = time.monotonic()
+        await mlogger.flush.call_one(1)  # rank 1 is lagging: not waited for again
+        second_s = time.monotonic() - t0
+    finally:
+        os.kill(pid1, signal.SIGCONT)
+    await a.slice(procs=1).pid.call_one()  # rank 1 answers again (and took the old cuts)
+    await mlogger.flush.call_one(2)
+    await mlogger.shutdown.call_one()
+    await pm.stop()
+    rows = global_rows(tmp_path)
+    assert 1.0 <= first_s < 1.0 + 2.0 and second_s < 0.9, (first_s, second_s)
+    assert rows[0]["late"] == ["stall/Stoppable/r1"] and rows[0]["metrics"]["obs/late_ranks"] == 1
+    assert rows[0]["metrics"]["hang/v"] == 1.0 and rows[1]["metrics"]["hang/v"] == 1.0
+    assert rows[1]["missing"] == ["stall/Stoppable/r1"] and "late" not in rows[1]
+    assert sum(r["metrics"].get("hang/v", 0.0) for r in rows.values()) == 3.0  # nothing lost
+    assert rows[2]["metrics"]["obs/missing_ranks"] == 0
+
+
+@pytest.mark.parametrize("bad", ["abc", None, 1.5, 2**70, -1, True])
+async def test_flush_rejects_a_step_that_is_not_a_non_negative_int(tmp_path, bad):
+    mlogger = await start_logger(tmp_path, {})
+    record_metric("x", 1.0)
+    with pytest.raises((TypeError, ValueError), match="global_step"):
+        await mlogger.flush.call_one(bad)
+    await mlogger.flush.call_one(0)
+    await mlogger.shutdown.call_one()
+    assert global_rows(tmp_path)[0]["metrics"]["x"] == 1.0  # nothing was taken by the bad call
+
+
+def test_no_library_module_imports_through_the_root_package():
+    """``from forge_obs import x`` inside the library waits for the root package's import lock;
+    when two actors of a fresh process import forge_obs at once, that deadlocks and Python hands
+    out a partially initialised module (ImportError in the child). Library modules import their
+    siblings by full path."""
+    offenders = []
+    for path in sorted((ROOT / "forge_obs").rglob("*.py")) + sorted((ROOT / "provisioner_hooks").rglob("*.py")):
+        if path == ROOT / "forge_obs" / "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            through_root = (isinstance(node, ast.ImportFrom) and node.module == "forge_obs") or (
+                isinstance(node, ast.Import) and any(a.name.startswith("forge_obs") for a in node.names)
+            )
+            if through_root:
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert offenders == []
