@@ -114,6 +114,7 @@ class FlushWait:
             await asyncio.wait_for(done, max(0.0, cut.deadline - time.monotonic()))
         except asyncio.TimeoutError:
             pipeline.close_cut(cut)
+        pipeline.resumed(cut)
         return None
 
     def get(self, timeout: float | None = None) -> None:
@@ -164,9 +165,10 @@ def _drain_port(receiver: Any) -> None:
     """The inbox's thread: every message of the port, in each sender's order, apart from every
     event loop. All of the thread's CPU is counted in ``obs/cpu_inbox_s``."""
     cpu = time.thread_time()
+    recv = _receive_blocking(receiver)
     while True:
         try:
-            msg = receiver.recv().get()
+            msg = recv()
         except Exception as e:  # noqa: BLE001 - the process is going away
             logger.debug("forge_obs: inbox port closed: %r", e)
             return
@@ -174,6 +176,17 @@ def _drain_port(receiver: Any) -> None:
         now = time.thread_time()
         _COLLECTOR.add_obs_cpu("inbox", now - cpu)
         cpu = now
+
+
+def _receive_blocking(receiver: Any) -> Any:
+    """A blocking receive for the inbox thread. Monarch's ``recv().get()`` wraps every message in
+    a coroutine run on a private loop (~20 us of CPU each); waiting on the receive task itself
+    costs ~9 us. Falls back to the public call if those names move."""
+    base = getattr(receiver, "_receiver", None)
+    process = getattr(receiver, "_process", None)
+    if base is not None and process is not None and hasattr(base, "recv_task"):
+        return lambda: process(base.recv_task().block_on())
+    return lambda: receiver.recv().get()
 
 
 def _take(msg: tuple) -> None:

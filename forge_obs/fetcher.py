@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import pickle
 import time
 from typing import Any
 
@@ -127,7 +128,9 @@ class LocalFetcherActor(Actor):
 
     def _send(self, kind: str, seq: int, taken: Any) -> None:
         try:
-            snap = _COLLECTOR.export(taken, packed=True)
+            # pickled here, so that the controller's inbox thread only moves bytes: the decode
+            # happens on its pipeline thread, after the flush that waits for acks resumed
+            snap = pickle.dumps(_COLLECTOR.export(taken, packed=True), protocol=pickle.HIGHEST_PROTOCOL)
             self.port.send((kind, seq, self.key, self.identity.to_dict(), snap))
         except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
             logger.error("forge_obs: %s could not send its states (cut %s): %r", self.identity.label, seq, e)

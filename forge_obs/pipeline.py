@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import pickle
 import threading
 import time
 from dataclasses import dataclass, field
@@ -56,6 +57,8 @@ ChildMesh = tuple
 
 _COLLECTOR = MetricCollector()
 _COUNTERS = ("values_recorded", "dropped_values", "nonfinite_values", "stream_overflow")
+#: how long the worker lets a flush that waited for a cut resume before merging its step
+RESUME_GRACE_S = 0.002
 #: parts of forge_obs's own CPU (obs/cpu_<part>_s; obs/cpu_s is their sum)
 CPU_PARTS = ("export", "timeline", "flush", "inbox", "pipeline")
 
@@ -89,6 +92,8 @@ class Cut:
     closed: bool = False
     late: list = field(default_factory=list)  # ranks that missed the cut (set when it closes)
     start: float = 0.0  # time.monotonic() when it began
+    awaited: bool = False  # someone was waiting when it closed ...
+    resumed: bool = False  # ... and has resumed since
     blocked_s: float = 0.0  # from begin to close: how long an awaiting flush blocks
     _waiters: list = field(default_factory=list)
 
@@ -226,15 +231,8 @@ class FlushPipeline:
 
     def states(self, seq: int, rank_key: RankKey, identity: dict[str, Any] | None, snapshot: dict[str, Any]) -> None:
         """What a rank took at cut ``seq``."""
-        rank_key = tuple(rank_key)
         with self._cv:
-            self._note_identity(rank_key, identity)
-            cut = self._find(seq)
-            if cut is not None and rank_key not in cut.received:
-                cut.received[rank_key] = (identity, snapshot)
-            else:  # its step already left (the rank was late): the first cut still open takes it
-                self.late_states += 1
-                self._place(seq + 1, rank_key, identity, snapshot)
+            self._states(seq, tuple(rank_key), identity, snapshot)
             self._cv.notify_all()
 
     def final(self, last_seq: int, rank_key: RankKey, identity: dict[str, Any] | None, snapshot: dict[str, Any]) -> None:
@@ -287,6 +285,12 @@ class FlushPipeline:
                 return
         callback()
 
+    def resumed(self, cut: Cut) -> None:
+        """The flush that waited for ``cut`` has resumed (the worker let it run first)."""
+        with self._cv:
+            cut.resumed = True
+            self._cv.notify_all()
+
     def wait_cut(self, cut: Cut, timeout: float | None = None) -> bool:
         """Block until ``cut`` is closed (threads that cannot await); True if it closed."""
         with self._cv:
@@ -321,6 +325,15 @@ class FlushPipeline:
                 keep.append(item)
         self._held = keep
 
+    def _states(self, seq: int, rank_key: RankKey, identity: dict[str, Any] | None, snapshot: dict[str, Any]) -> None:
+        self._note_identity(rank_key, identity)
+        cut = self._find(seq)
+        if cut is not None and rank_key not in cut.received:
+            cut.received[rank_key] = (identity, snapshot)
+        else:  # its step already left (the rank was late): the first cut still open takes it
+            self.late_states += 1
+            self._place(seq + 1, rank_key, identity, snapshot)
+
     def _place(self, min_seq: int, rank_key: RankKey, identity: dict | None, snapshot: dict) -> None:
         """Into the first open cut numbered ``min_seq`` or later, or held for the next one."""
         for cut in self._pending:
@@ -338,6 +351,7 @@ class FlushPipeline:
             return
         cut.closed = True
         cut.blocked_s = time.monotonic() - cut.start
+        cut.awaited = bool(cut._waiters)
         cut.late = sorted(cut.expected - self.lagging - cut.acked, key=str)
         self.lagging.update(cut.late)
         callbacks.extend(cut._waiters)
@@ -365,6 +379,12 @@ class FlushPipeline:
                     waiting = cut.acked - cut.received.keys() - self.lagging
                     if waiting and timeout > 0:
                         self._cv.wait(timeout)
+                        continue
+                    # let the flush that waited for this cut resume before merging (it needs
+                    # the GIL for microseconds; merging may hold it for milliseconds)
+                    grace = cut.start + cut.blocked_s + RESUME_GRACE_S - time.monotonic()
+                    if cut.awaited and not cut.resumed and grace > 0:
+                        self._cv.wait(grace)
                         continue
                     self._pending.pop(0)
                     absent = cut.expected - cut.received.keys()
@@ -434,6 +454,8 @@ class FlushPipeline:
         entries.extend(p.received.values())
         for key, ident, snap in p.extra:
             entries.append((ident or self.identities.get(key) or {"label": self.labels.get(key, str(key))}, snap))
+        # snapshots travel pickled (decoded here, on this thread, not on the inbox's)
+        entries = [(ident, loads(snap)) for ident, snap in entries]
         counters = dict.fromkeys(_COUNTERS, 0)
         conflicts: list[str] = []
         for ident, snap in entries:
@@ -502,6 +524,13 @@ class FlushPipeline:
             missing=missing,
             late=late,
         )
+
+
+def loads(snapshot: Any) -> dict[str, Any]:
+    """A rank's snapshot as sent (pickled bytes) or already decoded (a dict)."""
+    if isinstance(snapshot, (bytes, bytearray, memoryview)):
+        return pickle.loads(snapshot)
+    return snapshot
 
 
 def _run(callbacks: list) -> None:
