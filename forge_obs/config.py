@@ -17,13 +17,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from forge_obs.backend_worker import DEFAULT_QUEUE_STEPS
 from forge_obs.run import RunConfig
 
 __all__ = ["LoggerConfig", "RESERVED_KEYS", "DEFAULT_FLUSH_TIMEOUT_S"]
 
 #: top-level keys of ``init_backends``'s config that are not backends
-RESERVED_KEYS = ("run", "flush_timeout_s", "timeline")
+RESERVED_KEYS = ("run", "flush_timeout_s", "shutdown_timeout_s", "backend_queue_steps", "timeline")
 DEFAULT_FLUSH_TIMEOUT_S = 10.0
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -31,7 +33,12 @@ class LoggerConfig:
     """What ``init_backends`` was given, validated."""
 
     run: RunConfig
+    #: how long a flush waits for a silent rank (once: it is not waited for again)
     flush_timeout_s: float = DEFAULT_FLUSH_TIMEOUT_S
+    #: how long ``shutdown()`` (and ``wait_idle()``) wait for the backends in all
+    shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
+    #: steps a backend may fall behind before new steps are dropped for it (and counted)
+    backend_queue_steps: int = DEFAULT_QUEUE_STEPS
     timeline: dict[str, Any] | None = None
     #: backend name -> its own config dict (``jsonl`` is on unless given as None/False)
     backends: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -42,9 +49,11 @@ class LoggerConfig:
             raise ValueError(f"init_backends takes a dict of backend configs, got {type(config).__name__}")
         config = dict(config)
         run = RunConfig.from_config(config.pop("run", None))
-        timeout = config.pop("flush_timeout_s", DEFAULT_FLUSH_TIMEOUT_S)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
-            raise ValueError(f"flush_timeout_s must be a number of seconds > 0, got {timeout!r}")
+        timeout = _seconds(config, "flush_timeout_s", DEFAULT_FLUSH_TIMEOUT_S)
+        shutdown_timeout = _seconds(config, "shutdown_timeout_s", DEFAULT_SHUTDOWN_TIMEOUT_S)
+        queue_steps = config.pop("backend_queue_steps", DEFAULT_QUEUE_STEPS)
+        if isinstance(queue_steps, bool) or not isinstance(queue_steps, int) or queue_steps < 1:
+            raise ValueError(f"backend_queue_steps must be an int >= 1, got {queue_steps!r}")
         timeline = config.pop("timeline", None)
         from forge_obs.timeline.schema import validate_options
 
@@ -59,4 +68,12 @@ class LoggerConfig:
             if not isinstance(bcfg, dict):
                 raise ValueError(f"config of backend {name!r} must be a dict, got {type(bcfg).__name__}")
             backends[name] = bcfg
-        return cls(run=run, flush_timeout_s=float(timeout), timeline=timeline, backends=backends)
+        return cls(run=run, flush_timeout_s=timeout, shutdown_timeout_s=shutdown_timeout,
+                   backend_queue_steps=queue_steps, timeline=timeline, backends=backends)
+
+
+def _seconds(config: dict[str, Any], key: str, default: float) -> float:
+    value = config.pop(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{key} must be a number of seconds > 0, got {value!r}")
+    return float(value)

@@ -41,6 +41,7 @@ from forge_obs.pipeline import Cut, FlushPipeline, RankBook
 from forge_obs.record import RunContext
 from forge_obs.registry import LOCAL_MESHES
 from forge_obs.run import redact, write_meta
+from forge_obs.snapshot import has_values
 
 logger = logging.getLogger("forge_obs")
 
@@ -196,7 +197,7 @@ def _take(msg: tuple) -> None:
         with _STATE.lock:
             pipeline = _STATE.pipeline
             if pipeline is None:
-                if kind in (STATES, FINAL):  # kept for the first step after init_backends
+                if kind in (STATES, FINAL) and has_values(msg[4]):  # kept for the first step after init_backends
                     _STATE.early.append(msg[2:])
                 return
         if kind == ACK:
@@ -286,7 +287,8 @@ class GlobalLoggingActor(Actor):
         st.run = run
         timeline = _timeline.controller_options(run.run_id, run.start_time, cfg.timeline)
         _timeline.configure(run.run_dir, dict(timeline, _ctl=True))
-        pipeline = FlushPipeline(backends, run.run_id, cfg.flush_timeout_s, st.process_name, st.book)
+        pipeline = FlushPipeline(backends, run.run_id, cfg.flush_timeout_s, st.process_name, st.book,
+                                 shutdown_timeout_s=cfg.shutdown_timeout_s, queue_steps=cfg.backend_queue_steps)
         pipeline.start()
         streaming = any(LoggingMode.PER_RANK_NO_REDUCE in be.modes for be in backends.values())
         _COLLECTOR.set_streaming(streaming)
@@ -317,7 +319,8 @@ class GlobalLoggingActor(Actor):
 
     @endpoint
     async def wait_idle(self) -> None:
-        """Return once every step flushed so far has reached the backends."""
+        """Return once every step flushed so far has reached the backends (a backend busy for
+        longer than ``shutdown_timeout_s`` is not waited for)."""
         if _STATE.pipeline is not None:
             await _STATE.pipeline.drain()
 
@@ -330,7 +333,8 @@ class GlobalLoggingActor(Actor):
             return
         await start_flush((st.last_step + 1) if st.last_step is not None else 0, final=True)
         pipeline = st.pipeline
-        await pipeline.close()  # late states still reach it through the inbox until here
+        # late states still reach it through the inbox until here; bounded by shutdown_timeout_s
+        unfinished = await pipeline.close()
         with st.lock:
             st.pipeline = None
         options = {"streaming": False, "run_dir": None, "timeline": None}
@@ -354,6 +358,8 @@ class GlobalLoggingActor(Actor):
                 status="finished",
                 steps_logged=pipeline.steps_logged,
                 backend_errors=pipeline.backend_errors,  # obs/backend_errors lags a step; this is the total
+                backends=pipeline.backend_report(),
+                unfinished_backends=unfinished,
             )
         st.last_step = None
 

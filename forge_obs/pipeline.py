@@ -36,18 +36,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import pickle
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from forge_obs.backends.base import LoggerBackend, call_hook
+from forge_obs.backend_worker import DEFAULT_QUEUE_STEPS, BackendWorker
+from forge_obs.backends.base import LoggerBackend
 from forge_obs.collector import MetricCollector, Taken
 from forge_obs.identity import rank_label
 from forge_obs.metric import LoggingMode, Metric
 from forge_obs.record import RankViews, StepRecord
 from forge_obs.reduce import Reduce, merge_states, reduce_snapshots, snapshot_states
+from forge_obs.snapshot import loads, snapshot_keys, snapshot_part
 
 logger = logging.getLogger("forge_obs")
 
@@ -110,8 +111,14 @@ class FlushPipeline:
         flush_timeout_s: float = 10.0,
         process_name: str = "Controller",
         book: RankBook | None = None,
+        shutdown_timeout_s: float = 30.0,
+        queue_steps: int = DEFAULT_QUEUE_STEPS,
     ) -> None:
         self.backends = backends
+        self.shutdown_timeout_s = shutdown_timeout_s
+        # one thread and bounded queue per backend; the local store (jsonl) is fed first
+        order = sorted(backends, key=lambda n: n != "jsonl")
+        self.workers = [BackendWorker(n, backends[n], None if n == "jsonl" else queue_steps) for n in order]
         self.run_id = run_id
         self.flush_timeout_s = flush_timeout_s
         self.process_name = process_name
@@ -125,11 +132,8 @@ class FlushPipeline:
         self._closing = False
         self._seq = 0
         self._begun = 0
-        self.steps_logged = 0
-        self.backend_errors = 0
+        self.steps_logged = 0  # steps assembled and handed to the backends
         self.late_states = 0
-        self.last_backend_s = 0.0
-        self._reported_errors: set[str] = set()
         self._worker = threading.Thread(target=self._work, name="forge_obs-backends", daemon=True)
         # per-rank reductions are only computed when some backend shows per-rank views
         self._need_per_rank = any(LoggingMode.PER_RANK_REDUCE in be.modes for be in backends.values())
@@ -140,25 +144,53 @@ class FlushPipeline:
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
+        for w in self.workers:
+            w.start()
         self._worker.start()
 
-    async def drain(self) -> None:
-        """Wait until every begun step reached the backends (waiting at most its deadline)."""
+    async def drain(self, timeout_s: float | None = None) -> list[str]:
+        """Wait until every begun step was assembled (each waits at most its deadline) and
+        reached every backend; a backend still busy after ``timeout_s`` (default:
+        ``shutdown_timeout_s``) is not waited for. Returns the names of those backends."""
         with self._cv:
             target = self._begun
-        await asyncio.get_running_loop().run_in_executor(None, self._wait_logged, target)
+        timeout = self.shutdown_timeout_s if timeout_s is None else timeout_s
+        return await asyncio.get_running_loop().run_in_executor(None, self._wait_logged, target, timeout)
 
-    def _wait_logged(self, target: int) -> None:
+    def _wait_logged(self, target: int, timeout_s: float) -> list[str]:
         with self._cv:
             self._cv.wait_for(lambda: self.steps_logged >= target or not self._worker.is_alive())
+        deadline = time.monotonic() + timeout_s
+        return [w.name for w in self.workers if not w.wait_done(deadline)]
 
-    async def close(self) -> None:
-        """Drain, then finish every backend."""
-        await self.drain()
+    async def close(self, timeout_s: float | None = None) -> list[str]:
+        """Assemble every begun step, then let every backend log what it has queued and finish,
+        waiting for the backends at most ``timeout_s`` (default: ``shutdown_timeout_s``) in all.
+        Returns the names of the backends that did not finish."""
+        timeout = self.shutdown_timeout_s if timeout_s is None else timeout_s
         with self._cv:
-            self._closing = True
+            self._closing = True  # the worker assembles what is begun (each waits at most its deadline), then ends
             self._cv.notify_all()
-        await asyncio.get_running_loop().run_in_executor(None, self._worker.join)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._worker.join)
+        deadline = time.monotonic() + timeout
+        for w in self.workers:  # every backend logs its queue and finishes at the same time
+            w.stop()
+        finished = await loop.run_in_executor(None, lambda: [w.join(deadline) for w in self.workers])
+        unfinished = [w.name for w, ok in zip(self.workers, finished) if not ok]
+        if unfinished:
+            logger.error("forge_obs: backend(s) %s did not finish within shutdown_timeout_s=%gs; left behind",
+                         ", ".join(unfinished), timeout)
+        return unfinished
+
+    @property
+    def backend_errors(self) -> int:
+        return sum(w.errors for w in self.workers)
+
+    def backend_report(self) -> dict[str, dict[str, Any]]:
+        """Per backend: steps logged, dropped (queue full), errors (for ``meta.json``)."""
+        return {w.name: {"steps": w.done_steps, "dropped_steps": w.dropped_steps, "errors": w.errors,
+                         **({"finish_error": w.finish_error} if w.finish_error else {})} for w in self.workers}
 
     # ------------------------------------------------------------ cuts
     def begin_cut(
@@ -415,101 +447,68 @@ class FlushPipeline:
                 record = self._build(p, missing, late, pending)
                 if record is not None:
                     record.global_metrics.append(Metric("obs/merge_s", time.perf_counter() - t0, Reduce.MAX))
-                    t1 = time.perf_counter()
-                    for name, be in self.backends.items():
-                        try:
-                            call_hook(be.log_step, record)
-                        except Exception as e:  # noqa: BLE001 - one backend never stops the others
-                            self.backend_errors += 1
-                            if name not in self._reported_errors:
-                                self._reported_errors.add(name)
-                                logger.error(
-                                    "forge_obs: backend %r failed at step %s: %r (counted in obs/backend_errors)",
-                                    name, p.step, e,
-                                )
-                    self.last_backend_s = time.perf_counter() - t1
-            except Exception:  # noqa: BLE001
+                    for w in self.workers:
+                        w.put(record)
+            except Exception:  # noqa: BLE001 - a bug here must not stop later steps
                 logger.exception("forge_obs: step %s could not be assembled", p.step)
             finally:
                 _COLLECTOR.add_obs_cpu("pipeline", time.thread_time() - cpu0)
                 with self._cv:
                     self.steps_logged += 1
                     self._cv.notify_all()
-        for name, be in self.backends.items():
-            try:
-                call_hook(be.finish)
-            except Exception as e:  # noqa: BLE001
-                logger.error("forge_obs: backend %r failed to finish: %r", name, e)
 
     def _build(self, p: Cut, missing: list, late: list, pending: int) -> StepRecord | None:
+        drops: dict[str, int] = {}  # reason -> values dropped here, on the controller
+        entries = self._decoded_entries(p, drops)
         # rank label -> list of snapshots (the step's own, plus late/final ones placed in it)
         by_label: dict[str, list[dict]] = {}
         sources: dict[str, dict] = {}
-        entries = []
-        local = p.local
-        if isinstance(local, Taken):
-            local = _COLLECTOR.export(local, packed=True)
-        if local is not None:
-            entries.append(({"label": self.process_name, "mesh": self.process_name, "rank": 0}, local))
-        entries.extend(p.received.values())
-        for key, ident, snap in p.extra:
-            entries.append((ident or self.identities.get(key) or {"label": self.labels.get(key, str(key))}, snap))
-        # snapshots travel pickled (decoded here, on this thread, not on the inbox's)
-        entries = [(ident, loads(snap)) for ident, snap in entries]
         counters = dict.fromkeys(_COUNTERS, 0)
-        conflicts: list[str] = []
+        rank_drops: dict[str, int] = {}  # reason -> values the ranks dropped (in dropped_values)
         for ident, snap in entries:
             label = ident.get("label") or str(ident)
             by_label.setdefault(label, []).append(snap)
             sources[label] = ident
             for k, v in (snap.get("counters") or {}).items():
-                counters[k] = counters.get(k, 0) + v
-
-        def on_conflict(key: str, kinds: set) -> None:
-            conflicts.append(key)
-
+                if isinstance(v, dict):  # dropped_by_reason
+                    for reason, n in v.items():
+                        rank_drops[reason] = rank_drops.get(reason, 0) + n
+                elif isinstance(v, (int, float)):
+                    counters[k] = counters.get(k, 0) + v
         rank_snaps: dict[str, dict] = {}  # label -> one snapshot (packed rows and/or states)
         raw: dict[str, list] = {}
         for label, snaps in by_label.items():
-            for s in snaps:
-                if s.get("raw"):
-                    raw.setdefault(label, []).extend(s["raw"])
-            if len(snaps) == 1:
-                snap = snaps[0]
-            else:  # the step's own snapshot plus late/final ones from the same rank
-                merged: dict[str, list[dict]] = {}
-                for s in snaps:
-                    for k, st in snapshot_states(s).items():
-                        merged.setdefault(k, []).append(st)
-                states = {}
-                for k, sts in merged.items():
-                    if len({s["reduction_type"] for s in sts}) > 1:
-                        conflicts.append(k)
-                        continue
-                    states[k] = sts[0] if len(sts) == 1 else merge_states(sts)
-                snap = {"states": states}
+            for snap in snaps:
+                if snap.get("raw"):
+                    raw.setdefault(label, []).extend(snap["raw"])
+            snap = snaps[0] if len(snaps) == 1 else _merge_rank(snaps, drops)
             if snap.get("states") or snap.get("packed"):
                 rank_snaps[label] = snap
-        global_metrics = reduce_snapshots(list(rank_snaps.values()), on_conflict)
+        global_metrics = reduce_isolated(list(rank_snaps.values()), drops)
         # per-rank Metrics are built only if a backend reads them (JSONL reads plain values)
         per_rank = RankViews(rank_snaps) if self._need_per_rank else {}
         if p.final and not rank_snaps and not raw:
             return None  # nothing was recorded after the last flush
+        by_reason = dict(rank_drops)
+        for reason, n in drops.items():
+            by_reason[reason] = by_reason.get(reason, 0) + n
         obs = {
             "obs/values_recorded": counters["values_recorded"],
-            "obs/dropped_values": counters["dropped_values"] + len(conflicts),
+            "obs/dropped_values": counters["dropped_values"] + sum(drops.values()),
+            **{f"obs/dropped/{reason}": n for reason, n in sorted(by_reason.items()) if n},
             "obs/nonfinite_values": counters["nonfinite_values"],
             "obs/stream_overflow": counters["stream_overflow"],
             # forge_obs's own CPU, all processes (the controller's merge and backends: the step before)
             "obs/cpu_s": sum(counters.get(f"cpu_{part}_s", 0.0) for part in CPU_PARTS),
             **{f"obs/cpu_{part}_s": counters.get(f"cpu_{part}_s", 0.0) for part in CPU_PARTS},
             "obs/flush_blocked_s": p.blocked_s,
-            "obs/backend_s": self.last_backend_s,
+            "obs/backend_s": max((w.last_s for w in self.workers), default=0.0),
             "obs/pending_steps": pending,
             "obs/missing_ranks": len(missing),
             "obs/late_ranks": len(late),
             "obs/late_states": self.late_states,
             "obs/backend_errors": self.backend_errors,
+            "obs/backend_dropped_steps": sum(w.dropped_steps for w in self.workers),
             "obs/ranks_reported": len(p.received),
         }
         global_metrics.extend(Metric(k, float(v), Reduce.SUM) for k, v in obs.items())
@@ -525,12 +524,82 @@ class FlushPipeline:
             late=late,
         )
 
+    def _decoded_entries(self, p: Cut, drops: dict[str, int]) -> list[tuple[dict, dict]]:
+        """(identity, snapshot) of every rank in the step, decoded here (snapshots travel
+        pickled); one that cannot be decoded is counted and left out, the others arrive."""
+        raw_entries = []
+        local = p.local
+        if isinstance(local, Taken):
+            try:
+                local = _COLLECTOR.export(local, packed=True)
+            except Exception as e:  # noqa: BLE001 - the controller's own values; the ranks' still arrive
+                logger.error("forge_obs: the controller's values of step %s could not be exported: %r", p.step, e)
+                _count(drops, "export_error", max(1, len(local.accs)))
+                local = None
+        if local is not None:
+            raw_entries.append(({"label": self.process_name, "mesh": self.process_name, "rank": 0}, local))
+        raw_entries.extend(p.received.values())
+        for key, ident, snap in p.extra:
+            raw_entries.append((ident or self.identities.get(key) or {"label": self.labels.get(key, str(key))}, snap))
+        entries = []
+        for ident, snap in raw_entries:
+            try:
+                entries.append((ident or {}, loads(snap)))
+            except Exception as e:  # noqa: BLE001
+                logger.error("forge_obs: states of %s for step %s could not be decoded: %r",
+                             (ident or {}).get("label"), p.step, e)
+                _count(drops, "undecodable", 1)
+        return entries
 
-def loads(snapshot: Any) -> dict[str, Any]:
-    """A rank's snapshot as sent (pickled bytes) or already decoded (a dict)."""
-    if isinstance(snapshot, (bytes, bytearray, memoryview)):
-        return pickle.loads(snapshot)
-    return snapshot
+def _count(drops: dict[str, int], reason: str, n: int) -> None:
+    drops[reason] = drops.get(reason, 0) + n
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, OverflowError):
+        return "overflow"
+    if isinstance(e, ValueError) and "unknown reduction" in str(e):
+        return "unknown_reduction"
+    return "merge_error"
+
+
+def _merge_rank(snaps: list[dict], drops: dict[str, int]) -> dict:
+    """One rank's snapshots in one step (its own plus late or final ones), merged per key; a
+    key whose snapshots disagree on the reduction, or fail to merge, is dropped and counted."""
+    merged: dict[str, list[dict]] = {}
+    for snap in snaps:
+        for k, st in snapshot_states(snap).items():
+            merged.setdefault(k, []).append(st)
+    states = {}
+    for k, sts in merged.items():
+        if len({st.get("reduction_type") for st in sts}) > 1:
+            _count(drops, "reduction_mismatch", len(sts))
+            continue
+        try:
+            states[k] = sts[0] if len(sts) == 1 else merge_states(sts)
+        except Exception as e:  # noqa: BLE001 - one key never costs the others
+            _count(drops, _reason(e), len(sts))
+    return {"states": states}
+
+
+def reduce_isolated(snapshots: list[dict], drops: dict[str, int]) -> list[Metric]:
+    """:func:`~forge_obs.reduce.reduce_snapshots`, with each key on its own: a key that cannot be
+    reduced (an overflow, a reduction unknown here, a merge that raises) is dropped and counted
+    under its reason in ``drops``; every other key arrives."""
+    conflicts: list[str] = []
+    try:
+        out = reduce_snapshots(snapshots, lambda key, kinds: conflicts.append(key))
+    except Exception:  # noqa: BLE001 - find the key(s) at fault, one at a time
+        out, conflicts = [], []
+        for key in sorted({k for snap in snapshots for k in snapshot_keys(snap)}):
+            part = [snapshot_part(snap, key) for snap in snapshots]
+            try:
+                out.extend(reduce_snapshots([x for x in part if x], lambda k, kinds: conflicts.append(k)))
+            except Exception as e:  # noqa: BLE001
+                _count(drops, _reason(e), sum(1 for x in part if x))
+    if conflicts:
+        _count(drops, "reduction_mismatch", len(conflicts))
+    return out
 
 
 def _run(callbacks: list) -> None:

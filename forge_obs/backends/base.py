@@ -8,7 +8,7 @@
 
 A backend is configured by name in ``init_backends({"print_loss": {"logging_mode": ...}})``, or
 by import path (``"my_pkg.backends:SlackBackend"``). Backends run on the controller only, in the
-logger's backend thread: never on the training path. Methods may be ``def`` or ``async def``
+logger's backend threads (one per backend): never on the training path. Methods may be ``def`` or ``async def``
 (torchforge's backends are async; both work).
 
 Hooks, all optional:
@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import threading
 from typing import Any, Callable
 
 from forge_obs.metric import LoggingMode, Metric
@@ -108,18 +109,18 @@ def call_hook(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return out
 
 
-_loop: asyncio.AbstractEventLoop | None = None
+_local = threading.local()  # each backend thread runs its async hooks on a loop of its own
 
 
 def _run_coro(coro: Any) -> Any:
     """Run an async hook in the calling (backend) thread's own event loop."""
-    global _loop
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        if _loop is None or _loop.is_closed():
-            _loop = asyncio.new_event_loop()
-        return _loop.run_until_complete(coro)
+        loop = getattr(_local, "loop", None)
+        if loop is None or loop.is_closed():
+            loop = _local.loop = asyncio.new_event_loop()
+        return loop.run_until_complete(coro)
     # Called from inside a running loop (init on the actor's loop): run in a helper thread.
     import concurrent.futures
 
