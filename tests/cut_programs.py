@@ -67,7 +67,7 @@ async def _logger(root: str, config: dict | None = None):
 
 async def multi_mesh(root: str, steps: int) -> dict:
     """2 meshes x 2 procs, each rank records per step; the README loop: await, then flush."""
-    mlogger = await _logger(root, {"jsonl": {"logging_mode": ["global_reduce", "per_rank_no_reduce"]}})
+    mlogger = await _logger(root, {"jsonl": {"logging_mode": ["global_reduce", "per_rank_reduce", "per_rank_no_reduce"]}})
     meshes = [this_host().spawn_procs(per_host={"procs": 2}, name=f"m{i}") for i in range(2)]
     workers = [m.spawn("Worker", Worker) for m in meshes]
     for step in range(steps):

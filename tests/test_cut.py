@@ -48,8 +48,8 @@ def test_the_readme_use_example_prints_each_steps_own_loss(tmp_path):
 
 @pytest.mark.parametrize("attempt", range(3))
 def test_cold_start_multi_mesh_loop_puts_every_value_in_its_step(tmp_path, attempt):
-    """2 meshes x 2 procs, fresh process each time: SUM, MAX and the raw stream of every step
-    are exactly that step's."""
+    """2 meshes x 2 procs, fresh process each time: SUM, MAX, each rank's value and the raw
+    stream of every step are exactly that step's."""
     steps = 6
     _run(["-m", "tests.cut_programs", "multi_mesh", str(tmp_path), str(steps)], cwd=tmp_path)
     rows = {r["step"]: r["metrics"] for r in read_metrics(tmp_path / "cut")}
@@ -57,6 +57,9 @@ def test_cold_start_multi_mesh_loop_puts_every_value_in_its_step(tmp_path, attem
     assert [rows[s]["cut/max"] for s in range(steps)] == [s * 100 + 1.0 for s in range(steps)]
     assert [rows[s]["cut/raw"] for s in range(steps)] == [float(s) for s in range(steps)]
     assert all(rows[s]["obs/missing_ranks"] == 0 for s in range(steps))
+    ranks = [r for r in read_metrics(tmp_path / "cut", "per_rank_reduce") if r["source"]["mesh"] in ("m0", "m1")]
+    per_rank = {(r["step"], r["source"]["label"]): r["metrics"]["cut/sum"] for r in ranks}
+    assert sorted(per_rank.values()) == [10.0] * (4 * steps) and len(per_rank) == 4 * steps
     raw = [r for r in read_metrics(tmp_path / "cut", "per_rank_no_reduce")]
     per_step: dict[int, list] = {}
     for r in raw:
