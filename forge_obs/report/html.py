@@ -36,6 +36,7 @@ escaped.
 from __future__ import annotations
 
 import html
+import importlib
 import json
 import math
 import re
@@ -272,7 +273,7 @@ def _overview(page: Page) -> str:
 def doctor_findings(run_dir: Path) -> tuple[str, list[dict[str, Any]] | None]:
     """(status, findings as dicts): findings is None when the doctor cannot run."""
     try:
-        from forge_obs.timeline import doctor
+        doctor = importlib.import_module("forge_obs.timeline.doctor")
     except ImportError:
         return "doctor not available (forge_obs.timeline.doctor could not be imported)", None
     fn = getattr(doctor, "diagnose", None)
@@ -302,7 +303,9 @@ def _where(f: dict[str, Any]) -> str:
 def _steps(steps: Any) -> str:
     if not isinstance(steps, list) or not steps:
         return ""
-    if len(steps) == 2 and steps[0] != steps[1]:
+    if len(steps) == 2 and steps[0] == steps[1]:
+        return f"step {steps[0]}"
+    if len(steps) == 2:
         return f"steps {steps[0]}–{steps[1]}"
     if len(steps) > 6:
         return f"steps {', '.join(map(str, steps[:5]))}, … ({len(steps)})"
@@ -430,7 +433,8 @@ def _groups(page: Page) -> str:
         figs = "".join(_global_chart(page, k) for k in charts)
         grid = f'<div class="grid">{figs}</div>' if figs else ""
         flat = _flat_list(page, flats)
-        count = f"{len(charts)} charts" + (f", {len(flats)} constant or single-point" if flats else "")
+        count = f"{len(charts)} chart{'s' if len(charts) != 1 else ''}" + (
+            f", {len(flats)} constant or single-point" if flats else "")
         if group == "obs":
             inner = (f'<details><summary><b>obs</b> <span class="muted">forge_obs\'s own metrics · {count}</span></summary>'
                      f"{grid}{flat}</details>")
