@@ -139,7 +139,8 @@ function draw(fig){
     el('text',{x:PAD.l-4,y:+y+3,'text-anchor':'end'},svg).textContent=fmt(v);});
   ticks(x0,x1,Math.max(2,Math.floor(pw/70))).forEach(function(v){var x=sx(v).toFixed(1);
     el('line',{x1:x,x2:x,y1:PAD.t,y2:PAD.t+ph,'class':'grid'},svg);
-    el('text',{x:x,y:PAD.t+ph+13,'text-anchor':'middle'},svg).textContent=axis==='wall'?fmtDt(v):fmt(v);});
+    var anchor=sx(v)>W-PAD.r-12?'end':'middle'; // the last label stays inside the chart
+    el('text',{x:x,y:PAD.t+ph+13,'text-anchor':anchor},svg).textContent=axis==='wall'?fmtDt(v):fmt(v);});
   series.forEach(function(s){
     var c=s.ln.color;
     if(spec.stack){
