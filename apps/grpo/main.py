@@ -308,7 +308,8 @@ async def main(args: argparse.Namespace) -> dict:
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "grpo_summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
-    print(f"\n[grpo] reward: first 10 steps {summary['reward_first10']:.3f} -> last 10 steps "
+    k = summary["reward_window"]
+    print(f"\n[grpo] reward: first {k} steps {summary['reward_first10']:.3f} -> last {k} steps "
           f"{summary['reward_last10']:.3f}   ({summary['steps']} steps, {summary['wall_s']:.0f}s)")
     print(end_text(run_dir, with_report="report" in summary), end="")
     return summary
@@ -362,6 +363,7 @@ def summarize(run_dir: str, step_times: list, wall_s: float, gen_kind: str) -> d
     return {
         "run_dir": run_dir, "generator": gen_kind, "steps": len(step_times), "wall_s": wall_s,
         "step_s_median": statistics.median(step_times) if step_times else None,
+        "reward_window": n,  # steps averaged at each end: 10, fewer for a short run
         "reward_first10": statistics.fmean(rewards[:n]) if rewards else float("nan"),
         "reward_last10": statistics.fmean(rewards[-n:]) if rewards else float("nan"),
         "rewards": rewards,
