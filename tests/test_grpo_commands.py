@@ -99,3 +99,17 @@ def test_docs_sample_end_text_is_what_a_run_prints(grpo_run):
     want = RUN_ID.sub("runs/<id>", sample["body"]).splitlines()
     missing = in_order(want, printed)
     assert not missing, (missing, printed[-8:])
+
+
+def test_killed_replica_is_reported_once(tmp_path):
+    """A replica's process dies at step 3 of 12: the console says so once, not on every later step."""
+    res = subprocess.run([sys.executable, "-m", "apps.grpo.main", "--generator", "torch", "--steps", "12",
+                          "--batch-groups", "4", "--fault-kill-replica", "3", "--no-report", "--console-every", "100"],
+                         cwd=tmp_path, env=_shell_env(), capture_output=True, text=True, timeout=500)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-5000:]
+    notes = [ln for ln in res.stdout.splitlines() if ln.startswith("[forge_obs] step")]
+    missing = [ln for ln in notes if ": missing " in ln]
+    assert len(missing) == 1 and "generator_1/" in missing[0], notes
+    console = res.stdout[: res.stdout.index("[grpo] reward:")].splitlines()  # the printed commands may be longer
+    long = [ln for ln in console if ln.startswith(("[step", "[forge_obs]", " ")) and len(ln) > 120]
+    assert not long, long
