@@ -196,3 +196,20 @@ async def test_failing_backend_through_the_global_logger(tmp_path, fresh_collect
     assert rows[2]["metrics"]["obs/backend_errors"] == 2.0
     out = capsys.readouterr().out
     assert [ln for ln in out.splitlines() if ln.startswith("[step")] == [f"[step {s}] trainer loss=0.5" for s in range(3)]
+
+
+def test_docs_console_samples_are_what_it_prints():
+    """docs/backends.md shows a block and a compact step: the same metrics print exactly that."""
+    import re
+    from pathlib import Path
+
+    from forge_obs.backends.console import format_block, format_compact
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "backends.md").read_text()
+    section = text[text.index("## Console"):text.index("## Local report")]
+    block, compact = re.findall(r"```\n(.*?)```", section, re.S)
+    ms = [Metric("buffer/size", 128.0), Metric("generator/kv_cache_bytes", 3 * 2**30),
+          Metric("generator/tokens_per_s", 2750.4), Metric("trainer/advantage_mean", 1.49012e-08),
+          Metric("trainer/loss", 0.25), Metric("trainer/step_time_s", 1.5)]
+    assert block.rstrip("\n") == format_block("GlobalReduce", 3, ms)
+    assert compact.rstrip("\n") == format_compact("step 3", ms)
