@@ -316,3 +316,15 @@ def test_grpo_sized_report_is_a_third_of_one_chart_per_key(tmp_path):
     print(f"GRPO-sized report: {height} px tall at 1400 px (at most {MAX_HEIGHT_PX})")
     assert height <= MAX_HEIGHT_PX, height
     assert out.stat().st_size < 2_000_000  # the data of 300 steps x ~100 keys x ranks, inline
+
+
+def test_run_without_metrics_renders_without_script_errors(tmp_path):
+    run_dir = tmp_path / "empty"
+    write_meta(run_dir, run_id="empty", start_time=1.79e9, status="running")
+    out = write_report(run_dir)
+    page = out.read_text()
+    assert "no metrics in metrics.jsonl" in page and _figures(page) == []
+    with Browser() as b:
+        p = b.open(out.as_uri())
+        p.wait_for("document.body.dataset.ready === '1'")
+        assert p.errors == [] and p.evaluate("document.body.dataset.drawn") == "0"
