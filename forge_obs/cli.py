@@ -1,6 +1,9 @@
 """``forge-obs`` command line: one subcommand per view of a run directory.
 
     forge-obs show runs/<run_id>            # the reduced metrics of a run, one line per step
+
+A subcommand that needs an optional package which is not installed (duckdb for ``sql``,
+viztracer for ``trace --open``) prints one line naming the extra that installs it, and exits 2.
 """
 
 from __future__ import annotations
@@ -52,6 +55,21 @@ def _load_plugins() -> None:
             pass
 
 
+#: optional dependency (top-level module) -> the extra of forge-obs that installs it
+EXTRAS = {"duckdb": "timeline", "viztracer": "timeline", "perfetto": "timeline", "wandb": "wandb",
+          "tensorboard": "tensorboard", "transformers": "grpo", "tokenizers": "grpo", "vllm": "vllm"}
+
+
+def missing_dependency(cmd: str, module: str) -> str:
+    """The one line printed when ``cmd`` needs a package that is not installed."""
+    top = module.split(".")[0]
+    extra = EXTRAS.get(top)
+    if extra is None:
+        return f"forge-obs {cmd}: needs the Python package {top!r}, which is not installed: pip install {top}"
+    return (f"forge-obs {cmd}: needs {top}, which is not installed: pip install 'forge-obs[{extra}]' "
+            f"(in a checkout: pip install -e '.[{extra}]')")
+
+
 def main(argv: list[str] | None = None) -> int:
     _load_plugins()
     parser = argparse.ArgumentParser(prog="forge-obs", description="Views of a forge_obs run directory")
@@ -59,7 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, (help_, add_args, _fn) in sorted(COMMANDS.items()):
         add_args(sub.add_parser(name, help=help_))
     args = parser.parse_args(argv)
-    return COMMANDS[args.cmd][2](args)
+    try:
+        return COMMANDS[args.cmd][2](args)
+    except ModuleNotFoundError as e:
+        name = e.name or ""
+        if not name or name.split(".")[0] in ("forge_obs", "provisioner_hooks", "apps"):
+            raise  # our own code is missing: a broken install, the traceback is the useful part
+        print(missing_dependency(args.cmd, name), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -15,19 +15,20 @@ from forge_obs.pipeline import FlushPipeline
 from forge_obs.record import StepRecord
 
 
-def _rec(step, glob, per_rank=None, missing=None):
+def _rec(step, glob, per_rank=None, missing=None, sources=None):
     return StepRecord(
         step=step, run_id="c", wall_time=0.0,
         global_metrics=[Metric(k, v) for k, v in glob.items()],
         per_rank={lbl: [Metric(k, v, source=lbl) for k, v in d.items()] for lbl, d in (per_rank or {}).items()},
         missing=missing or [],
+        sources={lbl: {"label": lbl} for lbl in (sources or [])},
     )
 
 
 def test_default_block_is_torchforge_compatible(capsys):
-    ConsoleBackend({}).log_step(_rec(0, {"my_sum_metric": 6.0, "my_max_metric": 3.0, "my_mean_metric": 2.0}))
+    ConsoleBackend({}).log_step(_rec(0, {"my_sum_metric": 6.0, "my_max_metric": 3.0, "my_mean_metric": 2.5}))
     out = capsys.readouterr().out
-    assert "=== [GlobalReduce] - METRICS STEP 0 ===\nmy_max_metric:  3.0\nmy_mean_metric: 2.0\nmy_sum_metric:  6.0\n" == out
+    assert "=== [GlobalReduce] - METRICS STEP 0 ===\nmy_max_metric:  3\nmy_mean_metric: 2.5\nmy_sum_metric:  6\n" == out
 
 
 def test_grouped_by_prefix_with_units_and_rank_blocks(capsys):
@@ -44,12 +45,12 @@ def test_grouped_by_prefix_with_units_and_rank_blocks(capsys):
     lines = out.splitlines()
     assert lines[0] == "=== [GlobalReduce] - METRICS STEP 7 ==="
     assert lines[1:4] == ["-- buffer --", "buffer/size:              12", "-- generator --"]
-    assert "generator/kv_cache_bytes: 1.50 KiB" in lines
+    assert "generator/kv_cache_bytes: 1.5 KiB" in lines
     assert "generator/ttft_ms:        p50=12ms p90=30ms p99=95ms n=40" in lines
     assert "trainer/step_time_s:      12.3 ms" in lines
     assert not any("obs/" in ln for ln in lines)  # self-metrics hidden by default
     assert "=== [trainer/TrainActor/r3] - METRICS STEP 7 ===" in lines
-    assert "[forge_obs] step 7: missing ranks: generator/r1" in lines
+    assert "[forge_obs] step 7: missing (no values within flush_timeout_s; not waited for again): generator/r1" in lines
 
 
 def test_compact_every_and_include(capsys):
@@ -60,10 +61,12 @@ def test_compact_every_and_include(capsys):
                          per_rank={"trainer/r0": {"trainer/loss": 0.5}}))
     lines = capsys.readouterr().out.splitlines()
     assert lines == [
-        "[step 0] buffer: size=64 | trainer: loss=1.0 lr=0.0001",
-        "[step 0 trainer/r0] trainer: loss=0.5",
-        "[step 2] buffer: size=64 | trainer: loss=0.333333 lr=0.0001",
-        "[step 2 trainer/r0] trainer: loss=0.5",
+        "[step 0] buffer  size=64",
+        "         trainer loss=1 lr=0.0001",
+        "[step 0 trainer/r0] trainer loss=0.5",
+        "[step 2] buffer  size=64",
+        "         trainer loss=0.3333 lr=0.0001",
+        "[step 2 trainer/r0] trainer loss=0.5",
     ]
 
 
@@ -71,11 +74,74 @@ def test_units():
     assert unit_for("trainer/step_time_s") == "s" and unit_for("gen/tokens_per_s") == "/s"
     assert unit_for("mem/peak_bytes") == "bytes" and unit_for("loss") == ""
     assert unit_for("generator/tokens", {"generator/": "tok"}) == "tok"
-    assert format_value(2.5, "s") == "2.50 s" and format_value(0.0005, "s") == "500 us"
-    assert format_value(3 * 2**30, "bytes") == "3.00 GiB" and format_value(5.0) == "5.0"
+    assert format_value(2.5, "s") == "2.5 s" and format_value(0.0005, "s") == "500 us"
+    assert format_value(3 * 2**30, "bytes") == "3 GiB" and format_value(5.0) == "5"
+
+
+def test_numbers_integers_as_integers_4_significant_digits():
+    assert [format_value(v) for v in (0.0, 256.0, -3.0, 1234567.0, 1.49012e-08, 0.2400641, 2863.6176, 12345.6, 3.2e9)] == [
+        "0", "256", "-3", "1234567", "1.49e-08", "0.2401", "2864", "12.35k", "3.2G"]
+    assert format_value(0.06990, "ms") == "69.9 us" and format_value(32.5645, "s") == "32.56 s"
+    assert format_value(2.543, "%") == "2.543 %" and format_value(5784.2, "/s") == "5784 /s"
+    # a sketch's quantiles (1 % relative error): 3 digits, snapped to the integer they are within 1 % of
+    dist = {"p50": 5.98951037117262, "p90": 7.02879302153477, "p99": 8.3, "count": 386}
+    assert format_value(dist) == "p50=6 p90=7 p99=8.3 n=386"
+    assert format_value({"p50": 0.01234, "p90": 0.0456, "p99": 0.1, "count": 3}, "s") == "p50=12.3ms p90=45.6ms p99=100ms n=3"
+
+
+def _grpo_like_metrics(step: int) -> dict:
+    """A step of the GRPO app's console: ~80 keys over 5 groups, long names, integral floats."""
+    m = {}
+    for g, n in (("trainer", 22), ("generator", 20), ("buffer", 12), ("reward", 6), ("service", 6)):
+        for i in range(n):
+            m[f"{g}/some_rather_long_metric_name_{i}_s" if i % 3 == 0 else f"{g}/metric_{i}_episodes"] = (
+                float(i * 64) if i % 2 else 0.123456789 * (i + 1) + step)
+    m["generator/seq_len_tokens"] = {"p50": 5.98951037117262, "p90": 7.02879302153477, "p99": 7.02879302153477, "count": 386}
+    return m
+
+
+def test_compact_fits_120_columns_grouped(capsys):
+    be = ConsoleBackend({"compact": True})
+    be.log_step(_rec(10, _grpo_like_metrics(10)))
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) > 5 and max(len(ln) for ln in lines) <= 120, max(len(ln) for ln in lines)
+    # each group starts a line of its own, in order; continuation lines are indented under its values
+    starts = [ln.split()[2] if ln.startswith("[step") else ln.split()[0] for ln in lines if not ln.startswith(" " * 18)]
+    assert starts == ["buffer", "generator", "reward", "service", "trainer"], lines
+    assert lines[0].startswith("[step 10] buffer    ")
+    text = " ".join(lines)
+    assert "metric_1_episodes=64 " in text and ".0 " not in text and "seq_len_tokens=p50=6,p90=7,p99=7,n=386" in text
+    # four significant digits
+    assert "some_rather_long_metric_name_6_s=10.86s" in text
+    narrow = ConsoleBackend({"compact": True, "width": 80})
+    narrow.log_step(_rec(10, _grpo_like_metrics(10)))
+    assert max(len(ln) for ln in capsys.readouterr().out.splitlines()) <= 80
+
+
+def test_missing_rank_reported_once_when_missing_and_once_when_back(capsys):
+    be = ConsoleBackend({"compact": True, "every": 100})
+    gen1 = "generator_1/replica1/r0"
+    for step in range(30):
+        missing = [gen1] if 5 <= step < 20 else []
+        sources = ["trainer/r0"] + ([] if 5 <= step < 20 else [gen1])
+        if step >= 25:  # its mesh was stopped: neither expected nor reporting
+            sources = ["trainer/r0"]
+        be.log_step(_rec(step, {"trainer/loss": 1.0}, missing=missing, sources=sources))
+    notes = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[forge_obs]")]
+    assert notes == [
+        f"[forge_obs] step 5: missing (no values within flush_timeout_s; not waited for again): {gen1}",
+        f"[forge_obs] step 20: back (late values in this step): {gen1}",
+    ]
+    # a rank that goes missing and whose mesh is then stopped: one line, nothing more
+    be = ConsoleBackend({"compact": True, "every": 100})
+    for step in range(10):
+        be.log_step(_rec(step, {"trainer/loss": 1.0}, missing=[gen1] if step in (3, 4) else [], sources=["trainer/r0"]))
+    notes = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[forge_obs]")]
+    assert len(notes) == 1 and "step 3: missing" in notes[0]
 
 
 @pytest.mark.parametrize("cfg, match", [({"compakt": True}, "valid: logging_mode, compact"),
+                                        ({"width": 20}, "width"),
                                         ({"every": 0}, "every"), ({"stream": "file"}, "valid: stdout, stderr")])
 def test_bad_config(cfg, match):
     with pytest.raises(ValueError, match=match):
@@ -133,4 +199,21 @@ async def test_failing_backend_through_the_global_logger(tmp_path, fresh_collect
     meta = json.loads((tmp_path / "iso" / "meta.json").read_text())
     assert meta["backends"]["test_boom"]["errors"] == 3 and meta["unfinished_backends"] == []
     out = capsys.readouterr().out
-    assert [ln for ln in out.splitlines() if ln.startswith("[step")] == [f"[step {s}] trainer: loss=0.5" for s in range(3)]
+    assert [ln for ln in out.splitlines() if ln.startswith("[step")] == [f"[step {s}] trainer loss=0.5" for s in range(3)]
+
+
+def test_docs_console_samples_are_what_it_prints():
+    """docs/backends.md shows a block and a compact step: the same metrics print exactly that."""
+    import re
+    from pathlib import Path
+
+    from forge_obs.backends.console import format_block, format_compact
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "backends.md").read_text()
+    section = text[text.index("## Console"):text.index("## Local report")]
+    block, compact = re.findall(r"```\n(.*?)```", section, re.S)
+    ms = [Metric("buffer/size", 128.0), Metric("generator/kv_cache_bytes", 3 * 2**30),
+          Metric("generator/tokens_per_s", 2750.4), Metric("trainer/advantage_mean", 1.49012e-08),
+          Metric("trainer/loss", 0.25), Metric("trainer/step_time_s", 1.5)]
+    assert block.rstrip("\n") == format_block("GlobalReduce", 3, ms)
+    assert compact.rstrip("\n") == format_compact("step 3", ms)

@@ -97,6 +97,58 @@ class _GeneratorBase(Actor):
         pass
 
 
+class EngineStepStats:
+    """A vLLM stat logger (``vllm.v1.metrics.loggers.StatLoggerBase``'s methods): the scheduler's
+    state after every engine step, kept as peaks and sums until :meth:`take`.
+
+    - ``kv_cache_usage``: the largest fraction of KV-cache blocks in use (a sequence holds whole
+      blocks: 128 tokens each on CPU, so 64 short sequences take 64 blocks);
+    - ``waiting`` / ``running``: the most requests waiting for / holding a slot;
+    - ``prefix_queries`` / ``prefix_hits``: prompt tokens looked up in / found in the prefix cache.
+      vLLM caches only full blocks, so a prompt shorter than one block never hits.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self.steps = 0
+        self.kv_cache_usage = 0.0
+        self.waiting = self.running = self.prefix_queries = self.prefix_hits = 0
+
+    def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
+        if scheduler_stats is None:
+            return
+        self.steps += 1
+        self.kv_cache_usage = max(self.kv_cache_usage, float(scheduler_stats.kv_cache_usage))
+        waiting = scheduler_stats.num_waiting_reqs + getattr(scheduler_stats, "num_skipped_waiting_reqs", 0)
+        self.waiting = max(self.waiting, int(waiting))
+        self.running = max(self.running, int(scheduler_stats.num_running_reqs))
+        p = getattr(scheduler_stats, "prefix_cache_stats", None)
+        if p is not None:
+            self.prefix_queries += int(p.queries)
+            self.prefix_hits += int(p.hits)
+
+    def take(self) -> dict:
+        out = {"steps": self.steps, "kv_cache_usage": self.kv_cache_usage, "waiting": self.waiting,
+               "running": self.running, "prefix_queries": self.prefix_queries, "prefix_hits": self.prefix_hits}
+        self._reset()
+        return out
+
+    # the rest of vLLM's stat-logger interface: nothing to do
+    def log(self) -> None:
+        pass
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+    def record_sleep_state(self, *args, **kwargs) -> None:
+        pass
+
+    def record_admission_rejection(self, *args, **kwargs) -> None:
+        pass
+
+
 class VLLMGenerator(_GeneratorBase):
     def __init__(self, model_dir: str, replica: int, seed: int, kv_cache_mb: int, faults: dict) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
@@ -113,6 +165,15 @@ class VLLMGenerator(_GeneratorBase):
                        gpu_memory_utilization=0.05, use_tqdm_on_load=False)
         record_metric("generator/model_load_s", time.perf_counter() - t0, Reduce.MAX)
         self.prev_prefix = (0.0, 0.0)
+        # The engine's gauges (KV-cache usage, waiting requests) read after llm.generate()
+        # returns are those of an idle engine: always 0. A stat logger sees the scheduler after
+        # every engine step, while the requests run.
+        self.engine = EngineStepStats()
+        mgr = getattr(self.llm.llm_engine, "logger_manager", None)
+        if mgr is not None and isinstance(getattr(mgr, "stat_loggers", None), list):
+            mgr.stat_loggers.append(self.engine)
+        else:
+            self.engine = None
 
     def _generate(self, prompt_ids, n, max_tokens, temperature):
         from vllm import SamplingParams
@@ -123,19 +184,24 @@ class VLLMGenerator(_GeneratorBase):
                  "completions": [{"ids": list(c.token_ids), "text": c.text} for c in o.outputs]} for o in outs]
 
     def _engine_metrics(self) -> None:
-        q = h = 0.0
+        if self.engine is not None:
+            e = self.engine.take()
+            if e["steps"]:
+                record_metric("generator/kv_cache_usage_pct", 100.0 * e["kv_cache_usage"], Reduce.MAX)
+                record_metric("generator/engine_requests_waiting", e["waiting"], Reduce.MAX)
+                record_metric("generator/engine_requests_running", e["running"], Reduce.MAX)
+                if e["prefix_queries"]:
+                    record_metric("generator/prefix_cache_hit_pct", 100.0 * e["prefix_hits"] / e["prefix_queries"],
+                                  Reduce.MEAN)
+            return
+        q = h = 0.0  # without the stat logger: vLLM's counters (the gauges would read 0 here)
         try:
             for m in self.llm.get_metrics():
-                name = m.name
-                if name == "vllm:kv_cache_usage_perc":
-                    record_metric("generator/kv_cache_usage_pct", 100.0 * float(m.value), Reduce.MAX)
-                elif name == "vllm:prefix_cache_queries":
+                if m.name == "vllm:prefix_cache_queries":
                     q += float(m.value)
-                elif name == "vllm:prefix_cache_hits":
+                elif m.name == "vllm:prefix_cache_hits":
                     h += float(m.value)
-                elif name == "vllm:num_requests_waiting" and hasattr(m, "value"):
-                    record_metric("generator/engine_requests_waiting", float(m.value), Reduce.MAX)
-        except Exception as e:  # noqa: BLE001
+        except Exception:  # noqa: BLE001
             record_metric("generator/engine_metrics_errors", 1, Reduce.SUM)
             return
         dq, dh = q - self.prev_prefix[0], h - self.prev_prefix[1]

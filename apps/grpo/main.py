@@ -30,12 +30,14 @@ import asyncio
 import json
 import os
 import random
+import shlex
 import shutil
 import socket
 import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 os.environ.setdefault("MONARCH_FILE_LOG", "error")
 if any(a.startswith(("--fault-kill", "--fault-stall")) for a in sys.argv):
@@ -64,6 +66,7 @@ from apps.grpo.reference import ReferenceModel  # noqa: E402
 from apps.grpo.reward import RewardActor  # noqa: E402
 from apps.grpo.trainer import Trainer  # noqa: E402
 from forge_obs import Reduce, get_or_create_metric_logger, record_metric  # noqa: E402
+from forge_obs.run import write_meta  # noqa: E402
 from forge_obs.timeline import record_event, record_span, set_step  # noqa: E402
 
 
@@ -176,6 +179,8 @@ async def main(args: argparse.Namespace) -> dict:
         config["wandb"] = {"mode": "offline", "project": "forge_obs_grpo", "config": vars(args)}
     info = await mlogger.init_backends.call_one(config)
     run_dir = info["run_dir"]
+    # the app's settings, for the report's run table (meta.json is redacted when written)
+    write_meta(Path(run_dir), app="apps.grpo.main", app_settings={**vars(args), "generator": gen_kind})
     print(f"[grpo] run {info['run_id']}  generator={gen_kind}  model={model_dir}", flush=True)
 
     # ---- actors, each on its own proc mesh
@@ -303,13 +308,47 @@ async def main(args: argparse.Namespace) -> dict:
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "grpo_summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
-    print(f"\n[grpo] reward: first 10 steps {summary['reward_first10']:.3f} -> last 10 steps "
+    k = summary["reward_window"]
+    print(f"\n[grpo] reward: first {k} steps {summary['reward_first10']:.3f} -> last {k} steps "
           f"{summary['reward_last10']:.3f}   ({summary['steps']} steps, {summary['wall_s']:.0f}s)")
-    print(f"[grpo] run directory: {run_dir}")
-    print(f"  forge-obs report {run_dir}      # report.html")
-    print(f"  forge-obs trace {run_dir}       # Perfetto trace")
-    print(f"  forge-obs doctor {run_dir}      # findings: stragglers, hangs, NaNs, missing ranks")
+    print(end_text(run_dir, with_report="report" in summary), end="")
     return summary
+
+
+def forge_obs_command() -> str:
+    """How to call ``forge-obs`` from the shell that started this run, exactly: ``forge-obs`` when
+    the one on PATH is this environment's, else the path of this environment's script (e.g.
+    ``.venv/bin/forge-obs`` from the repository, venv not activated), else ``python -m forge_obs.cli``."""
+    bindir = os.path.dirname(os.path.abspath(sys.executable))
+    on_path = shutil.which("forge-obs")
+    if on_path and os.path.dirname(os.path.abspath(on_path)) == bindir:
+        return "forge-obs"
+    script = os.path.join(bindir, "forge-obs")
+    if os.path.isfile(script) and os.access(script, os.X_OK):
+        return _shell_path(script)
+    return f"{_shell_path(sys.executable)} -m forge_obs.cli"
+
+
+def _shell_path(path: str) -> str:
+    """``path`` relative to the working directory when it is under it, else absolute."""
+    rel = os.path.relpath(path)
+    return rel if not rel.startswith("..") else os.path.abspath(path)
+
+
+def end_text(run_dir: str, with_report: bool) -> str:
+    """The lines printed after a run: where it is and the commands that look at it (each works
+    as printed, in the shell that started the run)."""
+    fo = forge_obs_command()
+    d = shlex.quote(str(run_dir))
+    report = f"   report: {os.path.join(str(run_dir), 'report.html')}" if with_report else ""
+    lines = [
+        f"[grpo] run directory: {run_dir}{report}",
+        f"  {fo} doctor {d}           # findings: stragglers, hangs, stalls, NaNs, missing ranks",
+        f"  {fo} trace {d} --open     # the timeline in the Perfetto UI (offline, 127.0.0.1)",
+        f"  {fo} report {d}           # (re)write report.html",
+        f"  {fo} sql {d} \"SELECT name, count(*) AS n, median(dur_ms) AS median_ms FROM spans GROUP BY name ORDER BY n DESC\"",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def summarize(run_dir: str, step_times: list, wall_s: float, gen_kind: str) -> dict:
@@ -324,6 +363,7 @@ def summarize(run_dir: str, step_times: list, wall_s: float, gen_kind: str) -> d
     return {
         "run_dir": run_dir, "generator": gen_kind, "steps": len(step_times), "wall_s": wall_s,
         "step_s_median": statistics.median(step_times) if step_times else None,
+        "reward_window": n,  # steps averaged at each end: 10, fewer for a short run
         "reward_first10": statistics.fmean(rewards[:n]) if rewards else float("nan"),
         "reward_last10": statistics.fmean(rewards[-n:]) if rewards else float("nan"),
         "rewards": rewards,

@@ -1,26 +1,36 @@
-"""Console backend: aligned blocks per step (global and per rank), a compact one-line-per-step
-mode for long runs, or raw value lines.
+"""Console backend: aligned blocks per step (global and per rank), a compact mode for long runs
+(one group per line, wrapped to fit 120 columns), or raw value lines.
 
     >>> from forge_obs.backends.console import format_block, format_compact
     >>> from forge_obs.metric import Metric
     >>> print(format_block("GlobalReduce", 0, [Metric("my_sum_metric", 6.0), Metric("my_max_metric", 3.0)]))
     === [GlobalReduce] - METRICS STEP 0 ===
-    my_max_metric: 3.0
-    my_sum_metric: 6.0
-    >>> ms = [Metric("trainer/loss", 0.25), Metric("trainer/step_time_s", 1.5), Metric("buffer/size", 128),
-    ...       Metric("generator/tokens_per_s", 2750.0), Metric("generator/kv_cache_bytes", 3 * 2**30)]
+    my_max_metric: 3
+    my_sum_metric: 6
+    >>> ms = [Metric("trainer/loss", 0.25), Metric("trainer/step_time_s", 1.5), Metric("buffer/size", 128.0),
+    ...       Metric("generator/tokens_per_s", 2750.4), Metric("generator/kv_cache_bytes", 3 * 2**30),
+    ...       Metric("trainer/advantage_mean", 1.49012e-08)]
     >>> print(format_block("GlobalReduce", 3, ms))
     === [GlobalReduce] - METRICS STEP 3 ===
     -- buffer --
     buffer/size:              128
     -- generator --
-    generator/kv_cache_bytes: 3.00 GiB
+    generator/kv_cache_bytes: 3 GiB
     generator/tokens_per_s:   2750 /s
     -- trainer --
+    trainer/advantage_mean:   1.49e-08
     trainer/loss:             0.25
-    trainer/step_time_s:      1.50 s
+    trainer/step_time_s:      1.5 s
     >>> print(format_compact("step 3", ms))
-    [step 3] buffer: size=128 | generator: kv_cache_bytes=3.00GiB tokens_per_s=2750/s | trainer: loss=0.25 step_time_s=1.50s
+    [step 3] buffer    size=128
+             generator kv_cache_bytes=3GiB tokens_per_s=2750/s
+             trainer   advantage_mean=1.49e-08 loss=0.25 step_time_s=1.5s
+
+Numbers: integral values print as integers (``evicted_episodes=0``, not ``0.0``), others with 4
+significant digits (``12.35k`` past 10,000); a distribution's quantiles with 3 (the sketch's 1 %
+error), snapped to the integer they are within 1 % of (``seq_len_tokens=p50=6 p90=7 n=128``).
+Compact lines are wrapped at ``width`` columns (default 120), continuation lines indented under
+the group's first value.
 
 Keys are sorted and grouped by their prefix (the part before the first ``/``); a ``-- prefix --``
 line separates groups when a block has more than one. Units come from the key's suffix
@@ -28,16 +38,22 @@ line separates groups when a block has more than one. Units come from the key's 
 config (``{"trainer/lr": "", "generator/": "tok"}``: key or prefix -> unit, ``""`` for none).
 Per-rank blocks are titled with the rank's label: ``mesh/actor/rN``.
 
-Config: ``logging_mode`` (default ``global_reduce``), ``compact`` (one line per step, and one per
-rank in per-rank modes), ``every`` (print every N-th step; default 1), ``include`` (key prefixes
-to show; default all), ``units``, ``show_obs`` (default False: the ``obs/…`` self-metrics go to
-the JSONL store but not the console), ``stream`` (``stdout``/``stderr``).
+A rank that misses a step's flush is reported once, on the step it goes missing, and once more
+on the step its values arrive again (``[forge_obs] step 12: rank(s) missing: ...`` /
+``... back: ...``), whatever ``every`` is.
+
+Config: ``logging_mode`` (default ``global_reduce``), ``compact`` (one block of lines per step,
+one line per group, and one per rank in per-rank modes), ``every`` (print every N-th step;
+default 1), ``include`` (key prefixes to show; default all), ``units``, ``show_obs`` (default
+False: the ``obs/…`` self-metrics go to the JSONL store but not the console), ``width`` (compact
+line width, default 120), ``stream`` (``stdout``/``stderr``).
 """
 
 from __future__ import annotations
 
 import math
 import sys
+import textwrap
 import time
 from typing import Any
 
@@ -45,7 +61,8 @@ from forge_obs.backends.base import LoggerBackend
 from forge_obs.metric import Metric
 from forge_obs.record import StepRecord
 
-OWN_KEYS = ("logging_mode", "compact", "every", "include", "units", "show_obs", "stream")
+OWN_KEYS = ("logging_mode", "compact", "every", "include", "units", "show_obs", "width", "stream")
+WIDTH = 120
 
 #: key suffix -> unit (longest first)
 _SUFFIX_UNITS = (
@@ -79,48 +96,64 @@ def unit_for(key: str, units: dict[str, str] | None = None) -> str:
     return ""
 
 
-def _num(v: float) -> str:
-    s = f"{v:.6g}"
-    if s.lstrip("-").isdigit():
-        s += ".0"
-    return s
+_SI = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 
-def _with_unit(v: float, unit: str, sep: str = " ") -> str:
+def _num(v: float, digits: int = 4) -> str:
+    """``v`` with ``digits`` significant digits; an integral value as an integer."""
+    if not math.isfinite(v):
+        return str(v)
+    a = abs(v)
+    if v == int(v) and a < 1e7:
+        return str(int(v))
+    if a >= 1e4:
+        for scale, suffix in _SI:
+            if a >= scale:
+                return f"{v / scale:.{digits}g}{suffix}"
+    return f"{v:.{digits}g}"
+
+
+def _quantile(v: float) -> str:
+    """A sketch quantile (1 % relative error): 3 significant digits, or the integer within 1 %."""
+    if math.isfinite(v) and abs(v) >= 1 and abs(v - round(v)) <= 0.01 * abs(v):
+        return str(int(round(v)))
+    return _num(v, 3)
+
+
+def _with_unit(v: float, unit: str, sep: str = " ", digits: int = 4) -> str:
     if not math.isfinite(v):
         return str(v)
     if unit in _TIME_SCALE:
         secs = v * _TIME_SCALE[unit]
         a = abs(secs)
         if a == 0 or a >= 1:
-            return f"{secs:.2f}{sep}s" if a < 1e4 else f"{secs:.4g}{sep}s"
-        if a >= 1e-3:
-            return f"{secs * 1e3:.3g}{sep}ms"
-        if a >= 1e-6:
-            return f"{secs * 1e6:.3g}{sep}us"
-        return f"{secs * 1e9:.3g}{sep}ns"
+            return f"{_num(secs, digits)}{sep}s"
+        for scale, name in ((1e3, "ms"), (1e6, "us"), (1e9, "ns")):
+            if a * scale >= 1 or name == "ns":
+                return f"{secs * scale:.{digits}g}{sep}{name}"
     if unit == "bytes":
         a = abs(v)
         for name, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
             if a >= scale:
-                return f"{v / scale:.2f}{sep}{name}"
+                return f"{_num(v / scale, digits)}{sep}{name}"
         return f"{v:.0f}{sep}B"
-    return f"{v:.4g}{sep}{unit}"
+    return f"{_num(v, digits)}{sep}{unit}"
 
 
 def format_value(v: Any, unit: str = "", sep: str = " ") -> str:
-    """A value for humans: ``6.0``, ``1.50 s``, ``3.00 GiB``, ``p50=1.2 ms p90=… n=100``."""
+    """A value for humans: ``6``, ``0.25``, ``1.5 s``, ``3 GiB``, ``p50=1.2 ms p90=… n=100``."""
     if isinstance(v, bool):
         return str(v)
-    if isinstance(v, int):
-        return _with_unit(float(v), unit, sep) if unit else str(v)
-    if isinstance(v, float):
-        return _with_unit(v, unit, sep) if unit else _num(v)
+    if isinstance(v, (int, float)):
+        return _with_unit(float(v), unit, sep) if unit else _num(float(v))
     if isinstance(v, dict):
+        quantiles = all(k in v for k in ("p50", "p90", "p99"))
         parts = []
         for k, x in v.items():
             if k == "count":
-                parts.append(f"n={x}")
+                parts.append(f"n={format_value(x)}")
+            elif quantiles and isinstance(x, (int, float)) and not isinstance(x, bool) and k.startswith("p"):
+                parts.append(f"{k}={_with_unit(float(x), unit, '', 3) if unit else _quantile(float(x))}")
             else:
                 parts.append(f"{k}={format_value(x, unit if k != 'nan' else '', '')}")
         return " ".join(parts)
@@ -162,23 +195,31 @@ def format_block(title: str, step: int, metrics: list[Metric], units: dict[str, 
     return "\n".join(lines)
 
 
-def format_compact(title: str, metrics: list[Metric], units: dict[str, str] | None = None) -> str:
-    """One line: ``[title] a=1 | trainer: loss=0.25 step_time_s=1.50s | ...``."""
-    parts: list[str] = []
-    current = None
-    chunk: list[str] = []
+def format_compact(title: str, metrics: list[Metric], units: dict[str, str] | None = None, width: int = WIDTH) -> str:
+    """``[title] group key=value ...``: one line per group (ungrouped keys first), each wrapped
+    at ``width`` columns with its continuation lines indented under its first value."""
+    groups: dict[str, list[str]] = {}
     for m in _sorted(metrics):
         g = _group(m.key)
-        if g != current:
-            if chunk:
-                parts.append(" ".join(chunk))
-            chunk = [f"{g}:"] if g else []
-            current = g
         name = m.key[len(g) + 1 :] if g else m.key
-        chunk.append(f"{name}={format_value(m.value, unit_for(m.key, units), '')}".replace(" ", ","))
-    if chunk:
-        parts.append(" ".join(chunk))
-    return f"[{title}] " + " | ".join(parts)
+        item = f"{name}={format_value(m.value, unit_for(m.key, units), '')}".replace(" ", ",")
+        groups.setdefault(g, []).append(item)
+    head = f"[{title}] "
+    gw = max((len(g) for g in groups), default=0)
+    lines: list[str] = []
+    for g, items in groups.items():
+        prefix = (head if not lines else " " * len(head)) + (g.ljust(gw) + " " if gw else "")
+        indent = " " * len(prefix)
+        line = prefix
+        for item in items:
+            if line.strip() and line != prefix and len(line) + 1 + len(item) > width:
+                lines.append(line)
+                line = indent
+            line += ("" if line in (prefix, indent) else " ") + item
+        lines.append(line)
+    if not lines:
+        return head.rstrip()
+    return "\n".join(lines)
 
 
 class ConsoleBackend(LoggerBackend):
@@ -200,17 +241,37 @@ class ConsoleBackend(LoggerBackend):
         if not isinstance(units, dict):
             raise ValueError('console backend: units must map a key or prefix to a unit, e.g. {"generator/": "tok"}')
         self.units = {str(k): str(v) for k, v in units.items()}
+        width = self.config.get("width", WIDTH)
+        if not isinstance(width, int) or isinstance(width, bool) or width < 40:
+            raise ValueError(f"console backend: width={width!r} must be an integer >= 40")
+        self.width = width
+        self._missing: set[str] = set()
 
     def log_step(self, record: StepRecord) -> None:
         self._out = sys.stderr if self.config.get("stream") == "stderr" else sys.stdout
         printed = record.step % self.every == 0
         if printed:
             super().log_step(record)
-        if record.missing:
-            printed = True
-            print(f"[forge_obs] step {record.step}: missing ranks: {', '.join(record.missing)}", file=self._out)
-        if printed:
+        gone, back = self._missing_changes(record)
+        if gone:
+            self._note(f"[forge_obs] step {record.step}: missing (no values within flush_timeout_s; "
+                       f"not waited for again): {', '.join(gone)}")
+        if back:
+            self._note(f"[forge_obs] step {record.step}: back (late values in this step): {', '.join(back)}")
+        if printed or gone or back:
             self._out.flush()
+
+    def _note(self, text: str) -> None:
+        print("\n".join(textwrap.wrap(text, self.width, subsequent_indent="    ", break_on_hyphens=False)), file=self._out)
+
+    def _missing_changes(self, record: StepRecord) -> tuple[list[str], list[str]]:
+        """(labels newly missing at this step, labels that reported again). A missing rank that
+        stops being expected without reporting (its mesh was stopped) is forgotten quietly."""
+        now = set(record.missing)
+        gone = sorted(now - self._missing)
+        back = sorted(lb for lb in self._missing - now if lb in (record.sources or {}))
+        self._missing = now
+        return gone, back
 
     def _visible(self, metrics: list[Metric]) -> list[Metric]:
         show_obs = self.config.get("show_obs", False)
@@ -225,7 +286,7 @@ class ConsoleBackend(LoggerBackend):
         if self.compact:
             if visible:
                 title = f"step {global_step}" + (f" {source}" if source else "")
-                print(format_compact(title, visible, self.units), file=out)
+                print(format_compact(title, visible, self.units, self.width), file=out)
         else:
             print(format_block(source or "GlobalReduce", global_step, visible, self.units), file=out)
 

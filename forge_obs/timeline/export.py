@@ -6,8 +6,11 @@ One process track per (mesh, rank) -- per process session, so a restarted job is
 track -- named with metadata events (mesh, actor, rank, host, pid, attempt); one thread track per
 asyncio task / thread; flow arrows between spans/events that share a ``flow`` id (each point is
 linked from the latest earlier point in another mesh, else from the previous point); spans still
-open at the end of the data are drawn up to the last timestamp with ``args.unfinished = true``;
-spans that raised carry ``args.error`` and category ``error``. Per-host clock offsets (estimated
+open at the end of the data are drawn up to the last timestamp with ``args.unfinished = true``
+(category ``unfinished``: a possible hang); a span its process's clean shutdown cut short (younger
+than ``open_after_s`` then) ends at the shutdown with ``args.cut_by_shutdown = true`` (category
+``shutdown``) and is not counted as unfinished; spans that raised carry ``args.error`` and
+category ``error``. Per-host clock offsets (estimated
 against the controller) are applied. Memory: per-process state, flow points and open spans; the
 records themselves are streamed.
 """
@@ -85,7 +88,7 @@ def export_trace(
     ranks: set | None = None,
     meshes: set | None = None,
 ) -> dict[str, Any]:
-    """Write ``out`` (Chrome JSON trace). Returns counts (slices, unfinished, flows, tracks)."""
+    """Write ``out`` (Chrome JSON trace). Returns counts (slices, unfinished, cut_by_shutdown, flows, tracks)."""
     run = reader.scan(run_dir, make_keep(ranks, meshes))
     multi = len(run.attempts) > 1
     ordered = sorted(run.streams.values(), key=lambda s: (s.attempt, _mesh_order(s.mesh), s.mesh, s.rank, s.host, s.pid))
@@ -100,7 +103,7 @@ def export_trace(
     for st in ordered:
         track(st)
     lo, hi = steps if steps is not None else (None, None)
-    stats = {"slices": 0, "instants": 0, "unfinished": 0, "errors": 0, "flows": 0, "tracks": 0}
+    stats = {"slices": 0, "instants": 0, "unfinished": 0, "cut_by_shutdown": 0, "errors": 0, "flows": 0, "tracks": 0}
     flows: dict[str, list] = {}
     opens: list = []
     chunk: list[str] = []
@@ -186,6 +189,10 @@ def export_trace(
                             args["error"] = ex["e"]
                             cat = "error"
                             stats["errors"] += 1
+                        elif ex.get("x") == "shutdown":
+                            args["cut_by_shutdown"] = True
+                            cat = "shutdown"
+                            stats["cut_by_shutdown"] += 1
                         lines.append(
                             f'{{"ph":"X","cat":"{cat}","pid":{pid},"tid":{tid},"ts":{ts},"dur":{dur},'
                             f'"name":{qname(name)},"args":{_dumps(args, default=str)}}}'

@@ -6,7 +6,9 @@
 
 Items (times are epoch µs, corrected by the host's clock offset against the controller)::
 
-    (SPAN,    stream, lane, name, step, start, dur, extras)     a finished span
+    (SPAN,    stream, lane, name, step, start, dur, extras)     a finished span (``extras["x"] ==
+                                                                 "shutdown"``: cut short by a clean
+                                                                 close, ``dur`` up to the close)
     (OPEN,    stream, lane, name, step, start, extras)          a span that never ended (yielded
                                                                  when the stream ends)
     (INSTANT, stream, lane, name, step, ts, extras)

@@ -14,7 +14,8 @@ integer microseconds relative to the header's ``t0`` (epoch µs), ``step`` is an
     [1200, 950, 0, 1, 42]                    complete span: ts, dur, track, name, step
     [1200, 950, 0, 1, 42, {"f": "ep-7", "a": {"n": 4}, "e": "ValueError: x"}]   + flow/attrs/error
     ["B", 17, 5000, 0, 1, 43]                span 17 began (still open when written; a hang)
-    ["E", 17, 9000]                          ... and ended later (optionally {"e": error})
+    ["E", 17, 9000]                          ... and ended later (optionally {"e": error}, or
+                                             {"x": "shutdown"}: cut short by a clean close)
     ["I", 5100, 0, 2, 43, {"f": "ep-7"}]     instant event: ts, track, name, step[, extras]
     ["S", 5000, 0, 43]                       set_step(43)
     ["T", 5000, 0, 43, "eval"]               add_step_tag("eval") at step 43
@@ -25,7 +26,9 @@ integer microseconds relative to the header's ``t0`` (epoch µs), ``step`` is an
 
 A complete span costs one record (~20-40 bytes); a span is written as ``B`` (then ``E``) only
 when it stays open longer than ``open_after_s`` or when the file is closed, so that the span a
-hang is stuck in is on disk.
+hang is stuck in is on disk. A span younger than ``open_after_s`` when the process closes its file
+cleanly gets ``["E", sid, close_ts, {"x": "shutdown"}]`` right after its ``B``: the shutdown cut
+it short; it is not a hang.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """Background writer: drains the per-process buffer into ``<run_dir>/events/<proc>.jsonl``.
 
 One daemon thread per process, a pass every ``flush_interval_s``: complete spans become one short
-record, spans open longer than ``open_after_s`` are written as ``B`` (so a hang is on disk), the
+record, spans open longer than ``open_after_s`` are written as ``B`` (so a hang is on disk; at a
+clean close too), spans younger than that when the file is closed cleanly as ``B`` + ``E`` marked
+``{"x": "shutdown"}`` (cut short by the shutdown, not a hang), the
 file is rotated past ``max_file_mb``, and the process identity is resolved when the file is
 opened (and re-checked every pass: a new mesh/rank opens a new file). See
 :mod:`forge_obs.timeline.schema` for the format.
@@ -285,17 +287,24 @@ class Writer:
                     self.lane_defs[e[1]] = (e[2], e[3])
             self.records += n
             if self.open:
-                lim = time.perf_counter_ns() - self.open_after_ns
+                now_ns = time.perf_counter_ns()
+                lim = now_ns - self.open_after_ns
                 for sid, b in list(self.open.items()):
-                    if final or b[2] <= lim:
+                    old = b[2] <= lim
+                    if final or old:
                         del self.open[sid]
-                        self.written_open[sid] = True
                         ts = (b[2] + base) // 1000 - t0
                         lane = self._lane(b[3], out)
                         nid = self._nid(b[4], out)
                         st = "null" if b[5] is None else b[5]
                         tail = f",{_dumps(b[6])}" if b[6] else ""
                         out.append(f'["B",{sid},{ts},{lane},{nid},{st}{tail}]\n')
+                        if old:
+                            self.written_open[sid] = True  # open past open_after_s: a possible hang
+                        else:
+                            # younger than open_after_s when the timeline closes cleanly: cut short by
+                            # the shutdown (or the end of the run), not a hang; ends at the close
+                            out.append(f'["E",{sid},{(now_ns + base) // 1000 - t0},{{"x":"shutdown"}}]\n')
             if self.dropped > dropped0:
                 out.append(f'["D",{self.dropped - dropped0}]\n')
             if out:
