@@ -1,11 +1,11 @@
 """The exact step cut, on real Monarch proc meshes and cold starts: a value recorded by work the
 controller awaited before ``flush(step)`` is in ``step``; one recorded by work started after
 ``flush`` returned is in a later step — whatever the number of meshes, for actors in meshes
-spawned from inside actors, and for every logging mode."""
+spawned from inside actors, and for every logging mode. (The README's "Use" example, with its
+1.0 / 0.5 / 0.333, runs in tests/test_readme.py.)"""
 
 import ast
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -27,23 +27,6 @@ def _run(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.Complet
     out = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
-
-
-def _readme_block(heading: str) -> str:
-    text = (ROOT / "README.md").read_text()
-    section = text.split(heading, 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
-
-
-def test_the_readme_use_example_prints_each_steps_own_loss(tmp_path):
-    """The README's "Use" example, verbatim, in a fresh process: 1.0 / 0.5 / 0.333."""
-    (tmp_path / "use.py").write_text(_readme_block("## Use"))
-    out = _run(["use.py"], cwd=tmp_path).stdout
-    blocks = re.findall(r"METRICS STEP (\d+) ===\n((?:[^=\n].*\n)*)", out)
-    loss = {int(step): float(re.search(r"trainer/loss:\s*(\S+)", body).group(1)) for step, body in blocks}
-    assert loss == {0: 1.0, 1: 0.5, 2: pytest.approx(1 / 3, rel=1e-5)}, out
-    rows = read_metrics(next((tmp_path / "runs").iterdir()))
-    assert [r["metrics"]["trainer/loss"] for r in rows] == [1.0, 0.5, pytest.approx(1 / 3)]
 
 
 @pytest.mark.parametrize("attempt", range(3))

@@ -85,8 +85,12 @@ def test_python_block(block, tmp_path):
 
         (run_dir,) = list((tmp_path / "runs").iterdir())
         rows = read_metrics(run_dir)
-        assert [r["step"] for r in rows] == [0, 1, 2] and rows[2]["metrics"]["trainer/loss"] == pytest.approx(1 / 3)
-        assert "=== [GlobalReduce] - METRICS STEP 2 ===" in res.stdout
+        # the exact cut: each step has exactly its own loss, in the store and on the console
+        assert [r["step"] for r in rows] == [0, 1, 2]
+        assert [r["metrics"]["trainer/loss"] for r in rows] == [1.0, 0.5, pytest.approx(1 / 3)]
+        printed = re.findall(r"METRICS STEP (\d+) ===\n((?:[^=\n].*\n)*)", res.stdout)
+        loss = {int(step): float(re.search(r"trainer/loss:\s*(\S+)", body).group(1)) for step, body in printed}
+        assert loss == {0: 1.0, 1: 0.5, 2: pytest.approx(1 / 3, rel=1e-3)}, res.stdout  # 4 digits printed
 
 
 @pytest.mark.parametrize("block", [b for b in _by("text")])
