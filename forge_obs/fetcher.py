@@ -105,7 +105,7 @@ class LocalFetcherActor(Actor):
             mesh=name, rank=self.rank, coords={k: int(v) for k, v in dict(point).items()}, world_size=int(point.extent.nelements)
         )
         self.last_seq = 0  # the last cut this rank took (its final states come after it)
-        _hosts_fetcher[0] = True
+        expect_fetcher()
         apply_options(options)
 
     @endpoint
