@@ -91,11 +91,13 @@ from forge_obs.device import DeviceValues  # noqa: E402
 
 
 def drain(dv, accs=None):
+    from forge_obs.collector import Taken
+
     accs = {} if accs is None else accs
     counters = {"values_recorded": 0, "dropped_values": 0, "nonfinite_values": 0}
     taken = dv.swap()
     if taken is not None:
-        taken.resolve_into(accs, counters)
+        taken.resolve_into(Taken(accs, None, counters, None))
     return {k: a.get_value() for k, a in accs.items()}, counters
 
 
@@ -148,7 +150,8 @@ def test_device_bad_input_is_dropped_and_counted():
     assert dv.record("dev/c", torch.tensor(2.0), Reduce.MEAN)
     got, counters = drain(dv, {"dev/c": SumAccumulator(Reduce.SUM)})  # CPU has "dev/c" as SUM: conflict
     assert got == {"dev/k": 1.0, "dev/c": 0.0}
-    assert counters["dropped_values"] == 5 and counters["values_recorded"] == 2
+    assert counters["dropped_values"] == 5 and counters["values_recorded"] == 1
+    assert counters["dropped_by_reason"] == {"bad_value": 2, "reduction_mismatch": 2, "unknown_reduction": 1}
 
 
 def test_device_nonfinite_values_are_kept_and_counted_per_key():
