@@ -295,52 +295,49 @@ class MetricCollector:
         """Turn a non-int/float value into a float (or keep it for a non-numeric reduction such
         as SAMPLE); _DROP if it cannot be (counted). Never raises."""
         try:
-            return self._coerce_value(key, value, reduction)
-        except Exception as e:  # noqa: BLE001 - an .item property, __getattr__, __float__ that raises
-            return self._drop(key, "bad_value", f"{_type_name(value)} value could not be read ({_safe_repr(e)})")
-
-    def _coerce_value(self, key: Any, value: Any, reduction: Any) -> Any:
-        if reduction is _SAMPLE:
-            return value
-        if type(reduction) is not Reduce:
-            red = _lookup(reduction)
-            if red is None:
-                return value  # dropped as unknown_reduction under the lock
-            if not _REGISTRY[red.value if type(red) is Reduce else red].numeric:
+            if reduction is _SAMPLE:
                 return value
-        if type(value) is (_TENSOR or _tensor_type()):  # plain torch.Tensor: the common case, fast
-            if not value.is_cpu:
-                return self._device_record(key, value, reduction)
-            try:
-                v = float(value.item())  # .item() rejects tensors of more than one element
-            except Exception as e:  # noqa: BLE001
-                return self._drop(key, "bad_value", f"Tensor could not be read as a scalar ({_safe_repr(e)})")
+            if type(reduction) is not Reduce:
+                red = _lookup(reduction)
+                if red is None:
+                    return value  # dropped as unknown_reduction under the lock
+                if not _REGISTRY[red.value if type(red) is Reduce else red].numeric:
+                    return value
+            if type(value) is (_TENSOR or _tensor_type()):  # plain torch.Tensor: the common case, fast
+                if not value.is_cpu:
+                    return self._device_record(key, value, reduction)
+                try:
+                    v = float(value.item())  # .item() rejects tensors of more than one element
+                except Exception as e:  # noqa: BLE001
+                    return self._drop(key, "bad_value", f"Tensor could not be read as a scalar ({_safe_repr(e)})")
+                if v - v:
+                    self._count_nonfinite(key, v)
+                return v
+            if type(value) is bool:
+                return float(value)
+            item = getattr(value, "item", None)
+            if item is not None:
+                # torch tensors: ``is_cpu`` is far cheaper than ``.device.type``; others: ``.device``
+                is_cpu = getattr(value, "is_cpu", None)
+                if is_cpu is False or (is_cpu is None and getattr(getattr(value, "device", None), "type", "cpu") != "cpu"):
+                    return self._device_record(key, value, reduction)
+                try:
+                    # .item() itself rejects tensors / arrays of more than one element
+                    v = to_float(item())
+                except Exception as e:  # noqa: BLE001 - bad input never raises into the caller
+                    return self._drop(key, "bad_value", f"{_type_name(value)} could not be read as a scalar ({_safe_repr(e)})")
+            else:
+                try:
+                    if isinstance(value, (str, bytes)) or value is None:
+                        raise TypeError
+                    v = to_float(value)
+                except Exception:  # noqa: BLE001
+                    return self._drop(key, "bad_value", f"value of type {_type_name(value)} is not a number")
             if v - v:
                 self._count_nonfinite(key, v)
             return v
-        if type(value) is bool:
-            return float(value)
-        item = getattr(value, "item", None)
-        if item is not None:
-            # torch tensors: ``is_cpu`` is far cheaper than ``.device.type``; others: ``.device``
-            is_cpu = getattr(value, "is_cpu", None)
-            if is_cpu is False or (is_cpu is None and getattr(getattr(value, "device", None), "type", "cpu") != "cpu"):
-                return self._device_record(key, value, reduction)
-            try:
-                # .item() itself rejects tensors / arrays of more than one element
-                v = to_float(item())
-            except Exception as e:  # noqa: BLE001 - bad input never raises into the caller
-                return self._drop(key, "bad_value", f"{_type_name(value)} could not be read as a scalar ({_safe_repr(e)})")
-        else:
-            try:
-                if isinstance(value, (str, bytes)) or value is None:
-                    raise TypeError
-                v = to_float(value)
-            except Exception:  # noqa: BLE001
-                return self._drop(key, "bad_value", f"value of type {_type_name(value)} is not a number")
-        if v - v:
-            self._count_nonfinite(key, v)
-        return v
+        except Exception as e:  # noqa: BLE001 - an .item property, __getattr__, __float__ that raises
+            return self._drop(key, "bad_value", f"{_type_name(value)} value could not be read ({_safe_repr(e)})")
 
     def _device_record(self, key: Any, value: Any, reduction: Any) -> Any:
         """GPU tensors: accumulated on the device by :mod:`forge_obs.device` when available."""
@@ -370,38 +367,35 @@ class MetricCollector:
         the reduction at the same position of ``reductions`` (the tracer's avg / max / dist
         triples), under one lock acquisition. Never raises.
 
-        Fast path: a group's accumulators are cached while the collector's accumulator dict is
-        the same (a flush swaps it); a finite float is appended to each of them directly."""
+        Fast path: the accumulators of a group of three built-in reductions are cached while the
+        collector's accumulator dict is the same (a flush swaps it); a finite float is appended
+        to each of them directly."""
         later = None
         self._lock.acquire()
         try:
             accs = self._accs
             cache = self._groups
-            raw = self._raw
+            if self._raw is not None:  # streaming raw values: one by one, through record_metric
+                later = pairs
+                pairs = ()
             for keys, v in pairs:
-                if type(v) is not float or raw is not None or v - v:
-                    if later is None:
-                        later = []
-                    later.append((keys, v))
-                    continue
                 try:
-                    grp = cache.get(keys)
-                    items = None if grp is not None and accs.get(keys[0]) is grp[0] else list(zip(keys, reductions))
-                except Exception:  # noqa: BLE001 - keys that are not a tuple of str: one by one below
-                    if later is None:
-                        later = []
-                    later.append((keys, v))
-                    continue
-                if items is None:
-                    for a in grp:
-                        a.append(v)  # built-in accumulators and a finite float: cannot raise
-                    self._recorded += len(grp)
-                    continue
-                for key, red in items:
-                    self._record_slow(key, v, red)
-                grp = tuple(accs.get(k) for k, _r in items)
-                if all(type(a) in _SAFE_FOR_FLOATS and a.reduction is r for a, (_k, r) in zip(grp, items)):
-                    cache[keys] = grp
+                    if type(v) is float and not v - v:  # a finite float (else: record_metric, below)
+                        grp = cache.get(keys)
+                        if grp is not None and accs.get(keys[0]) is grp[0]:
+                            a, b, c = grp
+                            a.append(v)  # built-in accumulators and a finite float: cannot raise
+                            b.append(v)
+                            c.append(v)
+                            self._recorded += 3
+                        else:
+                            self._record_group_slow(accs, keys, v, reductions)  # never raises
+                        continue
+                except Exception:  # noqa: BLE001 - keys that are not hashable, ...: below
+                    pass
+                if later is None:
+                    later = []
+                later.append((keys, v))
         finally:
             self._lock.release()
         if later:
@@ -413,6 +407,22 @@ class MetricCollector:
                     continue
                 for key, red in items:
                     record_metric(key, v, red)
+
+    def _record_group_slow(self, accs: dict, keys: tuple, v: float, reductions: tuple) -> None:
+        """Under the lock: a group not cached yet (or of a previous step)."""
+        try:
+            items = list(zip(keys, reductions))
+        except Exception:  # noqa: BLE001
+            self._sink_drop("bad_key", keys, "a group of keys must be a tuple of str")
+            return
+        for key, red in items:
+            self._record_slow(key, v, red)
+        try:
+            grp = tuple(accs.get(k) for k, _r in items)
+            if len(grp) == 3 and all(type(a) in _SAFE_FOR_FLOATS and a.reduction is r for a, (_k, r) in zip(grp, items)):
+                self._groups[keys] = grp
+        except Exception:  # noqa: BLE001 - not cached: the slow path next time too
+            pass
 
     def add_obs_cpu(self, part: str, cpu_s: float) -> None:
         """Count CPU time spent by forge_obs itself (``part``: ``export``, ``timeline``, ``flush``,
@@ -480,19 +490,23 @@ class MetricCollector:
         groups: dict[str, tuple[list, list]] = {}
         odd: list | None = None  # keys of SAMPLE / custom reductions: checked one by one
         for k, a in accs.items():
-            rt = a.rt
-            if packed:
-                g = groups.get(rt)
-                if g is not None:
-                    g[0].append(k)
-                    g[1].append(a.row())
+            try:
+                rt = a.rt
+                if packed:
+                    g = groups.get(rt)
+                    if g is not None:
+                        row = a.row()
+                        g[0].append(k)
+                        g[1].append(row)
+                        continue
+                    if rt in ROW_FIELDS:
+                        groups[rt] = ([k], [a.row()])
+                        continue
+                elif rt in ROW_FIELDS:
+                    states[k] = a.get_state()
                     continue
-                if rt in ROW_FIELDS:
-                    groups[rt] = ([k], [a.row()])
-                    continue
-            elif rt in ROW_FIELDS:
-                states[k] = a.get_state()
-                continue
+            except Exception:  # noqa: BLE001 - e.g. a custom class without .rt: checked below
+                pass
             if odd is None:
                 odd = []
             odd.append(k)
@@ -636,7 +650,7 @@ def record_metric(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN)
     _acquire()  # explicit acquire/release: measurably cheaper than `with` on this path
     try:
         acc = c._accs.get(key)
-        if acc is not None and acc.reduction is reduction:
+        if acc is not None and (acc.reduction is reduction or acc.rt == reduction):  # Reduce.X or "x"
             acc.append(value)
             c._recorded += 1
             if c._raw is not None:

@@ -487,7 +487,7 @@ class Tracer:
                 self._events = []
                 self._names = []
             else:
-                _emit_durations(_duration_pairs(self.prefix, self._steps, _pc() - self._t0))
+                _record_groups(_duration_pairs(self.prefix, self._steps, _pc() - self._t0), _REDS)
         except Exception as e:  # noqa: BLE001 - never raise into the training step
             _warn_once("stop_error", f"Tracer({self.prefix!r}).stop() could not record its timings: {e!r}")
         finally:
@@ -553,7 +553,7 @@ class trace:
                         return await fn(*args, **kwargs)
                     finally:
                         d = _pc() - t0
-                        _emit_durations([(keys, d)])
+                        _record_groups([(keys, d)], _REDS)
 
             else:
 
@@ -577,7 +577,7 @@ class trace:
                     return fn(*args, **kwargs)
                 finally:
                     d = _pc() - t0
-                    _emit_durations([(keys, d)])
+                    _record_groups([(keys, d)], _REDS)
 
         else:
 
