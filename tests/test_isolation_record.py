@@ -432,3 +432,67 @@ def test_tracer_and_device_write_through_the_collector_only():
         src = inspect.getsource(mod)
         for internal in (".total", ".best", ".m2", "accumulator_for", "_make_acc", "_set_state", "_append_locked"):
             assert internal not in src, (mod.__name__, internal)
+
+
+# ------------------------------------------------------------------ Tracer, @trace, timeline
+class BadInt:
+    def __int__(self):
+        raise RuntimeError("no int")
+
+    __index__ = __int__
+
+
+def test_tracer_and_trace_never_raise_for_any_name(fresh_collector):
+    from forge_obs.tracer import Tracer, trace
+
+    t = Tracer(NoStr())
+    t.start()
+    t.step(["a", "list"])
+    t.step(NoStr())
+    t.step({"a": 1})
+    t.stop()
+    t = Tracer(("tuple", "prefix"))
+    with t:
+        t.step(3)
+
+    @trace(NoStr())
+    def f(x):
+        return x + 1
+
+    assert f(1) == 2
+    with trace(["list"]) as t2:
+        t2.step(Unhashable())
+    snap = fresh_collector.snapshot()
+    assert snap["counters"]["dropped_values"] == 0
+    keys = set(snap["states"])
+    assert "<NoStr>/['a', 'list']/duration_avg_s" in keys and "('tuple', 'prefix')/3/duration_max_s" in keys
+    assert "<NoStr>/total_duration_dist_s" in keys
+
+
+def test_record_span_and_event_never_raise_and_their_records_are_written(tmp_path):
+    from forge_obs import timeline as tl
+    from forge_obs.timeline import reader
+
+    cyc: dict = {}
+    cyc["me"] = cyc
+    tl.close()
+    assert tl.configure(tmp_path, open_after_s=60)
+    tl.set_step(BadInt())  # ignored
+    tl.set_step(2)
+    with tl.record_span(NoStr(), flow=NoStr(), bad=NoStr(), cyc=cyc, tup={(1, 2): "x"}, ok=1):
+        tl.record_event(NoStr(), flow=Unhashable(), obj=object())
+        tl.add_step_tag(NoStr())
+
+    @tl.record_span(NoStr())
+    def g():
+        return 5
+
+    assert g() == 5
+    tl.record_event("after", n=1)
+    tl.close()
+    run = reader.scan(tmp_path)
+    items = list(reader.walk(run))
+    names = sorted(it[3] for it in items if it[0] in (reader.SPAN, reader.INSTANT))
+    assert names == ["<NoStr>", "<NoStr>", "<NoStr>", "after"] and run.malformed == 0
+    (span,) = [it for it in items if it[0] == reader.SPAN and it[7]]
+    assert span[7]["a"]["ok"] == 1 and span[4] == 2
