@@ -307,12 +307,9 @@ class MetricCollector:
                 if not value.is_cpu:
                     return self._device_record(key, value, reduction)
                 try:
-                    v = float(value.item())  # .item() rejects tensors of more than one element
+                    return float(value.item())  # .item() rejects tensors of more than one element
                 except Exception as e:  # noqa: BLE001
                     return self._drop(key, "bad_value", f"Tensor could not be read as a scalar ({_safe_repr(e)})")
-                if v - v:
-                    self._count_nonfinite(key, v)
-                return v
             if type(value) is bool:
                 return float(value)
             item = getattr(value, "item", None)
@@ -333,8 +330,6 @@ class MetricCollector:
                     v = to_float(value)
                 except Exception:  # noqa: BLE001
                     return self._drop(key, "bad_value", f"value of type {_type_name(value)} is not a number")
-            if v - v:
-                self._count_nonfinite(key, v)
             return v
         except Exception as e:  # noqa: BLE001 - an .item property, __getattr__, __float__ that raises
             return self._drop(key, "bad_value", f"{_type_name(value)} value could not be read ({_safe_repr(e)})")
@@ -354,13 +349,20 @@ class MetricCollector:
             self._sink_drop(reason, key, why)
         return _DROP
 
-    def _count_nonfinite(self, key: Any, v: float) -> None:
-        if type(key) is not str:
-            key = _norm_key(key)
-            if key is None:
-                return  # the value is dropped (bad_key) under the lock
+    def _record_nonfinite(self, key: Any, value: float, reduction: Any) -> None:
+        """A NaN / inf: recorded like any value, and counted in ``nonfinite_values`` (with a
+        rate-limited warning) only if it was kept."""
         with self._lock:
-            self._sink_nonfinite(key, v)
+            try:
+                r = _append(self._accs, key, value, reduction, self)
+                if r is None:
+                    return
+                self._recorded += 1
+                self._sink_nonfinite(r[0], value)
+                if self._raw is not None:
+                    self._append_raw(*r)
+            except Exception as e:  # noqa: BLE001 - never into the caller
+                self._sink_drop("append_error", key, _safe_repr(e))
 
     def record_groups(self, pairs: list, reductions: tuple) -> None:
         """Record ``[(keys, value), ...]``: each value under every key of its tuple ``keys``, with
@@ -641,12 +643,14 @@ def record_metric(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN)
     c = _C
     t = type(value)
     if t is float:
-        if value - value:
-            c._count_nonfinite(key, value)
+        if value - value:  # NaN / inf: counted if kept
+            return c._record_nonfinite(key, value, reduction)
     elif t is not int:
         value = c._coerce(key, value, reduction)
         if value is _DROP:
             return
+        if type(value) is float and value - value:
+            return c._record_nonfinite(key, value, reduction)
     _acquire()  # explicit acquire/release: measurably cheaper than `with` on this path
     try:
         acc = c._accs.get(key)

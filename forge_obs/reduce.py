@@ -327,10 +327,11 @@ class MaxAccumulator(RowAccumulator):
         self.best = -_INF
 
     def append(self, value: float) -> None:
+        # ``+ 0.0``: a float (an int beyond the float range raises here, before anything is written)
+        value += 0.0
         # NaN is kept (a NaN loss is a signal): once seen it sticks, as nothing compares above it.
-        # ``+ 0.0`` stores a float (and raises, storing nothing, for an int beyond the float range)
         if value > self.best or value != value:
-            self.best = value + 0.0
+            self.best = value
 
     def row(self) -> float:
         return self.best
@@ -358,8 +359,9 @@ class MinAccumulator(RowAccumulator):
         self.best = _INF
 
     def append(self, value: float) -> None:
+        value += 0.0
         if value < self.best or value != value:
-            self.best = value + 0.0
+            self.best = value
 
     def row(self) -> float:
         return self.best
