@@ -250,3 +250,36 @@ def test_device_values_without_device_state_are_capped_per_step(monkeypatch):
     got, counters = drain(dv)
     assert got["lat"]["count"] == 3 and got["lat"]["p99"] == pytest.approx(3.0, rel=ALPHA)
     assert counters["dropped_values"] == 2 and counters["values_recorded"] == 3
+
+
+def test_gpu_timings_enter_the_cut_through_the_collector():
+    """The GPU tracer's pending timings (taken at the cut by a device hook) are added at export
+    through ``Taken.add``. CUDA events cannot run here: stand-ins with CUDA's event API."""
+    from forge_obs.collector import Taken
+    from forge_obs.tracer import _GpuTimings
+
+    class Event:
+        def __init__(self, t_ms):
+            self.t_ms = t_ms
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return other.t_ms - self.t_ms
+
+        def query(self):
+            return True
+
+    timings = _GpuTimings()
+    dv = DeviceValues()
+    dv.add_hook(timings)
+    with timings._lock:  # what Tracer.stop() queues (without starting the poller thread)
+        timings._pending.append(("gpu/step", ["fwd"], [Event(0.0), Event(2.0), Event(5.0)], 0))
+    taken = dv.swap()
+    accs, counters = {}, {"values_recorded": 0, "dropped_values": 0}
+    taken.resolve_into(Taken(accs, None, counters, None))
+    got = {k: a.get_value() for k, a in accs.items()}
+    assert got["gpu/step/fwd/duration_avg_s"] == 0.002 and got["gpu/step/total_duration_max_s"] == 0.005
+    assert got["gpu/step/total_duration_dist_s"]["count"] == 1
+    assert counters["values_recorded"] == 6 and counters["dropped_values"] == 0
