@@ -109,8 +109,9 @@ def _emit_durations(pairs: list) -> None:
 
 
 def _duration_pairs(prefix: str, steps: list, total: float) -> list:
-    pairs = [(_step_keys(prefix, name), d) for name, d in steps]
-    pairs.append((_total_keys(prefix), total))
+    get = _step_keys_cache.get
+    pairs = [((type(name) is str and get((prefix, name))) or _step_keys(prefix, name), d) for name, d in steps]
+    pairs.append((_total_keys_cache.get(prefix) or _total_keys(prefix), total))
     return pairs
 
 
@@ -491,7 +492,8 @@ class Tracer:
         except Exception as e:  # noqa: BLE001 - never raise into the training step
             _warn_once("stop_error", f"Tracer({self.prefix!r}).stop() could not record its timings: {e!r}")
         finally:
-            self._end_memory(record=True)
+            if self._mem_token:
+                self._end_memory(record=True)
             self._active = False
 
     def _end_memory(self, record: bool) -> None:
