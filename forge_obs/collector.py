@@ -373,7 +373,9 @@ class MetricCollector:
         collector's accumulator dict is the same (a flush swaps it); a finite float is appended
         to each of them directly."""
         later = None
-        self._lock.acquire()
+        n = 0
+        lock = self._lock
+        lock.acquire()
         try:
             accs = self._accs
             cache = self._groups
@@ -382,14 +384,14 @@ class MetricCollector:
                 pairs = ()
             for keys, v in pairs:
                 try:
-                    if type(v) is float and not v - v:  # a finite float (else: record_metric, below)
+                    if type(v) is float and v - v == 0.0:  # a finite float (else: record_metric, below)
                         grp = cache.get(keys)
                         if grp is not None and accs.get(keys[0]) is grp[0]:
                             a, b, c = grp
                             a.append(v)  # built-in accumulators and a finite float: cannot raise
                             b.append(v)
                             c.append(v)
-                            self._recorded += 3
+                            n += 3
                         else:
                             self._record_group_slow(accs, keys, v, reductions)  # never raises
                         continue
@@ -399,7 +401,8 @@ class MetricCollector:
                     later = []
                 later.append((keys, v))
         finally:
-            self._lock.release()
+            self._recorded += n
+            lock.release()
         if later:
             for keys, v in later:
                 try:

@@ -91,15 +91,18 @@ class DistributionAccumulator(MetricAccumulator):
             self.nan += 1
             return
         total = self.total + value
-        b[i] = b.get(i, 0) + 1
+        try:
+            b[i] += 1
+        except KeyError:  # a new bucket (rare once the range is covered)
+            b[i] = 1
+            if len(b) > MAX_BUCKETS:
+                _collapse(b)
         self.count += 1
         self.total = total
         if value < self.lo:
             self.lo = value + 0.0
         if value > self.hi:
             self.hi = value + 0.0
-        if len(b) > MAX_BUCKETS:
-            _collapse(b)
 
     def _append_inf(self, value: float) -> None:
         if value > 0:
