@@ -44,7 +44,7 @@ from forge_obs.reduce import (
     resolve_reduction,
     to_float,
 )
-from forge_obs.sketch import DISTRIBUTION, DistributionAccumulator  # registers "distribution" in every process
+from forge_obs.sketch import DistributionAccumulator  # importing sketch registers "distribution" in every process
 
 __all__ = ["MetricCollector", "Taken", "record_metric", "DEFAULT_RAW_CAP"]
 

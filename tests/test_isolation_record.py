@@ -10,7 +10,6 @@ import threading
 import pytest
 
 from forge_obs import Reduce, record_metric, register_reduction
-from forge_obs.collector import MetricCollector
 from forge_obs.reduce import (
     MetricAccumulator,
     reduce_metrics_states,
