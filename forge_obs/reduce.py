@@ -291,7 +291,10 @@ class SumAccumulator(RowAccumulator):
 
     @classmethod
     def row_value(cls, row):
-        return to_float(row)
+        try:
+            return float(row)
+        except OverflowError:
+            return to_float(row)
 
 
 class MeanAccumulator(RowAccumulator):
@@ -317,7 +320,12 @@ class MeanAccumulator(RowAccumulator):
 
     @classmethod
     def row_value(cls, row):
-        return to_float(row[0]) / row[1] if row[1] else 0.0
+        if not row[1]:
+            return 0.0
+        try:
+            return row[0] / row[1]
+        except OverflowError:  # an int sum beyond the float range (a foreign state)
+            return to_float(row[0]) / row[1]
 
 
 class MaxAccumulator(RowAccumulator):
@@ -349,7 +357,10 @@ class MaxAccumulator(RowAccumulator):
 
     @classmethod
     def row_value(cls, row):
-        return to_float(row)
+        try:
+            return float(row)
+        except OverflowError:
+            return to_float(row)
 
 
 class MinAccumulator(RowAccumulator):
@@ -379,7 +390,10 @@ class MinAccumulator(RowAccumulator):
 
     @classmethod
     def row_value(cls, row):
-        return to_float(row)
+        try:
+            return float(row)
+        except OverflowError:
+            return to_float(row)
 
 
 class StdAccumulator(RowAccumulator):
@@ -684,25 +698,34 @@ def _warn_drop(key: Any, reason: str, err: Any = None) -> None:
 
 
 class _Grouper:
-    """The states of each key across snapshots: ``key -> [reduction name, items, n_states]``,
-    items being rows (built-in reductions) or state dicts. Malformed states and conflicting
-    reductions are set aside, per key."""
+    """The states of each key across snapshots: ``key -> [reduction name, items]``, items being
+    rows (built-in reductions) or state dicts. Malformed states and conflicting reductions are
+    set aside, per key."""
 
     def __init__(self) -> None:
         self.groups: dict[Any, list] = {}
-        self.conflicts: dict[Any, set] = {}
+        self.conflicts: dict[Any, list] = {}  # key -> [set of reduction names, states not grouped]
         self.bad: dict[Any, list] = {}  # key -> [reason, n, error]
 
     def add(self, key: Any, rt: str, item: Any) -> None:
         g = self.groups.get(key)
         if g is None:
-            self.groups[key] = [rt, [item], 1]
-            return
-        g[2] += 1
-        if g[0] == rt:
+            self.groups[key] = [rt, [item]]
+        elif g[0] == rt:
             g[1].append(item)
         else:
-            self.conflicts.setdefault(key, {g[0]}).add(rt)
+            self._conflict(key, g[0], rt)
+
+    def _conflict(self, key: Any, rt0: str, rt: str) -> None:
+        c = self.conflicts.get(key)
+        if c is None:
+            c = self.conflicts[key] = [{rt0}, 0]
+        c[0].add(rt)
+        c[1] += 1
+
+    def n_states(self, key: Any) -> int:
+        g, c, b = self.groups.get(key), self.conflicts.get(key), self.bad.get(key)
+        return (len(g[1]) if g else 0) + (c[1] if c else 0) + (b[1] if b else 0)
 
     def set_aside(self, key: Any, reason: str, err: Any = None) -> None:
         b = self.bad.get(key)
@@ -714,11 +737,18 @@ class _Grouper:
     def add_snapshot(self, snap: Any) -> None:
         if not isinstance(snap, dict):
             return
+        groups = self.groups
         for rt, group in (snap.get("packed") or {}).items():
             try:
                 keys, rows = group
-                for k, row in zip(keys, rows):
-                    self.add(k, rt, row)
+                for k, row in zip(keys, rows):  # self.add, inlined: the bulk of a merge
+                    g = groups.get(k)
+                    if g is None:
+                        groups[k] = [rt, [row]]
+                    elif g[0] == rt:
+                        g[1].append(row)
+                    else:
+                        self._conflict(k, g[0], rt)
             except Exception as e:  # noqa: BLE001 - not what a collector exports: skip the group
                 logger.warning("forge_obs: a malformed packed group %r was skipped: %r", rt, e)
         for k, st in (snap.get("states") or {}).items():
@@ -743,7 +773,9 @@ class _Grouper:
         self.add(k, rt, row)
 
     def keys(self) -> list:
-        ks = set(self.groups) | set(self.bad)
+        ks = set(self.groups)
+        if self.bad:
+            ks |= set(self.bad)
         try:
             return sorted(ks)
         except TypeError:  # keys of several types (never from a collector)
@@ -771,29 +803,37 @@ def _reduce_groups(
     out: list[Metric] = []
     append = out.append
     groups, conflicts, bad = gr.groups, gr.conflicts, gr.bad
+    fns: dict[str, tuple] = {rt: (c.row_value, c.merge_rows) for rt, c in ROW_CLASSES.items()}
+    by_name = _BY_NAME
+    odd = bool(conflicts or bad)
     for key in gr.keys():
-        b = bad.get(key)
-        if b is not None:
-            g = groups.get(key)
-            _warn_drop(key, b[0], b[2])
-            _call(on_drop, key, b[0], b[1] + (g[2] if g else 0))
+        if odd and (key in bad or key in conflicts):
+            b = bad.get(key)
+            reason = b[0] if b is not None else "reduction_mismatch"
+            if b is None:
+                _warn_drop(key, reason, f"recorded as {', '.join(sorted(map(str, conflicts[key][0])))}")
+                _call(on_conflict, key, conflicts[key][0])
+            else:
+                _warn_drop(key, reason, b[2])
+            _call(on_drop, key, reason, gr.n_states(key))
             continue
-        rt, items, n = groups[key]
-        if key in conflicts:
-            _warn_drop(key, "reduction_mismatch", f"recorded as {', '.join(sorted(map(str, conflicts[key])))}")
-            _call(on_conflict, key, conflicts[key])
-            _call(on_drop, key, "reduction_mismatch", n)
-            continue
+        rt, items = groups[key]
         try:
-            v = _value(rt, items)
+            f = fns.get(rt)
+            if f is None:
+                v = _value(rt, items)
+            elif len(items) == 1:
+                v = f[0](items[0])
+            else:
+                v = f[0](f[1](items))
+                if type(v) is float and v - v and _finite_rows(items):
+                    _call(on_overflow, key)  # finite states whose merge exceeds the float range
         except Exception as e:  # noqa: BLE001 - one key's failure never costs the others
             reason = "unknown_reduction" if rt not in _REGISTRY else "merge_error"
             _warn_drop(key, reason, e)
-            _call(on_drop, key, reason, n)
+            _call(on_drop, key, reason, len(items))
             continue
-        if type(v) is float and v - v and len(items) > 1 and rt in ROW_CLASSES and _finite_rows(items):
-            _call(on_overflow, key)  # finite states whose merge exceeds the float range
-        append(Metric(key, v, _BY_NAME.get(rt, rt), now, source))
+        append(Metric(key, v, by_name.get(rt, rt), now, source))
     return out
 
 
@@ -867,24 +907,23 @@ def merge_snapshots(
         gr.add_snapshot(snap)
     states: dict[str, Any] = {}
     for key in gr.keys():
-        b = gr.bad.get(key)
-        g = gr.groups.get(key)
-        if b is not None or key in gr.conflicts:
+        if key in gr.bad or key in gr.conflicts:
+            b = gr.bad.get(key)
             reason = b[0] if b is not None else "reduction_mismatch"
             _warn_drop(key, reason, b[2] if b is not None else None)
-            _call(on_drop, key, reason, (b[1] if b is not None else 0) + (g[2] if g else 0))
+            _call(on_drop, key, reason, gr.n_states(key))
             continue
-        rt, items, n = g
+        rt, items = gr.groups[key]
         try:
             cls = ROW_CLASSES.get(rt)
             if cls is not None:
-                states[key] = _row_state(rt, cls.fields, items[0] if n == 1 else cls.merge_rows(items))
+                states[key] = _row_state(rt, cls.fields, items[0] if len(items) == 1 else cls.merge_rows(items))
             else:
-                states[key] = items[0] if n == 1 else accumulator_for(rt).merge_states(items)
+                states[key] = items[0] if len(items) == 1 else accumulator_for(rt).merge_states(items)
         except Exception as e:  # noqa: BLE001
             reason = "unknown_reduction" if rt not in _REGISTRY else "merge_error"
             _warn_drop(key, reason, e)
-            _call(on_drop, key, reason, n)
+            _call(on_drop, key, reason, len(items))
     return {"states": states}
 
 
@@ -918,7 +957,7 @@ def snapshot_values(
             _warn_drop(k, b[0], b[2])
             _call(on_drop, k, b[0], 1)
             continue
-        rt, items, _n = gr.groups[k]
+        rt, items = gr.groups[k]
         try:
             values[k] = _value(rt, items)
         except Exception as e:  # noqa: BLE001
