@@ -495,3 +495,54 @@ def test_record_span_and_event_never_raise_and_their_records_are_written(tmp_pat
     assert names == ["<NoStr>", "<NoStr>", "<NoStr>", "after"] and run.malformed == 0
     (span,) = [it for it in items if it[0] == reader.SPAN and it[7]]
     assert span[7]["a"]["ok"] == 1 and span[4] == 2
+
+
+# ------------------------------------------------------------------ on real Monarch meshes
+class ActorsOnlyRange(RangeAccumulator):
+    """Registered in the actors' processes only (not in the controller)."""
+
+
+class BadValues:
+    """An actor whose ranks record what the issue measured: an unpicklable SAMPLE row (rank 0),
+    a finite 1e308 SUM (every rank: the merge overflows), an int beyond the float range as MAX,
+    and a custom reduction the controller does not know."""
+
+    @staticmethod
+    def record(rank: int) -> None:
+        name = register_reduction("actors_only_range", ActorsOnlyRange)
+        if rank == 0:
+            record_metric("bad/rows", {"lock": threading.Lock()}, Reduce.SAMPLE)
+        record_metric("bad/big_sum", 1e308, Reduce.SUM)
+        record_metric("bad/huge_max", BIG, Reduce.MAX)
+        record_metric("bad/custom", float(rank), name)
+        record_metric("good/loss", float(rank + 1))
+        record_metric(["not", "a", "key"], 1.0)
+
+
+async def test_bad_values_on_real_ranks_cost_only_their_keys(tmp_path):
+    from monarch.actor import Actor, current_rank, endpoint, this_host
+
+    from tests.helpers import global_rows, start_logger
+
+    class Recorder(Actor):
+        @endpoint
+        async def record(self) -> None:
+            BadValues.record(current_rank().rank)
+
+    mlogger = await start_logger(tmp_path)
+    pm = this_host().spawn_procs(per_host={"procs": 2}, name="bad")
+    try:
+        await pm.spawn("Recorder", Recorder).record.call()
+        await mlogger.flush.call_one(0)
+        await mlogger.shutdown.call_one()
+    finally:
+        await pm.stop()
+    (row,) = global_rows(tmp_path).values()
+    m = row["metrics"]
+    assert row["step"] == 0 and not row.get("missing")
+    assert m["good/loss"] == 1.5  # both ranks' values arrive, rank 0's too
+    assert m["bad/big_sum"] == math.inf and m["bad/huge_max"] == math.inf
+    assert "bad/rows" not in m and "bad/custom" not in m
+    # each rank: one bad key; rank 0: the unpicklable row; every rank: the huge int (non-finite)
+    assert m["obs/dropped_values"] >= 2 + 1
+    assert m["obs/nonfinite_values"] >= 2
