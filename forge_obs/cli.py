@@ -26,21 +26,35 @@ def command(name: str, help: str, add_arguments: Callable[[argparse.ArgumentPars
     return deco
 
 
+SHOW_MODES = ("global_reduce", "per_rank_reduce", "per_rank_no_reduce", "all")
+
+
 def _show_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path)
-    p.add_argument("--mode", default="global_reduce", help="global_reduce | per_rank_reduce | per_rank_no_reduce | all")
+    p.add_argument("--mode", default="global_reduce", help=" | ".join(SHOW_MODES))
 
 
 @command("show", "print a run's reduced metrics, one JSON line per step", _show_args)
 def _show(args: argparse.Namespace) -> int:
-    from forge_obs.store import read_metrics
+    from forge_obs.store import read_jsonl
 
-    path = args.run_dir / "metrics.jsonl"
-    if not path.exists():
-        print(f"forge-obs: no metrics.jsonl in {args.run_dir}", file=sys.stderr)
+    if args.mode not in SHOW_MODES:
+        print(f"forge-obs show: unknown --mode {args.mode!r}; valid: {', '.join(SHOW_MODES)}", file=sys.stderr)
         return 2
-    for row in read_metrics(args.run_dir, None if args.mode == "all" else args.mode):
-        print(json.dumps(row))
+    path = args.run_dir / "metrics.jsonl"
+    if not path.is_file():
+        print(f"forge-obs show: no metrics.jsonl in {args.run_dir} (pass a run directory, e.g. runs/<run_id>)", file=sys.stderr)
+        return 2
+    mode = None if args.mode == "all" else args.mode
+    try:
+        for row in read_jsonl(path):  # streamed: the first lines print before the file is read
+            if mode is None or row.get("mode") == mode:
+                print(json.dumps(row))
+    except BrokenPipeError:
+        raise  # handled by main(): the reader (e.g. `head`) has gone
+    except OSError as e:
+        print(f"forge-obs show: cannot read {path}: {e.strerror or e}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -78,13 +92,29 @@ def main(argv: list[str] | None = None) -> int:
         add_args(sub.add_parser(name, help=help_))
     args = parser.parse_args(argv)
     try:
-        return COMMANDS[args.cmd][2](args)
+        rc = COMMANDS[args.cmd][2](args)
+        sys.stdout.flush()
     except ModuleNotFoundError as e:
         name = e.name or ""
         if not name or name.split(".")[0] in ("forge_obs", "provisioner_hooks", "apps"):
             raise  # our own code is missing: a broken install, the traceback is the useful part
         print(missing_dependency(args.cmd, name), file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `forge-obs show ... | head -1`: the reader has what it wanted
+        _quiet_stdout()
+        return 0
+    return rc
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush does not fail again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

@@ -11,10 +11,19 @@
 with no I/O, no RPC and no device sync. A flush *swaps* the accumulator dict (so values recorded
 while a flush runs land in the next step, never lost) and exports mergeable states. This module
 imports neither Monarch nor torch.
+
+Every value enters a step's accumulators through this module: ``record_metric`` and
+:meth:`MetricCollector.record_groups` (the tracer) while recording, :meth:`Taken.add` and
+:meth:`Taken.merge_row` (device values, GPU timings) at export. None of them raises into the
+caller for any value, key or reduction: a value that cannot be recorded is dropped with a
+rate-limited warning and counted by reason (``counters["dropped_by_reason"]``; reasons: see
+:mod:`forge_obs.reduce`), and a rejected value leaves nothing behind in the accumulator.
 """
 
 from __future__ import annotations
 
+import math
+import pickle
 import sys
 import threading
 import time
@@ -23,36 +32,184 @@ from typing import Any
 from forge_obs._env import METRICS_DISABLED
 from forge_obs._warn import WARNER
 from forge_obs.metric import Metric
-from forge_obs.reduce import ROW_FIELDS, MetricAccumulator, Reduce, accumulator_for, resolve_reduction
-from forge_obs.sketch import DISTRIBUTION  # noqa: F401,E402 - registers the "distribution" reduction in every process
+from forge_obs.reduce import (
+    _REGISTRY,
+    ROW_CLASSES,
+    ROW_FIELDS,
+    DropCounts,
+    MetricAccumulator,
+    Reduce,
+    _safe_repr,
+    overflowed_keys,
+    resolve_reduction,
+    to_float,
+)
+from forge_obs.sketch import DistributionAccumulator  # importing sketch registers "distribution" in every process
 
-__all__ = ["MetricCollector", "record_metric", "DEFAULT_RAW_CAP"]
+__all__ = ["MetricCollector", "Taken", "record_metric", "DEFAULT_RAW_CAP"]
 
 #: raw values kept per flush interval for ``per_rank_no_reduce`` streams (beyond: counted)
 DEFAULT_RAW_CAP = 100_000
 
 _DROP = object()
 _SAMPLE = Reduce.SAMPLE  # module global: cheaper than the Enum attribute lookup per call
+_INF = math.inf
+#: accumulator classes whose ``append`` cannot raise for a finite float (cached tracer groups)
+_SAFE_FOR_FLOATS = frozenset(ROW_CLASSES.values()) | {DistributionAccumulator}
+
+
+def _key_text(key: Any) -> str:
+    return key if type(key) is str else _safe_repr(key)
+
+
+def _norm_key(key: Any) -> "str | None":
+    """``key`` as an exact ``str`` (a ``str`` subclass is copied), or None if it is not one."""
+    if type(key) is str:
+        return key
+    if isinstance(key, str):
+        try:
+            return str.__str__(key)
+        except Exception:  # noqa: BLE001
+            return None
+    return None
+
+
+def _lookup(reduction: Any) -> "Reduce | str | None":
+    """The registered reduction ``reduction`` names (case-insensitive), or None."""
+    if type(reduction) is Reduce:
+        return reduction
+    try:
+        return resolve_reduction(reduction)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _append(accs: dict, key: Any, value: Any, reduction: Any, sink: Any) -> "tuple[str, Any] | None":
+    """Append one value to ``accs`` (a step's accumulators), creating the key's accumulator on its
+    first value. The only place values enter accumulators (besides the cached fast paths of
+    ``record_metric`` and :meth:`MetricCollector.record_groups`, which call ``append`` on an
+    existing accumulator of the same reduction). An ``int`` beyond the float range becomes
+    ``±inf`` (IEEE), counted non-finite. Returns ``(key, value)`` as appended, or None when the
+    value was dropped (reported to ``sink``). A new accumulator is kept only if its first value
+    was appended: nothing phantom is left."""
+    k = key if type(key) is str else _norm_key(key)
+    if k is None:
+        sink._sink_drop("bad_key", key, f"key must be a str, got {type(key).__name__}")
+        return None
+    red = reduction if type(reduction) is Reduce else _lookup(reduction)
+    if red is None:
+        sink._sink_drop("unknown_reduction", k, f"unknown reduction {_safe_repr(reduction)}")
+        return None
+    acc = accs.get(k)
+    new = acc is None
+    try:
+        if new:
+            cls = _REGISTRY[red.value if type(red) is Reduce else red]
+            if cls.numeric and not isinstance(value, (int, float)):
+                sink._sink_drop("bad_value", k, f"{type(value).__name__} value needs a non-numeric reduction such as Reduce.SAMPLE")
+                return None
+            acc = cls(red)
+        elif acc.reduction is not red:
+            sink._sink_drop("reduction_mismatch", k, f"recorded with {_name(red)} but this step already has it as {_name(acc.reduction)}")
+            return None
+        try:
+            acc.append(value)
+        except OverflowError:
+            if not isinstance(value, int):
+                raise
+            value = _INF if value > 0 else -_INF
+            sink._sink_nonfinite(k, value)
+            acc.append(value)
+    except Exception as e:  # noqa: BLE001 - a (custom) accumulator that raises: this value only
+        sink._sink_drop("append_error", k, f"{type(acc).__name__ if acc is not None else _name(red)} raised {_safe_repr(e)}")
+        return None
+    if new:
+        accs[k] = acc
+    return k, value
 
 
 class Taken:
     """What :meth:`MetricCollector.swap` took: accumulators, raw values, counters, and the
-    device values not yet read (resolved by :meth:`MetricCollector.export`)."""
+    device values not yet read (resolved by :meth:`MetricCollector.export`).
 
-    __slots__ = ("accs", "raw", "counters", "device")
+    Values that belong to the cut but are only known at export (device values read back, GPU
+    timings) enter with :meth:`add` and :meth:`merge_row`."""
 
-    def __init__(self, accs: dict, raw: list | None, counters: dict, device: Any) -> None:
+    __slots__ = ("accs", "raw", "counters", "device", "nonfinite_keys")
+
+    def __init__(self, accs: dict, raw: list | None, counters: dict, device: Any, nonfinite_keys: Any = None) -> None:
         self.accs = accs
         self.raw = raw
         self.counters = counters
         self.device = device
+        #: keys that had a non-finite value recorded (not counted again as overflows at export)
+        self.nonfinite_keys = set() if nonfinite_keys is None else nonfinite_keys
+
+    # ------------------------------------------------------------------ adding values at export
+    def add(self, key: str, value: Any, reduction: Any) -> bool:
+        """One more value of this step (never raises; False: dropped and counted)."""
+        try:
+            ok = _append(self.accs, key, value, reduction, self) is not None
+        except Exception as e:  # noqa: BLE001
+            self.drop("append_error", 1, key, _safe_repr(e))
+            return False
+        if ok:
+            self._count("values_recorded", 1)
+        return ok
+
+    def merge_row(self, key: str, reduction: Any, row: Any, n: int) -> bool:
+        """Merge ``row`` (the state of ``n`` values of a built-in reduction accumulated elsewhere,
+        e.g. on a device) into this step's accumulator of ``key`` (never raises)."""
+        try:
+            rt = reduction.value if type(reduction) is Reduce else reduction
+            acc = self.accs.get(key)
+            if acc is None:
+                self.accs[key] = ROW_CLASSES[rt].from_row(reduction, row)
+            elif acc.reduction is not reduction:
+                self.drop("reduction_mismatch", n, key, f"recorded with {_name(reduction)} on a device but "
+                          f"with {_name(acc.reduction)} on the CPU")
+                return False
+            else:
+                acc.merge_row(row)
+        except Exception as e:  # noqa: BLE001
+            self.drop("merge_error", n, key, _safe_repr(e))
+            return False
+        self._count("values_recorded", n)
+        return True
+
+    def drop(self, reason: str, n: int = 1, key: Any = None, why: str | None = None) -> None:
+        """Count ``n`` values dropped for ``reason`` (and warn, rate-limited, when ``why``)."""
+        c = self.counters
+        c["dropped_values"] = c.get("dropped_values", 0) + n
+        d = c.get("dropped_by_reason")
+        if d is None:
+            d = c["dropped_by_reason"] = DropCounts()
+        d.add(reason, n)
+        if why is not None:
+            WARNER.warn(reason, _key_text(key), f"{_safe_repr(key)}: {why}; dropped (counted in obs/dropped_values)")
+
+    def note_nonfinite(self, key: str) -> None:
+        """Count a key whose value is non-finite (device values: counted per key)."""
+        self._count("nonfinite_values", 1)
+        self.nonfinite_keys.add(key)
+
+    def _count(self, name: str, n: int) -> None:
+        c = self.counters
+        c[name] = c.get(name, 0) + n
+
+    # the sink interface of _append
+    def _sink_drop(self, reason: str, key: Any, why: str) -> None:
+        self.drop(reason, 1, key, why)
+
+    def _sink_nonfinite(self, key: str, v: float) -> None:
+        self.note_nonfinite(key)
 
 
 class MetricCollector:
     """Per-process singleton that accumulates values between flushes.
 
     ``record_metric`` writes here; the process's ``LocalFetcherActor`` (or, on the controller, the
-    ``GlobalLoggingActor``) calls :meth:`snapshot` at each flush.
+    ``GlobalLoggingActor``) calls :meth:`swap` at the cut and :meth:`export` afterwards.
     """
 
     _instance: "MetricCollector | None" = None
@@ -77,8 +234,12 @@ class MetricCollector:
         self.raw_cap = DEFAULT_RAW_CAP
         self._recorded = 0
         self._dropped = 0
+        self._drops = DropCounts()
         self._nonfinite = 0
+        self._nonfinite_keys: set[str] = set()
         self._raw_overflow = 0
+        # record_groups: key tuple -> its accumulators in the current dict
+        self._groups: dict[tuple, tuple] = {}
         # CPU forge_obs itself used, by part (obs/cpu_<part>_s; parts: pipeline.CPU_PARTS)
         self._obs_cpu: dict[str, float] = {}
         self._device_values = None  # set by forge_obs.device when a GPU value is first seen
@@ -101,40 +262,17 @@ class MetricCollector:
         return self._raw is not None
 
     def _record_slow(self, key: Any, value: Any, reduction: Any) -> None:
-        """Called under the lock: a key's first value of the step, a reduction mismatch, or a
-        non-``Reduce`` reduction argument."""
+        """Called under the lock: a key's first value of the step, a reduction mismatch, a
+        non-``Reduce`` reduction argument, or whatever made the fast path raise. Never raises."""
         try:
-            red = resolve_reduction(reduction)
-        except ValueError as e:
-            self._dropped += 1
-            WARNER.warn("bad_reduction", str(key), f"record_metric({key!r}): {e}; value dropped")
-            return
-        if not isinstance(key, str):
-            self._dropped += 1
-            WARNER.warn("bad_key", repr(key), f"record_metric: key must be a str, got {type(key).__name__}; value dropped")
-            return
-        acc = self._accs.get(key)
-        if acc is None:
-            cls = accumulator_for(red.value if isinstance(red, Reduce) else red)
-            if cls.numeric and not isinstance(value, (int, float)):
-                self._dropped += 1
-                WARNER.warn("bad_value", key, f"record_metric({key!r}): {type(value).__name__} value needs Reduce.SAMPLE; dropped")
+            r = _append(self._accs, key, value, reduction, self)
+            if r is None:
                 return
-            acc = cls(red)
-            self._accs[key] = acc
-        elif acc.reduction is not red:
-            self._dropped += 1
-            WARNER.warn(
-                "reduction_mismatch",
-                key,
-                f"record_metric({key!r}): recorded with {_name(red)} but this step already has it as "
-                f"{_name(acc.reduction)}; value dropped (counted in obs/dropped_values)",
-            )
-            return
-        acc.append(value)
-        self._recorded += 1
-        if self._raw is not None:
-            self._append_raw(key, value)
+            self._recorded += 1
+            if self._raw is not None:
+                self._append_raw(*r)
+        except Exception as e:  # noqa: BLE001 - never into the caller
+            self._sink_drop("append_error", key, _safe_repr(e))
 
     def _append_raw(self, key: str, value: Any) -> None:
         if len(self._raw) < self.raw_cap:  # type: ignore[arg-type]
@@ -142,45 +280,61 @@ class MetricCollector:
         else:
             self._raw_overflow += 1
 
-    def _coerce(self, key: Any, value: Any, reduction: Any) -> Any:
-        """Turn a non-int/float value into a float (or keep a row for SAMPLE); _DROP if bad."""
-        if reduction is _SAMPLE or reduction == "sample":
-            return value
-        if type(value) is (_TENSOR or _tensor_type()):  # plain torch.Tensor: the common case, fast
-            if not value.is_cpu:
-                return self._device_record(key, value, reduction)
-            try:
-                v = float(value.item())  # .item() rejects tensors of more than one element
-            except Exception as e:  # noqa: BLE001
-                return self._drop(key, f"Tensor could not be read as a scalar ({e})")
-            if v - v:
-                self._count_nonfinite(key, v)
-            return v
-        if type(value) is bool:
-            return float(value)
-        item = getattr(value, "item", None)
-        if item is not None:
-            # torch tensors: ``is_cpu`` is far cheaper than ``.device.type``; others: ``.device``
-            is_cpu = getattr(value, "is_cpu", None)
-            if is_cpu is False or (is_cpu is None and getattr(getattr(value, "device", None), "type", "cpu") != "cpu"):
-                return self._device_record(key, value, reduction)
-            try:
-                # .item() itself rejects tensors / arrays of more than one element
-                v = float(item())
-            except Exception as e:  # noqa: BLE001 - bad input never raises into the caller
-                return self._drop(key, f"{type(value).__name__} could not be read as a scalar ({e})")
-        else:
-            try:
-                if isinstance(value, (str, bytes)) or value is None:
-                    raise TypeError
-                v = float(value)
-            except Exception:  # noqa: BLE001
-                return self._drop(key, f"value of type {type(value).__name__} is not a number")
-        if v - v:
-            self._count_nonfinite(key, v)
-        return v
+    # the sink interface of _append (the lock is held)
+    def _sink_drop(self, reason: str, key: Any, why: str, n: int = 1) -> None:
+        self._dropped += n
+        self._drops[reason] = self._drops.get(reason, 0) + n
+        WARNER.warn(reason, _key_text(key), f"record_metric({_safe_repr(key)}): {why}; dropped (counted in obs/dropped_values)")
 
-    def _device_record(self, key: str, value: Any, reduction: Any) -> Any:
+    def _sink_nonfinite(self, key: str, v: float) -> None:
+        self._nonfinite += 1
+        self._nonfinite_keys.add(key)
+        WARNER.warn("nonfinite", key, f"record_metric({key!r}): non-finite value {v} kept (counted in obs/nonfinite_values)")
+
+    def _coerce(self, key: Any, value: Any, reduction: Any) -> Any:
+        """Turn a non-int/float value into a float (or keep it for a non-numeric reduction such
+        as SAMPLE); _DROP if it cannot be (counted). Never raises."""
+        try:
+            if reduction is _SAMPLE:
+                return value
+            if type(reduction) is not Reduce:
+                red = _lookup(reduction)
+                if red is None:
+                    return value  # dropped as unknown_reduction under the lock
+                if not _REGISTRY[red.value if type(red) is Reduce else red].numeric:
+                    return value
+            if type(value) is (_TENSOR or _tensor_type()):  # plain torch.Tensor: the common case, fast
+                if not value.is_cpu:
+                    return self._device_record(key, value, reduction)
+                try:
+                    return float(value.item())  # .item() rejects tensors of more than one element
+                except Exception as e:  # noqa: BLE001
+                    return self._drop(key, "bad_value", f"Tensor could not be read as a scalar ({_safe_repr(e)})")
+            if type(value) is bool:
+                return float(value)
+            item = getattr(value, "item", None)
+            if item is not None:
+                # torch tensors: ``is_cpu`` is far cheaper than ``.device.type``; others: ``.device``
+                is_cpu = getattr(value, "is_cpu", None)
+                if is_cpu is False or (is_cpu is None and getattr(getattr(value, "device", None), "type", "cpu") != "cpu"):
+                    return self._device_record(key, value, reduction)
+                try:
+                    # .item() itself rejects tensors / arrays of more than one element
+                    v = to_float(item())
+                except Exception as e:  # noqa: BLE001 - bad input never raises into the caller
+                    return self._drop(key, "bad_value", f"{_type_name(value)} could not be read as a scalar ({_safe_repr(e)})")
+            else:
+                try:
+                    if isinstance(value, (str, bytes)) or value is None:
+                        raise TypeError
+                    v = to_float(value)
+                except Exception:  # noqa: BLE001
+                    return self._drop(key, "bad_value", f"value of type {_type_name(value)} is not a number")
+            return v
+        except Exception as e:  # noqa: BLE001 - an .item property, __getattr__, __float__ that raises
+            return self._drop(key, "bad_value", f"{_type_name(value)} value could not be read ({_safe_repr(e)})")
+
+    def _device_record(self, key: Any, value: Any, reduction: Any) -> Any:
         """GPU tensors: accumulated on the device by :mod:`forge_obs.device` when available."""
         try:
             from forge_obs.device import record_device_value
@@ -188,18 +342,92 @@ class MetricCollector:
             record_device_value(self, key, value, reduction)
             return _DROP  # accumulated on the device: nothing left for the CPU accumulators
         except Exception as e:  # noqa: BLE001
-            return self._drop(key, f"device value could not be recorded ({e})")
+            return self._drop(key, "device_error", f"device value could not be recorded ({_safe_repr(e)})")
 
-    def _drop(self, key: Any, why: str) -> Any:
+    def _drop(self, key: Any, reason: str, why: str) -> Any:
         with self._lock:
-            self._dropped += 1
-        WARNER.warn("bad_value", str(key), f"record_metric({key!r}): {why}; dropped (counted in obs/dropped_values)")
+            self._sink_drop(reason, key, why)
         return _DROP
 
-    def _count_nonfinite(self, key: str, v: float) -> None:
+    def _record_nonfinite(self, key: Any, value: float, reduction: Any) -> None:
+        """A NaN / inf: recorded like any value, and counted in ``nonfinite_values`` (with a
+        rate-limited warning) only if it was kept."""
         with self._lock:
-            self._nonfinite += 1
-        WARNER.warn("nonfinite", str(key), f"record_metric({key!r}): non-finite value {v} kept (counted in obs/nonfinite_values)")
+            try:
+                r = _append(self._accs, key, value, reduction, self)
+                if r is None:
+                    return
+                self._recorded += 1
+                self._sink_nonfinite(r[0], value)
+                if self._raw is not None:
+                    self._append_raw(*r)
+            except Exception as e:  # noqa: BLE001 - never into the caller
+                self._sink_drop("append_error", key, _safe_repr(e))
+
+    def record_groups(self, pairs: list, reductions: tuple) -> None:
+        """Record ``[(keys, value), ...]``: each value under every key of its tuple ``keys``, with
+        the reduction at the same position of ``reductions`` (the tracer's avg / max / dist
+        triples), under one lock acquisition. Never raises.
+
+        Fast path: the accumulators of a group of three built-in reductions are cached while the
+        collector's accumulator dict is the same (a flush swaps it); a finite float is appended
+        to each of them directly."""
+        later = None
+        n = 0
+        lock = self._lock
+        lock.acquire()
+        try:
+            accs = self._accs
+            cache = self._groups
+            if self._raw is not None:  # streaming raw values: one by one, through record_metric
+                later = pairs
+                pairs = ()
+            for keys, v in pairs:
+                try:
+                    if type(v) is float and v - v == 0.0:  # a finite float (else: record_metric, below)
+                        grp = cache.get(keys)
+                        if grp is not None and accs.get(keys[0]) is grp[0]:
+                            a, b, c = grp
+                            a.append(v)  # built-in accumulators and a finite float: cannot raise
+                            b.append(v)
+                            c.append(v)
+                            n += 3
+                        else:
+                            self._record_group_slow(accs, keys, v, reductions)  # never raises
+                        continue
+                except Exception:  # noqa: BLE001 - keys that are not hashable, ...: below
+                    pass
+                if later is None:
+                    later = []
+                later.append((keys, v))
+        finally:
+            self._recorded += n
+            lock.release()
+        if later:
+            for keys, v in later:
+                try:
+                    items = list(zip(keys, reductions))
+                except Exception:  # noqa: BLE001
+                    self._drop(keys, "bad_key", "a group of keys must be a tuple of str")
+                    continue
+                for key, red in items:
+                    record_metric(key, v, red)
+
+    def _record_group_slow(self, accs: dict, keys: tuple, v: float, reductions: tuple) -> None:
+        """Under the lock: a group not cached yet (or of a previous step)."""
+        try:
+            items = list(zip(keys, reductions))
+        except Exception:  # noqa: BLE001
+            self._sink_drop("bad_key", keys, "a group of keys must be a tuple of str")
+            return
+        for key, red in items:
+            self._record_slow(key, v, red)
+        try:
+            grp = tuple(accs.get(k) for k, _r in items)
+            if len(grp) == 3 and all(type(a) in _SAFE_FOR_FLOATS and a.reduction is r for a, (_k, r) in zip(grp, items)):
+                self._groups[keys] = grp
+        except Exception:  # noqa: BLE001 - not cached: the slow path next time too
+            pass
 
     def add_obs_cpu(self, part: str, cpu_s: float) -> None:
         """Count CPU time spent by forge_obs itself (``part``: ``export``, ``timeline``, ``flush``,
@@ -221,9 +449,12 @@ class MetricCollector:
             raw = self._raw
             if raw is not None:
                 self._raw = []
+            drops, self._drops = self._drops, DropCounts()
+            nonfinite_keys, self._nonfinite_keys = self._nonfinite_keys, set()
             counters = {
                 "values_recorded": self._recorded,
                 "dropped_values": self._dropped,
+                "dropped_by_reason": drops,
                 "nonfinite_values": self._nonfinite,
                 "stream_overflow": self._raw_overflow,
             }
@@ -233,7 +464,7 @@ class MetricCollector:
             self._obs_cpu = {}
         dev = self._device_values
         device = dev.swap() if dev is not None else None
-        return Taken(accs, raw, counters, device)
+        return Taken(accs, raw, counters, device, nonfinite_keys)
 
     def export(self, taken: "Taken", packed: bool = False) -> dict[str, Any]:
         """Mergeable states of a :class:`Taken` (device values are read here, once per device).
@@ -242,27 +473,69 @@ class MetricCollector:
         "wall_time": t}``. With ``packed=True`` (what fetchers send), the built-in numeric
         reductions come as ``"packed": {reduction: (keys, rows)}`` (see
         :data:`forge_obs.reduce.ROW_FIELDS`) and ``"states"`` holds the others (SAMPLE, custom).
+
+        Never raises: a key whose state cannot be exported (its ``get_state`` raises) or
+        pickled (a SAMPLE row holding a lock) is left out, counted in ``dropped_values`` and
+        ``dropped_by_reason``; every other key is exported. A SUM / MEAN / STD whose values
+        added up beyond the float range is exported as ``inf`` and counted in
+        ``nonfinite_values``.
         """
         accs, counters = taken.accs, taken.counters
         if taken.device is not None:
-            taken.device.resolve_into(accs, counters)
-        out = {"raw": taken.raw, "counters": counters, "wall_time": time.time()}
-        if not packed:
-            out["states"] = {k: a.get_state() for k, a in accs.items()}
-            return out
-        groups: dict[str, tuple[list, list]] = {}
+            try:
+                taken.device.resolve_into(taken)
+            except Exception as e:  # noqa: BLE001 - the device's values only
+                try:
+                    n = sum(e2.count for e2 in taken.device.entries.values())
+                except Exception:  # noqa: BLE001
+                    n = 1
+                taken.drop("device_error", n, "<device>", f"device values could not be read ({_safe_repr(e)})")
+        out: dict[str, Any] = {"raw": taken.raw, "counters": counters, "wall_time": time.time()}
         states: dict[str, Any] = {}
+        groups: dict[str, tuple[list, list]] = {}
+        odd: list | None = None  # keys of SAMPLE / custom reductions: checked one by one
         for k, a in accs.items():
-            rt = a.rt
-            g = groups.get(rt)
-            if g is None:
-                if rt not in ROW_FIELDS:
+            try:
+                rt = a.rt
+                if packed:
+                    g = groups.get(rt)
+                    if g is not None:
+                        row = a.row()
+                        g[0].append(k)
+                        g[1].append(row)
+                        continue
+                    if rt in ROW_FIELDS:
+                        groups[rt] = ([k], [a.row()])
+                        continue
+                elif rt in ROW_FIELDS:
                     states[k] = a.get_state()
                     continue
-                g = groups[rt] = ([], [])
-            g[0].append(k)
-            g[1].append(a.row())
-        out["packed"] = groups
+            except Exception:  # noqa: BLE001 - e.g. a custom class without .rt: checked below
+                pass
+            if odd is None:
+                odd = []
+            odd.append(k)
+        if odd is not None:
+            dumps = _pickler()
+            for k in odd:
+                st = _export_state(k, accs[k], taken, dumps)
+                if st is not None:
+                    states[k] = st
+            if taken.raw:
+                out["raw"] = _picklable_raw(taken.raw, set(odd), taken, dumps)
+        over = taken.nonfinite_keys
+        n = 0
+        if packed:
+            for rt, (keys, rows) in groups.items():
+                n += overflowed_keys(rt, keys, rows, over)
+            out["packed"] = groups
+        else:
+            for k, st in states.items():
+                rt = st.get("reduction_type")
+                if rt in ROW_FIELDS:
+                    n += overflowed_keys(rt, [k], [accs[k].row()], over)
+        if n:
+            counters["nonfinite_values"] = counters.get("nonfinite_values", 0) + n
         out["states"] = states
         return out
 
@@ -279,6 +552,55 @@ class MetricCollector:
         self.snapshot()
 
 
+def _values_in(acc: Any) -> int:
+    """How many values an accumulator holds, as far as it tells (for drop counts), else 1."""
+    for attr in ("seen", "count"):
+        n = getattr(acc, attr, None)
+        if type(n) is int and n > 0:
+            return n
+    return 1
+
+
+def _pickler() -> Any:
+    """What states travel with: Monarch pickles with cloudpickle (when it is there)."""
+    try:
+        import cloudpickle
+
+        return cloudpickle.dumps
+    except ImportError:
+        return pickle.dumps
+
+
+def _export_state(key: str, acc: Any, taken: Taken, dumps: Any) -> dict | None:
+    try:
+        st = acc.get_state()
+        if not isinstance(st, dict) or "reduction_type" not in st:
+            raise TypeError(f"get_state() returned {type(st).__name__}, not a state dict with a reduction_type")
+    except Exception as e:  # noqa: BLE001 - this key only
+        taken.drop("export_error", _values_in(acc), key, f"{type(acc).__name__}.get_state failed: {_safe_repr(e)}")
+        return None
+    try:
+        dumps(st)
+    except Exception as e:  # noqa: BLE001 - e.g. a SAMPLE row holding a lock
+        taken.drop("unpicklable", _values_in(acc), key, f"its state cannot be pickled ({_safe_repr(e)})")
+        return None
+    return st
+
+
+def _picklable_raw(raw: list, keys: set, taken: Taken, dumps: Any) -> list:
+    """``raw`` without the values of ``keys`` (SAMPLE / custom) that cannot be pickled."""
+    out = []
+    for item in raw:
+        if item[0] in keys and type(item[1]) is not float and type(item[1]) is not int:
+            try:
+                dumps(item[1])
+            except Exception as e:  # noqa: BLE001
+                taken.drop("unpicklable", 1, item[0], f"a raw value cannot be pickled ({_safe_repr(e)})")
+                continue
+        out.append(item)
+    return out
+
+
 _TENSOR: Any = None  # torch.Tensor once torch is imported (never imported from here)
 
 
@@ -291,20 +613,14 @@ def _tensor_type() -> Any:
 
 
 def _name(r: Any) -> str:
-    return r.name if isinstance(r, Reduce) else str(r)
+    return r.name if isinstance(r, Reduce) else _safe_repr(r) if type(r) is not str else r
 
 
-def _append_locked(c: MetricCollector, accs: dict, key: str, value: Any, reduction: Any) -> None:
-    """One value into ``accs`` (the collector's current dict); the caller holds ``c._lock``.
-    ``record_metric`` inlines the same lines (a call costs ~0.1 us there); tracers batch with it."""
-    acc = accs.get(key)
-    if acc is not None and acc.reduction is reduction:
-        acc.append(value)
-        c._recorded += 1
-        if c._raw is not None:
-            c._append_raw(key, value)
-    else:
-        c._record_slow(key, value, reduction)
+def _type_name(v: Any) -> str:
+    try:
+        return type(v).__name__
+    except Exception:  # noqa: BLE001
+        return "object"
 
 
 _C = MetricCollector()
@@ -320,30 +636,36 @@ def record_metric(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN)
         >>> record_metric("tokens", 512, Reduce.SUM)
         >>> record_metric("rollouts", {"prompt": "1+1", "reward": 1.0}, Reduce.SAMPLE)
 
-    Safe from any thread, asyncio task, actor or plain process; never raises. Values: int, float,
-    bool, NumPy scalars, 0-d/1-element tensors (GPU tensors are accumulated on the device), and
-    any row for ``Reduce.SAMPLE``. Bad values are dropped with a rate-limited warning and counted
-    in ``obs/dropped_values``; NaN/inf are kept and counted in ``obs/nonfinite_values``.
+    Safe from any thread, asyncio task, actor or plain process; never raises, for any key,
+    value or reduction. Values: int, float, bool, NumPy scalars, 0-d/1-element tensors (GPU
+    tensors are accumulated on the device), and anything for ``Reduce.SAMPLE`` (or a custom
+    reduction with ``numeric = False``). Bad values are dropped with a rate-limited warning and
+    counted in ``obs/dropped_values`` (by reason); NaN/inf are kept and counted in
+    ``obs/nonfinite_values``, and so is an int beyond the float range (as ``±inf``).
     """
     c = _C
     t = type(value)
     if t is float:
-        if value - value:
-            c._count_nonfinite(key, value)
+        if value - value:  # NaN / inf: counted if kept
+            return c._record_nonfinite(key, value, reduction)
     elif t is not int:
         value = c._coerce(key, value, reduction)
         if value is _DROP:
             return
+        if type(value) is float and value - value:
+            return c._record_nonfinite(key, value, reduction)
     _acquire()  # explicit acquire/release: measurably cheaper than `with` on this path
     try:
         acc = c._accs.get(key)
-        if acc is not None and acc.reduction is reduction:
+        if acc is not None and (acc.reduction is reduction or acc.rt == reduction):  # Reduce.X or "x"
             acc.append(value)
             c._recorded += 1
             if c._raw is not None:
                 c._append_raw(key, value)
         else:
             c._record_slow(key, value, reduction)
+    except Exception:  # noqa: BLE001 - an unhashable key, an int beyond the float range, ...
+        c._record_slow(key, value, reduction)  # handles them all; never raises
     finally:
         _release()
 
@@ -353,4 +675,3 @@ if METRICS_DISABLED:  # read once: a near-zero-cost no-op
     def record_metric(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN) -> None:  # noqa: F811
         """Disabled by ``FORGE_DISABLE_METRICS=true``: does nothing."""
         return None
-

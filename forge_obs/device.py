@@ -42,34 +42,23 @@ import time
 from typing import Any
 
 from forge_obs._warn import WARNER
-from forge_obs.reduce import (
-    CountAccumulator,
-    LastAccumulator,
-    MaxAccumulator,
-    MeanAccumulator,
-    MetricAccumulator,
-    MinAccumulator,
-    Reduce,
-    StdAccumulator,
-    SumAccumulator,
-    accumulator_for,
-    resolve_reduction,
-)
+from forge_obs.reduce import _REGISTRY, Reduce, _safe_repr, resolve_reduction
 
 __all__ = ["DeviceValues", "DeviceTake", "record_device_value", "RAW_CAP"]
 
 #: values kept per key and step for reductions without a device-side state (custom, distribution)
 RAW_CAP = 4096
 
-# reduction value -> (state length, kind)
+# reduction value -> (device state length, kind, the reduction's row from (device state read
+# back, entry)); reductions not listed keep their values ("raw") and append them at flush
 _LAYOUT = {
-    "mean": (1, "sum"),
-    "sum": (1, "sum"),
-    "max": (1, "max"),
-    "min": (1, "min"),
-    "std": (2, "std"),
-    "last": (1, "last"),
-    "count": (0, "count"),
+    "mean": (1, "sum", lambda v, e: (v[0], e.count)),
+    "sum": (1, "sum", lambda v, e: v[0]),
+    "max": (1, "max", lambda v, e: v[0]),
+    "min": (1, "min", lambda v, e: v[0]),
+    "std": (2, "std", lambda v, e: (e.count, v[0], v[1])),
+    "last": (1, "last", lambda v, e: (v[0], e.ts)),
+    "count": (0, "count", lambda v, e: e.count),
 }
 
 
@@ -100,7 +89,7 @@ class DeviceValues:
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
         self._streams: dict[Any, Any] = {}  # (device, stream id) -> stream that recorded
-        self._dropped = 0
+        self._drops: dict[str, int] = {}  # reason -> values dropped this step
         #: objects with ``take()`` (called at the cut, must be O(1)) and
         #: ``resolve(taken, accs, counters)`` (called at export): the GPU tracer's pending
         #: CUDA-event timings enter the step of the cut that took them
@@ -117,12 +106,14 @@ class DeviceValues:
         (after a warning) when the value is dropped."""
         torch = _torch or _torch_mod()
 
-        if not isinstance(key, str):
-            return self._drop(key, f"key must be a str, got {type(key).__name__}")
+        if type(key) is not str:
+            if not isinstance(key, str):
+                return self._drop(key, "bad_key", f"key must be a str, got {type(key).__name__}")
+            key = str.__str__(key)
         if value.numel() != 1:
-            return self._drop(key, f"{type(value).__name__} could not be read as a scalar ({value.numel()} elements, expected 1)")
+            return self._drop(key, "bad_value", f"{type(value).__name__} could not be read as a scalar ({value.numel()} elements, expected 1)")
         if value.is_complex():
-            return self._drop(key, "complex device values are not supported")
+            return self._drop(key, "bad_value", "complex device values are not supported")
         dev = value.device
         with self._lock:
             e = self._entries.get(key)
@@ -131,8 +122,8 @@ class DeviceValues:
                 if e is None:
                     return False
             if e.device != dev:
-                self._dropped += 1
-                WARNER.warn("bad_value", key, f"record_metric({key!r}): device value on {dev} but this step "
+                self._count_drop("reduction_mismatch")
+                WARNER.warn("reduction_mismatch", key, f"record_metric({key!r}): device value on {dev} but this step "
                             f"already has {key!r} on {e.device}; dropped (counted in obs/dropped_values)")
                 return False
             kind = e.kind
@@ -162,7 +153,9 @@ class DeviceValues:
                 e.ts = time.time()
             else:  # raw
                 if len(e.raw) >= RAW_CAP:  # type: ignore[arg-type]
-                    self._dropped += 1
+                    self._count_drop("device_cap")
+                    WARNER.warn("device_cap", key, f"record_metric({key!r}): more than {RAW_CAP} device values of "
+                                f"{e.red_name} this step; dropped (counted in obs/dropped_values)")
                     return False
                 e.raw.append(v.to(st.dtype).reshape(1))  # type: ignore[union-attr]
             e.count += 1  # after the update: a failing op (raises to the caller's guard) counts nothing
@@ -188,24 +181,24 @@ class DeviceValues:
         try:
             red = resolve_reduction(reduction)
         except ValueError as e:
-            self._dropped += 1
-            WARNER.warn("bad_reduction", key, f"record_metric({key!r}): {e}; value dropped")
+            self._count_drop("unknown_reduction")
+            WARNER.warn("unknown_reduction", key, f"record_metric({key!r}): {e}; value dropped")
             return None
         e = self._entries.get(key)
         if e is not None:
             if e.reduction is red:
                 return e
-            self._dropped += 1
+            self._count_drop("reduction_mismatch")
             WARNER.warn("reduction_mismatch", key, f"record_metric({key!r}): recorded with {_name(red)} but this step "
                         f"already has it as {_name(e.reduction)}; value dropped (counted in obs/dropped_values)")
             return None
         name = red.value if isinstance(red, Reduce) else red
-        cls = accumulator_for(name)
+        cls = _REGISTRY[name]
         if not cls.numeric:
-            self._dropped += 1
+            self._count_drop("bad_value")
             WARNER.warn("bad_value", key, f"record_metric({key!r}): a device tensor cannot be a {name} row; dropped")
             return None
-        n, kind = _LAYOUT.get(name, (0, "raw"))
+        n, kind, _row = _LAYOUT.get(name, (0, "raw", None))
         dev = value.device
         e = _Entry(red, name, kind, dev)
         if kind != "count":
@@ -222,10 +215,15 @@ class DeviceValues:
         self._entries[key] = e
         return e
 
-    def _drop(self, key: Any, why: str) -> bool:
+    def _count_drop(self, reason: str) -> None:
+        """Under the lock."""
+        self._drops[reason] = self._drops.get(reason, 0) + 1
+
+    def _drop(self, key: Any, reason: str, why: str) -> bool:
         with self._lock:
-            self._dropped += 1
-        WARNER.warn("bad_value", str(key), f"record_metric({key!r}): {why}; dropped (counted in obs/dropped_values)")
+            self._count_drop(reason)
+        kt = key if type(key) is str else _safe_repr(key)
+        WARNER.warn(reason, kt, f"record_metric({kt}): {why}; dropped (counted in obs/dropped_values)")
         return False
 
     # ---------------------------------------------------------------- flushing
@@ -235,7 +233,7 @@ class DeviceValues:
         with self._lock:
             entries, self._entries = self._entries, {}
             streams, self._streams = self._streams, {}
-            dropped, self._dropped = self._dropped, 0
+            drops, self._drops = self._drops, {}
             hooks = list(self.hooks)
         taken_hooks = []
         for hook in hooks:
@@ -243,29 +241,31 @@ class DeviceValues:
                 taken_hooks.append((hook, hook.take()))
             except Exception as e:  # noqa: BLE001 - a flush never fails because of a hook
                 WARNER.warn("device_hook", repr(hook), f"device hook failed to take its values: {e!r}")
-        if not entries and not dropped and not any(t for _, t in taken_hooks):
+        if not entries and not drops and not any(t for _, t in taken_hooks):
             return None
-        return DeviceTake(entries, streams, dropped, taken_hooks)
+        return DeviceTake(entries, streams, drops, taken_hooks)
 
 
 class DeviceTake:
     """Device values taken at a cut; :meth:`resolve_into` reads them (one device-to-host copy
-    per device) and merges them into the CPU accumulators of the same step."""
+    per device) and adds them to the collector's values of the same cut."""
 
-    def __init__(self, entries: dict, streams: dict, dropped: int, hooks: list) -> None:
+    def __init__(self, entries: dict, streams: dict, drops: dict, hooks: list) -> None:
         self.entries = entries
         self.streams = streams
-        self.dropped = dropped
+        self.drops = drops  # reason -> values dropped while recording
         self.hooks = hooks  # [(hook, what hook.take() returned)]
 
-    def resolve_into(self, accs: dict[str, MetricAccumulator], counters: dict[str, int]) -> None:
-        """Read the device states and merge them into ``accs`` (the accumulators taken at the
-        same cut). Runs on the exporting thread, never on the training thread."""
+    def resolve_into(self, taken: Any) -> None:
+        """Read the device states and add them to ``taken`` (the collector's
+        :class:`~forge_obs.collector.Taken` of the same cut) as rows of their reductions. Runs on
+        the exporting thread, never on the training thread."""
         entries, streams = self.entries, self.streams
-        counters["dropped_values"] = counters.get("dropped_values", 0) + self.dropped
-        for hook, taken in self.hooks:
+        for reason, n in self.drops.items():
+            taken.drop(reason, n)
+        for hook, data in self.hooks:
             try:
-                hook.resolve(taken, accs, counters)
+                hook.resolve(data, taken)
             except Exception as e:  # noqa: BLE001 - a flush never fails because of a hook
                 WARNER.warn("device_hook", repr(hook), f"device hook failed: {e!r}")
         if not entries:
@@ -297,33 +297,24 @@ class DeviceTake:
                 flat = parts[0] if len(parts) == 1 else torch.cat(parts)
                 host[dev] = _to_host(flat)  # the one device-to-host copy per device
             except Exception as e:  # noqa: BLE001 - a flush never fails: drop this device's values
-                WARNER.warn("device_read", str(dev), f"device values on {dev} could not be read at flush ({e!r}); dropped")
-        for key in [k for k, e in entries.items() if where[k][2] and e.device not in host]:
-            counters["dropped_values"] = counters.get("dropped_values", 0) + entries.pop(key).count
-        nonfinite = 0
-        recorded = 0
+                WARNER.warn("device_error", str(dev), f"device values on {dev} could not be read at flush ({e!r}); dropped")
         for key, e in entries.items():
-            dev, off, n = where[key]
-            vals = host.get(dev, [])[off : off + n]
-            recorded += e.count
             if e.count == 0:
                 continue
-            if e.kind != "raw" and any(v - v for v in vals):
-                nonfinite += 1
-            cur = accs.get(key)
-            if cur is None:
-                accs[key] = _make_acc(e, vals)
-            elif cur.reduction is not e.reduction:
-                counters["dropped_values"] = counters.get("dropped_values", 0) + e.count
-                WARNER.warn("reduction_mismatch", key, f"record_metric({key!r}): device values recorded with "
-                            f"{_name(e.reduction)} but CPU values with {_name(cur.reduction)}; device values dropped")
-            elif e.kind == "raw":  # values read back one by one: append them (any accumulator class)
+            dev, off, n = where[key]
+            if n and dev not in host:
+                taken.drop("device_error", e.count)
+                continue
+            vals = host.get(dev, [])[off : off + n]
+            if e.kind == "raw":  # values read back one by one: appended (any reduction)
                 for v in vals:
-                    cur.append(v)
-            else:
-                _set_state(cur, type(cur).merge_states([cur.get_state(), _make_acc(e, vals).get_state()]))
-        counters["values_recorded"] = counters.get("values_recorded", 0) + recorded
-        counters["nonfinite_values"] = counters.get("nonfinite_values", 0) + nonfinite
+                    taken.add(key, v, e.reduction)
+                if any(v - v for v in vals):
+                    taken.note_nonfinite(key)
+                continue
+            if any(v - v for v in vals):
+                taken.note_nonfinite(key)
+            taken.merge_row(key, e.reduction, _LAYOUT[e.red_name][2](vals, e), e.count)
 
 
 def _torch_mod() -> Any:
@@ -358,46 +349,6 @@ def _acc_dtype(dev: Any) -> Any:
 
 def _name(r: Any) -> str:
     return r.name if isinstance(r, Reduce) else str(r)
-
-
-def _make_acc(e: _Entry, vals: list[float]) -> MetricAccumulator:
-    """An accumulator of ``e``'s reduction class whose state equals the device result."""
-    cls = accumulator_for(e.red_name)
-    acc = cls(e.reduction)
-    k = e.kind
-    if k == "raw":
-        for v in vals:
-            acc.append(v)
-    elif isinstance(acc, (MeanAccumulator,)):
-        acc.total, acc.count = vals[0], e.count
-    elif isinstance(acc, SumAccumulator):
-        acc.total = vals[0]
-    elif isinstance(acc, (MaxAccumulator, MinAccumulator)):
-        acc.best = vals[0]
-    elif isinstance(acc, StdAccumulator):
-        acc.count, acc.mean, acc.m2 = e.count, vals[0], vals[1]
-    elif isinstance(acc, CountAccumulator):
-        acc.count = e.count
-    elif isinstance(acc, LastAccumulator):
-        acc.last, acc.ts = vals[0], e.ts
-    return acc
-
-
-def _set_state(acc: MetricAccumulator, st: dict[str, Any]) -> None:
-    if isinstance(acc, MeanAccumulator):
-        acc.total, acc.count = st["sum"], st["count"]
-    elif isinstance(acc, SumAccumulator):
-        acc.total = st["sum"]
-    elif isinstance(acc, MaxAccumulator):
-        acc.best = st["max"]
-    elif isinstance(acc, MinAccumulator):
-        acc.best = st["min"]
-    elif isinstance(acc, StdAccumulator):
-        acc.count, acc.mean, acc.m2 = st["count"], st["mean"], st["m2"]
-    elif isinstance(acc, CountAccumulator):
-        acc.count = st["count"]
-    elif isinstance(acc, LastAccumulator):
-        acc.last, acc.ts = st["value"], st["ts"]
 
 
 _install_lock = threading.Lock()

@@ -11,12 +11,45 @@ Every accumulator turns its values into a small *state* (a plain dict that pickl
 states merge exactly: MEAN is (sum, count), STD is (count, mean, M2) merged with Chan's formula,
 so a cross-rank reduction is never a mean of means. Custom reductions register by name with
 :func:`register_reduction`. This module imports neither torch nor Monarch.
+
+Each built-in numeric reduction keeps its arithmetic in its accumulator class, once: ``append``
+(one value), ``merge_rows`` (several states, as compact rows; see :data:`ROW_FIELDS`) and
+``row_value`` (a row's reduced value). State dicts, packed rows, device values and per-rank
+views all go through those three.
+
+Arithmetic follows IEEE 754 and never raises: a SUM or MEAN beyond the float range is ``inf``, an
+``int`` beyond it is ``±inf``, ``inf - inf`` is NaN, and NaN sticks in MAX / MIN.
+
+Nothing here raises because of one key's data while reducing a step: :func:`reduce_snapshots`
+leaves that key out and reports it to ``on_drop(key, reason, n_states)``. The reasons, also the
+keys of ``counters["dropped_by_reason"]`` in a collector snapshot (see :class:`DropCounts`) and
+the names of ``obs/dropped/<reason>``:
+
+=====================  ==========================================================================
+``bad_value``          not a number (or a tensor of several elements) for a numeric reduction
+``bad_key``            the key is not a ``str``
+``unknown_reduction``  the reduction is not registered (in the recording process, or in the
+                       process that merges: a custom reduction registered only in the actors)
+``reduction_mismatch`` the key was recorded with two reductions in one step (one rank, or across
+                       ranks)
+``append_error``       a (custom) accumulator raised on ``append``
+``export_error``       a (custom) accumulator's ``get_state`` raised or did not return a state dict
+``unpicklable``        a state (SAMPLE rows, custom) or a streamed raw value cannot be pickled
+``bad_state``          a state that is not a dict, has no ``reduction_type`` or lacks its
+                       reduction's fields
+``merge_error``        merging or reducing the key's states raised
+``device_error``       device (GPU) values that could not be read at the flush
+``device_cap``         device values of a reduction without a device state beyond
+                       :data:`forge_obs.device.RAW_CAP` per key and step
+=====================  ==========================================================================
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import random
+import time
 from enum import Enum
 from typing import Any, Callable
 
@@ -37,12 +70,85 @@ __all__ = [
     "reduction_names",
     "resolve_reduction",
     "merge_states",
+    "merge_snapshots",
     "reduce_metrics_states",
     "reduce_snapshots",
     "snapshot_states",
     "snapshot_values",
     "ROW_FIELDS",
+    "DROP_REASONS",
+    "DropCounts",
+    "to_float",
 ]
+
+logger = logging.getLogger("forge_obs")
+
+#: why a value or a key's states were dropped (see the module docstring)
+DROP_REASONS = (
+    "bad_value",
+    "bad_key",
+    "unknown_reduction",
+    "reduction_mismatch",
+    "append_error",
+    "export_error",
+    "unpicklable",
+    "bad_state",
+    "merge_error",
+    "device_error",
+    "device_cap",
+)
+
+_INF = math.inf
+
+
+class DropCounts(dict):
+    """``{reason: n}`` that adds like a number, so per-rank counters sum with ``+``.
+
+        >>> 0 + DropCounts(bad_key=1) + DropCounts(bad_key=2, unpicklable=1)
+        {'bad_key': 3, 'unpicklable': 1}
+    """
+
+    def add(self, reason: str, n: int = 1) -> None:
+        self[reason] = self.get(reason, 0) + n
+
+    def __add__(self, other: Any) -> "DropCounts":
+        out = DropCounts(self)
+        if isinstance(other, dict):
+            for k, n in other.items():
+                out[k] = out.get(k, 0) + n
+        elif other:
+            return NotImplemented
+        return out
+
+    __radd__ = __add__
+
+    def total(self) -> int:
+        return sum(self.values())
+
+
+def to_float(x: Any) -> float:
+    """``float(x)`` with IEEE overflow: an ``int`` (or any number) beyond the float range is
+    ``±inf`` instead of an ``OverflowError``."""
+    try:
+        return float(x)
+    except OverflowError:
+        return _INF if x > 0 else -_INF
+
+
+def _fsum(xs: list) -> float:
+    """Exact sum (``math.fsum``); with IEEE semantics where fsum raises (an intermediate overflow:
+    ``inf``; ``inf`` and ``-inf``: NaN)."""
+    try:
+        return math.fsum(xs)
+    except (OverflowError, ValueError):
+        s = 0.0
+        for x in xs:
+            s += to_float(x)
+        return s
+
+
+def _now() -> float:
+    return time.time()
 
 
 class MetricAccumulator:
@@ -50,8 +156,9 @@ class MetricAccumulator:
 
     Subclasses implement ``append``, ``get_state``, ``merge_states`` (classmethod: list of states
     -> one state), ``value_from_state`` (classmethod) and ``reset``. ``get_value`` and
-    ``get_reduced_value_from_states`` (torchforge's names) are derived from those. The built-in
-    numeric ones also export a compact ``row()`` (see :data:`ROW_FIELDS`) for the wire.
+    ``get_reduced_value_from_states`` (torchforge's names) are derived from those. Set
+    ``numeric = False`` to receive any value (numbers are otherwise required and NumPy scalars
+    and tensors are converted to ``float`` before ``append``).
     """
 
     #: whether values must be numbers (False: structured rows, e.g. SAMPLE)
@@ -93,105 +200,206 @@ class MetricAccumulator:
         return fields
 
 
-class SumAccumulator(MetricAccumulator):
+class RowAccumulator(MetricAccumulator):
+    """A built-in numeric reduction whose state is a compact *row* (a number or a tuple of the
+    fields ``fields``, in that order). The reduction's arithmetic is ``append``,
+    :meth:`merge_rows` and :meth:`row_value`; everything else derives from them. ``append``
+    changes nothing when it raises (an ``int`` beyond the float range raises ``OverflowError``
+    before any field is written), so a rejected value leaves no trace."""
+
+    #: the state's fields, in row order
+    fields: tuple[str, ...] = ()
+
+    def row(self) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def load_row(self, row: Any) -> None:  # pragma: no cover - abstract
+        """Set the fields from ``row`` (the inverse of :meth:`row`)."""
+        raise NotImplementedError
+
+    @classmethod
+    def merge_rows(cls, rows: list) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @classmethod
+    def row_value(cls, row: Any) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @classmethod
+    def from_row(cls, reduction: "Reduce | str", row: Any) -> "RowAccumulator":
+        acc = cls(reduction)
+        acc.load_row(row)
+        return acc
+
+    def merge_row(self, row: Any) -> None:
+        """Merge a row (e.g. values accumulated on a device) into this accumulator."""
+        self.load_row(self.merge_rows([self.row(), row]))
+
+    @classmethod
+    def row_from_state(cls, state: dict[str, Any]) -> Any:
+        f = cls.fields
+        return state[f[0]] if len(f) == 1 else tuple(state[x] for x in f)
+
+    def get_state(self) -> dict[str, Any]:
+        return _row_state(self.rt, self.fields, self.row())
+
+    @classmethod
+    def merge_states(cls, states: list[dict[str, Any]]) -> dict[str, Any]:
+        row = cls.merge_rows([cls.row_from_state(s) for s in states])
+        return _row_state(_rt_of(states[0]), cls.fields, row)
+
+    @classmethod
+    def value_from_state(cls, state: dict[str, Any]) -> Any:
+        return cls.row_value(cls.row_from_state(state))
+
+
+def _row_state(rt: str, fields: tuple, row: Any) -> dict[str, Any]:
+    st = {fields[0]: row} if len(fields) == 1 else dict(zip(fields, row))
+    st["reduction_type"] = rt
+    return st
+
+
+def _nan_or(pick: Callable, rows: list) -> Any:
+    for v in rows:
+        if v != v:  # NaN sticks (a NaN loss is a signal)
+            return math.nan
+    return pick(rows)
+
+
+class SumAccumulator(RowAccumulator):
+    fields = ("sum",)
+
     def reset(self) -> None:
         self.total = 0.0
 
     def append(self, value: float) -> None:
         self.total += value
 
-    def get_state(self) -> dict[str, Any]:
-        return {"reduction_type": self.rt, "sum": self.total}
-
     def row(self) -> float:
         return self.total
 
-    @classmethod
-    def merge_states(cls, states):
-        return {"reduction_type": states[0]["reduction_type"], "sum": math.fsum(s["sum"] for s in states)}
+    def load_row(self, row: float) -> None:
+        self.total = row
 
     @classmethod
-    def value_from_state(cls, state):
-        return float(state["sum"])
+    def row_from_state(cls, state):
+        return state["sum"] if "sum" in state else state["total"]  # torchforge: "total"
+
+    @classmethod
+    def merge_rows(cls, rows):
+        return _fsum(rows)
+
+    @classmethod
+    def row_value(cls, row):
+        try:
+            return float(row)
+        except OverflowError:
+            return to_float(row)
 
 
-class MeanAccumulator(MetricAccumulator):
+class MeanAccumulator(RowAccumulator):
+    fields = ("sum", "count")
+
     def reset(self) -> None:
         self.total = 0.0
         self.count = 0
 
     def append(self, value: float) -> None:
-        self.total += value
+        self.total += value  # raises (nothing written) for an int beyond the float range
         self.count += 1
-
-    def get_state(self) -> dict[str, Any]:
-        return {"reduction_type": self.rt, "sum": self.total, "count": self.count}
 
     def row(self) -> tuple:
         return (self.total, self.count)
 
-    @classmethod
-    def merge_states(cls, states):
-        return {
-            "reduction_type": states[0]["reduction_type"],
-            "sum": math.fsum(s["sum"] for s in states),
-            "count": sum(s["count"] for s in states),
-        }
+    def load_row(self, row: tuple) -> None:
+        self.total, self.count = row
 
     @classmethod
-    def value_from_state(cls, state):
-        return state["sum"] / state["count"] if state["count"] else 0.0
+    def merge_rows(cls, rows):
+        return (_fsum([r[0] for r in rows]), sum([r[1] for r in rows]))
+
+    @classmethod
+    def row_value(cls, row):
+        if not row[1]:
+            return 0.0
+        try:
+            return row[0] / row[1]
+        except OverflowError:  # an int sum beyond the float range (a foreign state)
+            return to_float(row[0]) / row[1]
 
 
-class MaxAccumulator(MetricAccumulator):
+class MaxAccumulator(RowAccumulator):
+    fields = ("max",)
+
     def reset(self) -> None:
-        self.best = -math.inf
+        self.best = -_INF
 
     def append(self, value: float) -> None:
+        # ``+ 0.0``: a float (an int beyond the float range raises here, before anything is written)
+        value += 0.0
         # NaN is kept (a NaN loss is a signal): once seen it sticks, as nothing compares above it.
         if value > self.best or value != value:
             self.best = value
 
-    def get_state(self) -> dict[str, Any]:
-        return {"reduction_type": self.rt, "max": self.best}
-
     def row(self) -> float:
         return self.best
 
-    @classmethod
-    def merge_states(cls, states):
-        return {"reduction_type": states[0]["reduction_type"], "max": _ROWS_VALUE["max"]([s["max"] for s in states])}
+    def load_row(self, row: float) -> None:
+        self.best = row
 
     @classmethod
-    def value_from_state(cls, state):
-        return float(state["max"])
+    def row_from_state(cls, state):
+        return state["max"] if "max" in state else state["max_val"]  # torchforge: "max_val"
+
+    @classmethod
+    def merge_rows(cls, rows):
+        return _nan_or(max, rows)
+
+    @classmethod
+    def row_value(cls, row):
+        try:
+            return float(row)
+        except OverflowError:
+            return to_float(row)
 
 
-class MinAccumulator(MetricAccumulator):
+class MinAccumulator(RowAccumulator):
+    fields = ("min",)
+
     def reset(self) -> None:
-        self.best = math.inf
+        self.best = _INF
 
     def append(self, value: float) -> None:
+        value += 0.0
         if value < self.best or value != value:
             self.best = value
 
-    def get_state(self) -> dict[str, Any]:
-        return {"reduction_type": self.rt, "min": self.best}
-
     def row(self) -> float:
         return self.best
 
-    @classmethod
-    def merge_states(cls, states):
-        return {"reduction_type": states[0]["reduction_type"], "min": _ROWS_VALUE["min"]([s["min"] for s in states])}
+    def load_row(self, row: float) -> None:
+        self.best = row
 
     @classmethod
-    def value_from_state(cls, state):
-        return float(state["min"])
+    def row_from_state(cls, state):
+        return state["min"] if "min" in state else state["min_val"]  # torchforge: "min_val"
+
+    @classmethod
+    def merge_rows(cls, rows):
+        return _nan_or(min, rows)
+
+    @classmethod
+    def row_value(cls, row):
+        try:
+            return float(row)
+        except OverflowError:
+            return to_float(row)
 
 
-class StdAccumulator(MetricAccumulator):
+class StdAccumulator(RowAccumulator):
     """Population standard deviation (ddof=0), Welford per value, Chan et al. across states."""
+
+    fields = ("count", "mean", "m2")
 
     def reset(self) -> None:
         self.count = 0
@@ -199,74 +407,103 @@ class StdAccumulator(MetricAccumulator):
         self.m2 = 0.0
 
     def append(self, value: float) -> None:
-        self.count += 1
-        delta = value - self.mean
-        self.mean += delta / self.count
-        self.m2 += delta * (value - self.mean)
-
-    def get_state(self) -> dict[str, Any]:
-        return self._state(count=self.count, mean=self.mean, m2=self.m2)
+        n = self.count + 1
+        delta = value - self.mean  # raises (nothing written) for an int beyond the float range
+        mean = self.mean + delta / n
+        m2 = self.m2 + delta * (value - mean)
+        self.m2 = m2
+        self.mean = mean
+        self.count = n
 
     def row(self) -> tuple:
         return (self.count, self.mean, self.m2)
 
-    @classmethod
-    def merge_states(cls, states):
-        n, mean, m2 = _chan([(s["count"], s["mean"], s["m2"]) for s in states])
-        return {"reduction_type": states[0]["reduction_type"], "count": n, "mean": mean, "m2": m2}
+    def load_row(self, row: tuple) -> None:
+        self.count, self.mean, self.m2 = row
 
     @classmethod
-    def value_from_state(cls, state):
-        return math.sqrt(state["m2"] / state["count"]) if state["count"] else 0.0
+    def row_from_state(cls, state):
+        if "m2" in state:
+            return (state["count"], state["mean"], state["m2"])
+        # torchforge's state: sum, sum of squares, count
+        n, s, sq = state["count"], to_float(state["sum"]), to_float(state["sum_sq"])
+        if not n:
+            return (0, 0.0, 0.0)
+        return (n, s / n, max(sq - s * s / n, 0.0))
+
+    @classmethod
+    def merge_rows(cls, rows):
+        """Chan et al.: exact, numerically stable."""
+        n, mean, m2 = 0, 0.0, 0.0
+        for nb, mb, m2b in rows:
+            if not nb:
+                continue
+            delta = to_float(mb) - mean
+            tot = n + nb
+            mean += delta * nb / tot
+            m2 += m2b + delta * delta * n * nb / tot
+            n = tot
+        return (n, mean, m2)
+
+    @classmethod
+    def row_value(cls, row):
+        n, m2 = row[0], to_float(row[2])
+        if not n:
+            return 0.0
+        v = m2 / n
+        return math.sqrt(v) if v >= 0 else (v if v != v else 0.0)  # NaN stays NaN
 
 
-class CountAccumulator(MetricAccumulator):
+class CountAccumulator(RowAccumulator):
+    fields = ("count",)
+
     def reset(self) -> None:
         self.count = 0
 
     def append(self, value: Any) -> None:
         self.count += 1
 
-    def get_state(self) -> dict[str, Any]:
-        return self._state(count=self.count)
-
     def row(self) -> int:
         return self.count
 
-    @classmethod
-    def merge_states(cls, states):
-        return {"reduction_type": states[0]["reduction_type"], "count": sum(s["count"] for s in states)}
+    def load_row(self, row: int) -> None:
+        self.count = row
 
     @classmethod
-    def value_from_state(cls, state):
-        return float(state["count"])
+    def merge_rows(cls, rows):
+        return sum(rows)
+
+    @classmethod
+    def row_value(cls, row):
+        return float(row)
 
 
-class LastAccumulator(MetricAccumulator):
+class LastAccumulator(RowAccumulator):
     """The latest value by wall time (``time.time()``), across ranks too."""
+
+    fields = ("value", "ts")
 
     def reset(self) -> None:
         self.last = None
-        self.ts = -math.inf
+        self.ts = -_INF
 
     def append(self, value: float) -> None:
-        self.last = value
+        self.last = value + 0.0  # raises (nothing written) for an int beyond the float range
         self.ts = _now()
-
-    def get_state(self) -> dict[str, Any]:
-        return self._state(value=self.last, ts=self.ts)
 
     def row(self) -> tuple:
         return (self.last, self.ts)
 
-    @classmethod
-    def merge_states(cls, states):
-        return dict(max(states, key=lambda s: s["ts"]))
+    def load_row(self, row: tuple) -> None:
+        self.last, self.ts = row
 
     @classmethod
-    def value_from_state(cls, state):
-        v = state["value"]
-        return float(v) if v is not None else math.nan
+    def merge_rows(cls, rows):
+        return max(rows, key=lambda r: r[1])
+
+    @classmethod
+    def row_value(cls, row):
+        return to_float(row[0]) if row[0] is not None else math.nan
 
 
 class SampleAccumulator(MetricAccumulator):
@@ -300,21 +537,16 @@ class SampleAccumulator(MetricAccumulator):
         cap = cls.capacity * 4
         if len(rows) > cap:
             rows = random.sample(rows, cap)
-        return {"reduction_type": states[0]["reduction_type"], "rows": rows, "seen": sum(s["seen"] for s in states)}
+        return {"reduction_type": _rt_of(states[0]), "rows": rows, "seen": sum(s["seen"] for s in states)}
 
     @classmethod
     def value_from_state(cls, state):
         return state["rows"]
 
 
-def _now() -> float:
-    import time
-
-    return time.time()
-
-
 class Reduce(Enum):
-    """Built-in reductions. ``record_metric`` also accepts the name of a registered custom one."""
+    """Built-in reductions. ``record_metric`` also accepts the name of a registered custom one
+    (names are case-insensitive: ``"sample"``, ``"SAMPLE"``)."""
 
     MEAN = "mean"
     SUM = "sum"
@@ -342,6 +574,14 @@ _REGISTRY: dict[str, type[MetricAccumulator]] = {
 }
 _BY_NAME: dict[str, "Reduce | str"] = {r.value: r for r in Reduce}
 
+#: built-in reductions whose state travels as a compact row (a number or a tuple, in this order)
+#: instead of a dict: ``{"mean": (keys, rows)}`` pickles and merges several times cheaper
+ROW_FIELDS: dict[str, tuple[str, ...]] = {
+    rt: cls.fields for rt, cls in _REGISTRY.items() if issubclass(cls, RowAccumulator)
+}
+#: the classes of :data:`ROW_FIELDS`
+ROW_CLASSES: dict[str, type[RowAccumulator]] = {rt: _REGISTRY[rt] for rt in ROW_FIELDS}  # type: ignore[misc]
+
 
 def register_reduction(name: str, accumulator_class: type[MetricAccumulator]) -> str:
     """Register a custom reduction; use the returned name as ``record_metric``'s reduction.
@@ -358,8 +598,9 @@ def register_reduction(name: str, accumulator_class: type[MetricAccumulator]) ->
         >>> register_reduction("range", Range)
         'range'
 
-    The class must be importable by the same path in every process (states are merged on the
-    controller by the class registered under the name there).
+    The class must be registered under the same name in every process, the controller's
+    included: states are merged there by the class registered under the name (a name unknown
+    there drops the key, counted as ``unknown_reduction``).
     """
     if not isinstance(name, str) or not name:
         raise ValueError("reduction name must be a non-empty string")
@@ -377,129 +618,353 @@ def reduction_names() -> list[str]:
 
 
 def resolve_reduction(reduction: "Reduce | str") -> "Reduce | str":
-    """Normalise a Reduce member or a registered name; raise ValueError listing valid names."""
+    """Normalise a Reduce member or a registered name (case-insensitive); raise ValueError
+    listing valid names."""
     if isinstance(reduction, Reduce):
         return reduction
     if isinstance(reduction, str):
-        r = _BY_NAME.get(reduction.lower()) or _BY_NAME.get(reduction)
+        r = _BY_NAME.get(reduction) or _BY_NAME.get(reduction.lower())
+        if r is None:
+            low = reduction.lower()
+            r = next((v for k, v in _BY_NAME.items() if k.lower() == low), None)
         if r is not None:
             return r
-    raise ValueError(f"unknown reduction {reduction!r}; valid: {', '.join(reduction_names())}")
+    raise ValueError(f"unknown reduction {_safe_repr(reduction)}; valid: {', '.join(reduction_names())}")
 
 
 def accumulator_for(reduction_name: str) -> type[MetricAccumulator]:
     try:
         return _REGISTRY[reduction_name]
-    except KeyError:
+    except (KeyError, TypeError):
         raise ValueError(
-            f"unknown reduction {reduction_name!r}; valid: {', '.join(reduction_names())}"
+            f"unknown reduction {_safe_repr(reduction_name)}; valid: {', '.join(reduction_names())}"
         ) from None
 
 
+def _safe_repr(x: Any) -> str:
+    try:
+        return repr(x)[:200]
+    except Exception:  # noqa: BLE001 - a repr that raises never hides the real message
+        return f"<{type(x).__name__}>"
+
+
+def _rt_of(state: Any) -> str:
+    """The reduction name of a state (torchforge states may carry a ``Reduce`` member)."""
+    rt = state["reduction_type"]
+    return rt if type(rt) is str else getattr(rt, "value", rt)
+
+
+# ----------------------------------------------------------------- states, rows, snapshots
 def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     """Merge states of one key (all of the same reduction) into one state."""
-    return accumulator_for(states[0]["reduction_type"]).merge_states(states)
-
-
-# ----------------------------------------------------------------- packed states
-#: built-in reductions whose state travels as a compact row (a number or a tuple, in this order)
-#: instead of a dict: ``{"mean": (keys, rows)}`` pickles and merges several times cheaper
-ROW_FIELDS: dict[str, tuple[str, ...]] = {
-    "mean": ("sum", "count"),
-    "sum": ("sum",),
-    "max": ("max",),
-    "min": ("min",),
-    "count": ("count",),
-    "std": ("count", "mean", "m2"),
-    "last": ("value", "ts"),
-}
-
-
-def _nan_or(pick: Callable) -> Callable[[list], float]:
-    def value(rows: list) -> float:
-        for v in rows:
-            if v != v:  # NaN sticks (a NaN loss is a signal)
-                return math.nan
-        return float(pick(rows))
-
-    return value
-
-
-def _chan(rows: list) -> tuple:
-    """Merge (count, mean, m2) rows (Chan et al.): exact, numerically stable."""
-    n, mean, m2 = 0, 0.0, 0.0
-    for nb, mb, m2b in rows:
-        if not nb:
-            continue
-        delta = mb - mean
-        tot = n + nb
-        mean += delta * nb / tot
-        m2 += m2b + delta * delta * n * nb / tot
-        n = tot
-    return n, mean, m2
-
-
-def _std_rows(rows: list) -> float:
-    n, _mean, m2 = _chan(rows)
-    return math.sqrt(m2 / n) if n else 0.0
-
-
-def _last(row: tuple) -> float:
-    return float(row[0]) if row[0] is not None else math.nan
-
-
-#: value of one row, and of several rows merged (the arithmetic of merge_states + value_from_state)
-_ROW_VALUE: dict[str, Callable[[Any], Any]] = {
-    "mean": lambda r: r[0] / r[1] if r[1] else 0.0,
-    "sum": float,
-    "max": float,
-    "min": float,
-    "count": float,
-    "std": lambda r: math.sqrt(r[2] / r[0]) if r[0] else 0.0,
-    "last": _last,
-}
-_ROWS_VALUE: dict[str, Callable[[list], Any]] = {
-    "mean": lambda rows: (math.fsum([r[0] for r in rows]) / c) if (c := sum([r[1] for r in rows])) else 0.0,
-    "sum": lambda rows: float(math.fsum(rows)),
-    "max": _nan_or(max),
-    "min": _nan_or(min),
-    "count": lambda rows: float(sum(rows)),
-    "std": _std_rows,
-    "last": lambda rows: _last(max(rows, key=lambda r: r[1])),
-}
+    return accumulator_for(_rt_of(states[0])).merge_states(states)
 
 
 def state_to_row(state: dict[str, Any]) -> Any:
-    f = ROW_FIELDS[state["reduction_type"]]
-    return state[f[0]] if len(f) == 1 else tuple(state[x] for x in f)
+    return ROW_CLASSES[_rt_of(state)].row_from_state(state)
 
 
 def row_to_state(rt: str, row: Any) -> dict[str, Any]:
-    f = ROW_FIELDS[rt]
-    st = {f[0]: row} if len(f) == 1 else dict(zip(f, row))
-    st["reduction_type"] = rt
-    return st
+    return _row_state(rt, ROW_FIELDS[rt], row)
+
+
+def _finite_rows(rows: list) -> bool:
+    for r in rows:
+        for x in r if type(r) is tuple else (r,):
+            if type(x) is float and x - x:
+                return False
+    return True
+
+
+def _call(cb: Callable | None, *args: Any) -> None:
+    if cb is None:
+        return
+    try:
+        cb(*args)
+    except Exception:  # noqa: BLE001 - a caller's callback never breaks a reduction
+        logger.debug("forge_obs: reduction callback %r failed", cb, exc_info=True)
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_drop(key: Any, reason: str, err: Any = None) -> None:
+    k = (reason, key if type(key) is str else _safe_repr(key))
+    if k in _warned or len(_warned) > 10_000:
+        return
+    _warned.add(k)
+    more = f": {_safe_repr(err)}" if err is not None else ""
+    logger.warning("forge_obs: %r dropped from the step (%s%s; counted in obs/dropped_values)", k[1], reason, more)
+
+
+class _Grouper:
+    """The states of each key across snapshots: ``key -> [reduction name, items]``, items being
+    rows (built-in reductions) or state dicts. Malformed states and conflicting reductions are
+    set aside, per key."""
+
+    def __init__(self) -> None:
+        self.groups: dict[Any, list] = {}
+        self.conflicts: dict[Any, list] = {}  # key -> [set of reduction names, states not grouped]
+        self.bad: dict[Any, list] = {}  # key -> [reason, n, error]
+
+    def add(self, key: Any, rt: str, item: Any) -> None:
+        g = self.groups.get(key)
+        if g is None:
+            self.groups[key] = [rt, [item]]
+        elif g[0] == rt:
+            g[1].append(item)
+        else:
+            self._conflict(key, g[0], rt)
+
+    def _conflict(self, key: Any, rt0: str, rt: str) -> None:
+        c = self.conflicts.get(key)
+        if c is None:
+            c = self.conflicts[key] = [{rt0}, 0]
+        c[0].add(rt)
+        c[1] += 1
+
+    def n_states(self, key: Any) -> int:
+        g, c, b = self.groups.get(key), self.conflicts.get(key), self.bad.get(key)
+        return (len(g[1]) if g else 0) + (c[1] if c else 0) + (b[1] if b else 0)
+
+    def set_aside(self, key: Any, reason: str, err: Any = None) -> None:
+        b = self.bad.get(key)
+        if b is None:
+            self.bad[key] = [reason, 1, err]
+        else:
+            b[1] += 1
+
+    def add_snapshot(self, snap: Any) -> None:
+        if not isinstance(snap, dict):
+            return
+        groups = self.groups
+        for rt, group in (snap.get("packed") or {}).items():
+            try:
+                keys, rows = group
+                for k, row in zip(keys, rows):  # self.add, inlined: the bulk of a merge
+                    g = groups.get(k)
+                    if g is None:
+                        groups[k] = [rt, [row]]
+                    elif g[0] == rt:
+                        g[1].append(row)
+                    else:
+                        self._conflict(k, g[0], rt)
+            except Exception as e:  # noqa: BLE001 - not what a collector exports: skip the group
+                logger.warning("forge_obs: a malformed packed group %r was skipped: %r", rt, e)
+        for k, st in (snap.get("states") or {}).items():
+            self.add_state(k, st)
+
+    def add_state(self, k: Any, st: Any) -> None:
+        try:
+            rt = _rt_of(st)
+            hash(rt)
+        except Exception as e:  # noqa: BLE001
+            self.set_aside(k, "bad_state", e)
+            return
+        cls = ROW_CLASSES.get(rt) if type(rt) is str else None
+        if cls is None:
+            self.add(k, rt, st)
+            return
+        try:
+            row = cls.row_from_state(st)
+        except Exception as e:  # noqa: BLE001 - a state without its fields
+            self.set_aside(k, "bad_state", e)
+            return
+        self.add(k, rt, row)
+
+    def keys(self) -> list:
+        ks = set(self.groups)
+        if self.bad:
+            ks |= set(self.bad)
+        try:
+            return sorted(ks)
+        except TypeError:  # keys of several types (never from a collector)
+            return sorted(ks, key=_safe_repr)
+
+
+def _value(rt: str, items: list) -> Any:
+    """The reduced value of one key's items (rows or states). Raises ValueError for a reduction
+    not registered here, anything for a failing merge."""
+    cls = ROW_CLASSES.get(rt)
+    if cls is not None:
+        return cls.row_value(items[0] if len(items) == 1 else cls.merge_rows(items))
+    cls = accumulator_for(rt)
+    return cls.value_from_state(items[0] if len(items) == 1 else cls.merge_states(items))
+
+
+def _reduce_groups(
+    gr: _Grouper,
+    on_conflict: Callable | None,
+    on_drop: Callable | None,
+    on_overflow: Callable | None,
+    source: str | None,
+) -> list[Metric]:
+    now = _now()
+    out: list[Metric] = []
+    append = out.append
+    groups, conflicts, bad = gr.groups, gr.conflicts, gr.bad
+    fns: dict[str, tuple] = {rt: (c.row_value, c.merge_rows) for rt, c in ROW_CLASSES.items()}
+    by_name = _BY_NAME
+    odd = bool(conflicts or bad)
+    for key in gr.keys():
+        if odd and (key in bad or key in conflicts):
+            b = bad.get(key)
+            reason = b[0] if b is not None else "reduction_mismatch"
+            if b is None:
+                _warn_drop(key, reason, f"recorded as {', '.join(sorted(map(str, conflicts[key][0])))}")
+                _call(on_conflict, key, conflicts[key][0])
+            else:
+                _warn_drop(key, reason, b[2])
+            _call(on_drop, key, reason, gr.n_states(key))
+            continue
+        rt, items = groups[key]
+        try:
+            f = fns.get(rt)
+            if f is None:
+                v = _value(rt, items)
+            elif len(items) == 1:
+                v = f[0](items[0])
+            else:
+                v = f[0](f[1](items))
+                if type(v) is float and v - v and _finite_rows(items):
+                    _call(on_overflow, key)  # finite states whose merge exceeds the float range
+        except Exception as e:  # noqa: BLE001 - one key's failure never costs the others
+            reason = "unknown_reduction" if rt not in _REGISTRY else "merge_error"
+            _warn_drop(key, reason, e)
+            _call(on_drop, key, reason, len(items))
+            continue
+        append(Metric(key, v, by_name.get(rt, rt), now, source))
+    return out
+
+
+def reduce_snapshots(
+    snapshots: list[dict[str, Any]],
+    on_conflict: Callable[[str, set[str]], None] | None = None,
+    source: str | None = None,
+    *,
+    on_drop: Callable[[str, str, int], None] | None = None,
+    on_overflow: Callable[[str], None] | None = None,
+) -> list[Metric]:
+    """Merge the states of several ranks' snapshots (``{"packed": {rt: (keys, rows)}, "states":
+    {key: state}}``) into one :class:`Metric` per key, sorted by key. Never raises because of
+    the data: a key whose states cannot be reduced is left out and reported to
+    ``on_drop(key, reason, n_states)`` (reasons: see the module docstring); a key recorded with
+    different reductions on different ranks is also reported to ``on_conflict(key, reductions)``.
+    ``on_overflow(key)``: the merge of finite states exceeded the float range (the value is
+    ``±inf`` and kept). ``source`` labels the Metrics (per-rank views)."""
+    gr = _Grouper()
+    for snap in snapshots:
+        gr.add_snapshot(snap)
+    return _reduce_groups(gr, on_conflict, on_drop, on_overflow, source)
+
+
+def reduce_metrics_states(
+    states: list[dict[str, dict[str, Any]]],
+    on_conflict: Callable[[str, set[str]], None] | None = None,
+    source: str | None = None,
+    *,
+    on_drop: Callable[[str, str, int], None] | None = None,
+    on_overflow: Callable[[str], None] | None = None,
+) -> list[Metric]:
+    """Reduce ``[{key: state}, ...]`` (one dict per rank) to one :class:`Metric` per key
+    (torchforge's function; its state fields are read too: ``total``, ``max_val``, ``min_val``,
+    STD as ``sum``/``sum_sq``/``count``).
+
+    A key recorded with different reductions on different ranks raises ``ValueError``, as in
+    torchforge, unless ``on_conflict`` is given: then the key is left out and
+    ``on_conflict(key, reductions)`` is called. Any other key that cannot be reduced is left out
+    with a warning and reported to ``on_drop`` (see :func:`reduce_snapshots`).
+    """
+    gr = _Grouper()
+    for st in states:
+        for k, s in (st or {}).items():
+            gr.add_state(k, s)
+    if on_conflict is None and gr.conflicts:
+        key = next(k for k in gr.keys() if k in gr.conflicts)
+        first, *others = sorted(map(str, gr.conflicts[key]))
+        raise ValueError(f"Mismatched reduction types for key '{key}': {first} vs {others[0]}")
+    return _reduce_groups(gr, on_conflict, on_drop, on_overflow, source)
 
 
 def snapshot_states(snapshot: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """``{key: state}`` of a (possibly packed) collector snapshot."""
     out = dict(snapshot.get("states") or {})
     for rt, (keys, rows) in (snapshot.get("packed") or {}).items():
+        fields = ROW_FIELDS[rt]
         for k, row in zip(keys, rows):
-            out[k] = row_to_state(rt, row)
+            out[k] = _row_state(rt, fields, row)
     return out
 
 
-def snapshot_values(snapshot: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """``({key: value}, {key: reduction name})`` of one rank's snapshot (no merge)."""
+def merge_snapshots(
+    snapshots: list[dict[str, Any]], on_drop: Callable[[str, str, int], None] | None = None
+) -> dict[str, Any]:
+    """One snapshot (``{"states": {...}}``) of several snapshots of the same rank (e.g. its
+    step's states plus late ones). Never raises: a key that cannot be merged is left out and
+    reported to ``on_drop(key, reason, n_states)``, as in :func:`reduce_snapshots`."""
+    gr = _Grouper()
+    for snap in snapshots:
+        gr.add_snapshot(snap)
+    states: dict[str, Any] = {}
+    for key in gr.keys():
+        if key in gr.bad or key in gr.conflicts:
+            b = gr.bad.get(key)
+            reason = b[0] if b is not None else "reduction_mismatch"
+            _warn_drop(key, reason, b[2] if b is not None else None)
+            _call(on_drop, key, reason, gr.n_states(key))
+            continue
+        rt, items = gr.groups[key]
+        try:
+            cls = ROW_CLASSES.get(rt)
+            if cls is not None:
+                states[key] = _row_state(rt, cls.fields, items[0] if len(items) == 1 else cls.merge_rows(items))
+            else:
+                states[key] = items[0] if len(items) == 1 else accumulator_for(rt).merge_states(items)
+        except Exception as e:  # noqa: BLE001
+            reason = "unknown_reduction" if rt not in _REGISTRY else "merge_error"
+            _warn_drop(key, reason, e)
+            _call(on_drop, key, reason, len(items))
+    return {"states": states}
+
+
+def snapshot_values(
+    snapshot: dict[str, Any], on_drop: Callable[[str, str, int], None] | None = None
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """``({key: value}, {key: reduction name})`` of one rank's snapshot (no merge). A key whose
+    value cannot be computed is left out (and reported to ``on_drop``)."""
     values: dict[str, Any] = {}
     kinds: dict[str, str] = {}
     for rt, (keys, rows) in (snapshot.get("packed") or {}).items():
-        values.update(zip(keys, map(_ROW_VALUE[rt], rows)))
+        rv = ROW_CLASSES[rt].row_value
+        try:
+            values.update(zip(keys, map(rv, rows)))
+        except Exception:  # noqa: BLE001 - rows not made by a collector: one by one below
+            for k, row in zip(keys, rows):
+                try:
+                    values[k] = rv(row)
+                except Exception as e:  # noqa: BLE001
+                    _warn_drop(k, "merge_error", e)
+                    _call(on_drop, k, "merge_error", 1)
+                    continue
+                kinds[k] = rt
+            continue
         kinds.update(dict.fromkeys(keys, rt))
     for k, st in (snapshot.get("states") or {}).items():
-        rt = st["reduction_type"]
-        values[k] = accumulator_for(rt).value_from_state(st)
+        gr = _Grouper()
+        gr.add_state(k, st)
+        b = gr.bad.get(k)
+        if b is not None:
+            _warn_drop(k, b[0], b[2])
+            _call(on_drop, k, b[0], 1)
+            continue
+        rt, items = gr.groups[k]
+        try:
+            values[k] = _value(rt, items)
+        except Exception as e:  # noqa: BLE001
+            reason = "unknown_reduction" if rt not in _REGISTRY else "merge_error"
+            _warn_drop(k, reason, e)
+            _call(on_drop, k, reason, 1)
+            continue
         kinds[k] = rt
     return values, kinds
 
@@ -509,60 +974,21 @@ def reduction_of(rt: str) -> "Reduce | str":
     return _BY_NAME.get(rt, rt)
 
 
-def reduce_snapshots(
-    snapshots: list[dict[str, Any]],
-    on_conflict: Callable[[str, set[str]], None] | None = None,
-    source: str | None = None,
-) -> list[Metric]:
-    """Merge the states of several ranks' snapshots (``{"packed": {rt: (keys, rows)}, "states":
-    {key: state}}``) into one :class:`Metric` per key, sorted by key. A key recorded with
-    different reductions on different ranks is left out and reported to ``on_conflict``."""
-    now = _now()
-    groups: dict[str, list] = {}  # key -> [reduction name, [rows or states]]
-    conflicts: dict[str, set] = {}
-
-    def add(key: str, rt: str, item: Any) -> None:
-        g = groups.get(key)
-        if g is None:
-            groups[key] = [rt, [item]]
-        elif g[0] == rt:
-            g[1].append(item)
-        else:
-            conflicts.setdefault(key, {g[0]}).add(rt)
-
-    for snap in snapshots:
-        for rt, (keys, rows) in (snap.get("packed") or {}).items():
-            for k, row in zip(keys, rows):
-                add(k, rt, row)
-        for k, st in (snap.get("states") or {}).items():
-            rt = st["reduction_type"]
-            add(k, rt, state_to_row(st) if rt in ROW_FIELDS else st)
-    out: list[Metric] = []
-    append = out.append
-    for key in sorted(groups):
-        if key in conflicts:
-            if on_conflict is not None:
-                on_conflict(key, conflicts[key])
-            continue
-        rt, items = groups[key]
-        if rt in ROW_FIELDS:
-            v = _ROW_VALUE[rt](items[0]) if len(items) == 1 else _ROWS_VALUE[rt](items)
-        else:
-            cls = accumulator_for(rt)
-            v = cls.value_from_state(items[0] if len(items) == 1 else cls.merge_states(items))
-        append(Metric(key, v, _BY_NAME.get(rt, rt), now, source))
-    return out
+def overflowed_keys(rt: str, keys: list, rows: list, skip: Any = ()) -> int:
+    """How many rows of ``keys`` (reduction ``rt``, built-in) are non-finite, not counting the
+    keys in ``skip`` (keys that had a non-finite value recorded): sums that exceeded the float
+    range on the way."""
+    n = 0
+    if rt not in _OVERFLOWS:
+        return 0
+    i = _OVERFLOWS[rt]
+    for k, r in zip(keys, rows):
+        x = r if i is None else r[i]
+        if x - x and k not in skip:
+            n += 1
+    return n
 
 
-def reduce_metrics_states(
-    states: list[dict[str, dict[str, Any]]],
-    on_conflict: Callable[[str, set[str]], None] | None = None,
-    source: str | None = None,
-) -> list[Metric]:
-    """Reduce ``[{key: state}, ...]`` (one dict per rank) to one :class:`Metric` per key.
-
-    A key recorded with different reductions on different ranks cannot be merged: it is left out
-    and ``on_conflict(key, reductions)`` is called (the pipeline counts it in
-    ``obs/dropped_values``). ``source`` labels the Metrics (per-rank views).
-    """
-    return reduce_snapshots([{"states": st} for st in states], on_conflict, source)
+#: built-in reductions whose finite values can add up beyond the float range -> the row field
+#: that then holds inf (None: the row is the number)
+_OVERFLOWS: dict[str, int | None] = {"sum": None, "mean": 0, "std": 2}

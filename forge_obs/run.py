@@ -12,34 +12,217 @@ time-stamped id. A resumed job passes the same id and appends to the same direct
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import platform
+import re
 import secrets
 import socket
 import sys
+import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-_SECRET_WORDS = ("key", "token", "secret", "password")
+logger = logging.getLogger("forge_obs")
 
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
 
 
+# ----------------------------------------------------------------------------- redaction
+#: what a redacted value is replaced by
+MASK = "***"
+#: a name holding one of these (anywhere in a word, case-insensitive) is a secret
+SECRET_PARTS = ("key", "secret", "token", "pass", "pwd", "auth", "credential", "private", "cookie", "session")
+#: ... and so is a name with one of these as a whole word (``pat`` would catch ``path``)
+SECRET_WORDS = frozenset({"pat", "ghpat", "pw", "pin", "otp", "sig", "signature"})
+#: words that contain a secret part but are not secrets
+HARMLESS_WORDS = frozenset({
+    "tokens", "tokenizer", "tokenizers", "tokenize", "tokenized", "tokenization", "detokenize",
+    "detokenizer", "detokenized", "keyword", "keywords", "keyframe", "keyframes", "keyboard",
+    "passes", "passage", "passages", "bypass", "compass", "passthrough", "passthru", "multipass",
+    "author", "authors", "authored",
+})
+#: neighbours that make ``token`` / ``key`` a harmless word (``eos_token``, ``key_prefix``)
+_HARMLESS_NEIGHBOURS = {
+    "token": frozenset({"pad", "eos", "bos", "unk", "sep", "cls", "mask", "stop", "start", "end", "special",
+                        "image", "audio", "video", "vision", "think", "thinking", "reasoning", "id", "ids",
+                        "index", "idx", "count", "num", "max", "min", "limit", "budget", "len", "length",
+                        "type", "types", "level", "logprob", "logprobs", "per"}),
+    "key": frozenset({"prefix", "prefixes", "dim", "dims", "size", "len", "length", "name", "names", "field",
+                      "fields", "column", "columns", "col", "fn", "func", "function", "type", "types", "sort",
+                      "metric", "metrics", "step", "group", "partition", "shard", "rng", "prng", "seed",
+                      "cache", "dict", "lookup", "index", "primary", "join", "order", "by"}),
+}
+_HARMLESS_NEIGHBOURS["keys"] = _HARMLESS_NEIGHBOURS["key"]
+#: whole names that are harmless although a word looks like a secret (pass@k metrics)
+_HARMLESS_NAMES = re.compile(r"^(pass_(at_)?\d*k?\d*|num_pass|pass_rate|passed|key_value|kv)$")
+_CAMEL = re.compile(r"([a-z0-9])([A-Z])")
+_SPLIT = re.compile(r"[^a-z0-9]+")
+
+
+@lru_cache(maxsize=4096)
+def is_secret_name(name: str) -> bool:
+    """Whether a config name looks like it holds a credential (deny by default: any word with
+    ``key``, ``secret``, ``token``, ``pass``, ``pwd``, ``auth``, ``credential``, ``private``,
+    ``cookie``, ``session``, or the word ``pat``), except harmless names such as ``max_tokens``,
+    ``tokenizer``, ``eos_token_id``, ``key_prefix``, ``path``, ``patience``, ``pass_at_k``.
+
+        >>> is_secret_name("aws_secret_access_key"), is_secret_name("max_tokens")
+        (True, False)
+    """
+    words = [w for w in _SPLIT.split(_CAMEL.sub(r"\1_\2", name).lower()) if w]
+    if _HARMLESS_NAMES.match("_".join(words)):
+        return False
+    for i, w in enumerate(words):
+        if w in HARMLESS_WORDS:
+            continue
+        if w in SECRET_WORDS:
+            return True
+        if not any(p in w for p in SECRET_PARTS):
+            continue
+        near = _HARMLESS_NEIGHBOURS.get(w)
+        if near is not None and ((i > 0 and words[i - 1] in near) or (i + 1 < len(words) and words[i + 1] in near)):
+            continue
+        return True
+    return False
+
+
+def _secret_name(name: Any) -> bool:
+    try:
+        return is_secret_name(name if type(name) is str else str(name))
+    except Exception:  # noqa: BLE001
+        return False
+
+
+_VALUE_PATTERNS: list[tuple[re.Pattern, Any]] = [
+    # PEM private keys
+    (re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)", re.S), MASK),
+    # an Authorization header: everything after it on the line
+    (re.compile(r"(?i)\b((?:proxy-)?authorization\s*[:=]\s*)[^\r\n,;\"']+"), r"\1" + MASK),
+    # bearer tokens
+    (re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]+"), r"\1" + MASK),
+    # a password in a URL: scheme://user:password@host
+    (re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)[^@\s/]+@"), r"\1" + MASK + "@"),
+    # well-known key formats (OpenAI / Anthropic / Stripe, GitHub, AWS key ids, Hugging Face,
+    # Slack, Google, JWTs)
+    (re.compile(r"\b(?:sk-[A-Za-z0-9_-]{16,}|[sr]k_(?:live|test)_[A-Za-z0-9]{16,}|gh[pousr]_[A-Za-z0-9]{20,}"
+                r"|github_pat_[A-Za-z0-9_]{20,}|(?:AKIA|ASIA)[0-9A-Z]{16}|hf_[A-Za-z0-9]{20,}"
+                r"|xox[abposr]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35}"
+                r"|eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})"), MASK),
+]
+# name=value / name: value / --name value, masked when the name is a secret name
+_ASSIGN = re.compile(r"(?<![\w-])(--?)?([A-Za-z_][A-Za-z0-9_.-]*)(\s*[=:]\s*|\s+)(\"[^\"]*\"?|'[^']*'?|[^\s'\",;&]+)")
+_QUERY = re.compile(r"([?&;])([^=&#\s]+)=([^&#\s]*)")
+
+
+def _mask_assign(m: re.Match) -> str:
+    dashes, name, sep, value = m.groups()
+    if not dashes and not sep.strip():
+        return m.group(0)  # "word word": free text, not an assignment
+    if value.startswith(MASK) or value.startswith("-") or not is_secret_name(name):
+        return m.group(0)
+    q = value[0] if value[0] in "\"'" else ""
+    return f"{dashes or ''}{name}{sep}{q}{MASK}{q}"
+
+
+def _mask_query(m: re.Match) -> str:
+    return f"{m.group(1)}{m.group(2)}={MASK}" if _secret_name(m.group(2)) else m.group(0)
+
+
+def redact_text(s: str) -> str:
+    """``s`` with credential-looking parts replaced by ``***``: bearer tokens, Authorization
+    headers, URL passwords and secret query parameters, ``name=value`` / ``--name value`` of
+    secret names, and well-known key formats (``sk-…``, ``ghp_…``, ``AKIA…``, ``hf_…``, JWTs,
+    PEM private keys).
+
+        >>> redact_text("postgres://u:pw@h/db")
+        'postgres://u:***@h/db'
+    """
+    for pat, repl in _VALUE_PATTERNS:
+        s = pat.sub(repl, s)
+    s = _QUERY.sub(_mask_query, s)
+    return _ASSIGN.sub(_mask_assign, s)
+
+
 def redact(obj: Any) -> Any:
-    """Copy of a config with anything that looks like a credential replaced by ``"***"``."""
-    if isinstance(obj, dict):
-        return {
-            k: ("***" if isinstance(k, str) and any(w in k.lower() for w in _SECRET_WORDS) else redact(v))
-            for k, v in obj.items()
-        }
-    if isinstance(obj, (list, tuple)):
-        return [redact(v) for v in obj]
-    return obj
+    """A copy of a config, safe to write anywhere (meta.json, W&B, logs, reports): the value of
+    every secret-looking name (:func:`is_secret_name`, in nested dicts and lists too) replaced by
+    ``"***"`` (``True`` / ``False`` / ``None`` are kept: they hold no secret), and credential-looking
+    text in every string (:func:`redact_text`). In lists, the item after a secret flag
+    (``["--password", "x"]``) is masked. Mappings become dicts, tuples and sets lists, other
+    objects their (redacted) text; never raises.
+
+        >>> redact({"wandb": {"api_key": "abc", "project": "p"}, "max_tokens": 512})
+        {'wandb': {'api_key': '***', 'project': 'p'}, 'max_tokens': 512}
+    """
+    return _redact(obj, set(), 0)
+
+
+def _redact(obj: Any, path: set, depth: int) -> Any:
+    if obj is None or isinstance(obj, (bool, int, float)):
+        return obj
+    if isinstance(obj, str):
+        return redact_text(obj)
+    if depth > 64:
+        return "<too deep>"
+    oid = id(obj)
+    if oid in path:
+        return "<cycle>"
+    path.add(oid)
+    try:
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            obj = {f.name: getattr(obj, f.name, None) for f in dataclasses.fields(obj)}
+        if isinstance(obj, Mapping):
+            out = {}
+            for k, v in obj.items():
+                name = k if isinstance(k, (str, int, float, bool)) or k is None else _text(k)
+                if _secret_name(name) and not (v is None or isinstance(v, bool)):
+                    out[name] = MASK
+                else:
+                    out[name] = _redact(v, path, depth + 1)
+            return out
+        if isinstance(obj, (list, tuple, set, frozenset)):
+            items = list(obj)
+            out_l = []
+            mask_next = False
+            for v in items:
+                if mask_next and not (isinstance(v, str) and v.startswith("-")):
+                    out_l.append(MASK)
+                    mask_next = False
+                    continue
+                mask_next = isinstance(v, str) and v.startswith("-") and "=" not in v and _secret_name(v.lstrip("-"))
+                out_l.append(_redact(v, path, depth + 1))
+            return out_l
+        if isinstance(obj, bytes):
+            return redact_text(obj.decode("utf-8", "replace"))
+        item = getattr(obj, "item", None)
+        if callable(item):
+            try:
+                v = item()
+                if v is None or isinstance(v, (bool, int, float)):
+                    return v
+            except Exception:  # noqa: BLE001
+                pass
+        return redact_text(_text(obj))
+    except Exception:  # noqa: BLE001 - a config that cannot be read is not written
+        return "<unreadable>"
+    finally:
+        path.discard(oid)
+
+
+def _text(x: Any) -> str:
+    try:
+        return str(x)
+    except Exception:  # noqa: BLE001
+        return f"<{type(x).__name__}>"
 
 
 @dataclass
@@ -66,27 +249,85 @@ class RunConfig:
         return cls(run_id=run_id, root=root)
 
 
-def write_meta(run_dir: Path, **fields: Any) -> Path:
-    """Create or update ``meta.json`` (merging ``fields`` into what is there)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+def write_meta(run_dir: Path, **fields: Any) -> Path | None:
+    """Create or update ``meta.json`` (merging :func:`redact` ed ``fields`` into what is there).
+
+    Safe when several processes write the same run's meta at once (the read-modify-write holds
+    an exclusive lock on the run directory; each writer writes its own temporary file and
+    atomically replaces ``meta.json``). Never raises for a file-system error (disk full, a
+    read-only directory): it logs one error and returns None, leaving ``meta.json`` as it was
+    and no temporary file behind.
+    """
+    run_dir = Path(run_dir)
     path = run_dir / "meta.json"
-    meta: dict[str, Any] = {}
-    if path.exists():
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with _DirLock(run_dir):
+            meta: dict[str, Any] = {}
+            try:
+                meta = json.loads(path.read_text(encoding="utf-8"))
+                if not isinstance(meta, dict):
+                    meta = {}
+            except (OSError, ValueError):
+                meta = {}
+            if not meta:
+                meta = {
+                    "host": socket.gethostname(),
+                    "python": sys.version.split()[0],
+                    "platform": platform.platform(),
+                    "starts": [],
+                }
+            if "start_time" in fields:
+                starts = meta.get("starts")
+                meta["starts"] = (starts if isinstance(starts, list) else []) + [fields["start_time"]]
+            meta.update(redact(fields))
+            _replace_atomically(path, json.dumps(meta, indent=2, default=str))
+        return path
+    except (OSError, ValueError, TypeError) as e:
+        logger.error("forge_obs: could not write %s: %s (free disk space or fix the directory's permissions; "
+                     "the run's other files are not affected)", path, e)
+        return None
+
+
+def _replace_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file of this writer's own, then rename it over ``path``; the
+    temporary file is removed if anything fails."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
         try:
-            meta = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            meta = {}
-    if not meta:
-        meta = {
-            "host": socket.gethostname(),
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-            "starts": [],
-        }
-    if "start_time" in fields:
-        meta.setdefault("starts", []).append(fields["start_time"])
-    meta.update(redact(fields))
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(meta, indent=2, default=str))
-    os.replace(tmp, path)
-    return path
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class _DirLock:
+    """An exclusive ``flock`` on a directory (no lock file left behind); a no-op where flock is
+    not available."""
+
+    def __init__(self, d: Path) -> None:
+        self.d = d
+        self.fd: int | None = None
+
+    def __enter__(self) -> "_DirLock":
+        try:
+            import fcntl
+
+            self.fd = os.open(self.d, os.O_RDONLY)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except (ImportError, OSError, AttributeError):
+            if self.fd is not None:
+                os.close(self.fd)
+            self.fd = None
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # releases the lock
+            self.fd = None

@@ -18,7 +18,9 @@ accuracy first, never the tail). Durations from 100 ns to 1 day need about 1,400
 
 States merge exactly (bucket counts add), so a cross-rank p99 is the p99 of all samples, not a
 mean of per-rank p99s. ``min``/``max``/``sum`` are kept exactly and quantiles are clamped into
-``[min, max]``. NaN values are counted (``nan`` in the value) but not bucketed.
+``[min, max]``. NaN values are counted (``nan`` in the value) but not bucketed; ``±inf`` are
+counted at the ends (``pinf`` / ``ninf`` in the state), so a p99 above every finite value is
+``inf``. Nothing here raises for any float.
 
 ``record_metric(key, value, "distribution")`` (or ``forge_obs.sketch.DISTRIBUTION``) records a
 value; the reduced value is a dict ``{"p50", "p90", "p99", "count"}`` (JSON-serialisable; the
@@ -30,7 +32,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from forge_obs.reduce import MetricAccumulator, register_reduction
+from forge_obs.reduce import MetricAccumulator, _fsum, _rt_of, register_reduction
 
 __all__ = ["DistributionAccumulator", "DISTRIBUTION", "ALPHA", "MAX_BUCKETS", "quantile"]
 
@@ -54,6 +56,8 @@ class DistributionAccumulator(MetricAccumulator):
         self.pos: dict[int, int] = {}
         self.neg: dict[int, int] = {}
         self.zero = 0
+        self.pinf = 0
+        self.ninf = 0
         self.count = 0
         self.nan = 0
         self.total = 0.0
@@ -61,11 +65,19 @@ class DistributionAccumulator(MetricAccumulator):
         self.hi = -math.inf
 
     def append(self, value: float) -> None:
+        # every field is computed before any is written: a value that raises (an int beyond the
+        # float range: OverflowError from the sum) leaves no trace
         if value > _ZERO:
-            i = _ceil(_log(value) * _INV_LOG_GAMMA)
+            try:
+                i = _ceil(_log(value) * _INV_LOG_GAMMA)
+            except OverflowError:  # +inf
+                return self._append_inf(value)
             b = self.pos
         elif value < -_ZERO:
-            i = _ceil(_log(-value) * _INV_LOG_GAMMA)
+            try:
+                i = _ceil(_log(-value) * _INV_LOG_GAMMA)
+            except OverflowError:  # -inf
+                return self._append_inf(value)
             b = self.neg
         elif value == value:
             self.zero += 1
@@ -78,20 +90,34 @@ class DistributionAccumulator(MetricAccumulator):
         else:
             self.nan += 1
             return
-        b[i] = b.get(i, 0) + 1
+        total = self.total + value
+        try:
+            b[i] += 1
+        except KeyError:  # a new bucket (rare once the range is covered)
+            b[i] = 1
+            if len(b) > MAX_BUCKETS:
+                _collapse(b)
+        self.count += 1
+        self.total = total
+        if value < self.lo:
+            self.lo = value + 0.0
+        if value > self.hi:
+            self.hi = value + 0.0
+
+    def _append_inf(self, value: float) -> None:
+        if value > 0:
+            self.pinf += 1
+            self.hi = value
+        else:
+            self.ninf += 1
+            self.lo = value
         self.count += 1
         self.total += value
-        if value < self.lo:
-            self.lo = value
-        if value > self.hi:
-            self.hi = value
-        if len(b) > MAX_BUCKETS:
-            _collapse(b)
 
     def get_state(self) -> dict[str, Any]:
         return self._state(
-            alpha=ALPHA, pos=dict(self.pos), neg=dict(self.neg), zero=self.zero, count=self.count,
-            nan=self.nan, sum=self.total, min=self.lo, max=self.hi,
+            alpha=ALPHA, pos=dict(self.pos), neg=dict(self.neg), zero=self.zero, pinf=self.pinf,
+            ninf=self.ninf, count=self.count, nan=self.nan, sum=self.total, min=self.lo, max=self.hi,
         )
 
     @classmethod
@@ -108,14 +134,16 @@ class DistributionAccumulator(MetricAccumulator):
         while len(neg) > MAX_BUCKETS:
             _collapse(neg)
         return {
-            "reduction_type": states[0]["reduction_type"],
+            "reduction_type": _rt_of(states[0]),
             "alpha": states[0].get("alpha", ALPHA),
             "pos": pos,
             "neg": neg,
             "zero": sum(s["zero"] for s in states),
+            "pinf": sum(s.get("pinf", 0) for s in states),
+            "ninf": sum(s.get("ninf", 0) for s in states),
             "count": sum(s["count"] for s in states),
             "nan": sum(s.get("nan", 0) for s in states),
-            "sum": math.fsum(s["sum"] for s in states),
+            "sum": _fsum([s["sum"] for s in states]),
             "min": min(s["min"] for s in states),
             "max": max(s["max"] for s in states),
         }
@@ -136,7 +164,10 @@ def _collapse(b: dict[int, int]) -> None:
 
 
 def _bucket_value(i: int) -> float:
-    return 2.0 * _GAMMA**i / (_GAMMA + 1.0)
+    try:
+        return 2.0 * _GAMMA**i / (_GAMMA + 1.0)
+    except OverflowError:  # a bucket at the top of the float range (clamped to max by the caller)
+        return math.inf
 
 
 def quantile(state: dict[str, Any], q: float) -> float:
@@ -145,10 +176,10 @@ def quantile(state: dict[str, Any], q: float) -> float:
     if not n:
         return math.nan
     rank = max(0, _ceil(q * n - 1e-9) - 1)  # nearest-rank definition
-    seen = 0
+    seen = state.get("ninf", 0)
     neg, pos = state["neg"], state["pos"]
-    v = None
-    for i in sorted(neg, reverse=True):  # most negative first
+    v = -math.inf if seen > rank else None
+    for i in (sorted(neg, reverse=True) if v is None else ()):  # most negative first
         seen += neg[i]
         if seen > rank:
             v = -_bucket_value(i)
@@ -163,8 +194,8 @@ def quantile(state: dict[str, Any], q: float) -> float:
                 if seen > rank:
                     v = _bucket_value(i)
                     break
-    if v is None:  # pragma: no cover - counts inconsistent
-        v = state["max"]
+    if v is None:  # above every bucket: +inf values (or counts that do not add up)
+        v = math.inf if state.get("pinf") else state["max"]
     return min(max(v, state["min"]), state["max"])
 
 

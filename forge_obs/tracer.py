@@ -47,9 +47,9 @@ from collections import deque
 from typing import Any, Callable
 
 from forge_obs._env import PERF_METRICS_DISABLED
-from forge_obs.collector import MetricCollector, _append_locked
-from forge_obs.reduce import MaxAccumulator, MeanAccumulator, Reduce, accumulator_for
-from forge_obs.sketch import DISTRIBUTION, DistributionAccumulator
+from forge_obs.collector import MetricCollector, record_metric
+from forge_obs.reduce import Reduce
+from forge_obs.sketch import DISTRIBUTION
 
 __all__ = ["Tracer", "trace"]
 
@@ -66,23 +66,14 @@ _C = MetricCollector()
 
 
 # ---------------------------------------------------------------------------- recording
-def _emit(items: list) -> None:
-    """Record ``[(key, value, reduction), ...]`` under ONE acquisition of the collector's lock
-    (what ``record_metric`` does per value, for float values)."""
-    c = _C
-    with c._lock:
-        accs = c._accs
-        for key, v, red in items:
-            _append_locked(c, accs, key, v, red)
-
-
 _step_keys_cache: dict[tuple[str, str], tuple[str, str, str]] = {}
 _total_keys_cache: dict[str, tuple[str, str, str]] = {}
 
 
-def _step_keys(prefix: str, name: str) -> tuple[str, str, str]:
-    k = _step_keys_cache.get((prefix, name))
+def _step_keys(prefix: str, name: Any) -> tuple[str, str, str]:
+    k = _step_keys_cache.get((prefix, name)) if type(name) is str else None
     if k is None:
+        name = name if type(name) is str else _text(name)
         base = f"{prefix}/{name}/duration_"
         k = _step_keys_cache[(prefix, name)] = (base + "avg_s", base + "max_s", base + "dist_s")
     return k
@@ -96,48 +87,31 @@ def _total_keys(prefix: str) -> tuple[str, str, str]:
     return k
 
 
-# key triple -> its (mean, max, dist) accumulators of the current step. Valid while the collector's
-# dict still maps the first key to the same MeanAccumulator object (a flush swaps in a new dict
-# of new accumulators). Holds at most 3 small accumulators per key, never an old dict.
-_trio_cache: dict[tuple[str, str, str], tuple] = {}
+def _text(x: Any) -> str:
+    """``str(x)`` that never raises (a prefix or step name of any type)."""
+    if type(x) is str:
+        return x
+    try:
+        return str(x)
+    except Exception:  # noqa: BLE001
+        return f"<{type(x).__name__}>"
+
+
+#: the reductions of a duration's (avg, max, dist) keys
 _REDS = (_MEAN, _MAX, DISTRIBUTION)
+_record_groups = _C.record_groups
 
 
 def _emit_durations(pairs: list) -> None:
-    """Record ``[(key_triple, seconds), ...]`` (avg/max/dist keys of a duration) under ONE lock
-    acquisition. Fast path: the three accumulators of a triple are cached for as long as the
-    collector's accumulator dict is the same object (a flush swaps it), and updated inline."""
-    c = _C
-    with c._lock:
-        accs = c._accs
-        if c._raw is not None:  # streaming raw values: the generic path keeps them
-            for keys, d in pairs:
-                for key, red in zip(keys, _REDS):
-                    _append_locked(c, accs, key, d, red)
-            return
-        for keys, d in pairs:
-            trio = _trio_cache.get(keys)
-            if trio is not None and accs.get(keys[0]) is trio[0]:
-                mean, mx, dist = trio
-                mean.total += d
-                mean.count += 1
-                if d > mx.best:
-                    mx.best = d
-                dist.append(d)
-                c._recorded += 3
-                continue
-            for key, red in zip(keys, _REDS):
-                _append_locked(c, accs, key, d, red)
-            trio = (accs.get(keys[0]), accs.get(keys[1]), accs.get(keys[2]))
-            if (type(trio[0]) is MeanAccumulator and trio[0].reduction is _MEAN
-                    and type(trio[1]) is MaxAccumulator and trio[1].reduction is _MAX
-                    and type(trio[2]) is DistributionAccumulator and trio[2].reduction is DISTRIBUTION):
-                _trio_cache[keys] = trio
+    """Record ``[(key_triple, seconds), ...]`` (avg/max/dist keys of a duration) through the
+    collector, under one lock acquisition (:meth:`MetricCollector.record_groups`)."""
+    _record_groups(pairs, _REDS)
 
 
 def _duration_pairs(prefix: str, steps: list, total: float) -> list:
-    pairs = [(_step_keys(prefix, name), d) for name, d in steps]
-    pairs.append((_total_keys(prefix), total))
+    get = _step_keys_cache.get
+    pairs = [((type(name) is str and get((prefix, name))) or _step_keys(prefix, name), d) for name, d in steps]
+    pairs.append((_total_keys_cache.get(prefix) or _total_keys(prefix), total))
     return pairs
 
 
@@ -396,20 +370,13 @@ class _GpuTimings:
         list swap, no wait on the GPU."""
         return self._take(wait=True)
 
-    def resolve(self, recs: list, accs: dict, counters: dict) -> None:
+    def resolve(self, recs: list, taken: Any) -> None:
         """At export (device hook): wait for the taken timings' events on the exporting thread,
-        never on the training thread, and add them to the step's accumulators."""
-        n = 0
-        items = [(key, d, red) for keys, d in self._resolve(recs) for key, red in zip(keys, _REDS)]
-        for key, v, red in items:
-            acc = accs.get(key)
-            if acc is None:
-                acc = accs[key] = accumulator_for(red.value if isinstance(red, Reduce) else red)(red)
-            elif acc.reduction is not red:
-                continue
-            acc.append(v)
-            n += 1
-        counters["values_recorded"] = counters.get("values_recorded", 0) + n
+        never on the training thread, and add them to the step's values (``taken``: the
+        collector's :class:`~forge_obs.collector.Taken` of the cut)."""
+        for keys, d in self._resolve(recs):
+            for key, red in zip(keys, _REDS):
+                taken.add(key, d, red)
 
     def resolve_now(self) -> None:
         """Wait for and record every pending GPU timing (tests, shutdown)."""
@@ -443,7 +410,7 @@ class Tracer:
     _mem_start = 0
 
     def __init__(self, prefix: str, track_memory: bool = False, timer: str = "cpu") -> None:
-        self.prefix = prefix
+        self.prefix = prefix if type(prefix) is str else _text(prefix)
         self.track_memory = track_memory
         self.timer = timer
         if timer != "cpu":
@@ -467,28 +434,38 @@ class Tracer:
             self._end_memory(record=False)
         self._active = True
         if self.track_memory:
-            _OWNER.acquire(self)
+            try:
+                _OWNER.acquire(self)
+            except Exception as e:  # noqa: BLE001 - never raise into the training step
+                _warn_once("memory_error", f"Tracer({self.prefix!r}): device memory could not be read: {e!r}")
         if self._gpu:
-            self._dev = dev = _current_device()
-            ev = _GPU.event(dev)
-            _record(ev, dev)
-            self._events = [ev]
-            self._names = []
-        else:
-            self._steps = []
-            self._t0 = self._last = _pc()
+            try:
+                self._dev = dev = _current_device()
+                ev = _GPU.event(dev)
+                _record(ev, dev)
+                self._events = [ev]
+                self._names = []
+                return self
+            except Exception as e:  # noqa: BLE001 - CUDA unusable: time this region on the CPU
+                _warn_once("gpu_start", f"Tracer({self.prefix!r}) could not record a CUDA event ({e!r}); using CPU timing")
+                self._gpu = False
+        self._steps = []
+        self._t0 = self._last = _pc()
         return self
 
     def step(self, name: str) -> None:
         if not self._active:
             if not _DISABLED:
-                _warn_once("step_inactive", f"Tracer({self.prefix!r}).step({name!r}) before start(): ignored")
+                _warn_once("step_inactive", f"Tracer({self.prefix!r}).step({_text(name)!r}) before start(): ignored")
             return
         if self._gpu:
-            ev = _GPU.event(self._dev)
-            _record(ev, self._dev)
-            self._events.append(ev)
-            self._names.append(name)
+            try:
+                ev = _GPU.event(self._dev)
+                _record(ev, self._dev)
+                self._events.append(ev)
+                self._names.append(name)
+            except Exception as e:  # noqa: BLE001
+                _warn_once("gpu_step", f"Tracer({self.prefix!r}).step could not record a CUDA event: {e!r}")
         else:
             now = _pc()
             self._steps.append((name, now - self._last))
@@ -511,9 +488,12 @@ class Tracer:
                 self._events = []
                 self._names = []
             else:
-                _emit_durations(_duration_pairs(self.prefix, self._steps, _pc() - self._t0))
+                _record_groups(_duration_pairs(self.prefix, self._steps, _pc() - self._t0), _REDS)
+        except Exception as e:  # noqa: BLE001 - never raise into the training step
+            _warn_once("stop_error", f"Tracer({self.prefix!r}).stop() could not record its timings: {e!r}")
         finally:
-            self._end_memory(record=True)
+            if self._mem_token:
+                self._end_memory(record=True)
             self._active = False
 
     def _end_memory(self, record: bool) -> None:
@@ -521,12 +501,16 @@ class Tracer:
         if not tok:
             return
         self._mem_token = 0
-        res = _OWNER.release(self, tok)
+        try:
+            res = _OWNER.release(self, tok)
+        except Exception as e:  # noqa: BLE001 - never raise into the training step
+            _warn_once("memory_error", f"Tracer({self.prefix!r}): device memory could not be read: {e!r}")
+            return
         if res is not None and record:
             delta, peak = res
             p = self.prefix
-            _emit([(f"{p}/memory_delta_end_start_avg_gb", delta / _GIB, _MEAN),
-                   (f"{p}/memory_peak_max_gb", peak / _GIB, _MAX)])
+            record_metric(f"{p}/memory_delta_end_start_avg_gb", delta / _GIB, _MEAN)
+            record_metric(f"{p}/memory_peak_max_gb", peak / _GIB, _MAX)
 
     def __enter__(self) -> "Tracer":
         return self.start()
@@ -547,7 +531,7 @@ class trace:
     def __init__(self, prefix: str, track_memory: bool = False, timer: str = "cpu") -> None:
         if timer not in ("cpu", "gpu"):
             raise ValueError(f"timer must be 'cpu' or 'gpu', got {timer!r}")
-        self.prefix = prefix
+        self.prefix = prefix if type(prefix) is str else _text(prefix)
         self.track_memory = track_memory
         self.timer = timer
 
@@ -571,7 +555,7 @@ class trace:
                         return await fn(*args, **kwargs)
                     finally:
                         d = _pc() - t0
-                        _emit_durations([(keys, d)])
+                        _record_groups([(keys, d)], _REDS)
 
             else:
 
@@ -595,7 +579,7 @@ class trace:
                     return fn(*args, **kwargs)
                 finally:
                     d = _pc() - t0
-                    _emit_durations([(keys, d)])
+                    _record_groups([(keys, d)], _REDS)
 
         else:
 

@@ -91,11 +91,13 @@ from forge_obs.device import DeviceValues  # noqa: E402
 
 
 def drain(dv, accs=None):
+    from forge_obs.collector import Taken
+
     accs = {} if accs is None else accs
     counters = {"values_recorded": 0, "dropped_values": 0, "nonfinite_values": 0}
     taken = dv.swap()
     if taken is not None:
-        taken.resolve_into(accs, counters)
+        taken.resolve_into(Taken(accs, None, counters, None))
     return {k: a.get_value() for k, a in accs.items()}, counters
 
 
@@ -148,7 +150,8 @@ def test_device_bad_input_is_dropped_and_counted():
     assert dv.record("dev/c", torch.tensor(2.0), Reduce.MEAN)
     got, counters = drain(dv, {"dev/c": SumAccumulator(Reduce.SUM)})  # CPU has "dev/c" as SUM: conflict
     assert got == {"dev/k": 1.0, "dev/c": 0.0}
-    assert counters["dropped_values"] == 5 and counters["values_recorded"] == 2
+    assert counters["dropped_values"] == 5 and counters["values_recorded"] == 1
+    assert counters["dropped_by_reason"] == {"bad_value": 2, "reduction_mismatch": 2, "unknown_reduction": 1}
 
 
 def test_device_nonfinite_values_are_kept_and_counted_per_key():
@@ -247,3 +250,36 @@ def test_device_values_without_device_state_are_capped_per_step(monkeypatch):
     got, counters = drain(dv)
     assert got["lat"]["count"] == 3 and got["lat"]["p99"] == pytest.approx(3.0, rel=ALPHA)
     assert counters["dropped_values"] == 2 and counters["values_recorded"] == 3
+
+
+def test_gpu_timings_enter_the_cut_through_the_collector():
+    """The GPU tracer's pending timings (taken at the cut by a device hook) are added at export
+    through ``Taken.add``. CUDA events cannot run here: stand-ins with CUDA's event API."""
+    from forge_obs.collector import Taken
+    from forge_obs.tracer import _GpuTimings
+
+    class Event:
+        def __init__(self, t_ms):
+            self.t_ms = t_ms
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return other.t_ms - self.t_ms
+
+        def query(self):
+            return True
+
+    timings = _GpuTimings()
+    dv = DeviceValues()
+    dv.add_hook(timings)
+    with timings._lock:  # what Tracer.stop() queues (without starting the poller thread)
+        timings._pending.append(("gpu/step", ["fwd"], [Event(0.0), Event(2.0), Event(5.0)], 0))
+    taken = dv.swap()
+    accs, counters = {}, {"values_recorded": 0, "dropped_values": 0}
+    taken.resolve_into(Taken(accs, None, counters, None))
+    got = {k: a.get_value() for k, a in accs.items()}
+    assert got["gpu/step/fwd/duration_avg_s"] == 0.002 and got["gpu/step/total_duration_max_s"] == 0.005
+    assert got["gpu/step/total_duration_dist_s"]["count"] == 1
+    assert counters["values_recorded"] == 6 and counters["dropped_values"] == 0

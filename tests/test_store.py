@@ -1,7 +1,10 @@
 """The JSONL store: durable rows per step, identity fields, a torn last line skipped."""
 
 import json
+import logging
 import math
+
+import pytest
 
 from forge_obs.backends.jsonl import JsonlBackend
 from forge_obs.metric import Metric
@@ -78,3 +81,88 @@ def test_run_config_defaults_and_errors(tmp_path, monkeypatch):
         else:
             raise AssertionError(bad)
     assert redact({"a": [{"hf_token": 1}], "b": 2}) == {"a": [{"hf_token": "***"}], "b": 2}
+
+
+# ------------------------------------------------------------------ meta.json: concurrency, full disk
+def _meta_writer(run_dir: str, who: int, n: int, barrier) -> None:
+    """One process writing the same run's meta.json ``n`` times, started together with others."""
+    from pathlib import Path
+
+    barrier.wait()
+    for i in range(n):
+        assert write_meta(Path(run_dir), start_time=who * 1000 + i, status=f"running-{who}") is not None
+
+
+def test_the_same_run_id_from_several_processes_at_once(tmp_path):
+    """Real processes write one run's meta.json at the same moment: none raises, no update is
+    lost (the read-modify-write is locked), nothing temporary is left."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    n_procs, n_writes = 4, 25
+    barrier = ctx.Barrier(n_procs)
+    procs = [ctx.Process(target=_meta_writer, args=(str(tmp_path / "r"), who, n_writes, barrier)) for who in range(n_procs)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * n_procs
+    meta = json.loads((tmp_path / "r" / "meta.json").read_text())
+    assert sorted(meta["starts"]) == sorted(w * 1000 + i for w in range(n_procs) for i in range(n_writes))
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["meta.json"]
+
+
+def _no_temp_files(d):
+    return [p.name for p in d.iterdir() if p.name != "meta.json"]
+
+
+def test_meta_write_on_a_full_file_system_reports_and_does_not_raise(tmp_path, caplog):
+    """A real full file system (a 64 KiB tmpfs; needs mount rights, else skipped -- the
+    RLIMIT_FSIZE test below covers the same path without them)."""
+    import subprocess
+
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        run_dir = mnt / "r"
+        assert write_meta(run_dir, status="running") is not None
+        before = (run_dir / "meta.json").read_text()
+        with open(mnt / "filler", "wb", buffering=0) as f:  # fill the file system to the last block
+            try:
+                while True:
+                    f.write(b"x" * 4096)
+            except OSError:
+                pass
+        with caplog.at_level(logging.ERROR, logger="forge_obs"):
+            assert write_meta(run_dir, status="finished", config={"big": "y" * 100_000}) is None
+        assert any("could not write" in r.getMessage() and "meta.json" in r.getMessage() for r in caplog.records)
+        assert (run_dir / "meta.json").read_text() == before  # intact, still the last good version
+        assert _no_temp_files(run_dir) == []
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_meta_write_beyond_the_file_size_limit_reports_and_does_not_raise(tmp_path):
+    """The same failure without mount rights: a real process whose file-size limit
+    (RLIMIT_FSIZE) is below the new meta.json, so the kernel refuses the write (EFBIG)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import resource, signal, sys\n"
+        "from pathlib import Path\n"
+        "from forge_obs.run import write_meta\n"
+        "d = Path(sys.argv[1])\n"
+        "assert write_meta(d, status='running') is not None\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+        "print(write_meta(d, status='finished', config={'big': 'y' * 100000}))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "r")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "None"
+    assert "could not write" in p.stderr and "meta.json" in p.stderr and "Traceback" not in p.stderr
+    assert json.loads((tmp_path / "r" / "meta.json").read_text())["status"] == "running"
+    assert _no_temp_files(tmp_path / "r") == []

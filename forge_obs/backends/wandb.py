@@ -28,7 +28,8 @@ What goes where:
   metric that is its x-axis (``define_metric(glob, step_metric=axis)``). The axis value is an
   ordinary metric: ``record_metric("policy_version", v, Reduce.MAX)``.
 - Config: the W&B run's config gets the user's ``config`` (or ``run_config``) plus
-  ``forge_obs`` (run id, run dir, backend configs with credentials redacted).
+  ``forge_obs`` (run id, run dir, backend configs), all passed through
+  :func:`forge_obs.run.redact` (the one redaction of every file forge_obs writes).
 
 Steps: W&B drops a write to a step below its current one. Steps arrive in order, but when one
 does not increase (a resumed job replaying a step, a user's non-monotonic flush) it is written at
@@ -75,19 +76,6 @@ def _import_wandb() -> Any:
     except ImportError as e:
         raise ValueError("the 'wandb' backend needs the wandb package: pip install 'forge-obs[wandb]'") from e
     return wandb
-
-
-_SECRET_KEY = re.compile(r"(^|[_.-])(api_?key|secret|secret_key|password|passwd|token|access_token|auth_token)$", re.I)
-
-
-def redact_secrets(obj: Any) -> Any:
-    """The user's experiment config with credential-looking keys (``api_key``, ``hf_token``,
-    ``password``, ...) replaced by ``"***"``; ``max_tokens`` or ``key_dim`` are kept."""
-    if isinstance(obj, dict):
-        return {k: ("***" if isinstance(k, str) and _SECRET_KEY.search(k) else redact_secrets(v)) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [redact_secrets(v) for v in obj]
-    return obj
 
 
 def _slug(s: str) -> str:
@@ -189,7 +177,7 @@ class WandbBackend(LoggerBackend):
         self._group = kw.get("group")
         self._name = kw.get("name") or (run.run_id if run else "forge_obs")
         self._id = kw.get("id")
-        self.wb = wandb.init(config=redact_secrets(config), **kw)
+        self.wb = wandb.init(config=redact(config), **kw)
         self._resume_step("", self.wb)
         self._define_axes(self.wb)
         for prefix, axis in self.step_metrics.items():

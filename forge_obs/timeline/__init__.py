@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import json
 import sys
 import threading
 import time
@@ -121,14 +122,43 @@ def _compiling() -> bool:
         return False
 
 
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _text(x: Any) -> str:
+    """``str(x)`` that never raises."""
+    if type(x) is str:
+        return x
+    try:
+        return str(x)
+    except Exception:  # noqa: BLE001
+        try:
+            return f"<{type(x).__name__}>"
+        except Exception:  # noqa: BLE001
+            return "<?>"
+
+
+def _jsonable(v: Any) -> Any:
+    """``v`` if the writer can serialise it (plain values, JSON containers), else its text: an
+    attribute never fails the writer (a cycle, a key that is not a string, a ``__str__`` that
+    raises)."""
+    if type(v) in _PLAIN:
+        return v
+    try:
+        json.dumps(v, default=str)
+        return v
+    except Exception:  # noqa: BLE001
+        return _text(v)
+
+
 def _extras(flow: Any, attrs: dict | None) -> dict | None:
     if flow is None and not attrs:
         return None
     d: dict = {}
     if flow is not None:
-        d["f"] = flow
+        d["f"] = _jsonable(flow)
     if attrs:
-        d["a"] = attrs
+        d["a"] = {k: _jsonable(v) for k, v in attrs.items()}
     return d
 
 
@@ -216,17 +246,20 @@ def record_span(name: str, *, flow: Any = None, log_to_metrics: bool = False, **
     ``flow=<id>`` links spans and events that share the id (across actors) with arrows in the
     trace; ``log_to_metrics=True`` also records the duration as the metric
     ``span/<name>/duration_s`` (Reduce.MEAN); other keyword arguments are kept as attributes
-    (JSON-serialisable values). A span that raises is marked with the error. A span that never
-    ends (a hang) is still written, and shown as unfinished."""
+    (JSON-serialisable values; anything else is written as its text). A span that raises is
+    marked with the error. A span that never ends (a hang) is still written, and shown as
+    unfinished. Never raises into the caller, for any name or attribute."""
     if flow is None and not attrs:
-        return _Span(name if type(name) is str else str(name), None, log_to_metrics)
-    return _Span(str(name), _extras(flow, attrs), log_to_metrics)
+        return _Span(name if type(name) is str else _text(name), None, log_to_metrics)
+    return _Span(_text(name), _extras(flow, attrs), log_to_metrics)
 
 
 def record_event(name: str, *, flow: Any = None, **attrs: Any) -> None:
-    """An instant event on the caller's track (``flow`` and attributes as for spans)."""
+    """An instant event on the caller's track (``flow`` and attributes as for spans). Never
+    raises: a name or attribute that cannot be written as JSON is written as its text."""
     if _ON and not (_torch_loaded[0] and _compiling()):
-        _append((K_EVENT, _next_id(), _pc(), _lane(), str(name), _step(), _extras(flow, attrs)))
+        _append((K_EVENT, _next_id(), _pc(), _lane(), name if type(name) is str else _text(name), _step(),
+                 _extras(flow, attrs)))
 
 
 def set_step(step: int) -> None:
@@ -234,7 +267,7 @@ def set_step(step: int) -> None:
     task (and tasks it creates); it is also the process-wide default for records made elsewhere."""
     try:
         step = int(step)
-    except (TypeError, ValueError):
+    except Exception:  # noqa: BLE001 - not a step: ignored, never raised into the caller
         return
     _proc_step[0] = step
     if _get_running_loop() is not None and _current_task() is not None:
@@ -251,7 +284,7 @@ def get_step() -> int | None:
 def add_step_tag(tag: str) -> None:
     """Tag the current step (e.g. ``"eval"``, ``"checkpoint"``, ``"weights_sync"``)."""
     if _ON:
-        _append((K_TAG, _next_id(), _pc(), _lane(), _step(), str(tag)))
+        _append((K_TAG, _next_id(), _pc(), _lane(), _step(), _text(tag)))
 
 
 def is_enabled() -> bool:

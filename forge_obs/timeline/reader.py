@@ -17,7 +17,10 @@ Items (times are epoch µs, corrected by the host's clock offset against the con
     (END,     stream)                                           after the stream's last record
 
 ``stream`` is a :class:`Stream` (one process session: identity, lanes, first/last timestamp,
-whether it closed cleanly). A torn last line is skipped silently; other bad lines with a warning.
+whether it closed cleanly). Only well-formed records are yielded: a torn last line is skipped
+silently; any other line that is not valid UTF-8 / JSON, or a record of the wrong shape or types
+(``123``, ``null``, a short record, a string where a number belongs, a header with a bad field) is
+skipped and counted in ``Run.malformed``, with one warning per :func:`walk`.
 """
 
 from __future__ import annotations
@@ -79,31 +82,111 @@ class Run:
     offsets: dict  # host -> µs to add
     attempts: list  # distinct controller start times, ascending
     controller_host: str | None = None
+    malformed: int = 0  # lines skipped by walk(): not JSON, or not a well-formed record
+    first_malformed: str = ""  # where the first one is, and why
+
+
+#: ints beyond this are not what the writer writes (and would not fit the SQL views' BIGINT)
+_BIG = 1 << 62
+#: header fields and the types they must have (a field of another type is removed)
+_HEADER_TYPES: dict[str, tuple] = {
+    "host": (str,), "pid": (int,), "mesh": (str,), "actor": (str,), "rank": (int,), "session": (str,),
+    "run": (str,), "t0": (int,), "file": (int,), "start": (int, float), "ws": (int,), "ctl": (bool,),
+}
+
+
+def _int(x: Any) -> bool:
+    return type(x) is int and -_BIG < x < _BIG
+
+
+def clean_header(h: Any) -> "dict | None":
+    """A header dict with every field of the wrong type removed (defaults apply), or None if
+    ``h`` is not a header."""
+    if not isinstance(h, dict) or not h.get("h"):
+        return None
+    bad = [k for k, types in _HEADER_TYPES.items()
+           if k in h and (type(h[k]) not in types or (type(h[k]) is int and not _int(h[k])))]
+    clk = h.get("clk")
+    if clk is not None and not (isinstance(clk, list) and len(clk) == 2 and _int(clk[0]) and _int(clk[1])):
+        bad.append("clk")
+    if not bad:
+        return h
+    return {k: v for k, v in h.items() if k not in bad}
+
+
+def _ex(x: Any) -> bool:
+    """Extras: None, or a dict whose attributes (``"a"``) are a dict too."""
+    return x is None or (type(x) is dict and type(x.get("a", {})) is dict)
+
+
+def _record_ok(r: list) -> bool:
+    """Whether a record has the shape and types :func:`walk` reads (see the schema)."""
+    n = len(r)
+    k = r[0]
+    if type(k) is int:  # complete span: ts, dur, lane, name, step[, extras]
+        return (n >= 5 and _int(k) and _int(r[1]) and _int(r[2]) and _int(r[3]) and (r[4] is None or _int(r[4]))
+                and (n < 6 or _ex(r[5])))
+    if k == "N":
+        return n >= 3 and _int(r[1]) and type(r[2]) is str
+    if k == "L":
+        return n >= 3 and _int(r[1]) and type(r[2]) is str
+    if k == "I":
+        return (n >= 5 and _int(r[1]) and _int(r[2]) and _int(r[3]) and (r[4] is None or _int(r[4]))
+                and (n < 6 or _ex(r[5])))
+    if k == "B":
+        return (n >= 6 and _int(r[1]) and _int(r[2]) and _int(r[3]) and _int(r[4]) and (r[5] is None or _int(r[5]))
+                and (n < 7 or _ex(r[6])))
+    if k == "E":
+        return n >= 3 and _int(r[1]) and _int(r[2]) and (n < 4 or _ex(r[3]))
+    if k == "S":
+        return n >= 4 and _int(r[1]) and _int(r[2]) and (r[3] is None or _int(r[3]))
+    if k == "T":
+        return n >= 5 and _int(r[1]) and _int(r[2]) and (r[3] is None or _int(r[3])) and type(r[4]) is str
+    if k == "M":
+        return n >= 2 and type(r[1]) is dict
+    if k == "D" or k == "Z":
+        return n >= 2 and _int(r[1])
+    if k == "C":
+        return n >= 3 and _int(r[1]) and _int(r[2])
+    return False
 
 
 _raw_decode = json.JSONDecoder().raw_decode
 
 
-def _lines(path: Path) -> Iterator[Any]:
+def _lines(path: Path, run: "Run | None" = None) -> Iterator[Any]:
+    """Each line of ``path`` parsed (a list record or a header dict). Lines that are not valid
+    UTF-8 / JSON, or neither a list nor a dict, are counted in ``run.malformed``; a torn last
+    line (the writer died mid-line) is skipped silently."""
     raw = _raw_decode
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f):
+    with open(path, "rb") as f:
+        for i, b in enumerate(f):
             try:
-                yield raw(line)[0]
-            except ValueError:
-                if line.endswith("\n"):
-                    if line.strip():
-                        logger.warning("forge_obs: %s:%d is not valid JSON; skipped", path, i + 1)
-                # else: a torn last line (the writer died mid-line): skipped silently
+                r = raw(b.decode("utf-8"))[0]
+            except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+                if b.endswith(b"\n") and b.strip():
+                    _malformed(run, path, i + 1, "not valid UTF-8 JSON")
+                continue  # else: a torn last line, skipped silently
+            if isinstance(r, (list, dict)):
+                yield r
+            else:
+                _malformed(run, path, i + 1, f"a JSON {type(r).__name__}, not a record")
+
+
+def _malformed(run: "Run | None", path: Path, line: int, why: str) -> None:
+    if run is None:
+        return
+    if not run.malformed:
+        run.first_malformed = f"{path}{f':{line}' if line else ''}: {why}"
+    run.malformed += 1
 
 
 def _first_header(path: Path) -> dict | None:
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, "rb") as f:
             line = f.readline()
-        h = json.loads(line)
-        return h if isinstance(h, dict) and h.get("h") else None
-    except (OSError, ValueError):
+        return clean_header(json.loads(line.decode("utf-8")))
+    except (OSError, ValueError, RecursionError):
         return None
 
 
@@ -140,13 +223,15 @@ def scan(run_dir: "str | Path", keep: Callable[[dict], bool] | None = None, cloc
     if clocks:  # later, tighter samples ("C" records) and later sessions: one cheap pass
         for key, _i, p in list(files):
             host = key[0]
-            with open(p, encoding="utf-8") as f:
+            with open(p, "rb") as f:
                 next(f, None)
                 for line in f:
-                    if line.startswith('{"h"'):  # a restarted process appended to this file
+                    if line.startswith(b'{"h"'):  # a restarted process appended to this file
                         try:
-                            h2 = json.loads(line)
-                        except ValueError:
+                            h2 = clean_header(json.loads(line.decode("utf-8")))
+                        except (ValueError, RecursionError):
+                            continue
+                        if h2 is None:
                             continue
                         k2 = (h2.get("host"), h2.get("pid"), h2.get("session"))
                         if h2.get("start") is not None:
@@ -156,12 +241,14 @@ def scan(run_dir: "str | Path", keep: Callable[[dict], bool] | None = None, cloc
                         if h2.get("clk"):
                             d = int(h2["clk"][0]) - int(h2["clk"][1])
                             samples[host] = min(d, samples.get(host, d))
-                    elif line.startswith('["C"'):
+                    elif line.startswith(b'["C"'):
                         try:
-                            _c, recv, ctl = json.loads(line)
-                        except ValueError:
+                            c = json.loads(line.decode("utf-8"))
+                        except (ValueError, RecursionError):
                             continue
-                        d = int(recv) - int(ctl)
+                        if not (isinstance(c, list) and len(c) >= 3 and _int(c[1]) and _int(c[2])):
+                            continue
+                        d = c[1] - c[2]
                         samples[host] = min(d, samples.get(host, d))
     offsets = {h: (0 if h == ctl_host else -d) for h, d in samples.items()}
     if ctl_host is not None:
@@ -188,9 +275,10 @@ def walk(run: Run) -> Iterator[tuple]:
         names: dict[int, str] = {}
         base = int(st.header.get("t0", 0)) + st.offset_us
         op = opens.setdefault(key, {})
-        for r in _lines(path):
+        for r in _lines(path, run):
             if isinstance(r, list):
-                if not r:
+                if not r or not _record_ok(r):
+                    _malformed(run, path, 0, f"a record of the wrong shape ({_brief(r)})")
                     continue
                 k = r[0]
                 st.records += 1
@@ -235,16 +323,17 @@ def walk(run: Run) -> Iterator[tuple]:
                     _touch(st, ts)
                     yield (TAG, st, r[2], r[3], r[4], ts)
                 elif k == "M":
-                    if isinstance(r[1], dict) and r[1].get("actor"):
+                    if isinstance(r[1].get("actor"), str) and r[1]["actor"]:
                         st.actor = r[1]["actor"]
                 elif k == "D":
-                    st.dropped += int(r[1])
+                    st.dropped += r[1]
                 elif k == "Z":
                     _touch(st, base + r[1])
                     st.clean = True
                     continue
                 st.clean = False
             elif isinstance(r, dict) and r.get("h"):
+                r = clean_header(r)
                 nkey = (r.get("host"), r.get("pid"), r.get("session"))
                 if nkey != key:  # a restarted process appended to the same file
                     st = run.streams.get(nkey)
@@ -260,6 +349,8 @@ def walk(run: Run) -> Iterator[tuple]:
                     st.actor = r["actor"]
                 base = int(r.get("t0", 0)) + st.offset_us
                 touched.append(key)
+            else:
+                _malformed(run, path, 0, f"an object that is not a header ({_brief(r)})")
         if fi + 1 < len(files) and files[fi + 1][1] == files[fi][1]:
             continue  # the next file continues this process (rotation)
         for k in dict.fromkeys(touched):
@@ -274,6 +365,16 @@ def walk(run: Run) -> Iterator[tuple]:
     for key, st in run.streams.items():
         if key not in done:
             yield (END, st)
+    if run.malformed:
+        logger.warning("forge_obs: %s: %d malformed timeline line(s) skipped (first: %s)", run.run_dir / "events",
+                       run.malformed, run.first_malformed)
+
+
+def _brief(r: Any) -> str:
+    try:
+        return json.dumps(r)[:80]
+    except Exception:  # noqa: BLE001
+        return type(r).__name__
 
 
 def _touch(st: Stream, ts: int) -> None:
