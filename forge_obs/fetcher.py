@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import pickle
 import time
 from typing import Any
 
@@ -25,6 +24,7 @@ from monarch.actor import Actor, context, endpoint
 from forge_obs.collector import MetricCollector
 from forge_obs.identity import set_identity
 from forge_obs.registry import LOCAL_MESHES
+from forge_obs.snapshot import dumps
 
 logger = logging.getLogger("forge_obs")
 
@@ -130,7 +130,7 @@ class LocalFetcherActor(Actor):
         try:
             # pickled here, so that the controller's inbox thread only moves bytes: the decode
             # happens on its pipeline thread, after the flush that waits for acks resumed
-            snap = dumps_isolated(_COLLECTOR.export(taken, packed=True))
+            snap = dumps(_COLLECTOR.export(taken, packed=True))
             self.port.send((kind, seq, self.key, self.identity.to_dict(), snap))
         except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
             logger.error("forge_obs: %s could not send its states (cut %s): %r", self.identity.label, seq, e)
@@ -172,41 +172,6 @@ async def configure_all(entries: list, options: dict[str, Any], timeout_s: float
     for f in done:
         if f.exception() is not None:
             logger.info("forge_obs: a mesh did not take its configuration: %r", f.exception())
-
-
-def dumps_isolated(snapshot: dict[str, Any]) -> bytes:
-    """Pickle a snapshot; if that fails, leave out the states that cannot be pickled (a SAMPLE
-    row holding a lock, say), counting them, so that the rank's other values still arrive."""
-    try:
-        return pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:  # noqa: BLE001 - find the culprits, key by key
-        pass
-    states = dict(snapshot.get("states") or {})
-    bad = 0
-    for key, st in list(states.items()):
-        try:
-            pickle.dumps(st, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception:  # noqa: BLE001
-            del states[key]
-            bad += 1
-    raw = snapshot.get("raw")
-    if raw:
-        ok = []
-        for item in raw:
-            try:
-                pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
-                ok.append(item)
-            except Exception:  # noqa: BLE001
-                bad += 1
-        raw = ok
-    counters = dict(snapshot.get("counters") or {})
-    counters["dropped_values"] = counters.get("dropped_values", 0) + bad
-    by_reason = dict(counters.get("dropped_by_reason") or {})
-    by_reason["unpicklable"] = by_reason.get("unpicklable", 0) + bad
-    counters["dropped_by_reason"] = by_reason
-    logger.warning("forge_obs: %d value(s) could not be pickled and were dropped (counted in "
-                   "obs/dropped/unpicklable)", bad)
-    return pickle.dumps(dict(snapshot, states=states, raw=raw, counters=counters), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _cut_children(seq: int, step: int) -> list[tuple]:

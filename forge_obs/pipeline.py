@@ -47,8 +47,8 @@ from forge_obs.collector import MetricCollector, Taken
 from forge_obs.identity import rank_label
 from forge_obs.metric import LoggingMode, Metric
 from forge_obs.record import RankViews, StepRecord
-from forge_obs.reduce import Reduce, merge_states, reduce_snapshots, snapshot_states
-from forge_obs.snapshot import loads, snapshot_keys, snapshot_part
+from forge_obs.reduce import Reduce, merge_snapshots, reduce_snapshots
+from forge_obs.snapshot import loads
 
 logger = logging.getLogger("forge_obs")
 
@@ -459,6 +459,10 @@ class FlushPipeline:
 
     def _build(self, p: Cut, missing: list, late: list, pending: int) -> StepRecord | None:
         drops: dict[str, int] = {}  # reason -> values dropped here, on the controller
+
+        def on_drop(key: str, reason: str, n_states: int) -> None:
+            drops[reason] = drops.get(reason, 0) + n_states
+
         entries = self._decoded_entries(p, drops)
         # rank label -> list of snapshots (the step's own, plus late/final ones placed in it)
         by_label: dict[str, list[dict]] = {}
@@ -481,10 +485,11 @@ class FlushPipeline:
             for snap in snaps:
                 if snap.get("raw"):
                     raw.setdefault(label, []).extend(snap["raw"])
-            snap = snaps[0] if len(snaps) == 1 else _merge_rank(snaps, drops)
+            snap = snaps[0] if len(snaps) == 1 else merge_snapshots(snaps, on_drop)
             if snap.get("states") or snap.get("packed"):
                 rank_snaps[label] = snap
-        global_metrics = reduce_isolated(list(rank_snaps.values()), drops)
+        overflows: list[str] = []
+        global_metrics = reduce_snapshots(list(rank_snaps.values()), on_drop=on_drop, on_overflow=overflows.append)
         # per-rank Metrics are built only if a backend reads them (JSONL reads plain values)
         per_rank = RankViews(rank_snaps) if self._need_per_rank else {}
         if p.final and not rank_snaps and not raw:
@@ -496,7 +501,7 @@ class FlushPipeline:
             "obs/values_recorded": counters["values_recorded"],
             "obs/dropped_values": counters["dropped_values"] + sum(drops.values()),
             **{f"obs/dropped/{reason}": n for reason, n in sorted(by_reason.items()) if n},
-            "obs/nonfinite_values": counters["nonfinite_values"],
+            "obs/nonfinite_values": counters["nonfinite_values"] + len(overflows),
             "obs/stream_overflow": counters["stream_overflow"],
             # forge_obs's own CPU, all processes (the controller's merge and backends: the step before)
             "obs/cpu_s": sum(counters.get(f"cpu_{part}_s", 0.0) for part in CPU_PARTS),
@@ -534,7 +539,7 @@ class FlushPipeline:
                 local = _COLLECTOR.export(local, packed=True)
             except Exception as e:  # noqa: BLE001 - the controller's own values; the ranks' still arrive
                 logger.error("forge_obs: the controller's values of step %s could not be exported: %r", p.step, e)
-                _count(drops, "export_error", max(1, len(local.accs)))
+                drops["export_error"] = drops.get("export_error", 0) + max(1, len(local.accs))
                 local = None
         if local is not None:
             raw_entries.append(({"label": self.process_name, "mesh": self.process_name, "rank": 0}, local))
@@ -548,58 +553,11 @@ class FlushPipeline:
             except Exception as e:  # noqa: BLE001
                 logger.error("forge_obs: states of %s for step %s could not be decoded: %r",
                              (ident or {}).get("label"), p.step, e)
-                _count(drops, "undecodable", 1)
+                drops["undecodable"] = drops.get("undecodable", 0) + 1
         return entries
 
 def _count(drops: dict[str, int], reason: str, n: int) -> None:
     drops[reason] = drops.get(reason, 0) + n
-
-
-def _reason(e: BaseException) -> str:
-    if isinstance(e, OverflowError):
-        return "overflow"
-    if isinstance(e, ValueError) and "unknown reduction" in str(e):
-        return "unknown_reduction"
-    return "merge_error"
-
-
-def _merge_rank(snaps: list[dict], drops: dict[str, int]) -> dict:
-    """One rank's snapshots in one step (its own plus late or final ones), merged per key; a
-    key whose snapshots disagree on the reduction, or fail to merge, is dropped and counted."""
-    merged: dict[str, list[dict]] = {}
-    for snap in snaps:
-        for k, st in snapshot_states(snap).items():
-            merged.setdefault(k, []).append(st)
-    states = {}
-    for k, sts in merged.items():
-        if len({st.get("reduction_type") for st in sts}) > 1:
-            _count(drops, "reduction_mismatch", len(sts))
-            continue
-        try:
-            states[k] = sts[0] if len(sts) == 1 else merge_states(sts)
-        except Exception as e:  # noqa: BLE001 - one key never costs the others
-            _count(drops, _reason(e), len(sts))
-    return {"states": states}
-
-
-def reduce_isolated(snapshots: list[dict], drops: dict[str, int]) -> list[Metric]:
-    """:func:`~forge_obs.reduce.reduce_snapshots`, with each key on its own: a key that cannot be
-    reduced (an overflow, a reduction unknown here, a merge that raises) is dropped and counted
-    under its reason in ``drops``; every other key arrives."""
-    conflicts: list[str] = []
-    try:
-        out = reduce_snapshots(snapshots, lambda key, kinds: conflicts.append(key))
-    except Exception:  # noqa: BLE001 - find the key(s) at fault, one at a time
-        out, conflicts = [], []
-        for key in sorted({k for snap in snapshots for k in snapshot_keys(snap)}):
-            part = [snapshot_part(snap, key) for snap in snapshots]
-            try:
-                out.extend(reduce_snapshots([x for x in part if x], lambda k, kinds: conflicts.append(k)))
-            except Exception as e:  # noqa: BLE001
-                _count(drops, _reason(e), sum(1 for x in part if x))
-    if conflicts:
-        _count(drops, "reduction_mismatch", len(conflicts))
-    return out
 
 
 def _run(callbacks: list) -> None:

@@ -17,7 +17,6 @@ from typing import Any, Iterator
 
 from forge_obs.metric import Metric
 from forge_obs.reduce import reduction_of, snapshot_values
-from forge_obs.snapshot import snapshot_keys, snapshot_part
 
 
 @dataclass
@@ -44,20 +43,8 @@ class RankViews(Mapping):
 
     def _reduced(self, label: str) -> tuple[dict, dict]:
         v = self._values.get(label)
-        if v is None:
-            snap = self._snaps[label]
-            try:
-                v = snapshot_values(snap)
-            except Exception:  # noqa: BLE001 - a key that cannot be reduced here costs only itself
-                v = ({}, {})
-                for key in snapshot_keys(snap):
-                    try:
-                        vals, kinds = snapshot_values(snapshot_part(snap, key))
-                    except Exception:  # noqa: BLE001 - dropped (counted with the global values)
-                        continue
-                    v[0].update(vals)
-                    v[1].update(kinds)
-            self._values[label] = v
+        if v is None:  # a key that cannot be reduced is left out (counted with the global values)
+            v = self._values[label] = snapshot_values(self._snaps[label])
         return v
 
     def values(self, label: str) -> dict[str, Any]:

@@ -1,12 +1,13 @@
 """A rank's snapshot on the wire: what a fetcher sends at a cut.
 
-    >>> from forge_obs.snapshot import snapshot_keys, snapshot_part
-    >>> snap = {"packed": {"sum": (["a", "b"], [1.0, 2.0])}, "states": {"c": {"reduction_type": "sample", "rows": [], "seen": 0}}}
-    >>> sorted(snapshot_keys(snap)), snapshot_part(snap, "b")
-    (['a', 'b', 'c'], {'packed': {'sum': (['b'], [2.0])}})
+    >>> from forge_obs.snapshot import dumps, loads
+    >>> snap = {"packed": {"sum": (["a", "b"], [1.0, 2.0])}, "states": {}, "counters": {"values_recorded": 2}}
+    >>> loads(dumps(snap)) == snap
+    True
 
 ``{"packed": {reduction: (keys, rows)}, "states": {key: state}, "raw": [...] | None,
-"counters": {...}, "wall_time": t}``, pickled by the fetcher (:func:`loads` decodes it).
+"counters": {...}, "wall_time": t}``, pickled by the fetcher (:func:`dumps`) so that the
+controller's inbox thread only moves bytes; the pipeline thread decodes it (:func:`loads`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,19 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-__all__ = ["loads", "has_values", "snapshot_keys", "snapshot_part"]
+__all__ = ["dumps", "loads", "has_values"]
+
+
+def dumps(snapshot: dict[str, Any]) -> bytes:
+    """Pickle a snapshot: the standard pickler (fastest) for plain data, cloudpickle (what Monarch
+    uses, and what :meth:`~forge_obs.collector.MetricCollector.export` checked every state with)
+    for what only it can pickle, e.g. a SAMPLE row holding a lambda."""
+    try:
+        return pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001
+        import cloudpickle
+
+        return cloudpickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def loads(snapshot: Any) -> dict[str, Any]:
@@ -33,21 +46,3 @@ def has_values(snapshot: Any) -> bool:
         return True
     counters = snap.get("counters") or {}
     return bool(snap.get("states") or snap.get("packed") or snap.get("raw") or any(counters.values()))
-
-
-def snapshot_keys(snap: dict[str, Any]) -> list[str]:
-    keys = list(snap.get("states") or ())
-    for _rt, (ks, _rows) in (snap.get("packed") or {}).items():
-        keys.extend(ks)
-    return keys
-
-
-def snapshot_part(snap: dict[str, Any], key: str) -> dict[str, Any]:
-    """The part of ``snap`` about ``key`` (an empty dict when it has none)."""
-    st = (snap.get("states") or {}).get(key)
-    if st is not None:
-        return {"states": {key: st}}
-    for rt, (ks, rows) in (snap.get("packed") or {}).items():
-        if key in ks:
-            return {"packed": {rt: ([key], [rows[ks.index(key)]])}}
-    return {}
