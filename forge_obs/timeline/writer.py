@@ -287,7 +287,7 @@ class Writer:
                     self.lane_defs[e[1]] = (e[2], e[3])
             self.records += n
             if self.open:
-                now_ns = time.perf_counter_ns()
+                now_ns = _tl._pc()  # the recording clock: the one span starts were taken with
                 lim = now_ns - self.open_after_ns
                 for sid, b in list(self.open.items()):
                     old = b[2] <= lim
