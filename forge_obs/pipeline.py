@@ -47,7 +47,7 @@ RankKey = tuple  # (mesh_id, rank)
 _COLLECTOR = MetricCollector()
 _COUNTERS = ("values_recorded", "dropped_values", "nonfinite_values", "stream_overflow")
 #: parts of forge_obs's own CPU (obs/cpu_<part>_s; obs/cpu_s is their sum)
-CPU_PARTS = ("export", "timeline", "flush", "inbox", "pipeline")
+CPU_PARTS = ("export", "timeline", "flush", "inbox", "pipeline", "alerts")
 
 
 @dataclass

@@ -487,6 +487,7 @@ class Stragglers(Rule):
         self.keys: dict[str, float | None] = {}
         self.step_time = _StepTime()
         self.active: dict[tuple, dict] = {}
+        self.absorbed: set = set()  # a rank's own slowdown while it is a straggler: the same event
 
     def _scale(self, k: str) -> float | None:
         s = self.keys.get(k, 0.0)
@@ -516,6 +517,13 @@ class Stragglers(Rule):
                 t = self.trackers[g] = GroupTracker(self.cfg)
             changes = t.update(view.step, {r: x for r, (x, _lb) in by_rank.items()}, step_s)
             for c in changes:
+                ik = (g[0], g[1], c.rank)
+                if c.kind == "slowdown" and (("straggler", *ik) in self.active or ik in self.absorbed):
+                    if c.state == "onset":
+                        self.absorbed.add(ik)
+                    else:
+                        self.absorbed.discard(ik)
+                    continue
                 label = by_rank[c.rank][1] if c.rank in by_rank else None
                 out.append(self._event(g, c, view, label))
         return out
