@@ -52,6 +52,7 @@ class AlertsBackend(LoggerBackend):
         self.ids = Identities()
         self.rules = build_rules(self.settings.doctor, self.ids, self.settings.user_rules, self.settings.disable)
         self.active: dict[str, dict] = {}  # alert id -> its firing payload
+        self._followers: set = set()  # ids of symptom alerts that follow an active root alert
         self.fired = 0
         self.resolved = 0
         self._lock = threading.RLock()  # alerts come from the backend thread and the watchdog
@@ -124,14 +125,15 @@ class AlertsBackend(LoggerBackend):
             self.ids.learn(src)
         view = StepView(record.step, record.wall_time, record.global_dict(), record.per_rank_values(),
                         record.sources, list(record.missing))
+        events: list[Event] = []
         for rule in self.rules:
             try:
-                events = rule.update(view)
+                events += rule.update(view)
             except Exception as e:  # noqa: BLE001 - a rule's bug never stops the others or the step
                 logger.error("forge_obs: alerts: rule %s failed at step %s: %r", rule.name, record.step, e)
-                continue
-            for e in events:
-                self._emit_event(e)
+        events.sort(key=lambda e: e.rule in _SYMPTOM_RULES)  # roots first: symptoms may follow from them
+        for e in events:
+            self._emit_event(e)
         record_metric("alerts/active", len(self.active), Reduce.MAX)
         if self._dispatch is not None and (self._dispatch.dropped or self._dispatch.errors):
             record_metric("alerts/dropped", self._dispatch.dropped, Reduce.MAX)
@@ -147,29 +149,35 @@ class AlertsBackend(LoggerBackend):
         alert["run_id"] = self.run_id
         alert["ts"] = time.time()
         if e.state == "firing":
-            if e.rule in _SYMPTOM_RULES:
-                related = [a["id"] for a in self.active.values()
-                           if a["rule"] in _ROOT_RULES and a["onset_step"] is not None and e.onset_step is not None
-                           and e.onset_step - 3 <= a["onset_step"] <= e.onset_step + 1]
+            if e.rule in _SYMPTOM_RULES:  # a drop or slowdown while a root condition is on follows from it
+                related = [a["id"] for a in self.active.values() if a["rule"] in _ROOT_RULES]
                 if related:
-                    alert["related"] = related
+                    alert["consequence_of"] = related
                     alert["message"] += f" (probably a consequence of: {', '.join(related)})"
+                    self._followers.add(e.key)
             self.active[e.key] = alert
             self.fired += 1
         else:
             alert["state"] = "resolved"
             self.active.pop(e.key, None)
             self.resolved += 1
-        self._send(alert)
+        follower = e.key in self._followers
+        if follower and e.state != "firing":
+            self._followers.discard(e.key)
+        self._send(alert, file_only=follower)
 
-    def _send(self, alert: dict) -> None:
+    def _send(self, alert: dict, file_only: bool = False) -> None:
+        """Every sink; a symptom that follows an active root alert goes to alerts.jsonl only (one
+        page per root event)."""
         with self._lock:
             for name, sink in self._sync_sinks:
+                if file_only and name != "file":
+                    continue
                 try:
                     sink(alert)
                 except Exception as e:  # noqa: BLE001
                     logger.error("forge_obs: alerts: sink %s failed: %r", name, e)
-        if self._dispatch is not None:
+        if self._dispatch is not None and not file_only:
             self._dispatch.submit(alert)
 
     def _to_wandb(self, alert: dict) -> None:

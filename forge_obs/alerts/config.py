@@ -23,7 +23,7 @@ from forge_obs.timeline.doctor.rules import RULES, UserRule
 
 SINKS = ("console", "file", "wandb", "callback", "webhook")
 #: rule names ``disable`` accepts (``quiet_rank`` goes with ``missing_ranks``)
-RULE_NAMES = (*RULES, "stall")
+RULE_NAMES = (*RULES, "slowdown", "stall")
 
 
 @dataclass
@@ -34,7 +34,9 @@ class AlertsConfig:
     callbacks: list = field(default_factory=list)
     webhooks: list = field(default_factory=list)
     user_rules: list = field(default_factory=list)
-    disable: tuple = ()
+    #: rules not run; by default ``slowdown`` (a rank against its own history: live, load from other
+    #: processes moves it too often; the doctor reports it). ``"disable": []`` runs every rule
+    disable: tuple = ("slowdown",)
     #: the loop is stalled when no step reached the logger for ``stall_s`` seconds (default:
     #: max(``stall_floor_s``, ``stall_factor`` x the median time between steps))
     stall_s: float | None = None
@@ -94,7 +96,7 @@ class AlertsConfig:
         if isinstance(rules, (str, dict)):
             rules = [rules]
         out.user_rules = [UserRule.parse(r) for r in rules]
-        dis = cfg.get("disable") or ()
+        dis = cfg.get("disable", out.disable) or ()
         dis = (dis,) if isinstance(dis, str) else tuple(dis)
         for d in dis:
             if d not in RULE_NAMES:

@@ -113,8 +113,8 @@ def _doctor(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"forge-obs doctor: {e}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(d.to_dict(), indent=2, default=str))
-    else:
-        print(d.format())
+    try:
+        print(json.dumps(d.to_dict(), indent=2, default=str) if args.json else d.format())
+    except BrokenPipeError:  # `forge-obs doctor ... | head`
+        sys.stderr.close()
     return 1 if d.findings else 0

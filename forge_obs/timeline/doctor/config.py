@@ -37,6 +37,10 @@ class DoctorConfig:
     fire_steps: int = 3
     window_steps: int = 4
     clear_steps: int = 1
+    #: the doctor (seeing whole episodes) reports one only when it held in at least this many steps
+    #: and in at least ``persist`` of the steps from its onset to its end: blips are not findings
+    min_episode_steps: int = 4
+    persist: float = 0.6
     #: a rank's own baseline: the median of its last ``history_steps`` normal durations, used once
     #: it has ``history_min_steps`` of them
     history_steps: int = 16
@@ -67,8 +71,9 @@ class DoctorConfig:
     staleness_window: int = 30
     #: throughput metrics (global values) whose drop is reported
     throughput_keys: str = r"(^|/)(tokens|samples|sequences)_per_s$"
-    #: a throughput (or the step rate) at or below this share of its rolling median is a drop
-    throughput_drop: float = 0.5
+    #: a throughput (or the step rate) whose median over the last ``window_steps`` steps is at or
+    #: below this share of its rolling median (``history_steps``) has dropped
+    throughput_drop: float = 0.33
     #: consecutive steps a rank that used to report values may stay silent (answers, no values)
     quiet_steps: int = 3
 

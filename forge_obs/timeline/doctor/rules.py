@@ -362,13 +362,14 @@ class Staleness(Rule):
 
 class Throughput(Rule):
     """``throughput_drop``: a global throughput metric (``throughput_keys``) or the step rate (time
-    between steps) at or below ``throughput_drop`` x its rolling median, persistently."""
+    between steps) whose median over the last ``window_steps`` steps is at or below
+    ``throughput_drop`` x its rolling median."""
 
     name = "throughput_drop"
 
     def __init__(self, cfg: DoctorConfig, ids: Identities) -> None:
         super().__init__(cfg, ids)
-        self.state: dict[str, tuple] = {}  # key -> (History, Persistence)
+        self.state: dict[str, tuple] = {}  # key -> (History, last values)
         self.active: dict[str, dict] = {}
         self.keys: dict[str, bool] = {}
         self.last_wall: float | None = None
@@ -395,31 +396,29 @@ class Throughput(Rule):
         cfg = self.cfg
         st = self.state.get(key)
         if st is None:
-            st = self.state[key] = (History(cfg.history_steps, cfg.history_min_steps),
-                                    Persistence(cfg.fire_steps, cfg.window_steps, cfg.clear_steps))
-        hist, pers = st
+            st = self.state[key] = (History(cfg.history_steps, cfg.history_min_steps), deque(maxlen=cfg.window_steps))
+        hist, recent = st
+        recent.append((view.step, x))
         base = hist.baseline()
-        if base is None:
+        inc = self.active.get(key)
+        if base is None or base <= 0:
             hist.add(x)
             return []
-        hit = base > 0 and x <= cfg.throughput_drop * base
-        if not hit:
+        low = cfg.throughput_drop * base
+        # the median of the last few steps: one slow step is noise, a run of them is a drop
+        hit = len(recent) == recent.maxlen and median(v for _s, v in recent) <= low
+        if x > low:
             hist.add(x)
-        ch = pers.update(view.step, hit, x)
-        inc = self.active.get(key)
-        if ch == "onset":
-            if key == "<step rate>":
-                w = self.ids.of("controller", 0)
-                w["where"] = "the training loop"
-            else:
-                w = self._where(key, view)
-            inc = self.active[key] = {"onset": pers.onset, "last": view.step, "base": base, "low": x, "where": w}
+        if hit and inc is None:
+            w = self._where(key, view) if key != "<step rate>" else dict(self.ids.of("controller", 0), where="the training loop")
+            onset = next((s for s, v in recent if v <= low), view.step)
+            inc = self.active[key] = {"onset": onset, "last": view.step, "base": base, "low": x, "where": w}
             return [self._event(key, inc, "firing", view.step)]
         if inc is not None:
-            if hit:
+            if x <= low:
                 inc["last"] = view.step
                 inc["low"] = min(inc["low"], x)
-            if ch == "clear":
+            if not hit:
                 return [self._event(key, self.active.pop(key), "resolved", view.step)]
         return []
 
@@ -481,13 +480,15 @@ class Stragglers(Rule):
     name = "straggler"
     timeline_equivalent = True
 
-    def __init__(self, cfg: DoctorConfig, ids: Identities) -> None:
+    def __init__(self, cfg: DoctorConfig, ids: Identities, slowdowns: bool = True) -> None:
         super().__init__(cfg, ids)
+        self.slowdowns = slowdowns
         self.trackers: dict[tuple, GroupTracker] = {}
         self.keys: dict[str, float | None] = {}
         self.step_time = _StepTime()
         self.active: dict[tuple, dict] = {}
-        self.absorbed: set = set()  # a rank's own slowdown while it is a straggler: the same event
+        self.absorbed: set = set()  # a rank's own slowdowns while it is a straggler: the same event
+        self.straggling: dict[tuple, int] = {}  # (mesh, rank) -> active straggler conditions
 
     def _scale(self, k: str) -> float | None:
         s = self.keys.get(k, 0.0)
@@ -517,13 +518,20 @@ class Stragglers(Rule):
                 t = self.trackers[g] = GroupTracker(self.cfg)
             changes = t.update(view.step, {r: x for r, (x, _lb) in by_rank.items()}, step_s)
             for c in changes:
-                ik = (g[0], g[1], c.rank)
-                if c.kind == "slowdown" and (("straggler", *ik) in self.active or ik in self.absorbed):
-                    if c.state == "onset":
+                if c.kind == "straggler":
+                    n = self.straggling.get((g[0], c.rank), 0) + (1 if c.state == "onset" else -1)
+                    self.straggling[(g[0], c.rank)] = n
+            for c in changes:
+                if c.kind == "slowdown":
+                    ik = (g[0], g[1], c.rank)
+                    if not self.slowdowns:
+                        continue
+                    if c.state == "onset" and self.straggling.get((g[0], c.rank), 0) > 0:
                         self.absorbed.add(ik)
-                    else:
+                        continue
+                    if c.state == "clear" and ik in self.absorbed:
                         self.absorbed.discard(ik)
-                    continue
+                        continue
                 label = by_rank[c.rank][1] if c.rank in by_rank else None
                 out.append(self._event(g, c, view, label))
         return out
@@ -729,10 +737,10 @@ class Thresholds(Rule):
 RULES: dict[str, type] = {
     "nonfinite": NonFinite,
     "missing_ranks": MissingRanks,
-    "staleness": Staleness,
-    "throughput_drop": Throughput,
     "straggler": Stragglers,
     "sync_bottleneck": SyncShare,
+    "staleness": Staleness,
+    "throughput_drop": Throughput,  # last: a drop that starts with one of the above follows from it
 }
 
 
@@ -743,7 +751,7 @@ def build_rules(cfg: DoctorConfig, ids: Identities | None = None, user_rules: li
     for name, cls in RULES.items():
         if name in disable or (skip_timeline_equivalent and cls.timeline_equivalent):
             continue
-        out.append(cls(cfg, ids))
+        out.append(cls(cfg, ids, slowdowns="slowdown" not in disable) if cls is Stragglers else cls(cfg, ids))
     parsed = [u if isinstance(u, UserRule) else UserRule.parse(u) for u in (user_rules or [])]
     if parsed:
         out.append(Thresholds(cfg, ids, parsed))

@@ -136,6 +136,7 @@ def straggler_findings(t: Tables, cfg: DoctorConfig, ids: Identities) -> tuple[l
     eps: list[tuple] = []  # (group, Episode)
     mesh_ranks: dict[tuple, set] = defaultdict(set)
     mesh_steps: dict[tuple, set] = defaultdict(set)
+    roles: list = []
     for g, steps in t.per_step.items():
         attempt, mesh, name = g
         tr = GroupTracker(cfg, keep=True, roles=not cfg.wait_re.search(name))
@@ -147,14 +148,18 @@ def straggler_findings(t: Tables, cfg: DoctorConfig, ids: Identities) -> tuple[l
             mesh_ranks[(attempt, mesh)].update(by_rank)
             mesh_steps[(attempt, mesh)].add(step)
         for ep in tr.finish():
-            eps.append((g, ep))
-        if tr.max_ranks >= 2:
-            for r, d in sorted(tr.roles().items()):
-                st = t.stream_of.get((attempt, mesh, r))
-                w = _where(ids, st)["where"] if st else f"{mesh}/r{r}"
-                notes.append(f"role: {w} alone does '{name}' ({d * 1e3:.2f} ms per step; its peers spend "
-                             f"< {cfg.role_peer_max_s * 1e3:g} ms or have no such span): judged against its own "
-                             "history, not as a straggler")
+            if ep.hits >= cfg.min_episode_steps and ep.hits >= cfg.persist * ep.judged:
+                eps.append((g, ep))
+        roles.append((g, tr.roles()))
+    for (attempt, mesh, name), rs in roles:
+        if len(mesh_ranks[(attempt, mesh)]) < 2:
+            continue  # a one-rank mesh: noted below
+        for r, d in sorted(rs.items()):
+            st = t.stream_of.get((attempt, mesh, r))
+            w = _where(ids, st)["where"] if st else f"{mesh}/r{r}"
+            notes.append(f"role: {w} alone does '{name}' ({d * 1e3:.2f} ms per step; its peers spend "
+                         f"< {cfg.role_peer_max_s * 1e3:g} ms or have no such span): judged against its own "
+                         "history, not as a straggler")
     # what could not be judged
     for (attempt, mesh), ranks in sorted(mesh_ranks.items(), key=lambda kv: str(kv[0])):
         if mesh == "controller":
@@ -264,7 +269,7 @@ def _straggler_roots(t: Tables, cfg: DoctorConfig, ids: Identities, eps: list) -
                 f.details["history_ratio"] = ep.summary()["median_ratio"]
             continue
         f = next((f for f in out if f.details.get("attempt") == g[0] and f.onset_step is not None
-                  and abs(ep.onset - f.onset_step) <= 1), None) if not wait[g] else None
+                  and f.onset_step - 1 <= ep.onset <= f.steps[-1]), None) if not wait[g] else None
         if f is None and wait[g]:
             continue  # a wait that grew without a root we can see: not a finding
         if f is not None:
