@@ -112,7 +112,7 @@ def test_the_waiting_rank_is_a_consequence_not_a_second_straggler(tmp_path):
 
 
 def test_eight_ranks_one_slow(tmp_path):
-    write_timeline(tmp_path, {"trainer": 8}, 12, trainer_spans(slow_rank=5, from_step=4, factor=2.0))
+    write_timeline(tmp_path, {"trainer": 8}, 12, trainer_spans(slow_rank=5, from_step=4, factor=3.0))
     found = diagnose(tmp_path)
     assert [(f.kind, f.rank, f.onset_step) for f in found] == [("straggler", 5, 4)], format_findings(found)
 

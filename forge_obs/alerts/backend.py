@@ -16,6 +16,7 @@ webhooks. The backend's own CPU (rules, watchdog, sink thread) is reported as
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from statistics import median
@@ -36,6 +37,17 @@ logger = logging.getLogger("forge_obs")
 #: conditions whose onset explains a drop or a slowdown that starts right after
 _ROOT_RULES = ("missing_ranks", "quiet_rank", "nonfinite", "straggler", "sync_bottleneck", "stall")
 _SYMPTOM_RULES = ("throughput_drop", "slowdown")
+
+
+def flush_timeout_s() -> float:
+    """The running logger's ``flush_timeout_s`` (read, never imported: this module stays free of
+    Monarch); the logger's default when there is none."""
+    mod = sys.modules.get("forge_obs.logger_actors")
+    pipeline = getattr(getattr(mod, "_STATE", None), "pipeline", None)
+    t = getattr(pipeline, "flush_timeout_s", None)
+    if isinstance(t, (int, float)) and t > 0:
+        return float(t)
+    return float(getattr(mod, "DEFAULT_FLUSH_TIMEOUT_S", 10.0))
 
 
 class AlertsBackend(LoggerBackend):
@@ -201,7 +213,10 @@ class AlertsBackend(LoggerBackend):
 
     # ------------------------------------------------------------------ watchdog
     def stall_threshold_s(self) -> float | None:
-        """Seconds without a step after which the loop is reported stalled (None: not yet known)."""
+        """Seconds without a step after which the loop is reported stalled (None: not yet known):
+        ``stall_s``, or max(``stall_floor_s``, ``stall_factor`` x the median time between steps,
+        the flush timeout + 2 steps). A step legitimately waits up to the flush timeout for a rank
+        that does not answer (that is a ``missing_ranks`` alert, not a stall)."""
         s = self.settings
         if s.stall_s is not None:
             return s.stall_s
@@ -209,7 +224,8 @@ class AlertsBackend(LoggerBackend):
             iv = list(self._intervals)
         if not iv:
             return None
-        return max(s.stall_floor_s, s.stall_factor * median(iv))
+        typical = median(iv)
+        return max(s.stall_floor_s, s.stall_factor * typical, flush_timeout_s() + 2 * typical)
 
     def _watch(self) -> None:
         while not self._stop.is_set():

@@ -2,9 +2,9 @@
 live ``"alerts"`` backend (same names, same meaning).
 
     >>> from forge_obs.timeline.doctor.config import DoctorConfig
-    >>> cfg = DoctorConfig.from_dict({"straggler_ratio": 2.0})
+    >>> cfg = DoctorConfig.from_dict({"straggler_ratio": 3.0})
     >>> cfg.straggler_ratio, cfg.min_excess_s
-    (2.0, 0.002)
+    (3.0, 0.002)
     >>> DoctorConfig.from_dict({"straggler_ratoi": 2.0})  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
@@ -22,13 +22,13 @@ from typing import Any
 class DoctorConfig:
     # ---- stragglers and slowdowns (per span and step; live: per duration metric and step)
     #: a rank is out of line when its duration is >= this x the median of the other ranks of its mesh
-    straggler_ratio: float = 1.5
+    straggler_ratio: float = 2.0
     #: ... or (``slowdown``) >= this x its own rolling baseline
     history_ratio: float = 2.0
     #: ... and at least this many seconds longer than the reference (keeps tiny spans quiet)
     min_excess_s: float = 0.002
     #: ... and the excess is at least this share of the step's wall time
-    min_step_share: float = 0.05
+    min_step_share: float = 0.1
     #: peers spending less than this on a span (or not having it) do not do that work: the rank
     #: that does it from the start has a role (rank 0 writes the weights), judged by its history
     role_peer_max_s: float = 0.001

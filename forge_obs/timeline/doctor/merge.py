@@ -53,6 +53,8 @@ def merge_root_events(findings: list[Finding]) -> list[Finding]:
                 absorbed.add(id(g))
                 f.consequences.append(_as_consequence(g))
                 f.consequences.extend(g.consequences)
+                if f.onset_step is None and g.onset_step is not None:  # spans without steps: the flushes say when
+                    f.onset_step, f.steps = g.onset_step, [g.onset_step]
             elif (f.kind in ("straggler", "slowdown") and g.kind == "sync_bottleneck" and _same_process(f, g)
                   and g.details.get("span") in (f.details.get("spans") or [f.details.get("span")])):
                 absorbed.add(id(g))  # the slower span is what now takes that share of the time

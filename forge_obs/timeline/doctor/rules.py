@@ -372,16 +372,14 @@ class Throughput(Rule):
         self.state: dict[str, tuple] = {}  # key -> (History, last values)
         self.active: dict[str, dict] = {}
         self.keys: dict[str, bool] = {}
-        self.last_wall: float | None = None
-        self.meshes: dict[str, list] = {}
+        self.last: list = [None, 0]
 
     def update(self, view: StepView) -> list[Event]:
         out: list[Event] = []
         cfg = self.cfg
-        if self.last_wall is not None and view.wall_time and view.wall_time > self.last_wall:
-            out += self._judge(view, "<step rate>", 1.0 / (view.wall_time - self.last_wall))
-        if view.wall_time:
-            self.last_wall = view.wall_time
+        iv = step_interval(view, self.last)
+        if iv is not None:
+            out += self._judge(view, "<step rate>", 1.0 / iv)
         for k, v in view.global_values.items():
             b = self.keys.get(k)
             if b is None:
@@ -457,18 +455,30 @@ def duration_scale(key: str) -> float | None:
     return _SCALE.get(key.rsplit("_", 1)[-1], 1.0)
 
 
+def step_interval(view: StepView, last: list) -> float | None:
+    """Seconds since the previous step reached the backends, or None when that is not a step's
+    duration: steps that left the pipeline as a backlog (``obs/pending_steps`` > 0, after a
+    step waited for a missing rank) arrive back to back. ``last`` = [wall time, pending] of the
+    previous step, updated."""
+    pending = view.global_values.get("obs/pending_steps") or 0
+    prev_wall, prev_pending = last
+    last[0], last[1] = view.wall_time or prev_wall, pending
+    if not view.wall_time or prev_wall is None or pending or prev_pending or view.wall_time <= prev_wall:
+        return None
+    return view.wall_time - prev_wall
+
+
 class _StepTime:
     """The step's wall time, live: the median of the last intervals between steps."""
 
     def __init__(self) -> None:
-        self.last: float | None = None
+        self.last: list = [None, 0]
         self.intervals: deque = deque(maxlen=9)
 
-    def update(self, wall: float) -> float | None:
-        if wall and self.last is not None and wall > self.last:
-            self.intervals.append(wall - self.last)
-        if wall:
-            self.last = wall
+    def update(self, view: StepView) -> float | None:
+        iv = step_interval(view, self.last)
+        if iv is not None:
+            self.intervals.append(iv)
         return median(self.intervals) if self.intervals else None
 
 
@@ -497,7 +507,7 @@ class Stragglers(Rule):
         return s
 
     def update(self, view: StepView) -> list[Event]:
-        step_s = self.step_time.update(view.wall_time)
+        step_s = self.step_time.update(view)
         groups: dict[tuple, dict] = {}
         for label, vals in view.per_rank.items():
             src = view.sources.get(label) or {}
@@ -582,7 +592,7 @@ class SyncShare(Rule):
         self.active: dict[str, dict] = {}
 
     def update(self, view: StepView) -> list[Event]:
-        step_s = self.step_time.update(view.wall_time)
+        step_s = self.step_time.update(view)
         if not step_s:
             return []
         out: list[Event] = []

@@ -433,7 +433,7 @@ def hang_findings(t: Tables, cfg: DoctorConfig, ids: Identities) -> list[Finding
         items.sort(key=lambda x: x[0])
         ts, st, lane, name, step, open_us, hist = items[0]
         w = _where(ids, st)
-        msg = (f"{w['where']}: span '{name}' (step {step}) is still open after {open_us / 1e6:.2f}s at the end of "
+        msg = (f"{w['where']}: span '{name}' ({'step ' + str(step) if step is not None else 'no step'}) is still open after {open_us / 1e6:.2f}s at the end of "
                f"the data; the longest finished '{name}' in {st.mesh} took {hist / 1e6:.3f}s"
                f" (on {st.lanes.get(lane, 'track ' + str(lane))})")
         f = Finding("hang", msg, steps=[step] if step is not None else [], onset_step=step,
@@ -459,8 +459,9 @@ def stall_findings(t: Tables, cfg: DoctorConfig, ids: Identities, hung: set) -> 
         if silent > max(cfg.stall_min_s * 1e6, cfg.silence_factor * gap):
             ls = t.last_step.get(st.key)
             w = _where(ids, st)
-            f = Finding("stall", f"{w['where']} went silent {silent / 1e6:.2f}s before the end of the data (last step "
-                                 f"{ls}) and did not close its timeline: dead or stuck",
+            last = f"last step {ls}" if ls is not None else "its records carry no step"
+            f = Finding("stall", f"{w['where']} went silent {silent / 1e6:.2f}s before the end of the data ({last}) "
+                                 "and did not close its timeline: dead or stuck",
                         steps=[ls] if ls is not None else [], onset_step=ls,
                         details={"silent_s": silent / 1e6, "mean_gap_s": gap / 1e6, **_ident_details(st)})
             out.append(f.set_where(w))
