@@ -295,3 +295,18 @@ def test_user_rules_in_the_doctor(tmp_path):
     out = _cli("doctor", str(tmp_path), "--rule", "trainer/loss > 10", "--json")
     (f,) = json.loads(out.stdout)["findings"]
     assert (f["kind"], f["steps"], f["details"]["rule"]) == ("threshold", [4, 6], "trainer/loss > 10")
+
+
+def test_docs_python_example(tmp_path, monkeypatch, capsys):
+    """The doctor example of docs/timeline.md, on a run with a planted straggler."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "timeline.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "diagnose_run" in b]
+    write_timeline(tmp_path / "runs" / "grpo-7", {"trainer": 2}, 30, trainer_spans(slow_rank=1, from_step=8))
+    monkeypatch.chdir(tmp_path)
+    exec(block, {})
+    out = capsys.readouterr().out
+    assert "straggler trainer/Trainer/r1 8 ['slowdown']" in out, out
+    assert "role: trainer/Trainer/r0 alone does 'push_weights'" in out

@@ -34,8 +34,8 @@ class DoctorConfig:
     role_peer_max_s: float = 0.001
     #: an out-of-line condition starts when it holds in ``fire_steps`` of the last ``window_steps``
     #: judged steps, and ends when it holds in at most ``clear_steps`` of them
-    fire_steps: int = 3
-    window_steps: int = 4
+    fire_steps: int = 4
+    window_steps: int = 5
     clear_steps: int = 1
     #: the doctor (seeing whole episodes) reports one only when it held in at least this many steps
     #: and in at least ``persist`` of the steps from its onset to its end: blips are not findings

@@ -5,16 +5,16 @@ starts (``onset``) and ends (``clear``).
     >>> from forge_obs.timeline.doctor.config import DoctorConfig
     >>> from forge_obs.timeline.doctor.detect import GroupTracker
     >>> t = GroupTracker(DoctorConfig())
-    >>> for step in range(6):                      # rank 1 three times slower from step 2
+    >>> for step in range(8):                      # rank 1 three times slower from step 2
     ...     changes = t.update(step, {0: 0.010, 1: 0.030 if step >= 2 else 0.010}, step_s=0.04)
     ...     for c in changes:
     ...         print(step, c.kind, c.state, "rank", c.rank, "since step", c.onset)
-    4 straggler onset rank 1 since step 2
+    5 straggler onset rank 1 since step 2
 
 The straggler test works from 2 ranks up: at each step a rank's duration is compared with the
 median of the *other* ranks of its mesh (for 2 ranks: the other one); it is out of line when it
 is ``straggler_ratio`` x that and longer by ``min_excess_s`` and by ``min_step_share`` of the
-step; the condition starts when that holds in ``fire_steps`` of the last ``window_steps`` steps.
+step; the condition starts when that holds in ``fire_steps`` (4) of the last ``window_steps`` (5) steps.
 Each rank is also compared with its own rolling baseline (``slowdown``). A rank that does a span
 its peers do not do (they spend < ``role_peer_max_s`` on it, or lack it) from its first steps has
 a *role*: it is never a straggler for that span, only judged against its own history.
