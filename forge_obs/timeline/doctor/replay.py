@@ -11,7 +11,6 @@ end) becomes one :class:`~forge_obs.timeline.doctor.finding.Finding`.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Iterator
 
@@ -19,7 +18,7 @@ from forge_obs.timeline.doctor.config import DoctorConfig
 from forge_obs.timeline.doctor.detect import growth
 from forge_obs.timeline.doctor.finding import Finding
 from forge_obs.timeline.doctor.identity import GLOBAL, Identities
-from forge_obs.timeline.doctor.rules import Event, StepView, build_rules
+from forge_obs.timeline.doctor.rules import Event, Staleness, StepView, build_rules
 
 
 def step_views(rows: Iterator[dict], ids: Identities, stats: dict) -> Iterator[StepView]:
@@ -67,12 +66,10 @@ def metric_findings(run_dir: "str | Path", cfg: DoctorConfig, ids: Identities, u
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return [], ["metrics: no metrics.jsonl: non-finite values, missing ranks and staleness not judged"]
-    rules = build_rules(cfg, ids, user_rules, skip_timeline_equivalent=has_timeline)
+    rules = build_rules(cfg, ids, user_rules, skip_timeline_equivalent=has_timeline, keep_all=True)
     last: dict[str, Event] = {}  # incident id -> its latest event
     order: list[str] = []
     stats = {"per_rank": 0, "steps": 0}
-    stale: dict[tuple, list] = {}  # (label or None, key) -> [(step, value)] for the whole-run test
-    stale_keys: dict[str, bool] = {}
     for view in step_views(read_jsonl(path), ids, stats):
         stats["steps"] += 1
         for rule in rules:
@@ -80,19 +77,13 @@ def metric_findings(run_dir: "str | Path", cfg: DoctorConfig, ids: Identities, u
                 if e.key not in last:
                     order.append(e.key)
                 last[e.key] = e
-        for label, vals in [(None, view.global_values), *view.per_rank.items()]:
-            for k, v in vals.items():
-                b = stale_keys.get(k)
-                if b is None:
-                    b = stale_keys[k] = "staleness" in k
-                if b and type(v) in (int, float) and math.isfinite(v):
-                    stale.setdefault((label, k), []).append((view.step, float(v), view.sources.get(label)))
     for rule in rules:
         for e in rule.finish():
             if e.key not in last:
                 order.append(e.key)
             last[e.key] = e
     out = [_finding(last[k]) for k in order]
+    stale = next((r.all for r in rules if isinstance(r, Staleness)), None) or {}
     out += _whole_run_staleness(cfg, ids, stale, {f.details.get("key") for f in out if f.kind == "staleness"})
     notes = []
     if stats["steps"] and not stats["per_rank"]:

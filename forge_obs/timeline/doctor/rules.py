@@ -122,15 +122,10 @@ class NonFinite(Rule):
         self.inc: dict | None = None
 
     def update(self, view: StepView) -> list[Event]:
-        hits = []
-        isfinite = math.isfinite
-        for label, vals in view.per_rank.items():
-            for k, v in vals.items():
-                if type(v) is float and not isfinite(v):
-                    hits.append((label, k, v))
-        for k, v in view.global_values.items():
-            if type(v) is float and not isfinite(v):
-                hits.append((None, k, v))
+        # x - x is 0.0 for a finite float and NaN (truthy) for NaN and +-inf
+        hits = [(label, k, v) for label, vals in view.per_rank.items() for k, v in vals.items()
+                if type(v) is float and v - v]
+        hits += [(None, k, v) for k, v in view.global_values.items() if type(v) is float and v - v]
         inc = self.inc
         if not hits:
             if inc is None:
@@ -298,34 +293,41 @@ class Staleness(Rule):
 
     name = "staleness"
 
-    def __init__(self, cfg: DoctorConfig, ids: Identities) -> None:
+    def __init__(self, cfg: DoctorConfig, ids: Identities, keep_all: bool = False) -> None:
         super().__init__(cfg, ids)
         self.series: dict[tuple, deque] = {}
         self.active: dict[tuple, dict] = {}
-        self.keys: dict[str, bool] = {}
+        self.seen_keys: set = set()
+        self.keys: set = set()  # the *staleness* keys seen so far
         self.per_rank_keys: set = set()
+        #: the doctor keeps every value (and the source) for its whole-run test
+        self.all: dict[tuple, list] | None = {} if keep_all else None
 
-    def _is(self, k: str) -> bool:
-        b = self.keys.get(k)
-        if b is None:
-            b = self.keys[k] = "staleness" in k
-        return b
+    def _stale(self, vals: dict) -> set:
+        """The staleness keys of ``vals`` (set operations: no Python loop over every key)."""
+        new = vals.keys() - self.seen_keys
+        if new:
+            self.seen_keys |= new
+            self.keys |= {k for k in new if "staleness" in k}
+        return self.keys & vals.keys() if self.keys else self.keys
 
     def update(self, view: StepView) -> list[Event]:
         out: list[Event] = []
         seen = []
         for label, vals in view.per_rank.items():
-            for k, v in vals.items():
-                if self._is(k):
-                    x = _num(v)
-                    if x is not None and math.isfinite(x):
-                        self.per_rank_keys.add(k)
-                        seen.append(((label, k), x))
-        for k, v in view.global_values.items():
-            if self._is(k) and k not in self.per_rank_keys:
-                x = _num(v)
+            for k in self._stale(vals):
+                x = _num(vals[k])
+                if x is not None and math.isfinite(x):
+                    self.per_rank_keys.add(k)
+                    seen.append(((label, k), x))
+        for k in self._stale(view.global_values):
+            if k not in self.per_rank_keys:
+                x = _num(view.global_values[k])
                 if x is not None and math.isfinite(x):
                     seen.append(((None, k), x))
+        if self.all is not None:
+            for sk, x in seen:
+                self.all.setdefault(sk, []).append((view.step, x, view.sources.get(sk[0])))
         for sk, x in seen:
             s = self.series.get(sk)
             if s is None:
@@ -755,13 +757,20 @@ RULES: dict[str, type] = {
 
 
 def build_rules(cfg: DoctorConfig, ids: Identities | None = None, user_rules: list | None = None,
-                disable: tuple = (), skip_timeline_equivalent: bool = False) -> list[Rule]:
+                disable: tuple = (), skip_timeline_equivalent: bool = False, keep_all: bool = False) -> list[Rule]:
+    """The rules, in the order they run (roots before symptoms). ``keep_all`` (the doctor): the
+    staleness rule keeps whole series for its whole-run test."""
     ids = ids or Identities()
     out: list[Rule] = []
     for name, cls in RULES.items():
         if name in disable or (skip_timeline_equivalent and cls.timeline_equivalent):
             continue
-        out.append(cls(cfg, ids, slowdowns="slowdown" not in disable) if cls is Stragglers else cls(cfg, ids))
+        if cls is Stragglers:
+            out.append(cls(cfg, ids, slowdowns="slowdown" not in disable))
+        elif cls is Staleness:
+            out.append(cls(cfg, ids, keep_all=keep_all))
+        else:
+            out.append(cls(cfg, ids))
     parsed = [u if isinstance(u, UserRule) else UserRule.parse(u) for u in (user_rules or [])]
     if parsed:
         out.append(Thresholds(cfg, ids, parsed))
