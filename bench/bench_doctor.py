@@ -106,12 +106,12 @@ def floor_s(run_dir: Path) -> float:
     return time.perf_counter() - t0
 
 
-def doctor_s(run_dir: Path) -> tuple[float, int]:
+def doctor_s(run_dir: Path) -> tuple[float, list]:
     from forge_obs.timeline.doctor import diagnose_run
 
     t0 = time.perf_counter()
     d = diagnose_run(run_dir)
-    return time.perf_counter() - t0, len(d.findings)
+    return time.perf_counter() - t0, [f"[{f.kind}] {f.where} steps {f.steps}" for f in d.findings]
 
 
 def alerts_cost(run_dir: Path, summary: dict, cpu: ProcCpu | None, warmup: int) -> dict:
@@ -132,7 +132,9 @@ def alerts_cost(run_dir: Path, summary: dict, cpu: ProcCpu | None, warmup: int) 
         out["share_of_controller_cpu"] = out["alerts_cpu_per_step_ms"] / out["controller_cpu_per_step_ms"]
         out["step_s_median"] = statistics.median(summary["step_s"][warmup:])
     alerts = run_dir / "alerts.jsonl"
-    out["alerts_fired"] = sum(1 for ln in alerts.read_text().splitlines() if '"firing"' in ln) if alerts.exists() else 0
+    rows = [json.loads(ln) for ln in alerts.read_text().splitlines()] if alerts.exists() else []
+    out["alerts_fired"] = [f"{a['rule']} {a['where']} step {a['step']}" + (" (consequence)" if a.get("consequence_of") else "")
+                           for a in rows if a["state"] == "firing"]
     return out
 
 
@@ -143,6 +145,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--run-dir", type=Path, default=None, help="an existing GRPO run: doctor timing only")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--keep", action="store_true", help="keep the GRPO run directory (printed)")
     args = ap.parse_args()
 
     tmp = None
@@ -155,22 +158,22 @@ def main() -> None:
         run_dir = args.run_dir
     events = sum(f.stat().st_size for f in (run_dir / "events").glob("*.jsonl"))
     doctor_s(run_dir)  # warm: imports
-    times, floors, n = [], [], 0
+    times, floors, found = [], [], []
     for _ in range(args.repeats):
-        t, n = doctor_s(run_dir)
+        t, found = doctor_s(run_dir)
         times.append(t)
         floors.append(floor_s(run_dir))
     res = {
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
         "run_steps": summary["steps"] if summary else None, "events_mb": events / 1e6,
-        "doctor_s": statistics.median(times), "floor_s": statistics.median(floors), "findings": n,
+        "doctor_s": statistics.median(times), "floor_s": statistics.median(floors), "findings": found,
     }
     res["doctor_vs_floor"] = res["doctor_s"] / res["floor_s"]
     if summary is not None:
         res["alerts"] = alerts_cost(run_dir, summary, cpu, args.warmup)
 
     print(f"\nforge-obs doctor on {run_dir} ({res['events_mb']:.1f} MB of events, "
-          f"{res['run_steps'] or '?'} steps, {n} finding(s))")
+          f"{res['run_steps'] or '?'} steps, {len(found)} finding(s){': ' if found else ''}{'; '.join(found)})")
     print(f"{'figure':<44}{'value':>12}  {'target':<12}")
     print(f"{'doctor wall time (median of ' + str(args.repeats) + ')':<44}{res['doctor_s']:>11.3f}s  <= 1 s")
     print(f"{'floor: read events + metrics once':<44}{res['floor_s']:>11.3f}s")
@@ -178,7 +181,7 @@ def main() -> None:
     a = res.get("alerts")
     if a:
         print(f"\nlive alerts over {a['steps']} steps (after {args.warmup} warm-up steps); "
-              f"{a['alerts_fired']} alert(s) fired")
+              f"{len(a['alerts_fired'])} alert(s) fired{': ' if a['alerts_fired'] else ''}{'; '.join(a['alerts_fired'])}")
         print(f"{'obs/cpu_alerts_s per step (mean)':<44}{a['alerts_cpu_per_step_ms']:>10.3f}ms")
         print(f"{'obs/cpu_alerts_s per step (p50 / p99)':<44}{a['alerts_cpu_p50_ms']:>6.3f}/{a['alerts_cpu_p99_ms']:.3f}ms")
         print(f"{'obs/cpu_pipeline_s per step (all backends)':<44}{a['pipeline_cpu_per_step_ms']:>10.3f}ms")
@@ -190,7 +193,9 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))
     print(f"\nwrote {out}")
-    if tmp:
+    if tmp and args.keep:
+        print(f"kept {run_dir}")
+    elif tmp:
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)

@@ -33,6 +33,14 @@ from forge_obs.timeline.doctor.config import DoctorConfig
 _MAX_KEPT = 4096
 
 
+def fmedian(xs: Any) -> float:
+    """Median of a small collection (``statistics.median`` costs several µs more per call)."""
+    s = sorted(xs)
+    n = len(s)
+    m = n // 2
+    return s[m] if n % 2 else (s[m - 1] + s[m]) / 2
+
+
 class Persistence:
     """Starts when ``fire`` of the last ``window`` judged steps hit; ends when at most ``clear`` do.
     ``onset`` is the first hit of the window that started it."""
@@ -81,7 +89,7 @@ class History:
         if len(self.values) < self.min_n:
             return None
         if self._base is None:
-            self._base = median(self.values)
+            self._base = fmedian(self.values)
         return self._base
 
     def add(self, v: float) -> None:
@@ -164,11 +172,13 @@ class GroupTracker:
     """One span name (or duration metric) of one mesh: ``update(step, {rank: seconds}, step_s)``
     per step in step order; returns the :class:`Change` s of that step. ``keep=True`` (the doctor)
     keeps every finished :class:`Episode` in ``episodes``; ``roles=False`` (waits: one rank waiting
-    while its peers do not is what a straggler causes) never classifies a rank as having a role."""
+    while its peers do not is what a straggler causes) never classifies a rank as having a role;
+    ``history=False`` (live, slowdowns off) skips the comparison with the rank's own history."""
 
-    def __init__(self, cfg: DoctorConfig, keep: bool = False, roles: bool = True) -> None:
+    def __init__(self, cfg: DoctorConfig, keep: bool = False, roles: bool = True, history: bool = True) -> None:
         self.cfg = cfg
         self.keep = keep
+        self.history = history
         self.role_max = cfg.role_peer_max_s if roles else -1.0
         self.ranks: dict[Any, _Rank] = {}
         self.episodes: list[Episode] = []
@@ -218,7 +228,14 @@ class GroupTracker:
                 payload = (d / ref if ref > 0 else float("inf"), d, ref) if hit else None
                 ch = st.peer.update(step, hit, payload)
                 out += self._advance(st, "straggler", rank, step, hit, payload, ch)
-            # ---- against its own history
+            # ---- against its own history (a value under ``need`` cannot exceed anything by ``need``)
+            if not self.history:
+                continue
+            if d < need:
+                if len(st.hist.values) >= st.hist.min_n:
+                    out += self._advance(st, "slowdown", rank, step, False, None, st.hist_p.update(step, False))
+                st.hist.add(d)
+                continue
             base = st.hist.baseline()
             if base is None:
                 st.hist.add(d)

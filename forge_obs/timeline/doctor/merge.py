@@ -73,7 +73,8 @@ def merge_root_events(findings: list[Finding]) -> list[Finding]:
     final = []
     for f in out:
         if f.kind == "throughput_drop" and f.onset_step is not None:
-            cause = next((r for r in roots if r.onset_step - 1 <= f.onset_step <= (r.steps[-1] if r.steps else r.onset_step) + 2), None)
+            cause = next((r for r in roots
+                          if r.onset_step - 1 <= f.onset_step <= (r.steps[-1] if r.steps else r.onset_step) + 2), None)
             if cause is not None:
                 cause.consequences.append(_as_consequence(f))
                 continue

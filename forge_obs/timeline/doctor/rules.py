@@ -33,11 +33,10 @@ import operator
 import re
 from collections import deque
 from dataclasses import dataclass, field
-from statistics import median
 from typing import Any, Callable
 
 from forge_obs.timeline.doctor.config import DoctorConfig
-from forge_obs.timeline.doctor.detect import GroupTracker, History, Persistence, growth
+from forge_obs.timeline.doctor.detect import GroupTracker, History, Persistence, fmedian, growth
 from forge_obs.timeline.doctor.identity import GLOBAL, Identities
 
 
@@ -77,6 +76,25 @@ def _num(v: Any) -> float | None:
     if type(v) is float or type(v) is int:
         return float(v)
     return None
+
+
+class KeySet:
+    """The keys of a step's dict that a rule looks at, cached: per step two set operations in C,
+    never a Python loop over every key (a step has hundreds)."""
+
+    __slots__ = ("pred", "seen", "match")
+
+    def __init__(self, pred: Callable[[str], bool]) -> None:
+        self.pred = pred
+        self.seen: set = set()
+        self.match: set = set()
+
+    def of(self, d: dict) -> Any:
+        new = d.keys() - self.seen
+        if new:
+            self.seen |= new
+            self.match |= {k for k in new if self.pred(k)}
+        return self.match & d.keys() if self.match else ()
 
 
 class Rule:
@@ -266,7 +284,8 @@ class MissingRanks(Rule):
         if len(ws) > 1:
             where["where"] += f" (ranks {ranks})"
         span = f"from step {inc['onset']}" + ("" if state == "firing" else f" to step {inc['last']}")
-        msg = f"{where['where']} did not report at the flushes {span} ({inc['steps']} step(s)): dead, hung or slower than flush_timeout_s"
+        msg = (f"{where['where']} did not report at the flushes {span} ({inc['steps']} step(s)): "
+               "dead, hung or slower than flush_timeout_s")
         return Event("missing_ranks", state, f"missing_ranks:{mesh}:{inc['onset']}", step, inc["onset"], inc["last"],
                      msg, where, {"ranks": ranks, "labels": sorted(inc["labels"]), "count": inc["steps"],
                                   "label": sorted(inc["labels"])[0]})
@@ -297,30 +316,21 @@ class Staleness(Rule):
         super().__init__(cfg, ids)
         self.series: dict[tuple, deque] = {}
         self.active: dict[tuple, dict] = {}
-        self.seen_keys: set = set()
-        self.keys: set = set()  # the *staleness* keys seen so far
+        self.keys = KeySet(lambda k: "staleness" in k)
         self.per_rank_keys: set = set()
         #: the doctor keeps every value (and the source) for its whole-run test
         self.all: dict[tuple, list] | None = {} if keep_all else None
-
-    def _stale(self, vals: dict) -> set:
-        """The staleness keys of ``vals`` (set operations: no Python loop over every key)."""
-        new = vals.keys() - self.seen_keys
-        if new:
-            self.seen_keys |= new
-            self.keys |= {k for k in new if "staleness" in k}
-        return self.keys & vals.keys() if self.keys else self.keys
 
     def update(self, view: StepView) -> list[Event]:
         out: list[Event] = []
         seen = []
         for label, vals in view.per_rank.items():
-            for k in self._stale(vals):
+            for k in self.keys.of(vals):
                 x = _num(vals[k])
                 if x is not None and math.isfinite(x):
                     self.per_rank_keys.add(k)
                     seen.append(((label, k), x))
-        for k in self._stale(view.global_values):
+        for k in self.keys.of(view.global_values):
             if k not in self.per_rank_keys:
                 x = _num(view.global_values[k])
                 if x is not None and math.isfinite(x):
@@ -333,7 +343,8 @@ class Staleness(Rule):
             if s is None:
                 s = self.series[sk] = deque(maxlen=self.cfg.staleness_window)
             s.append((view.step, x))
-            g = growth([a for a, _b in s], [b for _a, b in s], self.cfg.staleness_growth)
+            steps, vals = zip(*s)
+            g = growth(steps, vals, self.cfg.staleness_growth)
             inc = self.active.get(sk)
             if g is not None and inc is None:
                 label = sk[0]
@@ -373,23 +384,19 @@ class Throughput(Rule):
         super().__init__(cfg, ids)
         self.state: dict[str, tuple] = {}  # key -> (History, last values)
         self.active: dict[str, dict] = {}
-        self.keys: dict[str, bool] = {}
+        self.keys = KeySet(lambda k: bool(cfg.throughput_re.search(k)))
         self.last: list = [None, 0]
 
     def update(self, view: StepView) -> list[Event]:
         out: list[Event] = []
-        cfg = self.cfg
         iv = step_interval(view, self.last)
         if iv is not None:
             out += self._judge(view, "<step rate>", 1.0 / iv)
-        for k, v in view.global_values.items():
-            b = self.keys.get(k)
-            if b is None:
-                b = self.keys[k] = bool(cfg.throughput_re.search(k))
-            if b:
-                x = _num(v)
-                if x is not None and math.isfinite(x):
-                    out += self._judge(view, k, x)
+        g = view.global_values
+        for k in self.keys.of(g):
+            x = _num(g[k])
+            if x is not None and math.isfinite(x):
+                out += self._judge(view, k, x)
         return out
 
     def _judge(self, view: StepView, key: str, x: float) -> list[Event]:
@@ -406,7 +413,7 @@ class Throughput(Rule):
             return []
         low = cfg.throughput_drop * base
         # the median of the last few steps: one slow step is noise, a run of them is a drop
-        hit = len(recent) == recent.maxlen and median(v for _s, v in recent) <= low
+        hit = len(recent) == recent.maxlen and fmedian([v for _s, v in recent]) <= low
         if x > low:
             hist.add(x)
         if hit and inc is None:
@@ -481,7 +488,7 @@ class _StepTime:
         iv = step_interval(view, self.last)
         if iv is not None:
             self.intervals.append(iv)
-        return median(self.intervals) if self.intervals else None
+        return fmedian(self.intervals) if self.intervals else None
 
 
 class Stragglers(Rule):
@@ -496,38 +503,42 @@ class Stragglers(Rule):
         super().__init__(cfg, ids)
         self.slowdowns = slowdowns
         self.trackers: dict[tuple, GroupTracker] = {}
-        self.keys: dict[str, float | None] = {}
+        self.scale: dict[str, float] = {}  # duration key -> seconds per unit
+        self.keys = KeySet(self._is_duration)
         self.step_time = _StepTime()
         self.active: dict[tuple, dict] = {}
         self.absorbed: set = set()  # a rank's own slowdowns while it is a straggler: the same event
         self.straggling: dict[tuple, int] = {}  # (mesh, rank) -> active straggler conditions
 
-    def _scale(self, k: str) -> float | None:
-        s = self.keys.get(k, 0.0)
-        if s == 0.0:
-            s = self.keys[k] = None if self.cfg.wait_re.search(k) else duration_scale(k)
-        return s
+    def _is_duration(self, k: str) -> bool:
+        sc = None if self.cfg.wait_re.search(k) else duration_scale(k)
+        if sc is not None:
+            self.scale[k] = sc
+        return sc is not None
 
     def update(self, view: StepView) -> list[Event]:
         step_s = self.step_time.update(view)
         groups: dict[tuple, dict] = {}
+        scale, isfinite = self.scale, math.isfinite
         for label, vals in view.per_rank.items():
+            keys = self.keys.of(vals)
+            if not keys:
+                continue
             src = view.sources.get(label) or {}
             mesh = str(src.get("mesh") or label.split("/")[0])
             rank = src.get("rank", label)
-            for k, v in vals.items():
-                sc = self._scale(k)
-                if sc is None:
+            for k in keys:
+                x = _num(vals[k])
+                if x is None or not isfinite(x):
                     continue
-                x = _num(v)
-                if x is None or not math.isfinite(x):
-                    continue
-                groups.setdefault((mesh, k), {})[rank] = (x * sc, label)
+                groups.setdefault((mesh, k), {})[rank] = (x * scale[k], label)
         out: list[Event] = []
         for g, by_rank in groups.items():
             t = self.trackers.get(g)
             if t is None:
-                t = self.trackers[g] = GroupTracker(self.cfg)
+                if len(by_rank) < 2 and not self.slowdowns:
+                    continue  # one rank, no history wanted: nothing to compare
+                t = self.trackers[g] = GroupTracker(self.cfg, history=self.slowdowns)
             changes = t.update(view.step, {r: x for r, (x, _lb) in by_rank.items()}, step_s)
             for c in changes:
                 if c.kind == "straggler":
@@ -588,10 +599,17 @@ class SyncShare(Rule):
 
     def __init__(self, cfg: DoctorConfig, ids: Identities) -> None:
         super().__init__(cfg, ids)
-        self.keys: dict[str, float | None] = {}
+        self.scale: dict[str, float] = {}
+        self.keys = KeySet(self._is_sync)
         self.step_time = _StepTime()
         self.state: dict[str, Persistence] = {}
         self.active: dict[str, dict] = {}
+
+    def _is_sync(self, k: str) -> bool:
+        sc = duration_scale(k) if self.cfg.sync_re.search(k) else None
+        if sc is not None:
+            self.scale[k] = sc
+        return sc is not None
 
     def update(self, view: StepView) -> list[Event]:
         step_s = self.step_time.update(view)
@@ -600,16 +618,11 @@ class SyncShare(Rule):
         out: list[Event] = []
         cfg = self.cfg
         for label, vals in view.per_rank.items():
-            for k, v in vals.items():
-                sc = self.keys.get(k, 0.0)
-                if sc == 0.0:
-                    sc = self.keys[k] = duration_scale(k) if cfg.sync_re.search(k) else None
-                if sc is None:
-                    continue
-                x = _num(v)
+            for k in self.keys.of(vals):
+                x = _num(vals[k])
                 if x is None:
                     continue
-                share = x * sc / step_s
+                share = x * self.scale[k] / step_s
                 sk = f"{label}|{k}"
                 p = self.state.get(sk)
                 if p is None:
@@ -696,6 +709,7 @@ class Thresholds(Rule):
         super().__init__(cfg, ids)
         self.rules = rules
         self.match: dict[str, list] = {}  # key -> rules that match it
+        self.keys = KeySet(lambda k: bool(self._rules_for(k)))
         self.streak: dict[tuple, int] = {}
         self.active: dict[tuple, dict] = {}
 
@@ -708,11 +722,10 @@ class Thresholds(Rule):
 
     def update(self, view: StepView) -> list[Event]:
         out = []
-        for k, v in view.global_values.items():
+        g = view.global_values
+        for k in sorted(self.keys.of(g)):
             rules = self._rules_for(k)
-            if not rules:
-                continue
-            x = _num(v)
+            x = _num(g[k])
             if x is None:
                 continue
             for u in rules:

@@ -433,7 +433,8 @@ def hang_findings(t: Tables, cfg: DoctorConfig, ids: Identities) -> list[Finding
         items.sort(key=lambda x: x[0])
         ts, st, lane, name, step, open_us, hist = items[0]
         w = _where(ids, st)
-        msg = (f"{w['where']}: span '{name}' ({'step ' + str(step) if step is not None else 'no step'}) is still open after {open_us / 1e6:.2f}s at the end of "
+        at = f"step {step}" if step is not None else "no step"
+        msg = (f"{w['where']}: span '{name}' ({at}) is still open after {open_us / 1e6:.2f}s at the end of "
                f"the data; the longest finished '{name}' in {st.mesh} took {hist / 1e6:.3f}s"
                f" (on {st.lanes.get(lane, 'track ' + str(lane))})")
         f = Finding("hang", msg, steps=[step] if step is not None else [], onset_step=step,
