@@ -162,6 +162,27 @@ def test_staleness_throughput_and_user_rule(tmp_path):
     assert [a["step"] for a in rows if a["rule"] == "threshold" and a["state"] == "resolved"] == [32]
 
 
+def test_a_drop_during_a_straggler_is_recorded_under_it_not_paged(tmp_path):
+    """The loop slows down because rank 1 straggles: one page (the straggler); the step-rate drop
+    is in alerts.jsonl with consequence_of, and not sent to the callback."""
+    be, cb = backend(tmp_path)
+    wall = 1000.0
+    try:
+        for s in range(40):
+            slow = s >= 20
+            wall += 2.0 if slow else 0.6
+            be.log_step(record(s, per_rank={
+                "trainer/Trainer/r0": {"trainer/forward_backward_s": 0.05},
+                "trainer/Trainer/r1": {"trainer/forward_backward_s": 1.45 if slow else 0.05}}, wall=wall))
+    finally:
+        be.finish()
+    rows = fired(jsonl(tmp_path))
+    assert [a["rule"] for a in rows] == ["straggler", "throughput_drop"], [a["message"] for a in rows]
+    st, drop = rows
+    assert drop["consequence_of"] == [st["id"]] and "probably a consequence of" in drop["message"]
+    assert [a["rule"] for a in cb.alerts] == ["straggler"]
+
+
 def test_sync_share_rule(tmp_path):
     be, _cb = backend(tmp_path)
     try:

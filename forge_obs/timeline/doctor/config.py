@@ -38,9 +38,10 @@ class DoctorConfig:
     window_steps: int = 5
     clear_steps: int = 1
     #: the doctor (seeing whole episodes) reports one only when it held in at least this many steps
-    #: and in at least ``persist`` of the steps from its onset to its end: blips are not findings
+    #: and in at least ``persist`` of the steps from its onset to its end: blips and the streaks
+    #: of a loaded machine (out of line in 60-65 % of their steps) are not findings
     min_episode_steps: int = 4
-    persist: float = 0.6
+    persist: float = 0.8
     #: a rank's own baseline: the median of its last ``history_steps`` normal durations, used once
     #: it has ``history_min_steps`` of them
     history_steps: int = 16
@@ -71,8 +72,8 @@ class DoctorConfig:
     staleness_window: int = 30
     #: throughput metrics (global values) whose drop is reported
     throughput_keys: str = r"(^|/)(tokens|samples|sequences)_per_s$"
-    #: a throughput (or the step rate) whose median over the last ``window_steps`` steps is at or
-    #: below this share of its rolling median (``history_steps``) has dropped
+    #: a throughput (or the step rate) at or below this share of its rolling median
+    #: (``history_steps``), in ``fire_steps`` of the last ``window_steps`` steps, has dropped
     throughput_drop: float = 0.33
     #: consecutive steps a rank that used to report values may stay silent (answers, no values)
     quiet_steps: int = 3

@@ -324,7 +324,7 @@ def growth(steps: list, vals: list, min_rise: float) -> dict | None:
     first third's by more than ``min_rise`` and the Theil-Sen slope is positive; else None.
     Needs >= 6 points."""
     n = len(vals)
-    if n < 6:
+    if n < 6 or max(vals) - min(vals) <= min_rise:  # the thirds' means cannot differ by more
         return None
     third = n // 3
     first = sum(vals[:third]) / third

@@ -78,23 +78,49 @@ def _num(v: Any) -> float | None:
     return None
 
 
-class KeySet:
-    """The keys of a step's dict that a rule looks at, cached: per step two set operations in C,
-    never a Python loop over every key (a step has hundreds)."""
+class KeyIndex:
+    """Every key seen so far, classified once for each rule that looks at some of them: per step
+    and dict one set difference in C (new keys only are classified in Python); a rule then reads
+    its matching keys of a dict without looking at the others (a step has hundreds)."""
 
-    __slots__ = ("pred", "seen", "match")
-
-    def __init__(self, pred: Callable[[str], bool]) -> None:
-        self.pred = pred
+    def __init__(self) -> None:
         self.seen: set = set()
-        self.match: set = set()
+        self.preds: list = []
+        self._view: Any = None
+        self._checked: set = set()
 
-    def of(self, d: dict) -> Any:
+    def keyset(self, pred: Callable[[str], bool]) -> "KeySet":
+        ks = KeySet(self, pred)
+        ks.match.update(k for k in self.seen if pred(k))
+        self.preds.append(ks)
+        return ks
+
+    def refresh(self, view: "StepView", d: dict) -> None:
+        if view is not self._view:
+            self._view = view
+            self._checked.clear()
+        i = id(d)
+        if i in self._checked:
+            return
+        self._checked.add(i)
         new = d.keys() - self.seen
         if new:
             self.seen |= new
-            self.match |= {k for k in new if self.pred(k)}
-        return self.match & d.keys() if self.match else ()
+            for ks in self.preds:
+                ks.match.update(k for k in new if ks.pred(k))
+
+
+class KeySet:
+    """The keys one rule looks at (see :class:`KeyIndex`)."""
+
+    __slots__ = ("index", "pred", "match")
+
+    def __init__(self, index: KeyIndex, pred: Callable[[str], bool]) -> None:
+        self.index, self.pred, self.match = index, pred, set()
+
+    def of(self, view: "StepView", d: dict) -> list:
+        self.index.refresh(view, d)
+        return [k for k in self.match if k in d]
 
 
 class Rule:
@@ -102,9 +128,10 @@ class Rule:
     #: what the timeline judges better (the doctor skips these rules when a run has a timeline)
     timeline_equivalent = False
 
-    def __init__(self, cfg: DoctorConfig, ids: Identities) -> None:
+    def __init__(self, cfg: DoctorConfig, ids: Identities, keys: KeyIndex | None = None) -> None:
         self.cfg = cfg
         self.ids = ids
+        self.key_index = keys if keys is not None else KeyIndex()
 
     def update(self, view: StepView) -> list[Event]:
         raise NotImplementedError
@@ -135,8 +162,8 @@ class NonFinite(Rule):
 
     name = "nonfinite"
 
-    def __init__(self, cfg: DoctorConfig, ids: Identities) -> None:
-        super().__init__(cfg, ids)
+    def __init__(self, cfg: DoctorConfig, ids: Identities, keys: KeyIndex | None = None) -> None:
+        super().__init__(cfg, ids, keys)
         self.inc: dict | None = None
 
     def update(self, view: StepView) -> list[Event]:
@@ -221,8 +248,8 @@ class MissingRanks(Rule):
 
     name = "missing_ranks"
 
-    def __init__(self, cfg: DoctorConfig, ids: Identities) -> None:
-        super().__init__(cfg, ids)
+    def __init__(self, cfg: DoctorConfig, ids: Identities, keys: KeyIndex | None = None) -> None:
+        super().__init__(cfg, ids, keys)
         self.inc: dict[str, dict] = {}  # mesh -> incident
         self.gap: dict[str, list] = {}  # label -> [steps with values, current gap, longest gap, gap start]
         self.quiet: dict[str, dict] = {}
@@ -312,11 +339,12 @@ class Staleness(Rule):
 
     name = "staleness"
 
-    def __init__(self, cfg: DoctorConfig, ids: Identities, keep_all: bool = False) -> None:
-        super().__init__(cfg, ids)
+    def __init__(self, cfg: DoctorConfig, ids: Identities, keys: KeyIndex | None = None,
+                 keep_all: bool = False) -> None:
+        super().__init__(cfg, ids, keys)
         self.series: dict[tuple, deque] = {}
         self.active: dict[tuple, dict] = {}
-        self.keys = KeySet(lambda k: "staleness" in k)
+        self.keys = self.key_index.keyset(lambda k: "staleness" in k)
         self.per_rank_keys: set = set()
         #: the doctor keeps every value (and the source) for its whole-run test
         self.all: dict[tuple, list] | None = {} if keep_all else None
@@ -325,12 +353,12 @@ class Staleness(Rule):
         out: list[Event] = []
         seen = []
         for label, vals in view.per_rank.items():
-            for k in self.keys.of(vals):
+            for k in self.keys.of(view, vals):
                 x = _num(vals[k])
                 if x is not None and math.isfinite(x):
                     self.per_rank_keys.add(k)
                     seen.append(((label, k), x))
-        for k in self.keys.of(view.global_values):
+        for k in self.keys.of(view, view.global_values):
             if k not in self.per_rank_keys:
                 x = _num(view.global_values[k])
                 if x is not None and math.isfinite(x):
@@ -343,8 +371,7 @@ class Staleness(Rule):
             if s is None:
                 s = self.series[sk] = deque(maxlen=self.cfg.staleness_window)
             s.append((view.step, x))
-            steps, vals = zip(*s)
-            g = growth(steps, vals, self.cfg.staleness_growth)
+            g = growth(*zip(*s), self.cfg.staleness_growth)
             inc = self.active.get(sk)
             if g is not None and inc is None:
                 label = sk[0]
@@ -375,16 +402,17 @@ class Staleness(Rule):
 
 class Throughput(Rule):
     """``throughput_drop``: a global throughput metric (``throughput_keys``) or the step rate (time
-    between steps) whose median over the last ``window_steps`` steps is at or below
-    ``throughput_drop`` x its rolling median."""
+    between steps) at or below ``throughput_drop`` x its rolling median in ``fire_steps`` of the
+    last ``window_steps`` steps (the same persistence as a straggler: a drop that starts with one
+    is reported with it, not before it)."""
 
     name = "throughput_drop"
 
-    def __init__(self, cfg: DoctorConfig, ids: Identities) -> None:
-        super().__init__(cfg, ids)
-        self.state: dict[str, tuple] = {}  # key -> (History, last values)
+    def __init__(self, cfg: DoctorConfig, ids: Identities, keys: KeyIndex | None = None) -> None:
+        super().__init__(cfg, ids, keys)
+        self.state: dict[str, tuple] = {}  # key -> (History, Persistence)
         self.active: dict[str, dict] = {}
-        self.keys = KeySet(lambda k: bool(cfg.throughput_re.search(k)))
+        self.keys = self.key_index.keyset(lambda k: bool(cfg.throughput_re.search(k)))
         self.last: list = [None, 0]
 
     def update(self, view: StepView) -> list[Event]:
@@ -393,7 +421,7 @@ class Throughput(Rule):
         if iv is not None:
             out += self._judge(view, "<step rate>", 1.0 / iv)
         g = view.global_values
-        for k in self.keys.of(g):
+        for k in self.keys.of(view, g):
             x = _num(g[k])
             if x is not None and math.isfinite(x):
                 out += self._judge(view, k, x)
@@ -403,29 +431,29 @@ class Throughput(Rule):
         cfg = self.cfg
         st = self.state.get(key)
         if st is None:
-            st = self.state[key] = (History(cfg.history_steps, cfg.history_min_steps), deque(maxlen=cfg.window_steps))
-        hist, recent = st
-        recent.append((view.step, x))
+            st = self.state[key] = (History(cfg.history_steps, cfg.history_min_steps),
+                                    Persistence(cfg.fire_steps, cfg.window_steps, cfg.clear_steps))
+        hist, pers = st
         base = hist.baseline()
-        inc = self.active.get(key)
         if base is None or base <= 0:
             hist.add(x)
             return []
-        low = cfg.throughput_drop * base
-        # the median of the last few steps: one slow step is noise, a run of them is a drop
-        hit = len(recent) == recent.maxlen and fmedian([v for _s, v in recent]) <= low
-        if x > low:
+        hit = x <= cfg.throughput_drop * base
+        if not hit:
             hist.add(x)
-        if hit and inc is None:
-            w = self._where(key, view) if key != "<step rate>" else dict(self.ids.of("controller", 0), where="the training loop")
-            onset = next((s for s, v in recent if v <= low), view.step)
-            inc = self.active[key] = {"onset": onset, "last": view.step, "base": base, "low": x, "where": w}
+        ch = pers.update(view.step, hit, x)
+        inc = self.active.get(key)
+        if ch == "onset":
+            w = self._where(key, view) if key != "<step rate>" else dict(self.ids.of("controller", 0),
+                                                                          where="the training loop")
+            low = min(p for _s, p in pers.window_hits())
+            inc = self.active[key] = {"onset": pers.onset, "last": view.step, "base": base, "low": low, "where": w}
             return [self._event(key, inc, "firing", view.step)]
         if inc is not None:
-            if x <= low:
+            if hit:
                 inc["last"] = view.step
                 inc["low"] = min(inc["low"], x)
-            if not hit:
+            if ch == "clear":
                 return [self._event(key, self.active.pop(key), "resolved", view.step)]
         return []
 
@@ -499,12 +527,13 @@ class Stragglers(Rule):
     name = "straggler"
     timeline_equivalent = True
 
-    def __init__(self, cfg: DoctorConfig, ids: Identities, slowdowns: bool = True) -> None:
-        super().__init__(cfg, ids)
+    def __init__(self, cfg: DoctorConfig, ids: Identities, keys: KeyIndex | None = None,
+                 slowdowns: bool = True) -> None:
+        super().__init__(cfg, ids, keys)
         self.slowdowns = slowdowns
         self.trackers: dict[tuple, GroupTracker] = {}
         self.scale: dict[str, float] = {}  # duration key -> seconds per unit
-        self.keys = KeySet(self._is_duration)
+        self.keys = self.key_index.keyset(self._is_duration)
         self.step_time = _StepTime()
         self.active: dict[tuple, dict] = {}
         self.absorbed: set = set()  # a rank's own slowdowns while it is a straggler: the same event
@@ -521,7 +550,7 @@ class Stragglers(Rule):
         groups: dict[tuple, dict] = {}
         scale, isfinite = self.scale, math.isfinite
         for label, vals in view.per_rank.items():
-            keys = self.keys.of(vals)
+            keys = self.keys.of(view, vals)
             if not keys:
                 continue
             src = view.sources.get(label) or {}
@@ -597,10 +626,10 @@ class SyncShare(Rule):
     name = "sync_bottleneck"
     timeline_equivalent = True
 
-    def __init__(self, cfg: DoctorConfig, ids: Identities) -> None:
-        super().__init__(cfg, ids)
+    def __init__(self, cfg: DoctorConfig, ids: Identities, keys: KeyIndex | None = None) -> None:
+        super().__init__(cfg, ids, keys)
         self.scale: dict[str, float] = {}
-        self.keys = KeySet(self._is_sync)
+        self.keys = self.key_index.keyset(self._is_sync)
         self.step_time = _StepTime()
         self.state: dict[str, Persistence] = {}
         self.active: dict[str, dict] = {}
@@ -618,7 +647,7 @@ class SyncShare(Rule):
         out: list[Event] = []
         cfg = self.cfg
         for label, vals in view.per_rank.items():
-            for k in self.keys.of(vals):
+            for k in self.keys.of(view, vals):
                 x = _num(vals[k])
                 if x is None:
                     continue
@@ -705,11 +734,12 @@ class UserRule:
 class Thresholds(Rule):
     name = "threshold"
 
-    def __init__(self, cfg: DoctorConfig, ids: Identities, rules: list[UserRule]) -> None:
-        super().__init__(cfg, ids)
+    def __init__(self, cfg: DoctorConfig, ids: Identities, rules: list[UserRule],
+                 keys: KeyIndex | None = None) -> None:
+        super().__init__(cfg, ids, keys)
         self.rules = rules
         self.match: dict[str, list] = {}  # key -> rules that match it
-        self.keys = KeySet(lambda k: bool(self._rules_for(k)))
+        self.keys = self.key_index.keyset(lambda k: bool(self._rules_for(k)))
         self.streak: dict[tuple, int] = {}
         self.active: dict[tuple, dict] = {}
 
@@ -723,7 +753,7 @@ class Thresholds(Rule):
     def update(self, view: StepView) -> list[Event]:
         out = []
         g = view.global_values
-        for k in sorted(self.keys.of(g)):
+        for k in sorted(self.keys.of(view, g)):
             rules = self._rules_for(k)
             x = _num(g[k])
             if x is None:
@@ -774,17 +804,18 @@ def build_rules(cfg: DoctorConfig, ids: Identities | None = None, user_rules: li
     """The rules, in the order they run (roots before symptoms). ``keep_all`` (the doctor): the
     staleness rule keeps whole series for its whole-run test."""
     ids = ids or Identities()
+    keys = KeyIndex()
     out: list[Rule] = []
     for name, cls in RULES.items():
         if name in disable or (skip_timeline_equivalent and cls.timeline_equivalent):
             continue
         if cls is Stragglers:
-            out.append(cls(cfg, ids, slowdowns="slowdown" not in disable))
+            out.append(cls(cfg, ids, keys, slowdowns="slowdown" not in disable))
         elif cls is Staleness:
-            out.append(cls(cfg, ids, keep_all=keep_all))
+            out.append(cls(cfg, ids, keys, keep_all=keep_all))
         else:
-            out.append(cls(cfg, ids))
+            out.append(cls(cfg, ids, keys))
     parsed = [u if isinstance(u, UserRule) else UserRule.parse(u) for u in (user_rules or [])]
     if parsed:
-        out.append(Thresholds(cfg, ids, parsed))
+        out.append(Thresholds(cfg, ids, parsed, keys))
     return out
