@@ -277,4 +277,5 @@ def test_grpo_fault_slow_weight_sync(tmp_path):
     vals = merged(global_rows(run_dir))
     assert min(vals["generator/weight_pull_s"]) >= 0.5
     (sa,) = [a for a in paged(run_dir) if a["rule"] == "sync_bottleneck"]
-    assert sa["mesh"] == "generator_0" and sa["details"]["key"] == "generator/weight_pull_s" and sa["step"] <= 4, sa
+    assert sa["mesh"] == "generator_0" and sa["details"]["key"] == "generator/weight_pull_s", sa
+    assert sa["step"] <= sa["onset_step"] + 3, sa  # within 3 steps of the onset

@@ -1,4 +1,4 @@
-"""Structured timeline, in one process: API, writer, reader, export, SQL, doctor (no Monarch)."""
+"""Structured timeline, in one process: API, writer, reader, export, SQL (no Monarch; the doctor: test_doctor.py)."""
 
 import asyncio
 import json

@@ -538,6 +538,8 @@ class Stragglers(Rule):
         self.active: dict[tuple, dict] = {}
         self.absorbed: set = set()  # a rank's own slowdowns while it is a straggler: the same event
         self.straggling: dict[tuple, int] = {}  # (mesh, rank) -> active straggler conditions
+        self.where: dict[str, tuple] = {}  # rank label -> (mesh, rank)
+        self.mesh_ranks: dict[str, set] = {}  # mesh -> ranks seen
 
     def _is_duration(self, k: str) -> bool:
         sc = None if self.cfg.wait_re.search(k) else duration_scale(k)
@@ -549,13 +551,17 @@ class Stragglers(Rule):
         step_s = self.step_time.update(view)
         groups: dict[tuple, dict] = {}
         scale, isfinite = self.scale, math.isfinite
+        where, mesh_ranks, compare_only = self.where, self.mesh_ranks, not self.slowdowns
         for label, vals in view.per_rank.items():
+            wr = where.get(label)
+            if wr is None:
+                src = view.sources.get(label) or {}
+                wr = where[label] = (str(src.get("mesh") or label.split("/")[0]), src.get("rank", label))
+                mesh_ranks.setdefault(wr[0], set()).add(wr[1])
+            mesh, rank = wr
+            if compare_only and len(mesh_ranks[mesh]) < 2:
+                continue  # a one-rank mesh has no peers (and its own history is not wanted)
             keys = self.keys.of(view, vals)
-            if not keys:
-                continue
-            src = view.sources.get(label) or {}
-            mesh = str(src.get("mesh") or label.split("/")[0])
-            rank = src.get("rank", label)
             for k in keys:
                 x = _num(vals[k])
                 if x is None or not isfinite(x):
