@@ -68,6 +68,7 @@ class AlertsBackend(LoggerBackend):
         self._followers: set = set()  # ids of symptom alerts that follow an active root alert
         self.fired = 0
         self.resolved = 0
+        self._active_recorded = 0
         self._lock = threading.RLock()  # alerts come from the backend thread and the watchdog
         self._file: FileSink | None = None
         self._dispatch: Dispatcher | None = None
@@ -151,7 +152,9 @@ class AlertsBackend(LoggerBackend):
         events.sort(key=lambda e: e.rule in _SYMPTOM_RULES)  # roots first: symptoms may follow from them
         for e in events:
             self._emit_event(e)
-        record_metric("alerts/active", len(self.active), Reduce.MAX)
+        if len(self.active) != self._active_recorded:  # a gauge, recorded at the steps it changes
+            self._active_recorded = len(self.active)
+            record_metric("alerts/active", self._active_recorded, Reduce.MAX)
         if self._dispatch is not None and (self._dispatch.dropped or self._dispatch.errors):
             record_metric("alerts/dropped", self._dispatch.dropped, Reduce.MAX)
             record_metric("alerts/sink_errors", self._dispatch.errors, Reduce.MAX)
@@ -233,17 +236,19 @@ class AlertsBackend(LoggerBackend):
         return max(s.stall_floor_s, s.stall_factor * typical, flush_timeout_s() + 2 * typical)
 
     def _watch(self) -> None:
+        cpu = time.thread_time()  # this thread's CPU so far: one clock read per wake
         while not self._stop.is_set():
-            c0 = time.thread_time()
             limit = self.stall_threshold_s()
-            wait = 1.0 if limit is None else min(1.0, max(0.05, limit / 10))
+            wait = 1.0 if limit is None else min(2.0, max(0.05, limit / 5))
             with self._lock:
                 last, step, stalled = self._last_step_mono, self._last_step, self._stalled
             if limit is not None and last is not None and stalled is None:
                 silent = time.monotonic() - last
                 if silent > limit:
                     self._fire_stall(step, silent, limit)
-            self._count_cpu(time.thread_time() - c0)
+            now = time.thread_time()
+            self._count_cpu(now - cpu)
+            cpu = now
             self._stop.wait(wait)
 
     def _fire_stall(self, step: int | None, silent: float, limit: float) -> None:

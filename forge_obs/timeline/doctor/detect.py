@@ -186,6 +186,15 @@ class GroupTracker:
         self.steps = 0
         self.peer_steps = 0  # steps where >= 2 ranks could be compared
 
+    @property
+    def idle(self) -> bool:
+        """No rank of the group is out of line now."""
+        return not any(st.ep is not None or st.hep is not None for st in self.ranks.values())
+
+    def settled(self, n: int) -> bool:
+        """Every rank seen is past its role decision (so skipping a step changes no role)."""
+        return len(self.ranks) >= n and all(st.role is not None for st in self.ranks.values())
+
     def roles(self) -> dict:
         """rank -> its typical duration, for ranks classified as doing this work alone."""
         return {r: st.last for r, st in self.ranks.items() if st.role}
@@ -200,6 +209,14 @@ class GroupTracker:
         if step_s:
             need = max(need, cfg.min_step_share * step_s)
         out: list[Change] = []
+        if not self.history and max(values.values(), default=0.0) < need and self.idle and self.settled(n):
+            # nothing can be out of line and nothing is on: skip the work; the windows restart
+            # (earlier hits no longer count: stricter than judging this step as a miss)
+            for st in self.ranks.values():
+                if st.peer.hits:
+                    st.peer.recent.clear()
+                    st.peer.hits = 0
+            return out
         if n >= 2:
             self.peer_steps += 1
             items = sorted(values.items(), key=lambda kv: kv[1])

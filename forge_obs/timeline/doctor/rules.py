@@ -88,6 +88,22 @@ class KeyIndex:
         self.preds: list = []
         self._view: Any = None
         self._checked: set = set()
+        # the step clock, computed once per step for every rule (see :meth:`times`)
+        self._last: list = [None, 0]
+        self._intervals: deque = deque(maxlen=9)
+        self._times_view: Any = None
+        self._times: tuple = (None, None)
+
+    def times(self, view: "StepView") -> tuple:
+        """(seconds since the previous step, or None: see :func:`step_interval`; the step's wall
+        time: the median of the last intervals, None before the first)."""
+        if view is not self._times_view:
+            self._times_view = view
+            iv = step_interval(view, self._last)
+            if iv is not None:
+                self._intervals.append(iv)
+            self._times = (iv, fmedian(self._intervals) if self._intervals else None)
+        return self._times
 
     def keyset(self, pred: Callable[[str], bool]) -> "KeySet":
         ks = KeySet(self, pred)
@@ -413,11 +429,10 @@ class Throughput(Rule):
         self.state: dict[str, tuple] = {}  # key -> (History, Persistence)
         self.active: dict[str, dict] = {}
         self.keys = self.key_index.keyset(lambda k: bool(cfg.throughput_re.search(k)))
-        self.last: list = [None, 0]
 
     def update(self, view: StepView) -> list[Event]:
         out: list[Event] = []
-        iv = step_interval(view, self.last)
+        iv = self.key_index.times(view)[0]
         if iv is not None:
             out += self._judge(view, "<step rate>", 1.0 / iv)
         g = view.global_values
@@ -505,20 +520,6 @@ def step_interval(view: StepView, last: list) -> float | None:
     return view.wall_time - prev_wall
 
 
-class _StepTime:
-    """The step's wall time, live: the median of the last intervals between steps."""
-
-    def __init__(self) -> None:
-        self.last: list = [None, 0]
-        self.intervals: deque = deque(maxlen=9)
-
-    def update(self, view: StepView) -> float | None:
-        iv = step_interval(view, self.last)
-        if iv is not None:
-            self.intervals.append(iv)
-        return fmedian(self.intervals) if self.intervals else None
-
-
 class Stragglers(Rule):
     """``straggler`` / ``slowdown`` on per-rank duration metrics, grouped by (mesh, key): the
     same :class:`GroupTracker` the doctor runs on spans. Wait-like keys (``wait_spans``) are
@@ -534,7 +535,6 @@ class Stragglers(Rule):
         self.trackers: dict[tuple, GroupTracker] = {}
         self.scale: dict[str, float] = {}  # duration key -> seconds per unit
         self.keys = self.key_index.keyset(self._is_duration)
-        self.step_time = _StepTime()
         self.active: dict[tuple, dict] = {}
         self.absorbed: set = set()  # a rank's own slowdowns while it is a straggler: the same event
         self.straggling: dict[tuple, int] = {}  # (mesh, rank) -> active straggler conditions
@@ -548,7 +548,7 @@ class Stragglers(Rule):
         return sc is not None
 
     def update(self, view: StepView) -> list[Event]:
-        step_s = self.step_time.update(view)
+        step_s = self.key_index.times(view)[1]
         groups: dict[tuple, dict] = {}
         scale, isfinite = self.scale, math.isfinite
         where, mesh_ranks, compare_only = self.where, self.mesh_ranks, not self.slowdowns
@@ -636,7 +636,6 @@ class SyncShare(Rule):
         super().__init__(cfg, ids, keys)
         self.scale: dict[str, float] = {}
         self.keys = self.key_index.keyset(self._is_sync)
-        self.step_time = _StepTime()
         self.state: dict[str, Persistence] = {}
         self.active: dict[str, dict] = {}
 
@@ -647,7 +646,7 @@ class SyncShare(Rule):
         return sc is not None
 
     def update(self, view: StepView) -> list[Event]:
-        step_s = self.step_time.update(view)
+        step_s = self.key_index.times(view)[1]
         if not step_s:
             return []
         out: list[Event] = []
