@@ -96,6 +96,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     a.add_argument("--alert-rule", action="append", default=[], metavar="'KEY OP NUMBER'",
                    help="also alert when a global metric crosses a threshold, e.g. 'trainer/loss > 10' (repeatable)")
     a.add_argument("--alert-webhook", default=None, metavar="URL", help="POST every alert as JSON to URL")
+    a.add_argument("--alert-disable", action="append", default=None, metavar="RULE",
+                   help="do not run RULE live (repeatable; default: slowdown): nonfinite, missing_ranks, straggler, "
+                        "sync_bottleneck, staleness, throughput_drop, slowdown, stall")
     g = ap.add_argument_group(
         "faults", "each one injects a fault that `forge-obs doctor` reports after the run and the live alerts "
         "report while it runs (see docs/grpo.md)")
@@ -190,7 +193,8 @@ async def main(args: argparse.Namespace) -> dict:
         "flush_timeout_s": args.flush_timeout_s,
     }
     if not args.no_alerts:
-        config["alerts"] = {"rules": args.alert_rule, **({"webhook": args.alert_webhook} if args.alert_webhook else {})}
+        config["alerts"] = {"rules": args.alert_rule, **({"webhook": args.alert_webhook} if args.alert_webhook else {}),
+                            **({"disable": args.alert_disable} if args.alert_disable is not None else {})}
     if args.wandb:
         config["wandb"] = {"mode": "offline", "project": "forge_obs_grpo", "config": vars(args)}
     info = await mlogger.init_backends.call_one(config)

@@ -10,7 +10,8 @@ logger's backend thread; a watchdog thread reports a loop that stopped flushing 
 alert fires once when its condition starts and once when it clears, to the console (stderr),
 ``runs/<run_id>/alerts.jsonl``, W&B (``run.alert``, when a W&B run is active), Python callbacks and
 webhooks. The backend's own CPU (rules, watchdog, sink thread) is reported as
-``obs/cpu_alerts_s``; ``alerts/active`` (MAX) counts the conditions currently on.
+``obs/cpu_alerts_s``; ``alerts/active`` (MAX, recorded at the steps it changes) counts the
+conditions currently on.
 """
 
 from __future__ import annotations
@@ -236,20 +237,26 @@ class AlertsBackend(LoggerBackend):
         return max(s.stall_floor_s, s.stall_factor * typical, flush_timeout_s() + 2 * typical)
 
     def _watch(self) -> None:
+        """Sleeps until the moment the loop would count as stalled (not polling: every wake-up
+        costs CPU), re-checks, and sleeps again if a step arrived meanwhile."""
         cpu = time.thread_time()  # this thread's CPU so far: one clock read per wake
         while not self._stop.is_set():
             limit = self.stall_threshold_s()
-            wait = 1.0 if limit is None else min(2.0, max(0.05, limit / 5))
             with self._lock:
                 last, step, stalled = self._last_step_mono, self._last_step, self._stalled
+            wait = 1.0
             if limit is not None and last is not None and stalled is None:
                 silent = time.monotonic() - last
                 if silent > limit:
                     self._fire_stall(step, silent, limit)
+                else:
+                    wait = limit - silent + 0.01
+            elif stalled is not None:
+                wait = 1.0  # the next step resolves it (on the backend thread)
             now = time.thread_time()
             self._count_cpu(now - cpu)
             cpu = now
-            self._stop.wait(wait)
+            self._stop.wait(min(wait, 60.0))
 
     def _fire_stall(self, step: int | None, silent: float, limit: float) -> None:
         where = {"mesh": "controller", "actor": None, "rank": 0, "replica": None, "where": "the training loop"}

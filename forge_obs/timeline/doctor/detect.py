@@ -244,13 +244,16 @@ class GroupTracker:
                 hit = d >= ratio_min * ref and d - ref >= need
                 payload = (d / ref if ref > 0 else float("inf"), d, ref) if hit else None
                 ch = st.peer.update(step, hit, payload)
-                out += self._advance(st, "straggler", rank, step, hit, payload, ch)
+                if ch is not None or st.ep is not None:
+                    out += self._advance(st, "straggler", rank, step, hit, payload, ch)
             # ---- against its own history (a value under ``need`` cannot exceed anything by ``need``)
             if not self.history:
                 continue
             if d < need:
                 if len(st.hist.values) >= st.hist.min_n:
-                    out += self._advance(st, "slowdown", rank, step, False, None, st.hist_p.update(step, False))
+                    ch = st.hist_p.update(step, False)
+                    if ch is not None or st.hep is not None:
+                        out += self._advance(st, "slowdown", rank, step, False, None, ch)
                 st.hist.add(d)
                 continue
             base = st.hist.baseline()
@@ -262,7 +265,8 @@ class GroupTracker:
             if not hit:
                 st.hist.add(d)
             ch = st.hist_p.update(step, hit, payload)
-            out += self._advance(st, "slowdown", rank, step, hit, payload, ch)
+            if ch is not None or st.hep is not None:
+                out += self._advance(st, "slowdown", rank, step, hit, payload, ch)
         return out
 
     def _advance(self, st: _Rank, kind: str, rank: Any, step: Any, hit: bool, payload: Any,

@@ -79,13 +79,14 @@ def _num(v: Any) -> float | None:
 
 
 class KeyIndex:
-    """Every key seen so far, classified once for each rule that looks at some of them: per step
-    and dict one set difference in C (new keys only are classified in Python); a rule then reads
-    its matching keys of a dict without looking at the others (a step has hundreds)."""
+    """Which keys of a step's dicts each rule looks at, learnt once: per dict (a rank's values,
+    or the global ones) the keys it ever had, and for each rule the ones it matches. A step costs
+    one subset test in C per dict (a step has hundreds of keys); only new keys are classified in
+    Python. Keys come and go between steps: readers use ``d.get(k)``."""
 
     def __init__(self) -> None:
-        self.seen: set = set()
         self.preds: list = []
+        self.dicts: dict[Any, list] = {}  # dict name (rank label, None: global) -> [keys seen, {KeySet: [keys]}]
         self._view: Any = None
         self._checked: set = set()
         # the step clock, computed once per step for every rule (see :meth:`times`)
@@ -107,36 +108,46 @@ class KeyIndex:
 
     def keyset(self, pred: Callable[[str], bool]) -> "KeySet":
         ks = KeySet(self, pred)
-        ks.match.update(k for k in self.seen if pred(k))
+        for seen, lists in self.dicts.values():
+            lists[ks] = [k for k in seen if ks.test(k)]
         self.preds.append(ks)
         return ks
 
-    def refresh(self, view: "StepView", d: dict) -> None:
+    def keys(self, ks: "KeySet", view: "StepView", name: Any, d: dict) -> list:
         if view is not self._view:
             self._view = view
             self._checked.clear()
-        i = id(d)
-        if i in self._checked:
-            return
-        self._checked.add(i)
-        new = d.keys() - self.seen
-        if new:
-            self.seen |= new
-            for ks in self.preds:
-                ks.match.update(k for k in new if ks.pred(k))
+        e = self.dicts.get(name)
+        if e is None:
+            e = self.dicts[name] = [set(), {k: [] for k in self.preds}]
+        if name not in self._checked:
+            self._checked.add(name)
+            if not d.keys() <= e[0]:
+                new = d.keys() - e[0]
+                e[0] |= new
+                for k2 in self.preds:
+                    e[1][k2].extend(sorted(k for k in new if k2.test(k)))
+        return e[1][ks]
 
 
 class KeySet:
-    """The keys one rule looks at (see :class:`KeyIndex`)."""
+    """The keys one rule looks at (see :class:`KeyIndex`); ``test`` caches the predicate per key."""
 
-    __slots__ = ("index", "pred", "match")
+    __slots__ = ("index", "pred", "cache")
 
     def __init__(self, index: KeyIndex, pred: Callable[[str], bool]) -> None:
-        self.index, self.pred, self.match = index, pred, set()
+        self.index, self.pred, self.cache = index, pred, {}
 
-    def of(self, view: "StepView", d: dict) -> list:
-        self.index.refresh(view, d)
-        return [k for k in self.match if k in d]
+    def test(self, key: str) -> bool:
+        b = self.cache.get(key)
+        if b is None:
+            b = self.cache[key] = bool(self.pred(key))
+        return b
+
+    def of(self, view: "StepView", name: Any, d: dict) -> list:
+        """The keys of ``d`` (named ``name``: a rank label, None for the global values) this rule
+        looks at; some may be missing from ``d`` at this step."""
+        return self.index.keys(self, view, name, d)
 
 
 class Rule:
@@ -369,14 +380,14 @@ class Staleness(Rule):
         out: list[Event] = []
         seen = []
         for label, vals in view.per_rank.items():
-            for k in self.keys.of(view, vals):
-                x = _num(vals[k])
+            for k in self.keys.of(view, label, vals):
+                x = _num(vals.get(k))
                 if x is not None and math.isfinite(x):
                     self.per_rank_keys.add(k)
                     seen.append(((label, k), x))
-        for k in self.keys.of(view, view.global_values):
+        for k in self.keys.of(view, None, view.global_values):
             if k not in self.per_rank_keys:
-                x = _num(view.global_values[k])
+                x = _num(view.global_values.get(k))
                 if x is not None and math.isfinite(x):
                     seen.append(((None, k), x))
         if self.all is not None:
@@ -436,8 +447,8 @@ class Throughput(Rule):
         if iv is not None:
             out += self._judge(view, "<step rate>", 1.0 / iv)
         g = view.global_values
-        for k in self.keys.of(view, g):
-            x = _num(g[k])
+        for k in self.keys.of(view, None, g):
+            x = _num(g.get(k))
             if x is not None and math.isfinite(x):
                 out += self._judge(view, k, x)
         return out
@@ -561,12 +572,13 @@ class Stragglers(Rule):
             mesh, rank = wr
             if compare_only and len(mesh_ranks[mesh]) < 2:
                 continue  # a one-rank mesh has no peers (and its own history is not wanted)
-            keys = self.keys.of(view, vals)
-            for k in keys:
-                x = _num(vals[k])
-                if x is None or not isfinite(x):
-                    continue
-                groups.setdefault((mesh, k), {})[rank] = (x * scale[k], label)
+            for k in self.keys.of(view, label, vals):
+                x = vals.get(k)
+                if (type(x) is float or type(x) is int) and isfinite(x):
+                    g = groups.get((mesh, k))
+                    if g is None:
+                        g = groups[(mesh, k)] = {}
+                    g[rank] = (x * scale[k], label)
         out: list[Event] = []
         for g, by_rank in groups.items():
             t = self.trackers.get(g)
@@ -652,8 +664,8 @@ class SyncShare(Rule):
         out: list[Event] = []
         cfg = self.cfg
         for label, vals in view.per_rank.items():
-            for k in self.keys.of(view, vals):
-                x = _num(vals[k])
+            for k in self.keys.of(view, label, vals):
+                x = _num(vals.get(k))
                 if x is None:
                     continue
                 share = x * self.scale[k] / step_s
@@ -758,9 +770,9 @@ class Thresholds(Rule):
     def update(self, view: StepView) -> list[Event]:
         out = []
         g = view.global_values
-        for k in sorted(self.keys.of(view, g)):
+        for k in self.keys.of(view, None, g):
             rules = self._rules_for(k)
-            x = _num(g[k])
+            x = _num(g.get(k))
             if x is None:
                 continue
             for u in rules:
