@@ -63,7 +63,7 @@ class AlertsBackend(LoggerBackend):
         self.modes = self.default_modes  # per-rank views are what stragglers and NaN roots are judged on
         self.collector = MetricCollector()
         self.ids = Identities()
-        self._known: dict[str, tuple] = {}  # rank label -> (mesh, actor, rank) already learnt
+        self._known: set = set()  # rank labels whose identity was learnt
         self.rules = build_rules(self.settings.doctor, self.ids, self.settings.user_rules, self.settings.disable)
         self.active: dict[str, dict] = {}  # alert id -> its firing payload
         self._followers: set = set()  # ids of symptom alerts that follow an active root alert
@@ -136,12 +136,11 @@ class AlertsBackend(LoggerBackend):
             self._emit_event(Event("stall", "resolved", stalled["id"], record.step, stalled["onset_step"],
                                    record.step, stalled["message"] + f"; step {record.step} arrived",
                                    stalled["where"], stalled["details"]))
-        known = self._known
-        for label, src in record.sources.items():
-            sig = (src.get("mesh"), src.get("actor"), src.get("rank"))
-            if known.get(label) != sig:
-                known[label] = sig
-                self.ids.learn(src)
+        if record.sources.keys() != self._known:  # a label names mesh, actor and rank: new ones only
+            for label, src in record.sources.items():
+                if label not in self._known:
+                    self._known.add(label)
+                    self.ids.learn(src)
         view = StepView(record.step, record.wall_time, record.global_dict(), record.per_rank_values(),
                         record.sources, list(record.missing))
         events: list[Event] = []

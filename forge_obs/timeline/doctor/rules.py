@@ -195,9 +195,13 @@ class NonFinite(Rule):
 
     def update(self, view: StepView) -> list[Event]:
         # x - x is 0.0 for a finite float and NaN (truthy) for NaN and +-inf
-        hits = [(label, k, v) for label, vals in view.per_rank.items() for k, v in vals.items()
-                if type(v) is float and v - v]
-        hits += [(None, k, v) for k, v in view.global_values.items() if type(v) is float and v - v]
+        g = view.global_values
+        hits = [(None, k, v) for k, v in g.items() if type(v) is float and v - v]
+        # the ranks' values are read when one could be non-finite: the step's counter of non-finite
+        # values recorded is not 0 (or unknown), or a global value is (a reduction of them)
+        if hits or g.get("obs/nonfinite_values", 1) or self.inc is not None:
+            hits = [(label, k, v) for label, vals in view.per_rank.items() for k, v in vals.items()
+                    if type(v) is float and v - v] + hits
         inc = self.inc
         if not hits:
             if inc is None:
