@@ -149,6 +149,19 @@ class KeySet:
         looks at; some may be missing from ``d`` at this step."""
         return self.index.keys(self, view, name, d)
 
+    def per_rank(self, view: "StepView", skip: Any = None) -> list:
+        """``[(label, values, keys)]`` for the ranks of ``view`` that have keys this rule looks at
+        (labels in ``skip`` left out)."""
+        keys = self.index.keys
+        out = []
+        for label, vals in view.per_rank.items():
+            if skip is not None and label in skip:
+                continue
+            ks = keys(self, view, label, vals)
+            if ks:
+                out.append((label, vals, ks))
+        return out
+
 
 class Rule:
     name = "rule"
@@ -383,8 +396,8 @@ class Staleness(Rule):
     def update(self, view: StepView) -> list[Event]:
         out: list[Event] = []
         seen = []
-        for label, vals in view.per_rank.items():
-            for k in self.keys.of(view, label, vals):
+        for label, vals, keys in self.keys.per_rank(view):
+            for k in keys:
                 x = _num(vals.get(k))
                 if x is not None and math.isfinite(x):
                     self.per_rank_keys.add(k)
@@ -555,6 +568,15 @@ class Stragglers(Rule):
         self.straggling: dict[tuple, int] = {}  # (mesh, rank) -> active straggler conditions
         self.where: dict[str, tuple] = {}  # rank label -> (mesh, rank)
         self.mesh_ranks: dict[str, set] = {}  # mesh -> ranks seen
+        self.alone: set = set()  # labels of meshes with one rank (so far)
+
+    def _place(self, label: str, view: StepView) -> tuple:
+        wr = self.where.get(label)
+        if wr is None:
+            src = view.sources.get(label) or {}
+            wr = self.where[label] = (str(src.get("mesh") or label.split("/")[0]), src.get("rank", label))
+            self.mesh_ranks.setdefault(wr[0], set()).add(wr[1])
+        return wr
 
     def _is_duration(self, k: str) -> bool:
         sc = None if self.cfg.wait_re.search(k) else duration_scale(k)
@@ -566,17 +588,19 @@ class Stragglers(Rule):
         step_s = self.key_index.times(view)[1]
         groups: dict[tuple, dict] = {}
         scale, isfinite = self.scale, math.isfinite
-        where, mesh_ranks, compare_only = self.where, self.mesh_ranks, not self.slowdowns
-        for label, vals in view.per_rank.items():
-            wr = where.get(label)
-            if wr is None:
-                src = view.sources.get(label) or {}
-                wr = where[label] = (str(src.get("mesh") or label.split("/")[0]), src.get("rank", label))
-                mesh_ranks.setdefault(wr[0], set()).add(wr[1])
+        where, mesh_ranks = self.where, self.mesh_ranks
+        if not self.slowdowns:  # labels of one-rank meshes: no peers, and no history wanted
+            if not view.per_rank.keys() <= where.keys():  # new ranks: place them, recount
+                for label in view.per_rank.keys() - where.keys():
+                    self._place(label, view)
+                self.alone = {lb for lb, wr in where.items() if len(mesh_ranks[wr[0]]) < 2}
+            skip = self.alone
+        else:
+            skip = None
+        for label, vals, keys in self.keys.per_rank(view, skip):
+            wr = where.get(label) or self._place(label, view)
             mesh, rank = wr
-            if compare_only and len(mesh_ranks[mesh]) < 2:
-                continue  # a one-rank mesh has no peers (and its own history is not wanted)
-            for k in self.keys.of(view, label, vals):
+            for k in keys:
                 x = vals.get(k)
                 if (type(x) is float or type(x) is int) and isfinite(x):
                     g = groups.get((mesh, k))
@@ -667,8 +691,8 @@ class SyncShare(Rule):
             return []
         out: list[Event] = []
         cfg = self.cfg
-        for label, vals in view.per_rank.items():
-            for k in self.keys.of(view, label, vals):
+        for label, vals, keys in self.keys.per_rank(view):
+            for k in keys:
                 x = _num(vals.get(k))
                 if x is None:
                     continue
