@@ -76,25 +76,29 @@ class Persistence:
 
 
 class History:
-    """A rolling baseline: the median of the last ``size`` normal values (once ``min_n`` are in)."""
+    """A rolling baseline: the median of the last ``size`` normal values (once ``min_n`` are in),
+    recomputed after every ``every`` new values (a median of 16 moves little per value)."""
 
-    __slots__ = ("values", "min_n", "_base")
+    __slots__ = ("values", "min_n", "every", "_base", "_adds")
 
-    def __init__(self, size: int, min_n: int) -> None:
+    def __init__(self, size: int, min_n: int, every: int = 4) -> None:
         self.values: deque = deque(maxlen=size)
         self.min_n = min_n
+        self.every = every
         self._base: float | None = None
+        self._adds = 0
 
     def baseline(self) -> float | None:
         if len(self.values) < self.min_n:
             return None
-        if self._base is None:
+        if self._base is None or self._adds >= self.every:
             self._base = fmedian(self.values)
+            self._adds = 0
         return self._base
 
     def add(self, v: float) -> None:
         self.values.append(v)
-        self._base = None
+        self._adds += 1
 
 
 def median_without(vals: list, i: int) -> float:

@@ -94,6 +94,7 @@ class KeyIndex:
         self._intervals: deque = deque(maxlen=9)
         self._times_view: Any = None
         self._times: tuple = (None, None)
+        self._ranks_view: Any = None
 
     def times(self, view: "StepView") -> tuple:
         """(seconds since the previous step, or None: see :func:`step_interval`; the step's wall
@@ -108,8 +109,10 @@ class KeyIndex:
 
     def keyset(self, pred: Callable[[str], bool]) -> "KeySet":
         ks = KeySet(self, pred)
-        for seen, lists in self.dicts.values():
-            lists[ks] = [k for k in seen if ks.test(k)]
+        for name, (seen, lists) in self.dicts.items():
+            lists[ks] = sorted(k for k in seen if ks.test(k))
+            if lists[ks] and name is not None:
+                ks.labels.add(name)
         self.preds.append(ks)
         return ks
 
@@ -122,21 +125,48 @@ class KeyIndex:
             e = self.dicts[name] = [set(), {k: [] for k in self.preds}]
         if name not in self._checked:
             self._checked.add(name)
-            if not d.keys() <= e[0]:
-                new = d.keys() - e[0]
-                e[0] |= new
-                for k2 in self.preds:
-                    e[1][k2].extend(sorted(k for k in new if k2.test(k)))
+            self._learn(name, e, d)
         return e[1][ks]
+
+    def _learn(self, name: Any, e: list, d: dict) -> None:
+        if not d.keys() <= e[0]:
+            new = d.keys() - e[0]
+            e[0] |= new
+            for k2 in self.preds:
+                got = sorted(k for k in new if k2.test(k))
+                if got:
+                    e[1][k2].extend(got)
+                    if name is not None:
+                        k2.labels.add(name)
+
+    def per_rank(self, ks: "KeySet", view: "StepView") -> list:
+        """``[(label, values, keys)]`` of the ranks with keys ``ks`` looks at. Each rank's dict
+        is checked for new keys once per step (for every rule); each rule then visits only the
+        ranks that ever had its keys."""
+        if view is not self._ranks_view:
+            self._ranks_view = view
+            if view is not self._view:
+                self._view = view
+                self._checked.clear()
+            for label, d in view.per_rank.items():
+                if label not in self._checked:
+                    self._checked.add(label)
+                    e = self.dicts.get(label)
+                    if e is None:
+                        e = self.dicts[label] = [set(), {k: [] for k in self.preds}]
+                    self._learn(label, e, d)
+        pr = view.per_rank
+        return [(lb, pr[lb], self.dicts[lb][1][ks]) for lb in ks.labels if lb in pr]
 
 
 class KeySet:
-    """The keys one rule looks at (see :class:`KeyIndex`); ``test`` caches the predicate per key."""
+    """The keys one rule looks at (see :class:`KeyIndex`); ``test`` caches the predicate per key;
+    ``labels``: the ranks that ever had such a key."""
 
-    __slots__ = ("index", "pred", "cache")
+    __slots__ = ("index", "pred", "cache", "labels")
 
     def __init__(self, index: KeyIndex, pred: Callable[[str], bool]) -> None:
-        self.index, self.pred, self.cache = index, pred, {}
+        self.index, self.pred, self.cache, self.labels = index, pred, {}, set()
 
     def test(self, key: str) -> bool:
         b = self.cache.get(key)
@@ -152,15 +182,8 @@ class KeySet:
     def per_rank(self, view: "StepView", skip: Any = None) -> list:
         """``[(label, values, keys)]`` for the ranks of ``view`` that have keys this rule looks at
         (labels in ``skip`` left out)."""
-        keys = self.index.keys
-        out = []
-        for label, vals in view.per_rank.items():
-            if skip is not None and label in skip:
-                continue
-            ks = keys(self, view, label, vals)
-            if ks:
-                out.append((label, vals, ks))
-        return out
+        out = self.index.per_rank(self, view)
+        return out if skip is None else [x for x in out if x[0] not in skip]
 
 
 class Rule:
@@ -676,8 +699,8 @@ class SyncShare(Rule):
         super().__init__(cfg, ids, keys)
         self.scale: dict[str, float] = {}
         self.keys = self.key_index.keyset(self._is_sync)
-        self.state: dict[str, Persistence] = {}
-        self.active: dict[str, dict] = {}
+        self.state: dict[tuple, Persistence] = {}
+        self.active: dict[tuple, dict] = {}
 
     def _is_sync(self, k: str) -> bool:
         sc = duration_scale(k) if self.cfg.sync_re.search(k) else None
@@ -697,7 +720,7 @@ class SyncShare(Rule):
                 if x is None:
                     continue
                 share = x * self.scale[k] / step_s
-                sk = f"{label}|{k}"
+                sk = (label, k)
                 p = self.state.get(sk)
                 if p is None:
                     p = self.state[sk] = Persistence(cfg.fire_steps, cfg.window_steps, cfg.clear_steps)
@@ -714,7 +737,7 @@ class SyncShare(Rule):
                         out.append(self._event(sk, self.active.pop(sk), "resolved", view.step))
         return out
 
-    def _event(self, sk: str, inc: dict, state: str, step: int) -> Event:
+    def _event(self, sk: tuple, inc: dict, state: str, step: int) -> Event:
         w = inc["where"]
         msg = (f"{w['where']}: '{inc['key']}' takes {inc['share']:.0%} of the step time since step {inc['onset']}: "
                f"moving state, not computing, holds the run back")
