@@ -120,6 +120,21 @@ def test_nonfinite_one_alert_per_root_event(tmp_path):
     assert [a["step"] for a in rows if a["state"] == "resolved"] == [5]
 
 
+def test_nonfinite_reads_values_only_at_steps_that_recorded_one(tmp_path):
+    """Live, the step's count of non-finite values recorded (obs/nonfinite_values, summed from
+    every rank's collector) says whether to read the values at all."""
+    be, _cb = backend(tmp_path)
+    try:
+        for s in range(6):
+            nan = s in (2, 4)
+            counted = 1.0 if s == 2 else 0.0  # step 4: a NaN no recorded value explains
+            be.log_step(record(s, {"obs/nonfinite_values": counted, "trainer/loss": math.nan if nan else 0.5},
+                               {"trainer/Trainer/r0": {"trainer/loss": math.nan if nan else 0.5}}))
+    finally:
+        be.finish()
+    assert [(a["state"], a["step"]) for a in jsonl(tmp_path)] == [("firing", 2), ("resolved", 3)]
+
+
 def test_missing_rank_and_quiet_rank(tmp_path):
     be, _cb = backend(tmp_path)
     gen = {"generator_0/Generator/r0": {"generator/requests": 1.0}, "generator_1/Generator/r0": {"generator/requests": 1.0}}

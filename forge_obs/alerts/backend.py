@@ -64,7 +64,8 @@ class AlertsBackend(LoggerBackend):
         self.collector = MetricCollector()
         self.ids = Identities()
         self._known: set = set()  # rank labels whose identity was learnt
-        self.rules = build_rules(self.settings.doctor, self.ids, self.settings.user_rules, self.settings.disable)
+        self.rules = build_rules(self.settings.doctor, self.ids, self.settings.user_rules, self.settings.disable,
+                                 live=True)
         self.active: dict[str, dict] = {}  # alert id -> its firing payload
         self._followers: set = set()  # ids of symptom alerts that follow an active root alert
         self.fired = 0

@@ -225,19 +225,23 @@ class NonFinite(Rule):
 
     name = "nonfinite"
 
-    def __init__(self, cfg: DoctorConfig, ids: Identities, keys: KeyIndex | None = None) -> None:
+    def __init__(self, cfg: DoctorConfig, ids: Identities, keys: KeyIndex | None = None,
+                 counted: bool = False) -> None:
         super().__init__(cfg, ids, keys)
+        self.counted = counted
         self.inc: dict | None = None
 
     def update(self, view: StepView) -> list[Event]:
-        # x - x is 0.0 for a finite float and NaN (truthy) for NaN and +-inf
+        # x - x is 0.0 for a finite float and NaN (truthy) for NaN and +-inf.
+        # Live (``counted``), values are read when one can be non-finite: the step's count of
+        # non-finite values recorded (``obs/nonfinite_values``) is not 0 or unknown, or an incident
+        # is on; a reduction that makes NaN out of finite values is then seen by the doctor only.
         g = view.global_values
-        hits = [(None, k, v) for k, v in g.items() if type(v) is float and v - v]
-        # the ranks' values are read when one could be non-finite: the step's counter of non-finite
-        # values recorded is not 0 (or unknown), or a global value is (a reduction of them)
-        if hits or g.get("obs/nonfinite_values", 1) or self.inc is not None:
-            hits = [(label, k, v) for label, vals in view.per_rank.items() for k, v in vals.items()
-                    if type(v) is float and v - v] + hits
+        if self.counted and not g.get("obs/nonfinite_values", 1) and self.inc is None:
+            return []
+        hits = [(label, k, v) for label, vals in view.per_rank.items() for k, v in vals.items()
+                if type(v) is float and v - v]
+        hits += [(None, k, v) for k, v in g.items() if type(v) is float and v - v]
         inc = self.inc
         if not hits:
             if inc is None:
@@ -868,9 +872,11 @@ RULES: dict[str, type] = {
 
 
 def build_rules(cfg: DoctorConfig, ids: Identities | None = None, user_rules: list | None = None,
-                disable: tuple = (), skip_timeline_equivalent: bool = False, keep_all: bool = False) -> list[Rule]:
+                disable: tuple = (), skip_timeline_equivalent: bool = False, keep_all: bool = False,
+                live: bool = False) -> list[Rule]:
     """The rules, in the order they run (roots before symptoms). ``keep_all`` (the doctor): the
-    staleness rule keeps whole series for its whole-run test."""
+    staleness rule keeps whole series for its whole-run test. ``live`` (the alerts backend): the
+    NaN rule reads values only at steps that recorded a non-finite one."""
     ids = ids or Identities()
     keys = KeyIndex()
     out: list[Rule] = []
@@ -881,6 +887,8 @@ def build_rules(cfg: DoctorConfig, ids: Identities | None = None, user_rules: li
             out.append(cls(cfg, ids, keys, slowdowns="slowdown" not in disable))
         elif cls is Staleness:
             out.append(cls(cfg, ids, keys, keep_all=keep_all))
+        elif cls is NonFinite:
+            out.append(cls(cfg, ids, keys, counted=live))
         else:
             out.append(cls(cfg, ids, keys))
     parsed = [u if isinstance(u, UserRule) else UserRule.parse(u) for u in (user_rules or [])]
