@@ -345,17 +345,19 @@ class MissingRanks(Rule):
                 inc["steps"] += 1
         for mesh in [m for m in self.inc if m not in now]:
             out.append(self._event(mesh, self.inc.pop(mesh), "resolved", step))
-        # ---- quiet ranks: answered, but no values
+        # ---- quiet ranks: answered, but no values (ranks of meshes: the controller's own entry
+        # has no pid, and a stuck controller sends no step at all: the stall watchdog's case)
         q = self.cfg.quiet_steps
         if q:
             per_rank = view.per_rank
-            for label in view.sources:
+            for label, src in view.sources.items():
                 g = self.gap.get(label)
                 has = bool(per_rank.get(label))
                 if g is None:
-                    if has:
-                        self.gap[label] = [1, 0, 0, None]
+                    if has and src.get("pid"):
+                        self.gap[label] = [1, 0, 0, None, 1]  # steps with values, gap, longest gap, gap start, steps
                     continue
+                g[4] += 1
                 if has:
                     if label in self.quiet:
                         out.append(self._quiet_event(label, self.quiet.pop(label), "resolved", step))
@@ -367,7 +369,8 @@ class MissingRanks(Rule):
                 if g[1] == 0:
                     g[3] = step
                 g[1] += 1
-                if label not in self.quiet and g[0] >= q and g[1] >= max(q, 2 * g[2] + 1):
+                regular = g[0] >= max(q, 5) and g[0] >= 0.8 * (g[4] - g[1])  # it recorded at most steps
+                if label not in self.quiet and regular and g[1] >= max(q, 2 * g[2] + 1):
                     w = self.ids.of_source(view.sources[label])
                     inc = self.quiet[label] = {"onset": g[3], "last": step, "where": w, "had": g[0]}
                     out.append(self._quiet_event(label, inc, "firing", step))
