@@ -369,7 +369,7 @@ class MissingRanks(Rule):
                 if g[1] == 0:
                     g[3] = step
                 g[1] += 1
-                regular = g[0] >= max(q, 5) and g[0] >= 0.8 * (g[4] - g[1])  # it recorded at most steps
+                regular = g[0] >= q and g[0] >= 0.8 * (g[4] - g[1])  # it recorded at most of its steps
                 if label not in self.quiet and regular and g[1] >= max(q, 2 * g[2] + 1):
                     w = self.ids.of_source(view.sources[label])
                     inc = self.quiet[label] = {"onset": g[3], "last": step, "where": w, "had": g[0]}
