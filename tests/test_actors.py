@@ -332,7 +332,7 @@ register_backend("test_failing_init", FailingInit)
 @pytest.mark.parametrize(
     "config, message",
     [
-        ({"consle": {}}, "unknown backend 'consle'; valid: console, jsonl"),
+        ({"consle": {}}, "unknown backend 'consle'; valid: alerts, console, jsonl"),
         ({"console": {"logging_mode": "global"}}, "valid: global_reduce, per_rank_reduce, per_rank_no_reduce"),
         ({"test_failing_init": {}}, "backend 'test_failing_init' failed to initialise"),
         ({"run": {"dir": "x"}}, "valid: id, root"),

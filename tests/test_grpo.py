@@ -149,6 +149,14 @@ def doctor(run_dir: Path) -> list[dict]:
     return [f.to_dict() for f in diagnose(run_dir)]
 
 
+def paged(run_dir: Path) -> list[dict]:
+    """The live alerts that fired and were sent to every sink (alerts.jsonl; those recorded under
+    another alert as its consequence are left out)."""
+    path = run_dir / "alerts.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    return [a for a in rows if a["state"] == "firing" and not a.get("consequence_of")]
+
+
 def test_grpo_vllm_end_to_end(tmp_path):
     """The real thing: 2 vLLM replicas, 2 trainer ranks; every metric group, the reward trend of
     the fixed seed, a trace that loads with flows, the report."""
@@ -166,8 +174,17 @@ def test_grpo_vllm_end_to_end(tmp_path):
     assert max(vals["generator/policy_staleness_steps"]) <= 3
     check_trace(run_dir, tmp_path)
     check_report(run_dir)
-    kinds = {f["kind"] for f in doctor(run_dir)}
-    assert not kinds & {"nonfinite", "straggler", "hang", "missing_ranks", "sync_bottleneck"}, kinds
+    # a clean run: no finding. Live, at most a rank starved for a few steps by the other jobs of a
+    # shared 2-core machine (a straggler alert that clears within 10 steps); never a NaN, a lost
+    # rank, a stall, a sync bottleneck or staleness. The live rules ran at every step: their CPU
+    # is reported.
+    assert doctor(run_dir) == []
+    rows = [json.loads(x) for x in (run_dir / "alerts.jsonl").read_text().splitlines()] \
+        if (run_dir / "alerts.jsonl").exists() else []
+    cleared = {a["id"]: a["step"] for a in rows if a["state"] == "resolved"}
+    for a in paged(run_dir):
+        assert a["rule"] == "straggler" and cleared.get(a["id"], 10**9) - a["onset_step"] <= 10, rows
+    assert sum(vals["obs/cpu_alerts_s"]) > 0
 
 
 def test_grpo_torch_generator(tmp_path):
@@ -200,8 +217,14 @@ def test_grpo_fault_kill_replica(tmp_path):
     assert g0 and g1 and max(g0) >= 8 and max(g1) <= kill_at + 1, (g0, g1)
     # the trainer's metrics lost nothing either
     assert len(vals["trainer/loss"]) == 10
-    kinds = {(f["kind"], f["mesh"]) for f in doctor(run_dir)}
-    assert ("missing_ranks", "generator_1") in kinds, kinds
+    # one finding for the lost replica (its timeline stopped, then it missed the flushes)
+    lost = [f for f in doctor(run_dir) if f["mesh"] == "generator_1"]
+    assert len(lost) == 1 and lost[0]["kind"] in ("stall", "missing_ranks") and lost[0]["replica"] == 1, lost
+    kinds = {lost[0]["kind"]} | {c["kind"] for c in lost[0]["consequences"]}
+    assert "missing_ranks" in kinds, lost
+    # the live alert: at the first flush the replica missed (one flush_timeout_s after it died)
+    (miss,) = [a for a in paged(run_dir) if a["rule"] == "missing_ranks"]
+    assert miss["mesh"] == "generator_1" and miss["replica"] == 1 and miss["step"] <= kill_at + 3, miss
 
 
 def test_grpo_fault_stall_replica(tmp_path):
@@ -213,26 +236,38 @@ def test_grpo_fault_stall_replica(tmp_path):
     assert sum(vals["service/replica1_failures"]) == 1 and "service/replica0_failures" not in vals
     assert min(vals["service/healthy_replicas"]) == 1 and len(vals["trainer/loss"]) == 30
     hangs = [f for f in doctor(run_dir) if f["kind"] == "hang"]
-    assert hangs and all(f["mesh"] == "generator_1" for f in hangs), hangs
+    assert len(hangs) == 1 and hangs[0]["mesh"] == "generator_1" and hangs[0]["replica"] == 1, hangs
+    # live: the replica still answers the flushes but records nothing any more
+    quiet = [a for a in paged(run_dir) if a["mesh"] == "generator_1"]
+    assert quiet and quiet[0]["rule"] in ("quiet_rank", "missing_ranks"), paged(run_dir)
 
 
 def test_grpo_fault_slow_rank_and_nan(tmp_path, capsys):
-    """A slow trainer rank and a NaN loss: `forge-obs doctor` names both."""
-    run_dir = run_grpo(tmp_path, "slow", "--generator", "torch", "--replicas", "1", "--trainer-ranks", "3",
-                       "--steps", "8", "--batch-groups", "3", "--fault-slow-trainer-rank", "2",
-                       "--fault-slow-trainer-s", "0.3", "--fault-nan-loss", "4", "--no-report")
+    """At the default 2 trainer ranks: rank 1 slow from step 3, a NaN loss at step 6. The doctor
+    names both (one finding each, with what followed), the live alerts fire within 3 steps."""
+    run_dir = run_grpo(tmp_path, "slow", "--generator", "torch", "--replicas", "1", "--steps", "12",
+                       "--batch-groups", "3", "--fault-slow-trainer-rank", "1", "--fault-slow-trainer-s", "0.3",
+                       "--fault-slow-trainer-from", "3", "--fault-nan-loss", "6", "--no-report")
     findings = doctor(run_dir)
-    stragglers = [f for f in findings if f["kind"] == "straggler"]
-    assert stragglers and all(f["mesh"] == "trainer" and f["rank"] == 2 for f in stragglers), findings
-    nonfinite = [f for f in findings if f["kind"] == "nonfinite" and f["details"]["key"] == "trainer/loss"]
-    assert nonfinite and nonfinite[0]["steps"][0] == 4, findings
+    assert sorted(f["kind"] for f in findings) == ["nonfinite", "straggler"], findings
+    (st,) = [f for f in findings if f["kind"] == "straggler"]
+    assert (st["mesh"], st["rank"], st["onset_step"]) == ("trainer", 1, 3) and st["details"]["span"] == "forward_backward", st
+    assert any(c["rank"] == 0 and c.get("span") == "grad_allreduce" for c in st["consequences"]), st
+    (nan,) = [f for f in findings if f["kind"] == "nonfinite"]
+    assert nan["details"]["key"] == "trainer/loss" and nan["steps"][0] == 6 and nan["mesh"] == "trainer", nan
     vals = merged(global_rows(run_dir))
     assert sum(vals["trainer/skipped_nonfinite_steps"]) >= 1
+    alerts = paged(run_dir)
+    assert sorted(a["rule"] for a in alerts) == ["nonfinite", "straggler"], alerts
+    (sa,) = [a for a in alerts if a["rule"] == "straggler"]
+    assert sa["where"].startswith("trainer/") and sa["rank"] == 1 and sa["onset_step"] == 3 and sa["step"] <= 6, sa
+    (na,) = [a for a in alerts if a["rule"] == "nonfinite"]
+    assert na["step"] == 6 and na["details"]["key"] == "trainer/loss", na
     from forge_obs.cli import main
 
     assert main(["doctor", str(run_dir)]) == 1  # findings: exit status 1
     printed = capsys.readouterr().out
-    assert "[straggler] trainer" in printed and "[nonfinite]" in printed, printed
+    assert "[straggler] trainer/" in printed and "since step 3" in printed and "[nonfinite]" in printed, printed
 
 
 def test_grpo_fault_slow_weight_sync(tmp_path):
@@ -244,6 +279,10 @@ def test_grpo_fault_slow_weight_sync(tmp_path):
     syncs = [f for f in findings if f["kind"] == "sync_bottleneck"]
     assert [(f["mesh"], f["details"]["span"]) for f in syncs] == [("generator_0", "weights_load")], findings
     assert syncs[0]["details"]["median_s"] >= 0.5 and syncs[0]["details"]["share"] >= 0.5
+    assert "meanwhile the controller spent" in syncs[0]["message"], syncs[0]["message"]
     assert not [f for f in findings if f["kind"] == "straggler"], findings
     vals = merged(global_rows(run_dir))
     assert min(vals["generator/weight_pull_s"]) >= 0.5
+    (sa,) = [a for a in paged(run_dir) if a["rule"] == "sync_bottleneck"]
+    assert sa["mesh"] == "generator_0" and sa["details"]["key"] == "generator/weight_pull_s", sa
+    assert sa["step"] <= sa["onset_step"] + 3, sa  # within 3 steps of the onset

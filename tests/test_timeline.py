@@ -1,4 +1,4 @@
-"""Structured timeline, in one process: API, writer, reader, export, SQL, doctor (no Monarch)."""
+"""Structured timeline, in one process: API, writer, reader, export, SQL (no Monarch; the doctor: test_doctor.py)."""
 
 import asyncio
 import json
@@ -12,7 +12,6 @@ import pytest
 from forge_obs import timeline as tl
 from forge_obs.identity import current_identity
 from forge_obs.timeline import reader, schema
-from forge_obs.timeline.doctor import diagnose
 from forge_obs.timeline.export import export_trace
 from forge_obs.timeline.validate import load
 
@@ -272,52 +271,6 @@ def _cli(*argv):
                           capture_output=True, text=True)
 
 
-def test_doctor_on_written_runs(tmp_path):
-    tl.close()
-    clean = tmp_path / "clean"
-    _fake_run(clean, 4, 6, nan_step=None)
-    assert diagnose(clean) == []
-    bad = tmp_path / "bad"
-    _fake_run(bad, 4, 6, slow_rank=2, nan_step=3)
-    kinds = {(f.kind, f.rank) for f in diagnose(bad)}
-    assert ("straggler", 2) in kinds and ("nonfinite", None) in kinds
-    assert not any(k == "straggler" and r != 2 for k, r in kinds)
-    out = _cli("doctor", str(bad), "--json")
-    assert out.returncode == 1
-    found = json.loads(out.stdout)
-    st = [f for f in found if f["kind"] == "straggler"][0]
-    assert st["mesh"] == "trainer" and st["rank"] == 2 and st["steps"] == [0, 5]
-    clean_cli = _cli("doctor", str(clean))
-    assert clean_cli.returncode == 0 and "no findings" in clean_cli.stdout
-
-
-def test_doctor_names_a_slow_weight_sync(tmp_path):
-    """Slow on every rank: no straggler to find, but the sync phase eats the processes' time."""
-    tl.close()
-    quick, slow = tmp_path / "quick", tmp_path / "slow"
-    _fake_run(quick, 3, 6, weight_sync_us=500)  # 0.5 ms of a ~3.5 ms step: fine
-    assert diagnose(quick) == []
-    _fake_run(slow, 3, 6, weight_sync_us=8_000)  # 8 ms of an 11 ms step
-    found = diagnose(slow)
-    assert sorted((f.kind, f.rank) for f in found) == [("sync_bottleneck", r) for r in range(3)]
-    f = found[0]
-    assert f.details["span"] == "weights_load" and f.details["calls"] == 6 and f.steps == [0, 5]
-    assert 0.6 < f.details["share"] < 0.8 and "'weights_load' takes" in f.message
-    # the threshold and the names are options (CLI too)
-    assert diagnose(slow, sync_share=0.9) == []
-    assert _cli("doctor", str(slow), "--sync-spans", "checkpoint").returncode == 0
-    out = _cli("doctor", str(slow), "--json")
-    assert out.returncode == 1 and {f["kind"] for f in json.loads(out.stdout)} == {"sync_bottleneck"}
-
-
-def test_doctor_growing_staleness(tmp_path):
-    with open(tmp_path / "metrics.jsonl", "w") as f:
-        for s in range(12):
-            f.write(json.dumps({"run_id": "x", "step": s, "mode": "global_reduce", "metrics": {"policy/staleness": s * 0.5}}) + "\n")
-    (f,) = diagnose(tmp_path)
-    assert f.kind == "staleness" and f.steps == [0, 11]
-
-
 def test_sql_views(tmp_path):
     pytest.importorskip("duckdb")
     from forge_obs.timeline.sql import connect
@@ -377,14 +330,6 @@ def test_export_filters_and_clock_offsets(tmp_path):
     r_other = [e["ts"] for e in s.events if e.get("ph") == "X"]
     # after correction, the 'other' host's spans sit within the same second as rank 0's
     assert max(r_other) - min(r_other) < 1_000_000 and r0
-
-
-def test_doctor_finds_a_silent_rank(tmp_path):
-    tl.close()
-    _fake_run(tmp_path, 3, 40, dead_rank=1)
-    found = diagnose(tmp_path, stall_min_s=0.01)
-    assert [(f.kind, f.mesh, f.rank) for f in found] == [("stall", "trainer", 1)]
-    assert found[0].steps == [20]  # it had begun step 20
 
 
 def test_resumed_run_keeps_attempts_apart(tdir):

@@ -94,16 +94,36 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--console-every", type=int, default=10, help="print the metrics of every N-th step")
     ap.add_argument("--no-report", action="store_true")
     ap.add_argument("--flush-timeout-s", type=float, default=5.0)
-    g = ap.add_argument_group("faults")
-    g.add_argument("--fault-slow-trainer-rank", type=int, default=None, metavar="RANK")
-    g.add_argument("--fault-slow-trainer-s", type=float, default=0.5)
+    a = ap.add_argument_group("live alerts (forge_obs 'alerts' backend: console, runs/<id>/alerts.jsonl, W&B)")
+    a.add_argument("--no-alerts", action="store_true", help="do not run the doctor's rules live")
+    a.add_argument("--alert-rule", action="append", default=[], metavar="'KEY OP NUMBER'",
+                   help="also alert when a global metric crosses a threshold, e.g. 'trainer/loss > 10' (repeatable)")
+    a.add_argument("--alert-webhook", default=None, metavar="URL", help="POST every alert as JSON to URL")
+    a.add_argument("--alert-disable", action="append", default=None, metavar="RULE",
+                   help="do not run RULE live (repeatable; default: slowdown): nonfinite, missing_ranks, straggler, "
+                        "sync_bottleneck, staleness, throughput_drop, slowdown, stall")
+    g = ap.add_argument_group(
+        "faults", "each one injects a fault that `forge-obs doctor` reports after the run and the live alerts "
+        "report while it runs (see docs/grpo.md)")
+    g.add_argument("--fault-slow-trainer-rank", type=int, default=None, metavar="RANK",
+                   help="trainer rank RANK sleeps --fault-slow-trainer-s longer in every forward/backward "
+                        "(from step --fault-slow-trainer-from): a straggler the other ranks wait for in the "
+                        "gradient all-reduce; found from 2 ranks up")
+    g.add_argument("--fault-slow-trainer-s", type=float, default=0.5, metavar="SECONDS",
+                   help="how much longer the slow rank's forward/backward takes (default 0.5)")
+    g.add_argument("--fault-slow-trainer-from", type=int, default=0, metavar="STEP",
+                   help="first step the slow rank is slow (default 0: from the start)")
     g.add_argument("--fault-kill-replica", type=int, default=None, metavar="STEP",
-                   help="the last generator replica's process dies when the policy reaches STEP")
+                   help="the last generator replica's process dies when the policy reaches STEP: it stops "
+                        "answering flushes (missing rank) and the service reroutes to the others")
     g.add_argument("--fault-stall-replica", type=int, default=None, metavar="STEP",
-                   help="the last replica stops answering from policy version STEP on")
-    g.add_argument("--fault-nan-loss", type=int, default=None, metavar="STEP")
+                   help="the last replica stops answering from policy version STEP on (its span never ends: "
+                        "a hang); it is timed out and taken out of rotation")
+    g.add_argument("--fault-nan-loss", type=int, default=None, metavar="STEP",
+                   help="the loss is NaN at STEP on every trainer rank (the update is skipped)")
     g.add_argument("--fault-slow-weight-sync", type=float, default=None, metavar="SECONDS",
-                   help="every weight load on the replicas takes SECONDS longer")
+                   help="every weight load on the replicas takes SECONDS longer: the replicas spend most of "
+                        "their time moving weights (sync bottleneck)")
     return ap.parse_args(argv)
 
 
@@ -175,6 +195,9 @@ async def main(args: argparse.Namespace) -> dict:
         "timeline": {},
         "flush_timeout_s": args.flush_timeout_s,
     }
+    if not args.no_alerts:
+        config["alerts"] = {"rules": args.alert_rule, **({"webhook": args.alert_webhook} if args.alert_webhook else {}),
+                            **({"disable": args.alert_disable} if args.alert_disable is not None else {})}
     if args.wandb:
         config["wandb"] = {"mode": "offline", "project": "forge_obs_grpo", "config": vars(args)}
     info = await mlogger.init_backends.call_one(config)
@@ -194,7 +217,7 @@ async def main(args: argparse.Namespace) -> dict:
         for f in faults_gen:
             f["slow_sync_s"] = args.fault_slow_weight_sync
     faults_tr = {"slow_rank": args.fault_slow_trainer_rank, "slow_s": args.fault_slow_trainer_s,
-                 "nan_step": args.fault_nan_loss}
+                 "slow_from": args.fault_slow_trainer_from, "nan_step": args.fault_nan_loss}
     weights_dir = tempfile.mkdtemp(prefix="grpo_weights_", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
 
     gen_procs = [this_host().spawn_procs(per_host={"procs": 1}, name=f"generator_{i}") for i in range(args.replicas)]
@@ -311,7 +334,7 @@ async def main(args: argparse.Namespace) -> dict:
     k = summary["reward_window"]
     print(f"\n[grpo] reward: first {k} steps {summary['reward_first10']:.3f} -> last {k} steps "
           f"{summary['reward_last10']:.3f}   ({summary['steps']} steps, {summary['wall_s']:.0f}s)")
-    print(end_text(run_dir, with_report="report" in summary), end="")
+    print(end_text(run_dir, with_report="report" in summary, with_alerts=not args.no_alerts), end="")
     return summary
 
 
@@ -335,7 +358,7 @@ def _shell_path(path: str) -> str:
     return rel if not rel.startswith("..") else os.path.abspath(path)
 
 
-def end_text(run_dir: str, with_report: bool) -> str:
+def end_text(run_dir: str, with_report: bool, with_alerts: bool = False) -> str:
     """The lines printed after a run: where it is and the commands that look at it (each works
     as printed, in the shell that started the run)."""
     fo = forge_obs_command()
@@ -348,6 +371,8 @@ def end_text(run_dir: str, with_report: bool) -> str:
         f"  {fo} report {d}           # (re)write report.html",
         f"  {fo} sql {d} \"SELECT name, count(*) AS n, median(dur_ms) AS median_ms FROM spans GROUP BY name ORDER BY n DESC\"",
     ]
+    if with_alerts:
+        lines.append(f"  cat {shlex.quote(os.path.join(str(run_dir), 'alerts.jsonl'))}   # the live alerts of this run")
     return "\n".join(lines) + "\n"
 
 

@@ -80,7 +80,7 @@ class Trainer(Actor):
 
             t1 = time.perf_counter()
             with record_span("forward_backward", rank=self.rank):
-                if self.faults.get("slow_rank") == self.rank:
+                if self.faults.get("slow_rank") == self.rank and step >= int(self.faults.get("slow_from") or 0):
                     time.sleep(float(self.faults.get("slow_s", 0.5)))  # injected: a slow rank
                 lp, mask, ent = token_logprobs(self.model, prompt_ids, completion_ids, self.tok.pad_token_id,
                                                with_entropy=True)

@@ -133,6 +133,7 @@ _BACKENDS: dict[str, "type[LoggerBackend] | str"] = {
     "jsonl": "forge_obs.backends.jsonl:JsonlBackend",
     "wandb": "forge_obs.backends.wandb:WandbBackend",
     "tensorboard": "forge_obs.backends.tensorboard:TensorBoardBackend",
+    "alerts": "forge_obs.alerts.backend:AlertsBackend",
 }
 
 

@@ -121,21 +121,32 @@ def _sql(args: argparse.Namespace) -> int:
 
 def _doctor_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path)
-    p.add_argument("--json", action="store_true", help="findings as JSON")
-    p.add_argument("--stall-min-s", type=float, default=None, help="shortest silence / open span reported")
+    p.add_argument("--json", action="store_true", help="findings and notes as JSON: {\"findings\": [...], \"notes\": [...]}")
+    p.add_argument("--stall-min-s", type=float, default=None, help="shortest silence / open span reported (default 0.5)")
     p.add_argument("--sync-spans", default=None, metavar="REGEX",
                    help="span names that move state (sync_bottleneck; default: weight|sync|ckpt|checkpoint|reload|barrier)")
     p.add_argument("--sync-share", type=float, default=None, metavar="FRACTION",
                    help="share of a process's time a sync span may take before it is reported (default 0.5)")
+    p.add_argument("--rule", action="append", default=[], metavar="'KEY OP NUMBER'",
+                   help="also report steps where a global metric crosses a threshold, e.g. 'trainer/loss > 10' (repeatable)")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="any doctor threshold by name, e.g. straggler_ratio=2 (see docs/timeline.md; repeatable)")
 
 
-@command("doctor", "find stragglers, stalls, hangs, sync bottlenecks, non-finite metrics, missing ranks; exit 1 on findings", _doctor_args)
+@command("doctor", "find stragglers, slowdowns, stalls, hangs, sync bottlenecks, non-finite metrics, missing ranks; "
+                   "exit 1 on findings", _doctor_args)
 def _doctor(args: argparse.Namespace) -> int:
-    from forge_obs.timeline.doctor import diagnose, format_findings
+    from forge_obs.timeline.doctor import diagnose_run
 
     if not _check_run_dir(args.run_dir):
         return 2
-    kw = {}
+    kw: dict = {}
+    for item in args.set:
+        name, sep, value = item.partition("=")
+        if not sep:
+            print(f"forge-obs doctor: --set takes NAME=VALUE, got {item!r}", file=sys.stderr)
+            return 2
+        kw[name.strip()] = value.strip()
     if args.stall_min_s is not None:
         kw["stall_min_s"] = args.stall_min_s
     if args.sync_spans is not None:
@@ -143,12 +154,9 @@ def _doctor(args: argparse.Namespace) -> int:
     if args.sync_share is not None:
         kw["sync_share"] = args.sync_share
     try:
-        findings = diagnose(args.run_dir, **kw)
+        d = diagnose_run(args.run_dir, rules=args.rule, **kw)
     except Exception as e:  # noqa: BLE001 - e.g. --sync-spans that is not a regex; one line, never a traceback
         print(f"forge-obs doctor: could not analyse {args.run_dir}: {_one_line(e)}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps([f.to_dict() for f in findings], indent=2, default=str))
-    else:
-        print(format_findings(findings))
-    return 1 if findings else 0
+    print(json.dumps(d.to_dict(), indent=2, default=str) if args.json else d.format())
+    return 1 if d.findings else 0

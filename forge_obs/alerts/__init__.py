@@ -1,0 +1,15 @@
+"""Live alerts: the doctor's rules on the controller at every step, as the ``"alerts"`` backend.
+
+    >>> from forge_obs.alerts import AlertsBackend
+    >>> from forge_obs.backends.base import get_logger_backend_class
+    >>> get_logger_backend_class("alerts") is AlertsBackend
+    True
+
+Configure in ``init_backends({"alerts": {...}})`` (see :mod:`forge_obs.alerts.config` and
+docs/alerts.md). Nothing here imports Monarch or torch.
+"""
+
+from forge_obs.alerts.backend import AlertsBackend
+from forge_obs.alerts.config import AlertsConfig
+
+__all__ = ["AlertsBackend", "AlertsConfig"]

@@ -1,0 +1,275 @@
+"""The ``"alerts"`` backend: the doctor's metric rules, run live on the controller at each step.
+
+    await mlogger.init_backends.call_one({
+        "alerts": {"rules": ["trainer/loss > 10"], "webhook": "http://127.0.0.1:9000/hook"},
+    })
+
+Each step's :class:`~forge_obs.record.StepRecord` (global values, per-rank values, ``missing``,
+``sources``) goes through :func:`forge_obs.timeline.doctor.rules.build_rules`' objects on the
+logger's backend thread; a watchdog thread reports a loop that stopped flushing (``stall``). Every
+alert fires once when its condition starts and once when it clears, to the console (stderr),
+``runs/<run_id>/alerts.jsonl``, W&B (``run.alert``, when a W&B run is active), Python callbacks and
+webhooks. The backend's own CPU (rules, watchdog, sink thread) is reported as
+``obs/cpu_alerts_s``; ``alerts/active`` (MAX, recorded at the steps it changes) counts the
+conditions currently on.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from statistics import median
+from typing import Any
+
+from forge_obs.alerts.config import AlertsConfig
+from forge_obs.alerts.sinks import Dispatcher, FileSink, console_sink, find_wandb_run, post_json, wandb_alert
+from forge_obs.backends.base import LoggerBackend
+from forge_obs.collector import MetricCollector, record_metric
+from forge_obs.metric import LoggingMode
+from forge_obs.record import StepRecord
+from forge_obs.reduce import Reduce
+from forge_obs.timeline.doctor.identity import Identities
+from forge_obs.timeline.doctor.rules import Event, StepView, build_rules
+
+logger = logging.getLogger("forge_obs")
+
+#: conditions whose onset explains a drop or a slowdown that starts right after
+_ROOT_RULES = ("missing_ranks", "quiet_rank", "nonfinite", "straggler", "sync_bottleneck", "stall")
+_SYMPTOM_RULES = ("throughput_drop", "slowdown")
+
+
+def flush_timeout_s() -> float:
+    """The running logger's ``flush_timeout_s`` (read, never imported: this module stays free of
+    Monarch); the logger's default when there is none."""
+    mod = sys.modules.get("forge_obs.logger_actors")
+    pipeline = getattr(getattr(mod, "_STATE", None), "pipeline", None)
+    t = getattr(pipeline, "flush_timeout_s", None)
+    if isinstance(t, (int, float)) and t > 0:
+        return float(t)
+    return float(getattr(mod, "DEFAULT_FLUSH_TIMEOUT_S", 10.0))
+
+
+class AlertsBackend(LoggerBackend):
+    """See the module docstring; configuration: :class:`~forge_obs.alerts.config.AlertsConfig`."""
+
+    default_modes = (LoggingMode.GLOBAL_REDUCE, LoggingMode.PER_RANK_REDUCE)
+
+    def __init__(self, logger_backend_config: dict[str, Any] | None = None) -> None:
+        cfg = dict(logger_backend_config or {})
+        self.settings = AlertsConfig.from_dict(cfg)  # raises at init_backends, with the valid choices
+        super().__init__({})
+        self.modes = self.default_modes  # per-rank views are what stragglers and NaN roots are judged on
+        self.collector = MetricCollector()
+        self.ids = Identities()
+        self._known: set = set()  # rank labels whose identity was learnt
+        self.rules = build_rules(self.settings.doctor, self.ids, self.settings.user_rules, self.settings.disable,
+                                 live=True)
+        self.active: dict[str, dict] = {}  # alert id -> its firing payload
+        self._followers: set = set()  # ids of symptom alerts that follow an active root alert
+        self.fired = 0
+        self.resolved = 0
+        self._active_recorded = 0
+        self._lock = threading.RLock()  # alerts come from the backend thread and the watchdog
+        self._file: FileSink | None = None
+        self._dispatch: Dispatcher | None = None
+        self._sync_sinks: list = []
+        self._wandb_run: Any = None
+        self._last_step_mono: float | None = None
+        self._last_step: int | None = None
+        self._intervals: list[float] = []
+        self._stalled: dict | None = None
+        self._stop = threading.Event()
+        self._watchdog: threading.Thread | None = None
+        self.run_id = ""
+
+    # ------------------------------------------------------------------ lifecycle
+    def init(self, run=None, **kwargs: Any) -> None:
+        super().init(run)
+        s = self.settings
+        self.run_id = run.run_id if run is not None else ""
+        if "console" in s.sinks:
+            self._sync_sinks.append(("console", console_sink))
+        if "file" in s.sinks and run is not None:
+            self._file = FileSink(run.run_dir / s.file_name)
+            self._sync_sinks.append(("file", self._file))
+        slow: list = []
+        if "wandb" in s.sinks:
+            slow.append(("wandb", self._to_wandb))
+        if "callback" in s.sinks:
+            slow += [(f"callback {getattr(cb, '__name__', cb)!s}", cb) for cb in s.callbacks]
+        if "webhook" in s.sinks:
+            slow += [(f"webhook {url}", self._poster(url)) for url in s.webhooks]
+        if slow:
+            self._dispatch = Dispatcher(slow, s.queue_size, self._count_cpu)
+        if "stall" not in s.disable:
+            self._watchdog = threading.Thread(target=self._watch, name="forge_obs-alerts-watchdog", daemon=True)
+            self._watchdog.start()
+
+    def finish(self) -> None:
+        self._stop.set()
+        if self._watchdog is not None:
+            self._watchdog.join(5.0)
+        if self._dispatch is not None:
+            self._dispatch.close(2 * self.settings.webhook_timeout_s + 1.0)
+        if self._file is not None:
+            self._file.close()
+
+    # ------------------------------------------------------------------ steps
+    def log_step(self, record: StepRecord) -> None:
+        c0 = time.thread_time()
+        try:
+            self._step(record)
+        finally:
+            self._count_cpu(time.thread_time() - c0)
+
+    def _step(self, record: StepRecord) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if self._last_step_mono is not None:
+                self._intervals.append(now - self._last_step_mono)
+                del self._intervals[:-9]
+            self._last_step_mono = now
+            self._last_step = record.step
+            stalled, self._stalled = self._stalled, None
+        if stalled is not None:
+            self._emit_event(Event("stall", "resolved", stalled["id"], record.step, stalled["onset_step"],
+                                   record.step, stalled["message"] + f"; step {record.step} arrived",
+                                   stalled["where"], stalled["details"]))
+        if record.sources.keys() != self._known:  # a label names mesh, actor and rank: new ones only
+            for label, src in record.sources.items():
+                if label not in self._known:
+                    self._known.add(label)
+                    self.ids.learn(src)
+        view = StepView(record.step, record.wall_time, record.global_dict(), record.per_rank_values(),
+                        record.sources, list(record.missing))
+        events: list[Event] = []
+        for rule in self.rules:
+            try:
+                events += rule.update(view)
+            except Exception as e:  # noqa: BLE001 - a rule's bug never stops the others or the step
+                logger.error("forge_obs: alerts: rule %s failed at step %s: %r", rule.name, record.step, e)
+        events.sort(key=lambda e: e.rule in _SYMPTOM_RULES)  # roots first: symptoms may follow from them
+        for e in events:
+            self._emit_event(e)
+        if len(self.active) != self._active_recorded:  # a gauge, recorded at the steps it changes
+            self._active_recorded = len(self.active)
+            record_metric("alerts/active", self._active_recorded, Reduce.MAX)
+        if self._dispatch is not None and (self._dispatch.dropped or self._dispatch.errors):
+            record_metric("alerts/dropped", self._dispatch.dropped, Reduce.MAX)
+            record_metric("alerts/sink_errors", self._dispatch.errors, Reduce.MAX)
+
+    # ------------------------------------------------------------------ alerts
+    def _emit_event(self, e: Event) -> None:
+        with self._lock:
+            self._emit_locked(e)
+
+    def _emit_locked(self, e: Event) -> None:
+        alert = e.to_dict()
+        alert["run_id"] = self.run_id
+        alert["ts"] = time.time()
+        if e.state == "firing":
+            if e.rule in _SYMPTOM_RULES:  # a drop or slowdown while a root condition is on follows from it
+                related = [a["id"] for a in self.active.values() if a["rule"] in _ROOT_RULES]
+                if related:
+                    alert["consequence_of"] = related
+                    alert["message"] += f" (probably a consequence of: {', '.join(related)})"
+                    self._followers.add(e.key)
+            self.active[e.key] = alert
+            self.fired += 1
+        else:
+            alert["state"] = "resolved"
+            self.active.pop(e.key, None)
+            self.resolved += 1
+        follower = e.key in self._followers
+        if follower and e.state != "firing":
+            self._followers.discard(e.key)
+        self._send(alert, file_only=follower)
+
+    def _send(self, alert: dict, file_only: bool = False) -> None:
+        """Every sink; a symptom that follows an active root alert goes to alerts.jsonl only (one
+        page per root event)."""
+        with self._lock:
+            for name, sink in self._sync_sinks:
+                if file_only and name != "file":
+                    continue
+                try:
+                    sink(alert)
+                except Exception as e:  # noqa: BLE001
+                    logger.error("forge_obs: alerts: sink %s failed: %r", name, e)
+        if self._dispatch is not None and not file_only:
+            self._dispatch.submit(alert)
+
+    def _to_wandb(self, alert: dict) -> None:
+        run = self._wandb_run
+        if run is None or getattr(run, "_is_finished", False):
+            run = self._wandb_run = find_wandb_run(self.run_id)
+        if run is not None:
+            wandb_alert(run, alert)
+
+    def _poster(self, url: str):
+        timeout = self.settings.webhook_timeout_s
+
+        def post(alert: dict) -> None:
+            post_json(url, alert, timeout)
+
+        return post
+
+    def _count_cpu(self, seconds: float) -> None:
+        if seconds > 0:
+            self.collector.add_obs_cpu("alerts", seconds)
+
+    # ------------------------------------------------------------------ watchdog
+    def stall_threshold_s(self) -> float | None:
+        """Seconds without a step after which the loop is reported stalled (None: not yet known):
+        ``stall_s``, or max(``stall_floor_s``, ``stall_factor`` x the median time between steps,
+        the flush timeout + 2 steps). A step legitimately waits up to the flush timeout for a rank
+        that does not answer (that is a ``missing_ranks`` alert, not a stall)."""
+        s = self.settings
+        if s.stall_s is not None:
+            return s.stall_s
+        with self._lock:
+            iv = list(self._intervals)
+        if not iv:
+            return None
+        typical = median(iv)
+        return max(s.stall_floor_s, s.stall_factor * typical, flush_timeout_s() + 2 * typical)
+
+    def _watch(self) -> None:
+        """Sleeps until the moment the loop would count as stalled (not polling: every wake-up
+        costs CPU), re-checks, and sleeps again if a step arrived meanwhile."""
+        cpu = time.thread_time()  # this thread's CPU so far: one clock read per wake
+        while not self._stop.is_set():
+            limit = self.stall_threshold_s()
+            with self._lock:
+                last, step, stalled = self._last_step_mono, self._last_step, self._stalled
+            wait = 1.0
+            if limit is not None and last is not None and stalled is None:
+                silent = time.monotonic() - last
+                if silent > limit:
+                    self._fire_stall(step, silent, limit)
+                else:
+                    wait = limit - silent + 0.01
+            elif stalled is not None:
+                wait = 1.0  # the next step resolves it (on the backend thread)
+            now = time.thread_time()
+            self._count_cpu(now - cpu)
+            cpu = now
+            self._stop.wait(min(wait, 60.0))
+
+    def _fire_stall(self, step: int | None, silent: float, limit: float) -> None:
+        where = {"mesh": "controller", "actor": None, "rank": 0, "replica": None, "where": "the training loop"}
+        with self._lock:
+            typical = median(self._intervals) if self._intervals else None
+        msg = (f"no step reached the logger for {silent:.1f}s after step {step} "
+               f"(limit {limit:.1f}s" + (f"; steps usually take {typical:.2f}s" if typical else "") +
+               "): the loop is stalled or waiting on a hung rank")
+        onset = (step + 1) if isinstance(step, int) else step
+        e = Event("stall", "firing", f"stall:loop:{onset}", onset, onset, onset, msg, where,
+                  {"silent_s": round(silent, 3), "limit_s": round(limit, 3), "last_step": step})
+        with self._lock:
+            if self._stalled is not None or self._last_step != step:
+                return  # a step arrived meanwhile
+            self._stalled = {"id": e.key, "onset_step": onset, "message": msg, "where": where, "details": e.details}
+        self._emit_event(e)

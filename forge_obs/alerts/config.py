@@ -1,0 +1,118 @@
+"""The ``"alerts"`` entry of ``init_backends``: sinks, user rules, and any threshold of
+:class:`~forge_obs.timeline.doctor.config.DoctorConfig` by name. Mistakes raise ``ValueError``
+naming the valid choices.
+
+    >>> from forge_obs.alerts.config import AlertsConfig
+    >>> cfg = AlertsConfig.from_dict({"sinks": ["console"], "rules": ["trainer/loss > 10"], "straggler_ratio": 2})
+    >>> cfg.sinks, cfg.doctor.straggler_ratio, cfg.user_rules[0].text
+    (['console'], 2.0, 'trainer/loss > 10')
+    >>> AlertsConfig.from_dict({"sinks": ["slack"]})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: alerts: unknown sink 'slack'; valid: console, file, wandb, callback, webhook
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+from forge_obs.timeline.doctor.config import DoctorConfig
+from forge_obs.timeline.doctor.rules import RULES, UserRule
+
+SINKS = ("console", "file", "wandb", "callback", "webhook")
+#: rule names ``disable`` accepts (``quiet_rank`` goes with ``missing_ranks``)
+RULE_NAMES = (*RULES, "slowdown", "stall")
+
+
+@dataclass
+class AlertsConfig:
+    #: where alerts go; ``callback`` / ``webhook`` are added when those keys are set, and
+    #: ``wandb`` is skipped while no W&B run is active in the process
+    sinks: list = field(default_factory=lambda: ["console", "file", "wandb"])
+    callbacks: list = field(default_factory=list)
+    webhooks: list = field(default_factory=list)
+    user_rules: list = field(default_factory=list)
+    #: rules not run; by default ``slowdown`` (a rank against its own history: live, load from other
+    #: processes moves it too often; the doctor reports it). ``"disable": []`` runs every rule
+    disable: tuple = ("slowdown",)
+    #: the loop is stalled when no step reached the logger for ``stall_s`` seconds (default:
+    #: max(``stall_floor_s``, ``stall_factor`` x the median time between steps))
+    stall_s: float | None = None
+    stall_factor: float = 10.0
+    stall_floor_s: float = 5.0
+    #: alerts waiting for the webhook / callback / W&B thread; beyond, they are dropped and counted
+    queue_size: int = 1000
+    webhook_timeout_s: float = 5.0
+    file_name: str = "alerts.jsonl"
+    doctor: DoctorConfig = field(default_factory=DoctorConfig)
+
+    OWN_KEYS = ("sinks", "callback", "webhook", "rules", "disable", "stall_s", "stall_factor", "stall_floor_s",
+                "queue_size", "webhook_timeout_s", "file_name")
+
+    @classmethod
+    def valid_keys(cls) -> list[str]:
+        return [*cls.OWN_KEYS, *DoctorConfig.names()]
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any] | None) -> "AlertsConfig":
+        cfg = dict(cfg or {})
+        unknown = [k for k in cfg if k not in cls.valid_keys()]
+        if unknown:
+            raise ValueError(f"alerts: unknown key(s) {sorted(unknown)}; valid: {', '.join(cls.valid_keys())}")
+        out = cls()
+        if "sinks" in cfg:
+            sinks = cfg["sinks"]
+            sinks = [sinks] if isinstance(sinks, str) else list(sinks or [])
+            for s in sinks:
+                if s not in SINKS:
+                    raise ValueError(f"alerts: unknown sink {s!r}; valid: {', '.join(SINKS)}")
+            out.sinks = sinks
+        cbs = cfg.get("callback")
+        if cbs is not None:
+            cbs = list(cbs) if isinstance(cbs, (list, tuple)) else [cbs]
+            for cb in cbs:
+                if not callable(cb):
+                    raise ValueError(f"alerts: callback must be a callable taking the alert dict, got {cb!r}")
+            out.callbacks = cbs
+            if "callback" not in out.sinks:
+                out.sinks.append("callback")
+        hooks = cfg.get("webhook")
+        if hooks is not None:
+            hooks = [hooks] if isinstance(hooks, str) else list(hooks)
+            for h in hooks:
+                u = urlparse(str(h))
+                if u.scheme not in ("http", "https") or not u.netloc:
+                    raise ValueError(f"alerts: webhook must be an http(s) URL such as http://127.0.0.1:9000/hook, got {h!r}")
+            out.webhooks = [str(h) for h in hooks]
+            if "webhook" not in out.sinks:
+                out.sinks.append("webhook")
+        if "callback" in out.sinks and not out.callbacks:
+            raise ValueError("alerts: sink 'callback' needs 'callback': a callable taking the alert dict")
+        if "webhook" in out.sinks and not out.webhooks:
+            raise ValueError("alerts: sink 'webhook' needs 'webhook': an http(s) URL")
+        rules = cfg.get("rules") or []
+        if isinstance(rules, (str, dict)):
+            rules = [rules]
+        out.user_rules = [UserRule.parse(r) for r in rules]
+        dis = cfg.get("disable", out.disable) or ()
+        dis = (dis,) if isinstance(dis, str) else tuple(dis)
+        for d in dis:
+            if d not in RULE_NAMES:
+                raise ValueError(f"alerts: cannot disable unknown rule {d!r}; valid: {', '.join(RULE_NAMES)}")
+        out.disable = dis
+        for k, conv in (("stall_s", float), ("stall_factor", float), ("stall_floor_s", float), ("queue_size", int),
+                        ("webhook_timeout_s", float)):
+            if cfg.get(k) is not None:
+                try:
+                    v = conv(cfg[k])
+                except (TypeError, ValueError):
+                    raise ValueError(f"alerts: {k} must be a number, got {cfg[k]!r}") from None
+                if v <= 0:
+                    raise ValueError(f"alerts: {k} must be > 0, got {cfg[k]!r}")
+                setattr(out, k, v)
+        if cfg.get("file_name"):
+            out.file_name = str(cfg["file_name"])
+        out.doctor = DoctorConfig.from_dict({k: v for k, v in cfg.items() if k in DoctorConfig.names()})
+        return out

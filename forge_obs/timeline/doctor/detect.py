@@ -1,0 +1,362 @@
+"""Incremental detectors shared by ``forge-obs doctor`` (replayed over a finished run) and the live
+``"alerts"`` backend (fed one step at a time). Each keeps bounded state and says when a condition
+starts (``onset``) and ends (``clear``).
+
+    >>> from forge_obs.timeline.doctor.config import DoctorConfig
+    >>> from forge_obs.timeline.doctor.detect import GroupTracker
+    >>> t = GroupTracker(DoctorConfig())
+    >>> for step in range(8):                      # rank 1 three times slower from step 2
+    ...     changes = t.update(step, {0: 0.010, 1: 0.030 if step >= 2 else 0.010}, step_s=0.04)
+    ...     for c in changes:
+    ...         print(step, c.kind, c.state, "rank", c.rank, "since step", c.onset)
+    5 straggler onset rank 1 since step 2
+
+The straggler test works from 2 ranks up: at each step a rank's duration is compared with the
+median of the *other* ranks of its mesh (for 2 ranks: the other one); it is out of line when it
+is ``straggler_ratio`` x that and longer by ``min_excess_s`` and by ``min_step_share`` of the
+step; the condition starts when that holds in ``fire_steps`` (4) of the last ``window_steps`` (5) steps.
+Each rank is also compared with its own rolling baseline (``slowdown``). A rank that does a span
+its peers do not do (they spend < ``role_peer_max_s`` on it, or lack it) from its first steps has
+a *role*: it is never a straggler for that span, only judged against its own history.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Any, NamedTuple
+
+from forge_obs.timeline.doctor.config import DoctorConfig
+
+#: ratios kept per episode for its summary (the doctor; live trackers keep none)
+_MAX_KEPT = 4096
+
+
+def fmedian(xs: Any) -> float:
+    """Median of a small collection (``statistics.median`` costs several µs more per call)."""
+    s = sorted(xs)
+    n = len(s)
+    m = n // 2
+    return s[m] if n % 2 else (s[m - 1] + s[m]) / 2
+
+
+class Persistence:
+    """Starts when ``fire`` of the last ``window`` judged steps hit; ends when at most ``clear`` do.
+    ``onset`` is the first hit of the window that started it."""
+
+    __slots__ = ("fire", "clear", "recent", "hits", "active", "onset")
+
+    def __init__(self, fire: int, window: int, clear: int) -> None:
+        self.fire, self.clear = fire, clear
+        self.recent: deque = deque(maxlen=window)
+        self.hits = 0
+        self.active = False
+        self.onset: Any = None
+
+    def update(self, step: Any, hit: bool, payload: Any = None) -> str | None:
+        rec = self.recent
+        if len(rec) == rec.maxlen and rec[0][1]:
+            self.hits -= 1
+        rec.append((step, hit, payload))
+        if hit:
+            self.hits += 1
+        if not self.active:
+            if hit and self.hits >= self.fire:
+                self.active = True
+                self.onset = next(s for s, h, _p in rec if h)
+                return "onset"
+        elif self.hits <= self.clear:
+            self.active = False
+            return "clear"
+        return None
+
+    def window_hits(self) -> list:
+        return [(s, p) for s, h, p in self.recent if h]
+
+
+class History:
+    """A rolling baseline: the median of the last ``size`` normal values (once ``min_n`` are in),
+    recomputed after every ``every`` new values (a median of 16 moves little per value)."""
+
+    __slots__ = ("values", "min_n", "every", "_base", "_adds")
+
+    def __init__(self, size: int, min_n: int, every: int = 4) -> None:
+        self.values: deque = deque(maxlen=size)
+        self.min_n = min_n
+        self.every = every
+        self._base: float | None = None
+        self._adds = 0
+
+    def baseline(self) -> float | None:
+        if len(self.values) < self.min_n:
+            return None
+        if self._base is None or self._adds >= self.every:
+            self._base = fmedian(self.values)
+            self._adds = 0
+        return self._base
+
+    def add(self, v: float) -> None:
+        self.values.append(v)
+        self._adds += 1
+
+
+def median_without(vals: list, i: int) -> float:
+    """Median of sorted ``vals`` without the element at index ``i`` (``len(vals) >= 2``)."""
+    m = len(vals) - 1
+    h = m // 2
+    a = vals[h if h < i else h + 1] if m % 2 else None
+    if a is not None:
+        return a
+    lo, hi = h - 1, h
+    return (vals[lo if lo < i else lo + 1] + vals[hi if hi < i else hi + 1]) / 2
+
+
+class Change(NamedTuple):
+    kind: str  # "straggler" | "slowdown"
+    state: str  # "onset" | "clear"
+    rank: Any
+    step: Any
+    onset: Any
+    info: dict
+
+
+@dataclass
+class Episode:
+    """One out-of-line period of one rank (summary for the doctor)."""
+
+    kind: str
+    rank: Any
+    onset: Any
+    end: Any = None
+    hits: int = 0
+    judged: int = 0
+    ratios: list = field(default_factory=list)
+    values: list = field(default_factory=list)
+    refs: list = field(default_factory=list)
+    hit_steps: list = field(default_factory=list)
+    cleared: bool = False
+
+    def add(self, step: Any, payload: tuple) -> None:
+        self.hits += 1
+        self.end = step
+        if len(self.ratios) < _MAX_KEPT:
+            r, d, ref = payload
+            self.ratios.append(r)
+            self.values.append(d)
+            self.refs.append(ref)
+            self.hit_steps.append(step)
+
+    def summary(self) -> dict:
+        return {
+            "median_ratio": round(median(self.ratios), 3) if self.ratios else None,
+            "median_s": median(self.values) if self.values else None,
+            "reference_s": median(self.refs) if self.refs else None,
+            "hit_steps": self.hits,
+            "steps_judged": self.judged,
+        }
+
+
+class _Rank:
+    __slots__ = ("peer", "hist", "hist_p", "seen", "role_like", "role", "ep", "hep", "last")
+
+    def __init__(self, cfg: DoctorConfig) -> None:
+        self.peer = Persistence(cfg.fire_steps, cfg.window_steps, cfg.clear_steps)
+        self.hist = History(cfg.history_steps, cfg.history_min_steps)
+        self.hist_p = Persistence(cfg.fire_steps, cfg.window_steps, cfg.clear_steps)
+        self.seen = 0
+        self.role_like = 0
+        self.role: bool | None = None
+        self.ep: Episode | None = None
+        self.hep: Episode | None = None
+        self.last: float = 0.0
+
+
+class GroupTracker:
+    """One span name (or duration metric) of one mesh: ``update(step, {rank: seconds}, step_s)``
+    per step in step order; returns the :class:`Change` s of that step. ``keep=True`` (the doctor)
+    keeps every finished :class:`Episode` in ``episodes``; ``roles=False`` (waits: one rank waiting
+    while its peers do not is what a straggler causes) never classifies a rank as having a role;
+    ``history=False`` (live, slowdowns off) skips the comparison with the rank's own history."""
+
+    def __init__(self, cfg: DoctorConfig, keep: bool = False, roles: bool = True, history: bool = True) -> None:
+        self.cfg = cfg
+        self.keep = keep
+        self.history = history
+        self.role_max = cfg.role_peer_max_s if roles else -1.0
+        self.ranks: dict[Any, _Rank] = {}
+        self.episodes: list[Episode] = []
+        self.max_ranks = 0
+        self.steps = 0
+        self.peer_steps = 0  # steps where >= 2 ranks could be compared
+
+    @property
+    def idle(self) -> bool:
+        """No rank of the group is out of line now."""
+        return not any(st.ep is not None or st.hep is not None for st in self.ranks.values())
+
+    def settled(self, n: int) -> bool:
+        """Every rank seen is past its role decision (so skipping a step changes no role)."""
+        return len(self.ranks) >= n and all(st.role is not None for st in self.ranks.values())
+
+    def roles(self) -> dict:
+        """rank -> its typical duration, for ranks classified as doing this work alone."""
+        return {r: st.last for r, st in self.ranks.items() if st.role}
+
+    def update(self, step: Any, values: dict, step_s: float | None = None) -> list[Change]:
+        cfg = self.cfg
+        n = len(values)
+        self.steps += 1
+        if n > self.max_ranks:
+            self.max_ranks = n
+        need = cfg.min_excess_s
+        if step_s:
+            need = max(need, cfg.min_step_share * step_s)
+        out: list[Change] = []
+        if not self.history and max(values.values(), default=0.0) < need and self.idle and self.settled(n):
+            # nothing can be out of line and nothing is on: skip the work; the windows restart
+            # (earlier hits no longer count: stricter than judging this step as a miss)
+            for st in self.ranks.values():
+                if st.peer.hits:
+                    st.peer.recent.clear()
+                    st.peer.hits = 0
+            return out
+        if n >= 2:
+            self.peer_steps += 1
+            items = sorted(values.items(), key=lambda kv: kv[1])
+        else:
+            items = list(values.items())
+        vals = [v for _r, v in items]
+        ratio_min, role_max = cfg.straggler_ratio, self.role_max
+        for idx, (rank, d) in enumerate(items):
+            st = self.ranks.get(rank)
+            if st is None:
+                st = self.ranks[rank] = _Rank(cfg)
+            st.seen += 1
+            st.last = d
+            # ---- against the other ranks of the mesh, this step
+            if n >= 2:
+                ref = median_without(vals, idx)
+                role_like = ref <= role_max and d > role_max and d > ratio_min * ref
+            else:
+                ref, role_like = None, role_max >= 0
+            if st.role is None:
+                st.role_like += role_like
+                if st.seen >= cfg.fire_steps:
+                    st.role = st.role_like == st.seen
+            if ref is not None and not role_like and st.role is not True:
+                hit = d >= ratio_min * ref and d - ref >= need
+                payload = (d / ref if ref > 0 else float("inf"), d, ref) if hit else None
+                ch = st.peer.update(step, hit, payload)
+                if ch is not None or st.ep is not None:
+                    out += self._advance(st, "straggler", rank, step, hit, payload, ch)
+            # ---- against its own history (a value under ``need`` cannot exceed anything by ``need``)
+            if not self.history:
+                continue
+            if d < need:
+                if len(st.hist.values) >= st.hist.min_n:
+                    ch = st.hist_p.update(step, False)
+                    if ch is not None or st.hep is not None:
+                        out += self._advance(st, "slowdown", rank, step, False, None, ch)
+                st.hist.add(d)
+                continue
+            base = st.hist.baseline()
+            if base is None:
+                st.hist.add(d)
+                continue
+            hit = d >= cfg.history_ratio * base and d - base >= need
+            payload = (d / base if base > 0 else float("inf"), d, base) if hit else None
+            if not hit:
+                st.hist.add(d)
+            ch = st.hist_p.update(step, hit, payload)
+            if ch is not None or st.hep is not None:
+                out += self._advance(st, "slowdown", rank, step, hit, payload, ch)
+        return out
+
+    def _advance(self, st: _Rank, kind: str, rank: Any, step: Any, hit: bool, payload: Any,
+                 change: str | None) -> list[Change]:
+        attr = "ep" if kind == "straggler" else "hep"
+        ep: Episode | None = getattr(st, attr)
+        p = st.peer if kind == "straggler" else st.hist_p
+        if change == "onset":
+            ep = Episode(kind, rank, p.onset)
+            for s, pl in p.window_hits():
+                ep.add(s, pl)
+            ep.judged = sum(1 for s, _h, _p in p.recent if s >= ep.onset)
+            setattr(st, attr, ep)
+            return [Change(kind, "onset", rank, step, ep.onset, _info(ep, payload))]
+        if ep is None:
+            return []
+        ep.judged += 1
+        if hit:
+            ep.add(step, payload)
+        if change == "clear":
+            ep.cleared = True
+            setattr(st, attr, None)
+            if self.keep:
+                self.episodes.append(ep)
+            return [Change(kind, "clear", rank, step, ep.onset, _info(ep, payload))]
+        return []
+
+    def finish(self) -> list[Episode]:
+        """Episodes still open at the end of the data join ``episodes``; returns them all."""
+        for st in self.ranks.values():
+            for attr in ("ep", "hep"):
+                ep = getattr(st, attr)
+                if ep is not None:
+                    self.episodes.append(ep)
+                    setattr(st, attr, None)
+        return self.episodes
+
+
+def _info(ep: Episode, payload: Any) -> dict:
+    d = ep.summary()
+    if payload is not None:
+        d["ratio"], d["value_s"], d["reference_s_now"] = payload
+    d["last_hit_step"] = ep.end
+    return d
+
+
+# ---------------------------------------------------------------- shares and growth
+
+
+def covered(intervals: list) -> float:
+    """Length of the union of ``[(start, end)]`` (concurrent intervals count once)."""
+    total, cur_s, cur_e = 0, None, None
+    for a, b in sorted(intervals):
+        if cur_e is None or a > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = a, b
+        elif b > cur_e:
+            cur_e = b
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def theil_sen(x: list, y: list) -> float:
+    """Median of pairwise slopes (subsampled to ~60 points: O(60^2))."""
+    n = len(x)
+    step = max(1, n // 60)
+    idx = list(range(0, n, step))
+    slopes = [(y[j] - y[i]) / (x[j] - x[i]) for a, i in enumerate(idx) for j in idx[a + 1:] if x[j] != x[i]]
+    return median(slopes) if slopes else 0.0
+
+
+def growth(steps: list, vals: list, min_rise: float) -> dict | None:
+    """``{"first", "last", "slope"}`` when the series grows: its last third's mean exceeds its
+    first third's by more than ``min_rise`` and the Theil-Sen slope is positive; else None.
+    Needs >= 6 points."""
+    n = len(vals)
+    if n < 6 or max(vals) - min(vals) <= min_rise:  # the thirds' means cannot differ by more
+        return None
+    third = n // 3
+    first = sum(vals[:third]) / third
+    last = sum(vals[-third:]) / third
+    if last - first <= min_rise:
+        return None
+    slope = theil_sen(steps, vals)
+    if slope <= 0:
+        return None
+    return {"first": first, "last": last, "slope": slope}

@@ -1,0 +1,112 @@
+"""Who a finding or an alert is about: mesh / actor / rank, and the replica where the mesh is one
+of several replicas (``generator_0``, ``generator_1``, ...). Learnt from every source of identity
+a run has (timeline headers, the ``source`` of per-rank metric rows, a step's ``sources``), so a
+label that lacks a part (``generator_1/r0``: a rank that never reported) is completed from the
+others.
+
+    >>> from forge_obs.timeline.doctor.identity import Identities
+    >>> ids = Identities()
+    >>> ids.learn({"mesh": "generator_0", "actor": "Generator", "rank": 0})
+    >>> ids.learn({"mesh": "generator_1", "actor": "Generator", "rank": 0})
+    >>> ids.of_label("generator_1/r0")
+    {'mesh': 'generator_1', 'actor': 'Generator', 'rank': 0, 'replica': 1, 'where': 'generator_1/Generator/r0'}
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_REPLICA = re.compile(r"^(.*?)[_-](\d+)$")
+
+GLOBAL = {"mesh": "global", "actor": None, "rank": None, "replica": None, "where": "global"}
+
+
+def label_of(mesh: str, actor: str | None, rank: int | None) -> str:
+    parts = [mesh]
+    if actor:
+        parts.append(actor)
+    if rank is not None:
+        parts.append(f"r{rank}")
+    return "/".join(parts)
+
+
+def describe(where: dict) -> str:
+    """``where`` plus the replica, for text: ``generator_1/Generator/r0 (replica 1)``."""
+    w = where.get("where") or "-"
+    if where.get("replica") is not None:
+        w += f" (replica {where['replica']})"
+    return w
+
+
+class Identities:
+    """(mesh, rank) -> actor and host/pid; mesh -> replica index (when replicated)."""
+
+    def __init__(self) -> None:
+        self.actors: dict[str, str] = {}  # mesh -> actor (the ranks of a mesh run the same actors)
+        self.rank_actor: dict[tuple, str] = {}
+        self.hosts: dict[tuple, tuple] = {}
+        self.bases: dict[str, set] = {}  # "generator" -> {"generator_0", "generator_1"}
+        self._labels: dict[str, dict] = {}
+
+    def learn(self, src: dict[str, Any]) -> None:
+        mesh = src.get("mesh")
+        if not mesh:
+            return
+        mesh = str(mesh)
+        actor = src.get("actor") or ""
+        rank = src.get("rank")
+        if actor:
+            if mesh not in self.actors:
+                self.actors[mesh] = actor
+                self._labels.clear()
+            if rank is not None and self.rank_actor.get((mesh, int(rank))) != actor:
+                self.rank_actor[(mesh, int(rank))] = actor
+                self._labels.clear()
+        if rank is not None and src.get("pid"):
+            self.hosts[(mesh, int(rank))] = (src.get("host"), src.get("pid"))
+        m = _REPLICA.match(mesh)
+        if m:
+            s = self.bases.setdefault(m.group(1), set())
+            if mesh not in s:
+                s.add(mesh)
+                self._labels.clear()
+
+    def replica(self, mesh: str) -> int | None:
+        m = _REPLICA.match(mesh or "")
+        if m and len(self.bases.get(m.group(1), ())) >= 2:
+            return int(m.group(2))
+        return None
+
+    def of(self, mesh: str, rank: int | None, actor: str | None = None) -> dict:
+        if not actor:
+            actor = self.rank_actor.get((mesh, rank)) if rank is not None else None
+            actor = actor or self.actors.get(mesh) or None
+        return {"mesh": mesh, "actor": actor, "rank": rank, "replica": self.replica(mesh),
+                "where": label_of(mesh, actor, rank)}
+
+    def of_source(self, src: dict) -> dict:
+        mesh = str(src.get("mesh") or parse_label(src.get("label", "?"))[0])
+        rank = src.get("rank")
+        return self.of(mesh, None if rank is None else int(rank), src.get("actor") or None)
+
+    def of_label(self, label: str) -> dict:
+        w = self._labels.get(label)
+        if w is None:
+            mesh, actor, rank = parse_label(label)
+            w = self._labels[label] = self.of(mesh, rank, actor)
+        return dict(w)
+
+
+def parse_label(label: str) -> tuple[str, str | None, int | None]:
+    """``mesh/actor/r3`` / ``mesh/r3`` / ``Controller`` -> (mesh, actor or None, rank or None)."""
+    parts = str(label).split("/")
+    rank = None
+    if len(parts) > 1 and parts[-1][:1] == "r" and parts[-1][1:].isdigit():
+        rank = int(parts[-1][1:])
+        parts = parts[:-1]
+    mesh = parts[0]
+    actor = "/".join(parts[1:]) or None
+    if rank is None and len(parts) == 1:
+        rank = 0  # a process label (the controller)
+    return mesh, actor, rank
