@@ -26,6 +26,7 @@ from collections import deque
 from typing import Any
 
 from forge_obs.backends.base import LoggerBackend, call_hook
+from forge_obs.collector import MetricCollector
 
 logger = logging.getLogger("forge_obs")
 
@@ -34,6 +35,7 @@ __all__ = ["BackendWorker", "DEFAULT_QUEUE_STEPS"]
 #: steps a backend may fall behind before new ones are dropped for it (and counted)
 DEFAULT_QUEUE_STEPS = 256
 _STOP = object()
+_COLLECTOR = MetricCollector()
 
 
 class BackendWorker:
@@ -53,6 +55,8 @@ class BackendWorker:
         self.last_s = 0.0  # duration of its last log_step
         self.finished = False  # finish() returned
         self.finish_error: str | None = None
+        #: obs/cpu_<part>_s that this backend's CPU is counted in
+        self.cpu_part = getattr(backend, "cpu_part", "backends")
         self._thread = threading.Thread(target=self._run, name=f"forge_obs-backend-{name}", daemon=True)
 
     def start(self) -> None:
@@ -109,6 +113,7 @@ class BackendWorker:
             if item is _STOP:
                 break
             t0 = time.perf_counter()
+            cpu0 = time.thread_time()
             try:
                 call_hook(self.backend.log_step, item)
             except Exception as e:  # noqa: BLE001 - one backend never stops the others
@@ -117,6 +122,7 @@ class BackendWorker:
                     logger.error("forge_obs: backend %r failed at step %s: %r (counted in obs/backend_errors)",
                                  self.name, getattr(item, "step", "?"), e)
             self.last_s = time.perf_counter() - t0
+            _COLLECTOR.add_obs_cpu(self.cpu_part, time.thread_time() - cpu0)  # counted with a later step
             with self._cv:
                 self.done_steps += 1
                 self._cv.notify_all()

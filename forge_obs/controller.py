@@ -269,6 +269,7 @@ class GlobalLoggingActor(Actor):
             process_name=st.process_name,
             config=redact(cfg.backends),
             start_time=time.time(),
+            flush_timeout_s=cfg.flush_timeout_s,
         )
         for name, be in backends.items():
             try:

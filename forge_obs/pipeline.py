@@ -61,7 +61,7 @@ _COUNTERS = ("values_recorded", "dropped_values", "nonfinite_values", "stream_ov
 #: how long the worker lets a flush that waited for a cut resume before merging its step
 RESUME_GRACE_S = 0.002
 #: parts of forge_obs's own CPU (obs/cpu_<part>_s; obs/cpu_s is their sum)
-CPU_PARTS = ("export", "timeline", "flush", "inbox", "pipeline", "alerts")
+CPU_PARTS = ("export", "timeline", "flush", "inbox", "pipeline", "backends", "alerts")
 
 
 @dataclass

@@ -28,6 +28,8 @@ class RunContext:
     process_name: str = "Controller"
     config: dict[str, Any] = field(default_factory=dict)
     start_time: float = 0.0
+    #: how long a flush waits for a silent rank (a step may legitimately take that long)
+    flush_timeout_s: float = 10.0
 
 
 class RankViews(Mapping):

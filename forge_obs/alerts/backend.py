@@ -17,7 +17,6 @@ conditions currently on.
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 from statistics import median
@@ -40,21 +39,12 @@ _ROOT_RULES = ("missing_ranks", "quiet_rank", "nonfinite", "straggler", "sync_bo
 _SYMPTOM_RULES = ("throughput_drop", "slowdown")
 
 
-def flush_timeout_s() -> float:
-    """The running logger's ``flush_timeout_s`` (read, never imported: this module stays free of
-    Monarch); the logger's default when there is none."""
-    mod = sys.modules.get("forge_obs.logger_actors")
-    pipeline = getattr(getattr(mod, "_STATE", None), "pipeline", None)
-    t = getattr(pipeline, "flush_timeout_s", None)
-    if isinstance(t, (int, float)) and t > 0:
-        return float(t)
-    return float(getattr(mod, "DEFAULT_FLUSH_TIMEOUT_S", 10.0))
-
-
 class AlertsBackend(LoggerBackend):
     """See the module docstring; configuration: :class:`~forge_obs.alerts.config.AlertsConfig`."""
 
     default_modes = (LoggingMode.GLOBAL_REDUCE, LoggingMode.PER_RANK_REDUCE)
+    #: the part of obs/cpu_s its worker thread's CPU is counted in (its own threads count there too)
+    cpu_part = "alerts"
 
     def __init__(self, logger_backend_config: dict[str, Any] | None = None) -> None:
         cfg = dict(logger_backend_config or {})
@@ -89,6 +79,7 @@ class AlertsBackend(LoggerBackend):
         super().init(run)
         s = self.settings
         self.run_id = run.run_id if run is not None else ""
+        self.flush_timeout_s = float(getattr(run, "flush_timeout_s", 10.0) or 10.0)
         if "console" in s.sinks:
             self._sync_sinks.append(("console", console_sink))
         if "file" in s.sinks and run is not None:
@@ -118,11 +109,7 @@ class AlertsBackend(LoggerBackend):
 
     # ------------------------------------------------------------------ steps
     def log_step(self, record: StepRecord) -> None:
-        c0 = time.thread_time()
-        try:
-            self._step(record)
-        finally:
-            self._count_cpu(time.thread_time() - c0)
+        self._step(record)  # its CPU: counted by the backend's worker as obs/cpu_alerts_s (cpu_part)
 
     def _step(self, record: StepRecord) -> None:
         now = time.monotonic()
@@ -234,7 +221,7 @@ class AlertsBackend(LoggerBackend):
         if not iv:
             return None
         typical = median(iv)
-        return max(s.stall_floor_s, s.stall_factor * typical, flush_timeout_s() + 2 * typical)
+        return max(s.stall_floor_s, s.stall_factor * typical, self.flush_timeout_s + 2 * typical)
 
     def _watch(self) -> None:
         """Sleeps until the moment the loop would count as stalled (not polling: every wake-up
