@@ -5,6 +5,7 @@ a few steps); each printed command runs through bash, as typed."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -52,8 +53,8 @@ def _printed_commands(stdout: str) -> list[str]:
 def test_printed_commands_work_as_printed(grpo_run):
     cwd, env, stdout = grpo_run
     cmds = _printed_commands(stdout)
-    assert [c.split()[1] if not c.split()[0].endswith("python") else c.split()[3] for c in cmds] == [
-        "doctor", "trace", "report", "sql"], cmds
+    assert [c.split()[0] if c.startswith("cat ") else c.split()[1] if not c.split()[0].endswith("python")
+            else c.split()[3] for c in cmds] == ["doctor", "trace", "report", "sql", "cat"], cmds
     run_dir = RUN_ID.search(stdout).group(0)
     assert (cwd / run_dir / "report.html").exists() and f"report: {run_dir}/report.html" in stdout
     for cmd in cmds:
@@ -69,6 +70,8 @@ def test_printed_commands_work_as_printed(grpo_run):
             assert "train_step" in res.stdout and "median_ms" in res.stdout, res.stdout
         if " report " in cmd:
             assert res.stdout.strip() == f"{run_dir}/report.html"
+        if cmd.startswith("cat "):  # the live alerts of the run: one JSON object per line (none on a clean run)
+            assert all(json.loads(ln)["rule"] for ln in res.stdout.splitlines() if ln.strip()), res.stdout
 
 
 def test_printed_trace_open_serves_the_trace(grpo_run):
