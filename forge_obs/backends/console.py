@@ -57,11 +57,12 @@ import textwrap
 import time
 from typing import Any
 
-from forge_obs.backends.base import LoggerBackend
+from forge_obs.backends.base import LoggerBackend, awaitable
 from forge_obs.metric import Metric
 from forge_obs.record import StepRecord
 
-OWN_KEYS = ("logging_mode", "compact", "every", "include", "units", "show_obs", "width", "stream")
+OWN_KEYS = ("logging_mode", "compact", "every", "include", "units", "show_obs", "width", "stream", "values",
+            "per_rank_share_run")
 WIDTH = 120
 
 #: key suffix -> unit (longest first)
@@ -223,8 +224,14 @@ def format_compact(title: str, metrics: list[Metric], units: dict[str, str] | No
 
 
 class ConsoleBackend(LoggerBackend):
-    def __init__(self, logger_backend_config: dict[str, Any] | None = None) -> None:
-        super().__init__(logger_backend_config)
+    """``ConsoleBackend({"logging_mode": "global_reduce", ...})`` or, as torchforge's,
+    ``ConsoleBackend(logging_mode=LoggingMode.GLOBAL_REDUCE)``."""
+
+    default_values = "rich"  # distributions print as one line: p50=… p90=… p99=… n=…
+    default_show_obs = False
+
+    def __init__(self, logger_backend_config: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(logger_backend_config, **kwargs)
         unknown = sorted(set(self.config) - set(OWN_KEYS))
         if unknown:
             raise ValueError(f"console backend: unknown key(s) {unknown}; valid: {', '.join(OWN_KEYS)}")
@@ -280,6 +287,7 @@ class ConsoleBackend(LoggerBackend):
             out = [m for m in out if any(m.key.startswith(p) for p in self.include)]
         return out
 
+    @awaitable
     def log_batch(self, metrics: list[Metric], global_step: int, source: str | None = None, **kwargs: Any) -> None:
         out = getattr(self, "_out", sys.stdout)
         visible = self._visible(metrics)
