@@ -555,3 +555,19 @@ async def test_per_rank_no_reduce_streams_before_the_flush_exactly_once(tmp_path
     rows = global_rows(tmp_path)
     assert rows[1]["metrics"]["obs/stream_step_mismatch"] == 0
     assert rows[5]["metrics"]["obs/stream_step_mismatch"] == 2
+
+
+# ============================================================ the migration guide
+def test_migration_guide_example_runs_as_torchforge_prints_it(tmp_path):
+    """docs/migrating-from-torchforge.md's example (torchforge's README example, renamed) runs and
+    prints what the guide says."""
+    from tests.test_readme import blocks
+
+    (block,) = [b for b in blocks(ROOT / "docs" / "migrating-from-torchforge.md") if b["lang"] == "python"]
+    assert "forge.observability" not in block["body"] and "from forge_obs import" in block["body"]
+    script = tmp_path / "example.py"
+    script.write_text(block["body"])
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MONARCH_FILE_LOG="error")
+    res = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "=== [GlobalReduce] - METRICS STEP 0 ===\nmy_max_metric:  3\nmy_mean_metric: 2\nmy_sum_metric:  6" in res.stdout
