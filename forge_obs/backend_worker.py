@@ -20,11 +20,14 @@ Raw values streamed between flushes (:class:`~forge_obs.backends.base.StreamBatc
 ``per_rank_no_reduce`` backends) go through the same queue, in arrival order with the steps; a
 stream batch still waiting in the queue takes the next ones in (at most one waits between two
 steps), and beyond :data:`STREAM_CAP` values waiting, new streamed values are dropped for that
-backend and counted (``dropped_stream_values``).
+backend and counted (``dropped_stream_values``). A backend that implements only ``log_step``
+(none of ``log_stream_batch``, ``log_raw``, ``log_stream``) gets them in ``record.raw`` of the
+next step instead, as before raw values were streamed (or in a record of their own at shutdown).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -61,6 +64,11 @@ class BackendWorker:
         self.dropped_steps = 0
         self.dropped_stream_values = 0
         self._stream_waiting = 0  # streamed values queued, not yet logged
+        # a backend with only log_step: streamed values wait here for the next step's record
+        self._raw_into_steps = _only_log_step(backend)
+        self._held: list = []  # (label, step, rows) entries
+        self._held_sources: dict = {}
+        self._run_id = ""
         self.errors = 0
         self.last_s = 0.0  # duration of its last log_step
         self.finished = False  # finish() returned
@@ -73,6 +81,9 @@ class BackendWorker:
     def put(self, record: Any) -> bool:
         """Queue a step; False (dropped for this backend, counted) when its queue is full."""
         with self._cv:
+            self._run_id = getattr(record, "run_id", self._run_id)
+            if self._held and getattr(record, "raw", None) is not None:
+                record = self._with_held(record)
             if self.queue_steps is not None and len(self._q) >= self.queue_steps:
                 self.dropped_steps += 1
                 first = self.dropped_steps == 1
@@ -94,6 +105,14 @@ class BackendWorker:
         were dropped for this backend (over :data:`STREAM_CAP` waiting; counted, reported once)."""
         n = sum(len(rows) for _l, _s, rows in entries)
         with self._cv:
+            if self._raw_into_steps:
+                if self._stream_waiting + n > STREAM_CAP:
+                    self.dropped_stream_values += n
+                    return False
+                self._stream_waiting += n
+                self._held.extend(entries)
+                self._held_sources.update(sources)
+                return True
             if self._stream_waiting + n > STREAM_CAP:
                 self.dropped_stream_values += n
                 first = self.dropped_stream_values == n
@@ -119,9 +138,26 @@ class BackendWorker:
             target = self._put_items
             return self._cv.wait_for(lambda: self._done_items >= target, max(0.0, deadline - time.monotonic()))
 
+    def _with_held(self, record: Any) -> Any:
+        """``record`` (shared by every backend) with the held streamed values in its ``raw``."""
+        raw = {label: list(rows) for label, rows in record.raw.items()}
+        for label, _step, rows in self._held:
+            raw.setdefault(label, [])
+            raw[label][:0] = rows  # recorded before the step's own raw values
+        sources = {**self._held_sources, **(record.sources or {})}
+        self._stream_waiting -= sum(len(rows) for _l, _s, rows in self._held)
+        self._held, self._held_sources = [], {}
+        return dataclasses.replace(record, raw=raw, sources=sources)
+
     def stop(self) -> None:
         """Log what is queued, then ``finish()`` (see :meth:`join`)."""
         with self._cv:
+            if self._held:  # no step took them: a record of their own, under their last step
+                from forge_obs.record import StepRecord
+
+                step = max(s for _l, s, _r in self._held)
+                self._q.append(self._with_held(StepRecord(step=step, run_id=self._run_id, wall_time=time.time())))
+                self._put_items += 1
             self._q.append(_STOP)
             self._cv.notify_all()
 
@@ -172,3 +208,11 @@ class BackendWorker:
             self.finish_error = repr(e)
             logger.error("forge_obs: backend %r failed to finish: %r", self.name, e)
         self.finished = True
+
+
+def _only_log_step(backend: LoggerBackend) -> bool:
+    """Whether ``backend`` overrides ``log_step`` and none of the raw-value hooks."""
+    cls = type(backend)
+    if cls.log_step is LoggerBackend.log_step:
+        return False
+    return all(getattr(cls, h) is getattr(LoggerBackend, h) for h in ("log_stream_batch", "log_raw", "log_stream"))

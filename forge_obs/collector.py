@@ -18,6 +18,14 @@ Every value enters a step's accumulators through this module: ``record_metric`` 
 caller for any value, key or reduction: a value that cannot be recorded is dropped with a
 rate-limited warning and counted by reason (``counters["dropped_by_reason"]``; reasons: see
 :mod:`forge_obs.reduce`), and a rejected value leaves nothing behind in the accumulator.
+
+Raw values (``per_rank_no_reduce``) leave either with a cut (:meth:`MetricCollector.swap`) or
+earlier, every ``stream_interval_s`` (:meth:`MetricCollector.take_raw`): each exactly once.
+
+``record_metric`` is switched by replacing its code object (so that every reference to it
+follows, at no cost to the enabled path): off by ``FORGE_DISABLE_METRICS=true`` at import or
+:func:`set_enabled`, and onto torchforge's path while a test replaces
+``forge_obs.metrics.MetricCollector`` (see :mod:`forge_obs.metrics`).
 """
 
 from __future__ import annotations

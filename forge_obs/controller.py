@@ -19,6 +19,13 @@ collector, opens the cut and casts it to every mesh of :data:`~forge_obs.registr
 it is complete when every expected rank acknowledged on the inbox's port (or after
 ``flush_timeout_s``). The inbox drains that port on a thread of its own, whatever the user's
 event loop is doing. Both actors run in the controller process and share :data:`_STATE`.
+
+torchforge's endpoints are here too: ``register_fetcher(fetcher, proc_id)`` connects a
+``LocalFetcherActor`` spawned by hand to the cut (on an inbox of this process: a
+GlobalLoggingActor spawned on a mesh by hand gets its own), ``deregister_fetcher`` hands its
+values over, and ``init_backends`` may be called again (the current backends get every flushed
+step and finish first). A timer on this actor's loop streams the controller's own raw values to
+``per_rank_no_reduce`` backends every ``stream_interval_s``, as the fetchers do theirs.
 """
 
 from __future__ import annotations

@@ -29,7 +29,13 @@ Steps leave in the order their cuts began. A step waits for the states of every 
 acknowledged its cut, or until its deadline. States that arrive after their step left (a rank
 that was late), and the final states of a stopping mesh, go into the first cut still open whose
 ``seq`` they may belong to (never an earlier one), so no value is lost, counted twice, or put in
-a step before the flush that cut it. Reduction and backend I/O run in one worker thread.
+a step before the flush that cut it. Reduction runs in one worker thread, each backend on a
+thread of its own (:mod:`forge_obs.backend_worker`).
+
+Raw values a rank streams between flushes (``stream``: ``per_rank_no_reduce``, under the rank's
+predicted step) skip the assembly: they go to the streaming backends' queues at once. When the
+step that then takes the rank's states is not the predicted one, the step's
+``obs/stream_step_mismatch`` counts the values streamed under the prediction.
 """
 
 from __future__ import annotations

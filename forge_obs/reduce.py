@@ -9,7 +9,9 @@
 
 Every accumulator turns its values into a small *state* (a plain dict that pickles cheaply) and
 states merge exactly: MEAN is (sum, count), STD is (count, mean, M2) merged with Chan's formula,
-so a cross-rank reduction is never a mean of means. Custom reductions register by name with
+so a cross-rank reduction is never a mean of means. State dicts also carry torchforge's fields
+(SUM ``total``, MAX ``max_val``, MIN ``min_val``, STD ``sum``/``sum_sq``), and states with only
+torchforge's fields are read too. Custom reductions register by name with
 :func:`register_reduction`. This module imports neither torch nor Monarch.
 
 Each built-in numeric reduction keeps its arithmetic in its accumulator class, once: ``append``

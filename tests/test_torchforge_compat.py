@@ -571,3 +571,34 @@ def test_migration_guide_example_runs_as_torchforge_prints_it(tmp_path):
     res = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "=== [GlobalReduce] - METRICS STEP 0 ===\nmy_max_metric:  3\nmy_mean_metric: 2\nmy_sum_metric:  6" in res.stdout
+
+
+class StepOnly(LoggerBackend):
+    """A backend that implements only log_step (reads record.raw itself)."""
+
+    def log_step(self, record):
+        _note("step_only", "step", record.step, sorted((lb, k, v) for lb, rows in record.raw.items() for k, v, _t in rows))
+
+
+register_backend("step_only", StepOnly)
+
+
+async def test_a_log_step_only_backend_gets_streamed_values_with_the_next_step(tmp_path):
+    """Streamed raw values reach a backend that only implements log_step in record.raw of the
+    next step (each once), and at shutdown in a record of their own."""
+    STEPS.clear()
+    mlogger = await start_logger(tmp_path, {
+        "step_only": {"logging_mode": "per_rank_no_reduce"},
+        "tf_style": {"logging_mode": "per_rank_no_reduce", "label": "s"},
+        "stream_interval_s": 0.05,
+    })
+    await mlogger.flush.call_one(0)
+    record_metric("so/v", 1.0, Reduce.SUM)
+    await _wait_for(lambda: len(_streamed("s", "so/v")) == 1)  # streamed (to the other backend)
+    record_metric("so/v", 2.0, Reduce.SUM)
+    await mlogger.flush.call_one(1)
+    record_metric("so/v", 3.0, Reduce.SUM)
+    await _wait_for(lambda: len(_streamed("s", "so/v")) == 3)
+    await mlogger.shutdown.call_one()
+    got = [(e[1], [x for x in e[2] if x[1] == "so/v"]) for e in STEPS["step_only"]]
+    assert [(s, [v for _lb, _k, v in xs]) for s, xs in got if xs] == [(1, [1.0, 2.0]), (2, [3.0])]

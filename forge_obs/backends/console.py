@@ -46,7 +46,11 @@ Config: ``logging_mode`` (default ``global_reduce``), ``compact`` (one block of 
 one line per group, and one per rank in per-rank modes), ``every`` (print every N-th step;
 default 1), ``include`` (key prefixes to show; default all), ``units``, ``show_obs`` (default
 False: the ``obs/…`` self-metrics go to the JSONL store but not the console), ``width`` (compact
-line width, default 120), ``stream`` (``stdout``/``stderr``).
+line width, default 120), ``stream`` (``stdout``/``stderr``), ``values`` (default ``"rich"``: a
+distribution on one line; ``"scalar"``: as ``key/p50``, ...), ``per_rank_share_run``
+(torchforge's; accepted, nothing to share). Raw values (``per_rank_no_reduce``) print as they
+stream in, also between steps. Constructed as torchforge's too:
+``ConsoleBackend(logging_mode=LoggingMode.GLOBAL_REDUCE)``.
 """
 
 from __future__ import annotations
@@ -301,6 +305,6 @@ class ConsoleBackend(LoggerBackend):
     def log_stream(self, metric: Metric, global_step: int, source: str | None = None, **kwargs: Any) -> None:
         if self.include and not any(metric.key.startswith(p) for p in self.include):
             return
-        out = getattr(self, "_out", sys.stdout)
+        out = sys.stderr if self.config.get("stream") == "stderr" else sys.stdout  # also between steps
         ts = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(metric.timestamp))
         print(f"[{source}] {ts} INFO {metric.key}: {format_value(metric.value, unit_for(metric.key, self.units))}", file=out)
