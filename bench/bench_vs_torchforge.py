@@ -11,9 +11,9 @@ fetched mirror; ``TORCHFORGE_REV``, default HEAD) into a temporary directory, wi
 initialised (``init_backends`` with no per-rank backend), so ``record_metric`` accumulates, as in a
 run; Monarch's real ``current_rank`` is used.
 
-Each figure is the minimum over the repeats of the mean per-call time of a tight loop (the
-least disturbed by other processes on a shared machine); torchforge and forge_obs alternate in
-the same process. Figures:
+Each figure is the minimum over the repeats of the mean per-call CPU time of the benchmarking
+thread (``time.thread_time``) in a tight loop: the cost itself, as little disturbed as can be by
+the other jobs on a shared machine; torchforge and forge_obs run in the same process. Figures:
 
 - ``record_metric(key, float, MEAN)``;
 - ``@trace`` on a sync function: the call minus the bare call;
@@ -80,7 +80,7 @@ def load_torchforge(tmp: Path):
 def per_call_us(fn, reset, number: int = N) -> float:
     reset()
     fn()  # first call: creates the accumulators
-    best = min(timeit.repeat(fn, number=number, repeat=REPEAT)) / number * 1e6
+    best = min(timeit.repeat(fn, number=number, repeat=REPEAT, timer=time.thread_time)) / number * 1e6
     reset()
     return best
 
@@ -144,7 +144,7 @@ def main() -> int:
             rows.append((key, name, t_tf, t_ours, t_tf / t_ours if t_ours > 0 else None))
 
     print(f"forge_obs vs torchforge {rev} observability  Python {platform.python_version()}  {os.cpu_count()} CPUs  "
-          f"(min of {REPEAT} x {N} calls, us per call, same process)")
+          f"(min of {REPEAT} x {N} calls, CPU us per call, same process)")
     hdr = f"{'figure':42} | {'torchforge us':>13} | {'forge_obs us':>12} | {'ratio':>7} | target"
     print(hdr)
     print("-" * len(hdr))

@@ -68,6 +68,27 @@ def perf_metrics_disabled() -> bool:
     return any(env_flag(n) for n in _PERF_NAMES)
 
 
+_NONE_SET = (False, None)
+
+
+def _tracer_switches_slow() -> tuple[bool, bool | None]:
+    return perf_metrics_disabled(), timer_uses_gpu()
+
+
+if _PERF_KEYS and _GPU_KEY is not None:
+
+    def tracer_switches(_get=_DATA.get, _k1=_PERF_KEYS[0], _k2=_PERF_KEYS[1], _k3=_PERF_KEYS[2],  # type: ignore[union-attr]
+                        _kg=_GPU_KEY) -> tuple[bool, bool | None]:
+        """``(perf_metrics_disabled(), timer_uses_gpu())`` in one call: what a Tracer reads when
+        it is created (~0.15 µs when none is set; the lookups are bound as defaults)."""
+        if _get(_k1) is None and _get(_k2) is None and _get(_k3) is None and _get(_kg) is None:
+            return _NONE_SET
+        return _tracer_switches_slow()
+
+else:  # os.environ without its backing dict: the public reads
+    tracer_switches = _tracer_switches_slow
+
+
 def timer_uses_gpu() -> bool | None:
     """torchforge's ``METRIC_TIMER_USES_GPU``: True/False forces the GPU/CPU timer, None (unset)
     leaves the ``timer`` argument in charge."""

@@ -52,7 +52,7 @@ import weakref
 from collections import deque
 from typing import Any, Callable
 
-from forge_obs._env import perf_metrics_disabled, timer_uses_gpu
+from forge_obs._env import perf_metrics_disabled, timer_uses_gpu, tracer_switches
 from forge_obs.collector import MetricCollector, record_metric
 from forge_obs.reduce import Reduce
 from forge_obs.sketch import DISTRIBUTION
@@ -471,8 +471,7 @@ class Tracer:
         self.prefix = prefix if type(prefix) is str else _text(prefix)
         self.track_memory = track_memory
         self.timer = timer
-        self._disable = perf_metrics_disabled()
-        forced = timer_uses_gpu()
+        self._disable, forced = tracer_switches()
         if forced is not None:
             timer = "gpu" if forced else "cpu"
         if timer == "gpu" and not self._disable:

@@ -12,11 +12,21 @@ logger's backend threads (one per backend): never on the training path. Methods 
 (torchforge's backends are async; both work).
 
 Hooks, all optional:
-- ``init(run=RunContext, role=..., process_name=...)``: open files/runs. Raising fails ``init_backends``.
+- ``init(run=RunContext, role=BackendRole.GLOBAL, process_name=...)``: open files/runs. Raising
+  fails ``init_backends``.
 - ``log_step(record)``: the whole :class:`~forge_obs.record.StepRecord`; the default calls
-  ``log_batch`` (reduced modes) and ``log_stream`` (``per_rank_no_reduce``) per the backend's modes.
-- ``log_batch(metrics, global_step, source=None)``, ``log_stream(metric, global_step, source=...)``.
+  ``log_batch`` (reduced modes) and ``log_raw`` (``per_rank_no_reduce``) per the backend's modes.
+- ``log_batch(metrics, global_step, source=None)``: plain numbers by default (config ``values``:
+  ``"scalar"``, or ``"rich"`` for dicts and row lists as reduced); ``show_obs: False`` leaves out
+  the ``obs/…`` keys.
+- ``log_raw(raw, global_step)`` (default: ``log_stream`` per value), ``log_stream_batch(batch)``
+  (raw values streamed between flushes, :class:`StreamBatch`), ``log_stream(metric, global_step,
+  source=...)``.
 - ``finish()``: flush and close at shutdown.
+
+torchforge's backends work unchanged: a keyword-only constructor (``logging_mode=...,
+per_rank_share_run=..., **kwargs`` -> ``backend_kwargs``) is called with the config's keys
+(:func:`instantiate_backend`), and async hooks are run to completion.
 """
 
 from __future__ import annotations
