@@ -6,6 +6,11 @@
 The recording API (``record_metric``, ``Reduce``, ``MetricCollector``, ...) imports neither
 Monarch nor torch. The actor API (``get_or_create_metric_logger``, ``GlobalLoggingActor``,
 ``LocalFetcherActor``) is loaded on first use and needs ``torchmonarch``.
+
+Code written for torchforge switches by one textual change, ``forge.observability`` ->
+``forge_obs``, submodules included (:mod:`forge_obs.metrics`, :mod:`forge_obs.metric_actors`,
+:mod:`forge_obs.perf_tracker`, :mod:`forge_obs.utils`; ``forge.env`` -> :mod:`forge_obs.env`);
+see docs/migrating-from-torchforge.md.
 """
 
 from __future__ import annotations
@@ -13,8 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from forge_obs.backends.base import LoggerBackend, get_logger_backend_class, register_backend
-from forge_obs.collector import MetricCollector, record_metric
-from forge_obs.metric import LoggingMode, Metric
+from forge_obs.collector import MetricCollector, is_enabled, record_metric, set_enabled
+from forge_obs.metric import BackendRole, LoggingMode, Metric
 from forge_obs.record import RunContext, StepRecord
 from forge_obs.reduce import (
     CountAccumulator,
@@ -41,13 +46,14 @@ _ACTOR_API = {
     "JsonlBackend": "forge_obs.backends.jsonl",
     "WandbBackend": "forge_obs.backends.wandb",
     "TensorBoardBackend": "forge_obs.backends.tensorboard",
-    # tracer (issue 3) and structured timeline (issue 4): loaded on first use
+    # tracer and structured timeline: loaded on first use
     "Tracer": "forge_obs.tracer",
     "trace": "forge_obs.tracer",
     "record_span": "forge_obs.timeline",
     "record_event": "forge_obs.timeline",
     "set_step": "forge_obs.timeline",
     "add_step_tag": "forge_obs.timeline",
+    "get_proc_name_with_rank": "forge_obs.utils",
 }
 
 
@@ -62,9 +68,12 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "record_metric",
+    "set_enabled",
+    "is_enabled",
     "Reduce",
     "Metric",
     "LoggingMode",
+    "BackendRole",
     "MetricCollector",
     "MetricAccumulator",
     "MeanAccumulator",
@@ -95,4 +104,5 @@ __all__ = [
     "record_event",
     "set_step",
     "add_step_tag",
+    "get_proc_name_with_rank",
 ]

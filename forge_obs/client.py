@@ -17,6 +17,7 @@ from typing import Any
 
 from monarch.actor import get_or_spawn_controller
 
+from forge_obs._env import env_flag
 from forge_obs.controller import GLOBAL_LOGGER_NAME, INBOX_NAME, _STATE, GlobalLoggingActor, ObsInbox, start_flush
 from forge_obs.fetcher import FETCHER_NAME, LocalFetcherActor, current_options, hosts_fetcher
 from forge_obs.registry import LOCAL_MESHES
@@ -51,18 +52,48 @@ async def get_or_create_metric_logger(proc_mesh: Any = None, process_name: str |
     """The experiment's :class:`GlobalLoggingActor` (spawned on first use, in the controller
     process). With ``proc_mesh``, also attaches a fetcher to that mesh (not needed when
     ``provisioner_hooks.install()`` is active); the mesh takes part in every flush after this
-    returns."""
+    returns. As in torchforge, the mesh then has ``_local_fetcher`` (the fetchers) and ``_uid``
+    (its id for ``has_fetcher``), and with ``FORGE_DISABLE_METRICS=true`` (read at the call) no
+    fetcher is spawned. Called without ``proc_mesh`` inside an actor whose process has no fetcher,
+    it attaches that process (``this_proc()``), as torchforge does; the controller's own process
+    needs none (a flush takes its values directly)."""
     glob = await get_or_spawn_controller(GLOBAL_LOGGER_NAME, GlobalLoggingActor, process_name)
     inbox = await get_or_spawn_controller(INBOX_NAME, ObsInbox)
     handles = LoggerHandles(glob, inbox, await inbox.get_port.call_one())
     set_cached_handles(handles)
+    if env_flag("FORGE_DISABLE_METRICS"):
+        return MetricLogger(glob)
+    if proc_mesh is None and not _cut_here() and _in_user_actor():
+        proc_mesh = _this_proc_once()
     if proc_mesh is not None and not getattr(proc_mesh, "_forge_obs_mesh_id", None):
-        attach_fetcher(proc_mesh, handles)
+        attach_fetcher(proc_mesh, handles, process_name)
         if not _cut_here():
             # registered with the controller by a message from this process: a call to the same
             # actor from here returns only after that message was handled
             await inbox.get_port.call_one()
     return MetricLogger(glob)
+
+
+def _in_user_actor() -> bool:
+    try:
+        from monarch.actor import context
+
+        return context().actor_instance.actor_id.actor_name != "client"
+    except Exception:  # noqa: BLE001
+        return False
+
+
+_this_proc: list = []
+
+
+def _this_proc_once() -> Any:
+    """This process as a one-proc mesh, attached at most once."""
+    if _this_proc:
+        return None
+    from monarch.actor import this_proc
+
+    _this_proc.append(this_proc())
+    return _this_proc[0]
 
 
 def _cut_here() -> bool:
@@ -131,9 +162,12 @@ def attach_fetcher(proc_mesh: Any, handles: LoggerHandles, mesh_name: str | None
 
     mesh_id = uuid.uuid4().hex[:12]
     name = mesh_name or "mesh"
-    fetchers = proc_mesh.spawn(FETCHER_NAME, LocalFetcherActor, handles.port, mesh_id, mesh_name, current_options())
+    fetchers = proc_mesh.spawn(FETCHER_NAME, LocalFetcherActor, port=handles.port, mesh_id=mesh_id,
+                               mesh_name=mesh_name, options=current_options())
     try:
         proc_mesh._forge_obs_mesh_id = mesh_id
+        proc_mesh._uid = mesh_id  # torchforge's names: has_fetcher(proc_mesh._uid)
+        proc_mesh._local_fetcher = fetchers
     except Exception:  # noqa: BLE001
         pass
     if _cut_here():

@@ -18,6 +18,14 @@ Every value enters a step's accumulators through this module: ``record_metric`` 
 caller for any value, key or reduction: a value that cannot be recorded is dropped with a
 rate-limited warning and counted by reason (``counters["dropped_by_reason"]``; reasons: see
 :mod:`forge_obs.reduce`), and a rejected value leaves nothing behind in the accumulator.
+
+Raw values (``per_rank_no_reduce``) leave either with a cut (:meth:`MetricCollector.swap`) or
+earlier, every ``stream_interval_s`` (:meth:`MetricCollector.take_raw`): each exactly once.
+
+``record_metric`` is switched by replacing its code object (so that every reference to it
+follows, at no cost to the enabled path): off by ``FORGE_DISABLE_METRICS=true`` at import or
+:func:`set_enabled`, and onto torchforge's path while a test replaces
+``forge_obs.metrics.MetricCollector`` (see :mod:`forge_obs.metrics`).
 """
 
 from __future__ import annotations
@@ -27,9 +35,10 @@ import pickle
 import sys
 import threading
 import time
+import types
 from typing import Any
 
-from forge_obs._env import METRICS_DISABLED
+from forge_obs._env import METRICS_DISABLED, env_flag
 from forge_obs._warn import WARNER
 from forge_obs.metric import Metric
 from forge_obs.reduce import (
@@ -46,7 +55,7 @@ from forge_obs.reduce import (
 )
 from forge_obs.sketch import DistributionAccumulator  # importing sketch registers "distribution" in every process
 
-__all__ = ["MetricCollector", "Taken", "record_metric", "DEFAULT_RAW_CAP"]
+__all__ = ["MetricCollector", "Taken", "record_metric", "set_enabled", "is_enabled", "DEFAULT_RAW_CAP"]
 
 #: raw values kept per flush interval for ``per_rank_no_reduce`` streams (beyond: counted)
 DEFAULT_RAW_CAP = 100_000
@@ -205,15 +214,37 @@ class Taken:
         self.note_nonfinite(key)
 
 
+class _Instances(dict):
+    """``MetricCollector._instances`` (torchforge's name): rank -> collector. This process's
+    collector is registered under its rank; :meth:`clear` forgets every collector and empties this
+    process's (what it recorded is dropped: tests start from a clean collector)."""
+
+    def clear(self) -> None:
+        inst = MetricCollector._instance
+        super().clear()
+        if inst is not None:
+            inst.reset()
+            inst.initialized = False
+            inst._warned = set()
+
+
 class MetricCollector:
     """Per-process singleton that accumulates values between flushes.
 
     ``record_metric`` writes here; the process's ``LocalFetcherActor`` (or, on the controller, the
     ``GlobalLoggingActor``) calls :meth:`swap` at the cut and :meth:`export` afterwards.
+
+    One process is one rank, so the per-process singleton is torchforge's per-rank singleton;
+    ``_instances`` maps the rank to it. Only when ``forge_obs.metrics.current_rank`` is replaced
+    (a test's mock) does ``MetricCollector()`` look the rank up and keep a separate collector per
+    mocked rank; ``record_metric`` always writes to this process's collector.
     """
 
     _instance: "MetricCollector | None" = None
     _instance_lock = threading.Lock()
+    _instances: "_Instances" = _Instances()
+    #: ``forge_obs.metrics.current_rank`` when a test replaced it (see forge_obs.metrics)
+    _rank_fn: Any = None
 
     def __new__(cls) -> "MetricCollector":
         inst = cls._instance
@@ -224,9 +255,31 @@ class MetricCollector:
                     inst = super().__new__(cls)
                     inst._setup()
                     cls._instance = inst
-        return inst
+        if cls._rank_fn is None:
+            if 0 not in cls._instances:
+                cls._instances[0] = inst
+            return inst
+        rank = _mocked_rank(cls._rank_fn)
+        other = cls._instances.get(rank)
+        if other is None:
+            with cls._instance_lock:
+                other = cls._instances.get(rank)
+                if other is None:
+                    other = inst if rank == 0 else super().__new__(cls)
+                    if other is not inst:
+                        other._setup()
+                    cls._instances[rank] = other
+        return other
 
     def _setup(self) -> None:
+        #: init_backends configured this process (the controller's, or one its fetchers reach);
+        #: before that, values are kept for the first flush after it
+        self.initialized = False
+        self._warned: set[str] = set()
+        #: torchforge's ``global_step``: the step raw values stream under (last flushed step + 1)
+        self.global_step = 0
+        self._streamed = 0  # raw values handed out early (take_raw) since the last swap
+        self._streamed_step: int | None = None  # the step they were streamed under
         self._lock = threading.Lock()
         self._accs: dict[str, MetricAccumulator] = {}
         # per_rank_no_reduce: raw (key, value, wall time) tuples, bounded per flush interval
@@ -246,8 +299,28 @@ class MetricCollector:
 
     # ------------------------------------------------------------------ recording
     def push(self, metric: Metric) -> None:
-        """torchforge-compatible entry point: record a :class:`Metric`."""
-        record_metric(metric.key, metric.value, metric.reduction or Reduce.MEAN)
+        """torchforge-compatible entry point: record a :class:`Metric`. Before ``init_backends``
+        reached this process it warns once (as torchforge does) but keeps the value for the
+        first flush after it."""
+        if not self.initialized:
+            self._warn_once(
+                "push",
+                "Metric logging backends (e.g. wandb) were not initialized yet: init_backends was not called, "
+                "or has not reached this process. Values are kept and logged with the first flush after "
+                "`await mlogger.init_backends.call_one(config)`.",
+            )
+        if self is not MetricCollector._instance:  # a mocked rank's collector (tests)
+            with self._lock:
+                self._record_slow(metric.key, metric.value, metric.reduction or Reduce.MEAN)
+            return
+        _record_fast(metric.key, metric.value, metric.reduction or Reduce.MEAN)
+
+    def _warn_once(self, kind: str, msg: str) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            import logging
+
+            logging.getLogger("forge_obs").warning("forge_obs: %s", msg)
 
     def set_streaming(self, enabled: bool) -> None:
         """Keep raw values (with timestamps) for ``per_rank_no_reduce`` backends."""
@@ -260,6 +333,29 @@ class MetricCollector:
     @property
     def streaming(self) -> bool:
         return self._raw is not None
+
+    def take_raw(self, step: int) -> list | None:
+        """Take the raw values recorded so far for an early stream under ``step`` (the predicted
+        step: the last flushed one + 1); None when there are none. Each raw value is taken once,
+        by this or by the next :meth:`swap`; :meth:`swap` reports how many were taken early
+        (``counters["streamed_early"]``) and under which step."""
+        with self._lock:
+            raw = self._raw
+            if not raw:
+                return None
+            self._raw = []
+            self._streamed += len(raw)
+            self._streamed_step = step
+        return raw
+
+    def count_drop(self, reason: str, n: int = 1, key: Any = None, why: str | None = None) -> None:
+        """Count ``n`` values dropped for ``reason``, reported with the next cut (and warn,
+        rate-limited, when ``why``)."""
+        with self._lock:
+            self._dropped += n
+            self._drops[reason] = self._drops.get(reason, 0) + n
+        if why is not None:
+            WARNER.warn(reason, _key_text(key), f"{_safe_repr(key)}: {why}; dropped (counted in obs/dropped_values)")
 
     def _record_slow(self, key: Any, value: Any, reduction: Any) -> None:
         """Called under the lock: a key's first value of the step, a reduction mismatch, a
@@ -372,6 +468,8 @@ class MetricCollector:
         Fast path: the accumulators of a group of three built-in reductions are cached while the
         collector's accumulator dict is the same (a flush swaps it); a finite float is appended
         to each of them directly."""
+        if not _ENABLED[0]:
+            return
         later = None
         n = 0
         lock = self._lock
@@ -458,6 +556,11 @@ class MetricCollector:
                 "nonfinite_values": self._nonfinite,
                 "stream_overflow": self._raw_overflow,
             }
+            if self._streamed:
+                counters["streamed_early"] = self._streamed
+                counters["streamed_step"] = self._streamed_step
+                self._streamed = 0
+                self._streamed_step = None
             for part, v in self._obs_cpu.items():
                 counters[f"cpu_{part}_s"] = v
             self._recorded = self._dropped = self._nonfinite = self._raw_overflow = 0
@@ -543,8 +646,26 @@ class MetricCollector:
         """:meth:`swap` then :meth:`export`: everything recorded so far, as mergeable states."""
         return self.export(self.swap(), packed)
 
-    def flush(self, global_step: int = 0, return_state: bool = True) -> dict[str, Any]:
-        """torchforge-compatible alias of :meth:`snapshot` (states of every key)."""
+    async def flush(self, global_step: int = 0, return_state: bool = False) -> dict[str, dict[str, Any]]:
+        """torchforge's ``await collector.flush(global_step, return_state)``.
+
+        With ``return_state=True``: takes everything recorded so far and returns
+        ``{key: state}`` (torchforge's state fields included); the caller owns those values (they
+        do not reach the backends through a cut). With ``return_state=False`` it takes nothing and
+        returns ``{}``: forge_obs logs per-rank views from the controller, so the values stay for
+        the next cut. Before ``init_backends`` reached this process it warns once and returns
+        ``{}``, keeping the values."""
+        if not self.initialized:
+            self._warn_once(
+                "flush",
+                f"Cannot flush collected metrics: MetricCollector.flush(global_step={global_step}) called before "
+                "init_backends; values are kept for the first flush after "
+                "`await mlogger.init_backends.call_one(config)`.",
+            )
+            return {}
+        self.global_step = global_step + 1
+        if not return_state:
+            return {}
         return self.snapshot()["states"]
 
     def reset(self) -> None:
@@ -623,9 +744,18 @@ def _type_name(v: Any) -> str:
         return "object"
 
 
+def _mocked_rank(fn: Any) -> Any:
+    try:
+        return fn().rank
+    except Exception:  # noqa: BLE001 - a mock without .rank: this process's collector
+        return 0
+
+
 _C = MetricCollector()
 _acquire = _C._lock.acquire
 _release = _C._lock.release
+#: set_enabled(): record_groups (the tracer) checks it; record_metric switches its code
+_ENABLED = [True]
 
 
 def record_metric(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN) -> None:
@@ -670,8 +800,65 @@ def record_metric(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN)
         _release()
 
 
-if METRICS_DISABLED:  # read once: a near-zero-cost no-op
+# ---------------------------------------------------------------------------- switching record_metric
+# ``record_metric`` is imported by reference everywhere (``from forge_obs import record_metric``),
+# so it is switched by replacing its code object: the enabled path pays nothing for the switch.
+#: the enabled path, never switched (``MetricCollector.push`` records through it)
+_record_fast = types.FunctionType(record_metric.__code__, globals(), "record_metric", record_metric.__defaults__)
+_FAST_CODE = record_metric.__code__
 
-    def record_metric(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN) -> None:  # noqa: F811
-        """Disabled by ``FORGE_DISABLE_METRICS=true``: does nothing."""
+
+def _record_disabled(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN) -> None:
+    """Disabled by ``FORGE_DISABLE_METRICS=true`` at import or ``set_enabled(False)``: does nothing."""
+    return None
+
+
+def _record_through_patch(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN) -> None:
+    """While ``forge_obs.metrics.MetricCollector`` is replaced (a test's mock): torchforge's
+    record path -- ``FORGE_DISABLE_METRICS`` read per call, then
+    ``MetricCollector().push(Metric(key, value, reduction))`` with the replaced class."""
+    if env_flag("FORGE_DISABLE_METRICS"):
         return None
+    cls = getattr(sys.modules.get("forge_obs.metrics"), "MetricCollector", MetricCollector)
+    cls().push(Metric(key, value, reduction))
+
+
+_patched_collector = [False]
+
+
+def _select_record_code() -> None:
+    if _patched_collector[0]:
+        code = _record_through_patch.__code__
+    elif _ENABLED[0]:
+        code = _FAST_CODE
+    else:
+        code = _record_disabled.__code__
+    record_metric.__code__ = code
+
+
+def set_enabled(enabled: bool) -> None:
+    """Turn recording on or off in this process at run time (``record_metric``, tracers).
+
+        >>> import forge_obs
+        >>> forge_obs.set_enabled(False); forge_obs.record_metric("ignored", 1.0)
+        >>> forge_obs.set_enabled(True)
+
+    ``FORGE_DISABLE_METRICS`` is read once, at import (following it per call would cost more
+    than the call); this is the run-time switch. Values already recorded are kept."""
+    _ENABLED[0] = bool(enabled)
+    _select_record_code()
+
+
+def is_enabled() -> bool:
+    """Whether ``record_metric`` records in this process."""
+    return _ENABLED[0]
+
+
+def _set_patched_collector(patched: bool) -> None:
+    """``forge_obs.metrics.MetricCollector`` was replaced (True) or restored (False)."""
+    _patched_collector[0] = bool(patched)
+    _select_record_code()
+
+
+if METRICS_DISABLED:  # read once: a near-zero-cost no-op
+    set_enabled(False)

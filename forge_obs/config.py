@@ -23,9 +23,11 @@ from forge_obs.run import RunConfig
 __all__ = ["LoggerConfig", "RESERVED_KEYS", "DEFAULT_FLUSH_TIMEOUT_S"]
 
 #: top-level keys of ``init_backends``'s config that are not backends
-RESERVED_KEYS = ("run", "flush_timeout_s", "shutdown_timeout_s", "backend_queue_steps", "timeline")
+RESERVED_KEYS = ("run", "flush_timeout_s", "shutdown_timeout_s", "backend_queue_steps", "timeline", "stream_interval_s")
 DEFAULT_FLUSH_TIMEOUT_S = 10.0
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
+#: how often raw values reach ``per_rank_no_reduce`` backends between flushes
+DEFAULT_STREAM_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -39,6 +41,8 @@ class LoggerConfig:
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
     #: steps a backend may fall behind before new steps are dropped for it (and counted)
     backend_queue_steps: int = DEFAULT_QUEUE_STEPS
+    #: raw values reach ``per_rank_no_reduce`` backends at most this long after being recorded
+    stream_interval_s: float = DEFAULT_STREAM_INTERVAL_S
     timeline: dict[str, Any] | None = None
     #: backend name -> its own config dict (``jsonl`` is on unless given as None/False)
     backends: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -51,6 +55,7 @@ class LoggerConfig:
         run = RunConfig.from_config(config.pop("run", None))
         timeout = _seconds(config, "flush_timeout_s", DEFAULT_FLUSH_TIMEOUT_S)
         shutdown_timeout = _seconds(config, "shutdown_timeout_s", DEFAULT_SHUTDOWN_TIMEOUT_S)
+        stream_interval = _seconds(config, "stream_interval_s", DEFAULT_STREAM_INTERVAL_S)
         queue_steps = config.pop("backend_queue_steps", DEFAULT_QUEUE_STEPS)
         if isinstance(queue_steps, bool) or not isinstance(queue_steps, int) or queue_steps < 1:
             raise ValueError(f"backend_queue_steps must be an int >= 1, got {queue_steps!r}")
@@ -69,7 +74,8 @@ class LoggerConfig:
                 raise ValueError(f"config of backend {name!r} must be a dict, got {type(bcfg).__name__}")
             backends[name] = bcfg
         return cls(run=run, flush_timeout_s=timeout, shutdown_timeout_s=shutdown_timeout,
-                   backend_queue_steps=queue_steps, timeline=timeline, backends=backends)
+                   backend_queue_steps=queue_steps, stream_interval_s=stream_interval, timeline=timeline,
+                   backends=backends)
 
 
 def _seconds(config: dict[str, Any], key: str, default: float) -> float:

@@ -19,6 +19,13 @@ collector, opens the cut and casts it to every mesh of :data:`~forge_obs.registr
 it is complete when every expected rank acknowledged on the inbox's port (or after
 ``flush_timeout_s``). The inbox drains that port on a thread of its own, whatever the user's
 event loop is doing. Both actors run in the controller process and share :data:`_STATE`.
+
+torchforge's endpoints are here too: ``register_fetcher(fetcher, proc_id)`` connects a
+``LocalFetcherActor`` spawned by hand to the cut (on an inbox of this process: a
+GlobalLoggingActor spawned on a mesh by hand gets its own), ``deregister_fetcher`` hands its
+values over, and ``init_backends`` may be called again (the current backends get every flushed
+step and finish first). A timer on this actor's loop streams the controller's own raw values to
+``per_rank_no_reduce`` backends every ``stream_interval_s``, as the fetchers do theirs.
 """
 
 from __future__ import annotations
@@ -30,13 +37,14 @@ import threading
 import time
 from typing import Any
 
-from monarch.actor import Actor, Channel, endpoint
+from monarch.actor import Actor, Channel, context, endpoint
 
-from forge_obs.backends.base import LoggerBackend, call_hook, get_logger_backend_class
+from forge_obs._env import env_flag
+from forge_obs.backends.base import LoggerBackend, call_hook, get_logger_backend_class, instantiate_backend, parse_modes
 from forge_obs.collector import MetricCollector
 from forge_obs.config import RESERVED_KEYS, LoggerConfig
-from forge_obs.fetcher import ACK, FINAL, STATES, configure_all, store_options
-from forge_obs.metric import LoggingMode
+from forge_obs.fetcher import ACK, FINAL, STATES, STREAM, configure_all, store_options
+from forge_obs.metric import BackendRole, LoggingMode
 from forge_obs.pipeline import Cut, FlushPipeline, RankBook
 from forge_obs.record import RunContext
 from forge_obs.registry import LOCAL_MESHES
@@ -66,6 +74,10 @@ class _ControllerState:
         self.early: list[tuple] = []  # states that arrived with no pipeline (before init_backends)
         self.book = RankBook()  # what is known of ranks, across sessions
         self.lock = threading.Lock()
+        self.inbox: Any = None  # the ObsInbox of this process, and its port (see _local_port)
+        self.port: Any = None
+        self.stream_interval_s = 0.0  # the controller's own raw values: pushed this often (0: off)
+        self.stream_timer: Any = None
 
 
 _STATE = _ControllerState()
@@ -149,6 +161,8 @@ def start_flush(step: Any, final: bool = False) -> FlushWait:
     stopping = {(e.mesh_id, r): e.label(r) for e in stopped for r in range(e.size)}
     cut = pipeline.begin_cut(step, taken, ranks, stopping, final=final)
     st.last_step = step
+    _COLLECTOR.global_step = step + 1  # the controller's own raw values stream under the next step
+    store_options({"last_step": step})  # fetchers spawned from now on predict from it
     from forge_obs.timeline.writer import now_us
 
     ctl_us = now_us()
@@ -199,9 +213,12 @@ def _take(msg: tuple) -> None:
             if pipeline is None:
                 if kind in (STATES, FINAL) and has_values(msg[4]):  # kept for the first step after init_backends
                     _STATE.early.append(msg[2:])
-                return
+                return  # a raw stream with no session: its values' states are in the collector's cut
+
         if kind == ACK:
             pipeline.ack(msg[1], msg[2], msg[3])
+        elif kind == STREAM:
+            pipeline.stream(msg[1], msg[2], msg[3], msg[4])
         elif kind == STATES:
             pipeline.states(*msg[1:])
         elif kind == FINAL:
@@ -216,6 +233,8 @@ class ObsInbox(Actor):
 
     def __init__(self) -> None:
         self._port, receiver = Channel.open()
+        if _STATE.port is None:  # this process's inbox (a GlobalLoggingActor here registers fetchers on it)
+            _STATE.port = self._port
         threading.Thread(target=_drain_port, args=(receiver,), name="forge_obs-inbox", daemon=True).start()
 
     @endpoint
@@ -239,22 +258,55 @@ class ObsInbox(Actor):
 class GlobalLoggingActor(Actor):
     """The experiment's single logger, a controller singleton (``get_or_create_metric_logger``).
 
-    Endpoints: ``init_backends(config)``, ``flush(global_step)``, ``shutdown()``; ``wait_idle()``
-    waits until every flushed step reached the backends; ``get_fetcher_count()``.
+    Endpoints: ``init_backends(config)`` (again: the current backends get every step flushed so
+    far and finish, then the new ones start, same run unless ``"run"`` says otherwise),
+    ``flush(global_step)``, ``shutdown()``; ``wait_idle()`` waits until every flushed step reached
+    the backends; torchforge's ``register_fetcher(fetcher, proc_id)``,
+    ``deregister_fetcher(proc_id)``, ``has_fetcher(proc_id)``, ``get_fetcher_count()``.
     """
 
     def __init__(self, process_name: str | None = None) -> None:
-        _STATE.process_name = process_name or "Controller"
-        _STATE.in_this_process = True
+        self.process_name = process_name
+        if _in_actor():  # not a plain GlobalLoggingActor() built outside Monarch (tests)
+            _STATE.process_name = process_name or "Controller"
+            _STATE.in_this_process = True
+
+    def _validate_backend_config(self, backend_name: str, config: dict[str, Any]) -> dict[str, Any]:
+        """torchforge's check of one backend's config: ``logging_mode`` as a :class:`LoggingMode`
+        (ValueError naming the valid modes), ``per_rank_share_run`` a bool (ignored, with a
+        warning, for ``global_reduce``; W&B ``per_rank_reduce`` with a shared run is warned about)."""
+        if not isinstance(config, dict):
+            raise ValueError(f"config of backend {backend_name!r} must be a dict, got {type(config).__name__}")
+        modes = parse_modes(config.get("logging_mode"), (LoggingMode.GLOBAL_REDUCE,))
+        mode: Any = modes[0] if len(modes) == 1 else list(modes)
+        share = bool(config.get("per_rank_share_run", False))
+        if share and modes == (LoggingMode.GLOBAL_REDUCE,):
+            logger.warning("%s: per_rank_share_run=True is ignored in global_reduce mode", backend_name)
+            share = False
+        if backend_name == "wandb" and share and LoggingMode.PER_RANK_REDUCE in modes:
+            logger.warning(
+                "W&B: 'per_rank_reduce' with 'per_rank_share_run=True' is not recommended with torchforge's "
+                "per-rank runs; in forge_obs it means one run with every rank's values as '<rank>/<key>' keys "
+                "(the default). Set per_rank_share_run=False for one run per rank."
+            )
+        return {**config, "logging_mode": mode, "per_rank_share_run": share}
 
     @endpoint
     async def init_backends(self, config: dict[str, Any]) -> dict[str, Any]:
         """Validate ``config`` and start the backends. Raises ValueError (listing valid choices)
         for an unknown backend, mode or key, and RuntimeError naming the backend whose init failed.
+        Called again, it first hands every step flushed so far to the current backends and
+        finishes them (values recorded since the last flush stay for the next one), then starts
+        the new ones in the same run (unless ``config`` has ``"run"``). With
+        ``FORGE_DISABLE_METRICS=true`` (read at the call, as torchforge does) it starts nothing.
         Returns ``{"run_id": ..., "run_dir": ...}``."""
         st = _STATE
-        if st.pipeline is not None:
-            raise RuntimeError("init_backends was already called; call shutdown() first")
+        _mark_controller(self.process_name)
+        if env_flag("FORGE_DISABLE_METRICS"):
+            logger.info("forge_obs: FORGE_DISABLE_METRICS is set: init_backends starts no backend")
+            return {"run_id": None, "run_dir": None}
+        if isinstance(config, dict) and st.pipeline is not None and "run" not in config and st.run is not None:
+            config = {**config, "run": {"id": st.run.run_id, "root": str(st.run.run_dir.parent)}}
         cfg = LoggerConfig.parse(config)
         backends: dict[str, LoggerBackend] = {}
         for name, bcfg in cfg.backends.items():
@@ -262,7 +314,9 @@ class GlobalLoggingActor(Actor):
                 cls = get_logger_backend_class(name)
             except ValueError as e:
                 raise ValueError(f"{e}; reserved keys: {', '.join(RESERVED_KEYS)}") from None
-            backends[name] = cls(bcfg)  # validates logging_mode
+            backends[name] = instantiate_backend(cls, name, bcfg)  # validates logging_mode
+        if st.pipeline is not None:  # called again: the current backends get what was flushed, then finish
+            await _end_session(final=False)
         run = RunContext(
             run_id=cfg.run.run_id,
             run_dir=cfg.run.run_dir,
@@ -273,7 +327,7 @@ class GlobalLoggingActor(Actor):
         )
         for name, be in backends.items():
             try:
-                call_hook(be.init, run=run, role="global", process_name=st.process_name)
+                call_hook(be.init, run=run, role=BackendRole.GLOBAL, process_name=st.process_name)
             except Exception as e:
                 for other in backends.values():
                     try:
@@ -293,15 +347,60 @@ class GlobalLoggingActor(Actor):
         pipeline.start()
         streaming = any(LoggingMode.PER_RANK_NO_REDUCE in be.modes for be in backends.values())
         _COLLECTOR.set_streaming(streaming)
-        options = {"streaming": streaming, "run_dir": str(run.run_dir), "timeline": timeline}
+        _COLLECTOR.initialized = True
+        options = {"streaming": streaming, "run_dir": str(run.run_dir), "timeline": timeline,
+                   "stream_interval_s": cfg.stream_interval_s, "last_step": st.last_step}
         store_options(options)
         with st.lock:
             for item in st.early:
                 pipeline.final(0, *item)
             st.early.clear()
             st.pipeline = pipeline
+        st.stream_interval_s = cfg.stream_interval_s if streaming else 0.0
+        _start_stream_timer()
         await _configure_meshes(options, cfg.flush_timeout_s)
         return {"run_id": run.run_id, "run_dir": str(run.run_dir)}
+
+    # ------------------------------------------------------------ fetchers (torchforge's endpoints)
+    @endpoint
+    async def register_fetcher(self, fetcher: Any, proc_id: str) -> None:
+        """Take part a :class:`~forge_obs.fetcher.LocalFetcherActor` mesh spawned by hand
+        (torchforge's ``LocalFetcherActor(global_logger, process_name)``) in every flush from now
+        on, as mesh ``proc_id``. ``provisioner_hooks`` and ``get_or_create_metric_logger`` do this
+        themselves."""
+        _mark_controller(self.process_name)
+        port = await _local_port()
+        from forge_obs.fetcher import current_options
+
+        identities = await fetcher.connect.call(port, proc_id, current_options())
+        size, name = 0, None
+        for _point, ident in identities.items():
+            size += 1
+            name = name or (ident or {}).get("mesh")
+        LOCAL_MESHES.add(proc_id, name or proc_id, size, fetcher)
+
+    @endpoint
+    async def deregister_fetcher(self, proc_id: str) -> None:
+        """Stop cutting mesh ``proc_id``: what it recorded since its last cut is handed over and
+        logged with the next flush. An unknown ``proc_id`` is warned about, as torchforge does."""
+        e = LOCAL_MESHES.get(proc_id)
+        if e is None or e.stopping:
+            logger.warning("forge_obs: fetcher %r is not registered; cannot deregister. Registered: %s",
+                           proc_id, [x.mesh_id for x in LOCAL_MESHES.entries() if not x.stopping])
+            return
+        LOCAL_MESHES.mark_stopping(proc_id)  # the next cut expects its final states
+        try:
+            await e.fetchers.release.call()
+        except Exception as ex:  # noqa: BLE001 - a gone mesh shows up as missing ranks
+            logger.warning("forge_obs: fetcher %r did not hand over its values: %r", proc_id, ex)
+
+    @endpoint
+    async def has_fetcher(self, proc_id: str) -> bool:
+        """Whether mesh ``proc_id`` takes part in the flushes (``proc_mesh._uid``)."""
+        e = LOCAL_MESHES.get(proc_id)
+        if e is not None:
+            return not e.stopping
+        return _STATE.pipeline is not None and any(k[0] == proc_id for kids in list(_STATE.pipeline.tree.values()) for k in kids)
 
     @endpoint
     async def get_fetcher_count(self) -> int:
@@ -310,8 +409,15 @@ class GlobalLoggingActor(Actor):
         children = set()
         if _STATE.pipeline is not None:
             children = {k[0] for kids in list(_STATE.pipeline.tree.values()) for k in kids}
-        return len(LOCAL_MESHES) + len(children)
+        return sum(1 for e in LOCAL_MESHES.entries() if not e.stopping) + len(children)
 
+    @endpoint
+    async def get_inbox(self) -> tuple:
+        """``(inbox, port)``: the inbox of this actor's process (spawned there on first use)."""
+        port = await _local_port()
+        return _STATE.inbox, port
+
+    # ------------------------------------------------------------ flush, shutdown
     @endpoint
     async def flush(self, global_step: int) -> None:
         """Cut every rank for ``global_step``; returns once every rank took part (or after
@@ -329,40 +435,112 @@ class GlobalLoggingActor(Actor):
     async def shutdown(self) -> None:
         """Log what was recorded after the last flush (as step ``last + 1``), drain every pending
         step and finish the backends. ``init_backends`` may be called again afterwards."""
-        st = _STATE
-        if st.pipeline is None:
+        if _STATE.pipeline is None:
             return
-        await start_flush((st.last_step + 1) if st.last_step is not None else 0, final=True)
-        pipeline = st.pipeline
-        # late states still reach it through the inbox until here; bounded by shutdown_timeout_s
-        unfinished = await pipeline.close()
-        with st.lock:
-            st.pipeline = None
-        options = {"streaming": False, "run_dir": None, "timeline": None}
-        store_options(options)
-        _COLLECTOR.set_streaming(False)
-        for e in LOCAL_MESHES.entries():  # close the meshes' timelines; no wait
-            try:
-                e.fetchers.configure.broadcast(options)
-            except Exception:  # noqa: BLE001
-                pass
-        try:
-            from forge_obs.timeline.writer import close
+        await _end_session(final=True)
 
-            close()
+
+def _in_actor() -> bool:
+    """Whether this runs inside a Monarch actor (not code calling ``GlobalLoggingActor()`` directly)."""
+    try:
+        return context().actor_instance.actor_id.actor_name != "client"
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _mark_controller(process_name: str | None) -> None:
+    """This process hosts the logger (an endpoint of it runs here)."""
+    if not _STATE.in_this_process:
+        _STATE.in_this_process = True
+        _STATE.process_name = process_name or _STATE.process_name
+
+
+async def _local_port() -> Any:
+    """The port of an :class:`ObsInbox` in this process (the pipeline's): the one the client
+    spawned here, or one spawned here now (a GlobalLoggingActor spawned on a mesh by hand)."""
+    st = _STATE
+    if st.port is None:
+        if st.inbox is None:
+            from monarch.actor import this_proc
+
+            st.inbox = this_proc().spawn(INBOX_NAME, ObsInbox)
+        port = await st.inbox.get_port.call_one()
+        st.port = st.port or port
+    return st.port
+
+
+def _start_stream_timer() -> None:
+    """The controller's own raw values reach streaming backends every ``stream_interval_s``
+    too, from a timer on this actor's loop."""
+    st = _STATE
+    if st.stream_timer is not None or not st.stream_interval_s:
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+
+    def tick() -> None:
+        st.stream_timer = None
+        pipeline = st.pipeline
+        if pipeline is None or not st.stream_interval_s:
+            return
+        try:
+            step = 0 if st.last_step is None else st.last_step + 1
+            rows = _COLLECTOR.take_raw(step)
+            if rows:
+                pipeline.stream(None, st.process_name, step, rows)
+        except Exception as e:  # noqa: BLE001 - the timer never dies of one push
+            logger.error("forge_obs: the controller's raw values could not be streamed: %r", e)
+        st.stream_timer = loop.call_later(st.stream_interval_s, tick)
+
+    st.stream_timer = loop.call_later(st.stream_interval_s, tick)
+
+
+async def _end_session(final: bool) -> None:
+    """End the current backends' session. ``final`` (shutdown): what was recorded since the last
+    flush is logged as step ``last + 1`` first, and the meshes stop streaming and close their
+    timelines; otherwise (``init_backends`` again) it stays for the next flush."""
+    st = _STATE
+    if final:
+        await start_flush((st.last_step + 1) if st.last_step is not None else 0, final=True)
+    pipeline = st.pipeline
+    st.stream_interval_s = 0.0
+    if st.stream_timer is not None:
+        st.stream_timer.cancel()
+        st.stream_timer = None
+    # late states still reach it through the inbox until here; bounded by shutdown_timeout_s
+    unfinished = await pipeline.close()
+    with st.lock:
+        st.pipeline = None
+    if st.run is not None:
+        write_meta(
+            st.run.run_dir,
+            end_time=time.time(),
+            status="finished" if final else "reconfigured",
+            steps_logged=pipeline.steps_logged,
+            backend_errors=pipeline.backend_errors,  # obs/backend_errors lags a step; this is the total
+            backends=pipeline.backend_report(),
+            unfinished_backends=unfinished,
+        )
+    if not final:
+        return
+    options = {"streaming": False, "run_dir": None, "timeline": None}
+    store_options(options)
+    _COLLECTOR.set_streaming(False)
+    _COLLECTOR.initialized = False
+    for e in LOCAL_MESHES.entries():  # close the meshes' timelines; no wait
+        try:
+            e.fetchers.configure.broadcast(options)
         except Exception:  # noqa: BLE001
             pass
-        if st.run is not None:
-            write_meta(
-                st.run.run_dir,
-                end_time=time.time(),
-                status="finished",
-                steps_logged=pipeline.steps_logged,
-                backend_errors=pipeline.backend_errors,  # obs/backend_errors lags a step; this is the total
-                backends=pipeline.backend_report(),
-                unfinished_backends=unfinished,
-            )
-        st.last_step = None
+    try:
+        from forge_obs.timeline.writer import close
+
+        close()
+    except Exception:  # noqa: BLE001
+        pass
+    st.last_step = None
 
 
 async def _configure_meshes(options: dict[str, Any], timeout_s: float) -> None:

@@ -10,6 +10,16 @@ controller's port (a tiny message, declaring those meshes), and only then export
 took and sends them on the same port. The controller's ``flush`` returns when every rank has
 acknowledged, so a value recorded by work the controller awaited before ``flush(step)`` is in
 ``step`` or earlier, and one recorded by work started after ``flush`` returned is in a later step.
+
+While a ``per_rank_no_reduce`` backend is configured, a timer on the fetcher's actor loop (no
+thread of its own) sends the raw values recorded so far every ``stream_interval_s`` (default
+1 s) on the same port, under the predicted step: the last step this rank was cut for, + 1 (what
+torchforge streams under). Each raw value is taken once, by such a push or by the next cut.
+
+torchforge's construction works too: ``LocalFetcherActor(global_logger, process_name)``, then
+``global_logger.register_fetcher.call_one(fetcher, proc_id)``, which connects it to the cut
+(:meth:`LocalFetcherActor.connect`). Its ``flush(global_step, return_state)`` endpoint returns the
+rank's states as torchforge's does (:meth:`MetricCollector.flush`).
 """
 
 from __future__ import annotations
@@ -28,11 +38,14 @@ from forge_obs.snapshot import dumps
 
 logger = logging.getLogger("forge_obs")
 
-__all__ = ["LocalFetcherActor", "FETCHER_NAME", "ACK", "STATES", "FINAL", "apply_options", "current_options", "store_options"]
+__all__ = ["LocalFetcherActor", "FETCHER_NAME", "ACK", "STATES", "FINAL", "STREAM", "apply_options", "current_options",
+           "store_options", "DEFAULT_STREAM_INTERVAL_S"]
 
 FETCHER_NAME = "obs_fetcher"
 #: kinds of message on the controller's inbox port
-ACK, STATES, FINAL = "ack", "states", "final"
+ACK, STATES, FINAL, STREAM = "ack", "states", "final", "stream"
+#: how often raw values are streamed to ``per_rank_no_reduce`` backends between flushes
+DEFAULT_STREAM_INTERVAL_S = 1.0
 #: how long a fetcher waits for the meshes it spawned to take a new configuration
 CONFIGURE_TIMEOUT_S = 10.0
 
@@ -76,6 +89,8 @@ def apply_options(options: dict[str, Any] | None, timeline: bool = True) -> None
     try:
         _OPTIONS.update(options)
         _COLLECTOR.set_streaming(bool(options.get("streaming")))
+        if "run_dir" in options:  # a session's options: init_backends reached this process (or shutdown did)
+            _COLLECTOR.initialized = options.get("run_dir") is not None
         if timeline and "timeline" in options:
             from forge_obs.timeline.writer import configure_from_push
 
@@ -86,34 +101,76 @@ def apply_options(options: dict[str, Any] | None, timeline: bool = True) -> None
 
 
 class LocalFetcherActor(Actor):
-    """Takes its process's values at each cut and hands them to the controller's inbox port."""
+    """Takes its process's values at each cut and hands them to the controller's inbox port.
 
-    def __init__(self, port: Any, mesh_id: str, mesh_name: str | None = None, options: dict | None = None) -> None:
+    Args (torchforge's): ``global_logger`` (the GlobalLoggingActor; kept, not needed: the
+    controller connects the fetcher when it is registered), ``process_name`` (names the mesh).
+    forge_obs's attach passes ``port``, ``mesh_id``, ``mesh_name`` and ``options`` by keyword.
+    """
+
+    def __init__(
+        self,
+        global_logger: Any = None,
+        process_name: str | None = None,
+        *,
+        port: Any = None,
+        mesh_id: str | None = None,
+        mesh_name: str | None = None,
+        options: dict | None = None,
+    ) -> None:
         inst = context().actor_instance
         point = inst.rank
         proc_name = inst.actor_id.proc_name or ""
-        name = mesh_name or (proc_name.rsplit("-", 1)[0] if "-" in proc_name else proc_name) or "mesh"
-        self.port = port  # the controller inbox's port: acks, states and finals, in this order
+        name = mesh_name or process_name or (proc_name.rsplit("-", 1)[0] if "-" in proc_name else proc_name) or "mesh"
+        self.global_logger = global_logger
+        self.process_name = process_name
+        self.rank = int(point.rank)
+        self.identity = set_identity(
+            mesh=name, rank=self.rank, coords={k: int(v) for k, v in dict(point).items()}, world_size=int(point.extent.nelements)
+        )
+        self.last_seq = 0  # the last cut this rank took (its final states come after it)
+        self.last_step: int | None = None  # the step of that cut (raw values stream under last_step + 1)
+        self.port: Any = None
+        self.mesh_id: str | None = None
+        self.key: tuple | None = None
+        self._loop: Any = None
+        self._timer: Any = None
+        self._stream_interval_s = DEFAULT_STREAM_INTERVAL_S
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        if port is not None:
+            self._connect(port, mesh_id or "mesh", options)
+
+    def _connect(self, port: Any, mesh_id: str, options: dict | None) -> None:
+        self.port = port  # the controller inbox's port: acks, states, streams and finals, in this order
         try:
             port.return_undeliverable = False  # a gone controller must not fail this actor
         except Exception:  # noqa: BLE001
             pass
         self.mesh_id = mesh_id
-        self.rank = int(point.rank)
         self.key = (mesh_id, self.rank)
-        self.identity = set_identity(
-            mesh=name, rank=self.rank, coords={k: int(v) for k, v in dict(point).items()}, world_size=int(point.extent.nelements)
-        )
-        self.last_seq = 0  # the last cut this rank took (its final states come after it)
         expect_fetcher()
-        apply_options(options)
+        if options and options.get("last_step") is not None and self.last_step is None:
+            self.last_step = int(options["last_step"])
+        self._apply(options)
 
+    def _apply(self, options: dict | None) -> None:
+        apply_options(options)
+        if options and options.get("stream_interval_s"):
+            self._stream_interval_s = float(options["stream_interval_s"])
+        self._schedule_stream()
+
+    # ------------------------------------------------------------ the cut
     @endpoint
     async def cut(self, seq: int, step: int, actor: str, ctl_us: int | None = None) -> None:
         """Swap the collector, cut the meshes spawned here, acknowledge; then export and send."""
         cpu0 = time.thread_time()
         taken = _COLLECTOR.swap()
         self.last_seq = seq
+        self.last_step = step
+        _OPTIONS["last_step"] = step  # fetchers spawned from here start predicting from it
         if actor and self.identity.actor != actor:
             self.identity.actor = actor
         children = _cut_children(seq, step)
@@ -135,22 +192,115 @@ class LocalFetcherActor(Actor):
         except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
             logger.error("forge_obs: %s could not send its states (cut %s): %r", self.identity.label, seq, e)
 
+    # ------------------------------------------------------------ raw streaming
+    def _schedule_stream(self) -> None:
+        """Keep the stream timer running while this process streams raw values."""
+        if self._timer is not None or self._loop is None or self.port is None or not _COLLECTOR.streaming:
+            return
+        try:
+            self._timer = self._loop.call_later(self._stream_interval_s, self._stream_tick)
+        except Exception as e:  # noqa: BLE001 - a closed loop: raw values go with the cuts
+            logger.debug("forge_obs: stream timer not started: %r", e)
+
+    def _stream_tick(self) -> None:
+        self._timer = None
+        try:
+            self.push_stream()
+        except Exception as e:  # noqa: BLE001 - the timer never dies of one push
+            logger.error("forge_obs: %s could not stream raw values: %r", self.identity.label, e)
+        self._schedule_stream()
+
+    def push_stream(self) -> int:
+        """Send the raw values recorded since the last push or cut, under the predicted step.
+        Returns how many were sent."""
+        if self.port is None:
+            return 0
+        step = 0 if self.last_step is None else self.last_step + 1
+        rows = _COLLECTOR.take_raw(step)
+        if not rows:
+            return 0
+        rows = _picklable_rows(rows)
+        self.port.send((STREAM, self.key, self.identity.label, step, rows))
+        return len(rows)
+
+    # ------------------------------------------------------------ configuration, torchforge's endpoints
     @endpoint
     async def configure(self, options: dict) -> None:
         """New options (``init_backends``): applied here and in the meshes spawned from here
         before this returns, so that nothing recorded after ``init_backends`` returns is missed."""
-        apply_options(options)
+        self._apply(options)
         await configure_all(LOCAL_MESHES.entries(), options, CONFIGURE_TIMEOUT_S)
+
+    @endpoint
+    async def connect(self, port: Any, mesh_id: str, options: dict | None = None) -> dict:
+        """Join the cut (``GlobalLoggingActor.register_fetcher``): answer on ``port`` as rank
+        ``(mesh_id, rank)`` from now on. Returns this rank's identity."""
+        self._connect(port, mesh_id, options)
+        await configure_all(LOCAL_MESHES.entries(), options or {}, CONFIGURE_TIMEOUT_S)
+        return self.identity.to_dict()
+
+    @endpoint
+    async def release(self) -> None:
+        """Leave the cut (``deregister_fetcher``): hand over what was recorded since the last
+        cut as final states (the next flush takes them). From then on this rank is not observed:
+        what it records later is not sent, as in torchforge."""
+        if self.port is not None:
+            self._send(FINAL, self.last_seq, _COLLECTOR.swap())
+            self.port = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    @endpoint
+    async def flush(self, global_step: int, return_state: bool = False) -> dict[str, dict[str, Any]]:
+        """torchforge's per-rank flush: this rank's ``{key: state}`` with ``return_state=True``
+        (taken out of the collector: the caller owns them), ``{}`` otherwise. forge_obs's own
+        flushes use :meth:`cut`. See :meth:`forge_obs.collector.MetricCollector.flush`."""
+        return await _COLLECTOR.flush(global_step, return_state=return_state)
+
+    @endpoint
+    async def init_backends(self, metadata_per_controller_backend: Any = None, config: Any = None, global_step: int = 0) -> None:
+        """torchforge's per-rank backend init. forge_obs runs every backend on the controller
+        (per-rank views included), so a rank has nothing to start; ``global_step`` sets the step
+        raw values stream under until the first cut."""
+        if self.last_step is None and global_step:
+            self.last_step = int(global_step) - 1
+
+    @endpoint
+    async def shutdown(self) -> None:
+        """torchforge's per-rank shutdown: nothing runs here (see :meth:`init_backends`)."""
+        return None
 
     async def __cleanup__(self, exc: Exception | None) -> None:
         """The mesh is stopping: hand over what was recorded since the last cut."""
-        self._send(FINAL, self.last_seq, _COLLECTOR.swap())
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.port is not None:
+            self._send(FINAL, self.last_seq, _COLLECTOR.swap())
         try:
             from forge_obs.timeline.writer import close
 
             close()
         except Exception:  # noqa: BLE001
             pass
+
+
+def _picklable_rows(rows: list) -> list:
+    """``rows`` without the values that cannot be pickled (SAMPLE rows holding a lock, ...),
+    which are dropped and counted; numbers are always kept."""
+    bad = None
+    for i, item in enumerate(rows):
+        v = item[1]
+        if type(v) is float or type(v) is int:
+            continue
+        try:
+            dumps(v)
+        except Exception as e:  # noqa: BLE001
+            _COLLECTOR.count_drop("unpicklable", 1, item[0], f"a raw value cannot be pickled ({e!r})")
+            bad = bad or set()
+            bad.add(i)
+    return rows if bad is None else [r for i, r in enumerate(rows) if i not in bad]
 
 
 async def configure_all(entries: list, options: dict[str, Any], timeout_s: float) -> None:

@@ -1,4 +1,4 @@
-"""Plain data types shared by every layer: :class:`Metric` and :class:`LoggingMode`.
+"""Plain data types shared by every layer: :class:`Metric`, :class:`LoggingMode`, :class:`BackendRole`.
 
     >>> from forge_obs.metric import Metric, LoggingMode
     >>> Metric("loss", 0.5).key, LoggingMode("global_reduce")
@@ -24,6 +24,15 @@ class LoggingMode(Enum):
     GLOBAL_REDUCE = "global_reduce"
     PER_RANK_REDUCE = "per_rank_reduce"
     PER_RANK_NO_REDUCE = "per_rank_no_reduce"
+
+
+class BackendRole(str, Enum):
+    """torchforge's role of a backend instance: ``GLOBAL`` (the controller's) or ``LOCAL`` (a
+    rank's). forge_obs runs every backend on the controller, so its backends are initialised with
+    ``role=BackendRole.GLOBAL``; compares equal to ``"global"`` / ``"local"``."""
+
+    LOCAL = "local"
+    GLOBAL = "global"
 
 
 @dataclass(slots=True)

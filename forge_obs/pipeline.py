@@ -29,7 +29,13 @@ Steps leave in the order their cuts began. A step waits for the states of every 
 acknowledged its cut, or until its deadline. States that arrive after their step left (a rank
 that was late), and the final states of a stopping mesh, go into the first cut still open whose
 ``seq`` they may belong to (never an earlier one), so no value is lost, counted twice, or put in
-a step before the flush that cut it. Reduction and backend I/O run in one worker thread.
+a step before the flush that cut it. Reduction runs in one worker thread, each backend on a
+thread of its own (:mod:`forge_obs.backend_worker`).
+
+Raw values a rank streams between flushes (``stream``: ``per_rank_no_reduce``, under the rank's
+predicted step) skip the assembly: they go to the streaming backends' queues at once. When the
+step that then takes the rank's states is not the predicted one, the step's
+``obs/stream_step_mismatch`` counts the values streamed under the prediction.
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ RankKey = tuple  # (mesh_id, rank)
 ChildMesh = tuple
 
 _COLLECTOR = MetricCollector()
-_COUNTERS = ("values_recorded", "dropped_values", "nonfinite_values", "stream_overflow")
+_COUNTERS = ("values_recorded", "dropped_values", "nonfinite_values", "stream_overflow", "stream_step_mismatch")
 #: how long the worker lets a flush that waited for a cut resume before merging its step
 RESUME_GRACE_S = 0.002
 #: parts of forge_obs's own CPU (obs/cpu_<part>_s; obs/cpu_s is their sum)
@@ -137,6 +143,8 @@ class FlushPipeline:
         self._worker = threading.Thread(target=self._work, name="forge_obs-backends", daemon=True)
         # per-rank reductions are only computed when some backend shows per-rank views
         self._need_per_rank = any(LoggingMode.PER_RANK_REDUCE in be.modes for be in backends.values())
+        # raw values streamed between flushes go to these at once
+        self._stream_workers = [w for w in self.workers if LoggingMode.PER_RANK_NO_REDUCE in w.backend.modes]
 
     @property
     def lagging(self) -> set:
@@ -190,6 +198,7 @@ class FlushPipeline:
     def backend_report(self) -> dict[str, dict[str, Any]]:
         """Per backend: steps logged, dropped (queue full), errors (for ``meta.json``)."""
         return {w.name: {"steps": w.done_steps, "dropped_steps": w.dropped_steps, "errors": w.errors,
+                         **({"dropped_stream_values": w.dropped_stream_values} if w.dropped_stream_values else {}),
                          **({"finish_error": w.finish_error} if w.finish_error else {})} for w in self.workers}
 
     # ------------------------------------------------------------ cuts
@@ -266,6 +275,16 @@ class FlushPipeline:
         with self._cv:
             self._states(seq, tuple(rank_key), identity, snapshot)
             self._cv.notify_all()
+
+    def stream(self, rank_key: RankKey | None, label: str, step: int, rows: list) -> None:
+        """Raw values a rank streamed between flushes (``per_rank_no_reduce``), under its predicted
+        step: handed to the streaming backends' queues at once, in arrival order."""
+        if not rows or not self._stream_workers:
+            return
+        ident = (self.identities.get(tuple(rank_key)) if rank_key is not None else None) or {"label": label}
+        entries = [(label, step, rows)]
+        for w in self._stream_workers:
+            w.put_stream(entries, {label: ident})
 
     def final(self, last_seq: int, rank_key: RankKey, identity: dict[str, Any] | None, snapshot: dict[str, Any]) -> None:
         """A stopping rank's last states: recorded after cut ``last_seq`` (the last it took)."""
@@ -473,7 +492,14 @@ class FlushPipeline:
             label = ident.get("label") or str(ident)
             by_label.setdefault(label, []).append(snap)
             sources[label] = ident
-            for k, v in (snap.get("counters") or {}).items():
+            snap_counters = snap.get("counters") or {}
+            for k, v in snap_counters.items():
+                if k == "streamed_early":  # raw values streamed under a predicted step: was it this one?
+                    if v and snap_counters.get("streamed_step") != p.step:
+                        counters["stream_step_mismatch"] += v
+                    continue
+                if k == "streamed_step":
+                    continue
                 if isinstance(v, dict):  # dropped_by_reason
                     for reason, n in v.items():
                         rank_drops[reason] = rank_drops.get(reason, 0) + n
@@ -503,6 +529,7 @@ class FlushPipeline:
             **{f"obs/dropped/{reason}": n for reason, n in sorted(by_reason.items()) if n},
             "obs/nonfinite_values": counters["nonfinite_values"] + len(overflows),
             "obs/stream_overflow": counters["stream_overflow"],
+            "obs/stream_step_mismatch": counters["stream_step_mismatch"],
             # forge_obs's own CPU, all processes (the controller's merge and backends: the step before)
             "obs/cpu_s": sum(counters.get(f"cpu_{part}_s", 0.0) for part in CPU_PARTS),
             **{f"obs/cpu_{part}_s": counters.get(f"cpu_{part}_s", 0.0) for part in CPU_PARTS},
@@ -514,6 +541,7 @@ class FlushPipeline:
             "obs/late_states": self.late_states,
             "obs/backend_errors": self.backend_errors,
             "obs/backend_dropped_steps": sum(w.dropped_steps for w in self.workers),
+            "obs/backend_dropped_stream_values": sum(w.dropped_stream_values for w in self.workers),
             "obs/ranks_reported": len(p.received),
         }
         global_metrics.extend(Metric(k, float(v), Reduce.SUM) for k, v in obs.items())

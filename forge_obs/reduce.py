@@ -9,7 +9,9 @@
 
 Every accumulator turns its values into a small *state* (a plain dict that pickles cheaply) and
 states merge exactly: MEAN is (sum, count), STD is (count, mean, M2) merged with Chan's formula,
-so a cross-rank reduction is never a mean of means. Custom reductions register by name with
+so a cross-rank reduction is never a mean of means. State dicts also carry torchforge's fields
+(SUM ``total``, MAX ``max_val``, MIN ``min_val``, STD ``sum``/``sum_sq``), and states with only
+torchforge's fields are read too. Custom reductions register by name with
 :func:`register_reduction`. This module imports neither torch nor Monarch.
 
 Each built-in numeric reduction keeps its arithmetic in its accumulator class, once: ``append``
@@ -256,7 +258,26 @@ class RowAccumulator(MetricAccumulator):
 def _row_state(rt: str, fields: tuple, row: Any) -> dict[str, Any]:
     st = {fields[0]: row} if len(fields) == 1 else dict(zip(fields, row))
     st["reduction_type"] = rt
+    tf = _TORCHFORGE_FIELDS.get(rt)
+    if tf is not None:
+        tf(st, row)
     return st
+
+
+def _std_sums(st: dict[str, Any], row: Any) -> None:
+    n, mean, m2 = row
+    st["sum"] = mean * n
+    st["sum_sq"] = m2 + n * mean * mean
+
+
+#: the fields torchforge's accumulators export, added to a state dict next to ours (states are
+#: read back by either name; STD is merged from count/mean/m2, which torchforge's sums derive from)
+_TORCHFORGE_FIELDS: dict[str, Callable[[dict, Any], None]] = {
+    "sum": lambda st, row: st.__setitem__("total", row),
+    "max": lambda st, row: st.__setitem__("max_val", row),
+    "min": lambda st, row: st.__setitem__("min_val", row),
+    "std": _std_sums,
+}
 
 
 def _nan_or(pick: Callable, rows: list) -> Any:

@@ -27,9 +27,15 @@ events completed, or at the next flush, whichever comes first; a flush includes 
 ``stop()`` ran before it (the *flushing* thread waits for those events, the training thread never
 does). Without CUDA, ``timer="gpu"`` falls back to CPU timing with one warning. See docs/tracer.md for ``track_memory``'s exact semantics.
 
-``FORGE_DISABLE_PERF_METRICS=true`` (or ``FORGE_DISABLE_METRICS=true``) turns every Tracer into a
-no-op and ``@trace`` into the identity. This module imports torch only when a GPU timer or memory
-tracking is first used.
+Switches, read when a Tracer is created (``@trace``: when it decorates), as torchforge reads
+them: ``DISABLE_PERF_METRICS=true`` (torchforge's name), ``FORGE_DISABLE_PERF_METRICS=true`` or
+``FORGE_DISABLE_METRICS=true`` turn the Tracer into a no-op and ``@trace`` into the identity;
+``METRIC_TIMER_USES_GPU=true|false`` forces the GPU / CPU timer whatever ``timer`` says.
+
+Misuse is a programming error and raises ``ValueError``, as in torchforge: ``step()`` or
+``stop()`` before ``start()``, ``start()`` while started, an unknown ``timer``. Nothing else raises
+(a CUDA error falls back to CPU timing with one warning). This module imports torch only when a
+GPU timer or memory tracking is first used.
 """
 
 from __future__ import annotations
@@ -46,21 +52,18 @@ import weakref
 from collections import deque
 from typing import Any, Callable
 
-from forge_obs._env import PERF_METRICS_DISABLED
+from forge_obs._env import perf_metrics_disabled, timer_uses_gpu, tracer_switches
 from forge_obs.collector import MetricCollector, record_metric
 from forge_obs.reduce import Reduce
 from forge_obs.sketch import DISTRIBUTION
 
-__all__ = ["Tracer", "trace"]
+__all__ = ["Tracer", "trace", "set_record_hook"]
 
 logger = logging.getLogger("forge_obs")
 
 _pc = time.perf_counter
 _MEAN, _MAX = Reduce.MEAN, Reduce.MAX
 _GIB = float(1 << 30)
-
-#: read once at import, like every forge_obs switch
-_DISABLED: bool = PERF_METRICS_DISABLED
 
 _C = MetricCollector()
 
@@ -100,6 +103,34 @@ def _text(x: Any) -> str:
 #: the reductions of a duration's (avg, max, dist) keys
 _REDS = (_MEAN, _MAX, DISTRIBUTION)
 _record_groups = _C.record_groups
+_RECORD_METRIC = record_metric
+
+
+def set_record_hook(fn: Callable[[str, Any, Any], None] | None) -> None:
+    """Route the tracer's values through ``fn(key, value, reduction)`` (None: the collector).
+
+    What replacing ``forge_obs.perf_tracker.record_metric`` does (torchforge's tests mock it):
+    the durations' avg/max keys and the memory keys are recorded with ``fn``, one call per value,
+    as torchforge's Tracer does; the ``…_dist_s`` keys (forge_obs's own) still go to the collector."""
+    global _record_groups, record_metric
+    if fn is None or fn is _RECORD_METRIC:
+        _record_groups, record_metric = _C.record_groups, _RECORD_METRIC
+        return
+    real_groups = _C.record_groups
+
+    def through_hook(pairs: list, reductions: tuple) -> None:
+        dist = []
+        for keys, v in pairs:
+            for key, red in zip(keys, reductions):
+                if red is DISTRIBUTION:
+                    dist.append(((key,), v))
+                else:
+                    fn(key, v, red)
+        if dist:
+            for (key,), v in dist:
+                _RECORD_METRIC(key, v, DISTRIBUTION)
+
+    _record_groups, record_metric = through_hook, fn
 
 
 def _emit_durations(pairs: list) -> None:
@@ -148,10 +179,16 @@ def _cuda_available() -> bool:
 # ---------------------------------------------------------------------------- memory
 class _CudaMemory:
     """The device-memory counters ``track_memory`` reads (the current CUDA device's caching
-    allocator: host-side counters, no device sync). Tests substitute a fake."""
+    allocator: host-side counters, no device sync): the same ``torch.cuda`` functions as
+    torchforge's Tracer, so that what stands in for them in its tests stands in here too. Tests
+    may also substitute a fake for the whole object."""
 
     def available(self) -> bool:
-        return _cuda_available()
+        torch = sys.modules.get("torch") or _torch_mod()
+        try:
+            return bool(torch.cuda.is_available())
+        except Exception:  # noqa: BLE001
+            return False
 
     def allocated(self) -> int:
         import torch
@@ -166,7 +203,21 @@ class _CudaMemory:
     def reset_peak(self) -> None:
         import torch
 
-        torch.cuda.reset_peak_memory_stats()
+        _quiet_reset_warning()
+        torch.cuda.reset_max_memory_allocated()
+
+
+_reset_filtered = [False]
+
+
+def _quiet_reset_warning() -> None:
+    """``reset_max_memory_allocated`` (what torchforge calls) warns that it resets every peak
+    statistic: that is what a tracked region wants, so that one warning is silenced."""
+    if not _reset_filtered[0]:
+        _reset_filtered[0] = True
+        import warnings
+
+        warnings.filterwarnings("ignore", message="torch.cuda.reset_max_memory_allocated now calls", category=FutureWarning)
 
 
 _MEMORY: Any = _CudaMemory()
@@ -202,6 +253,7 @@ class _MemoryOwner:
             return 0
         with self._lock:
             if self._held():
+                _warn_once(f"nested:{tracer.prefix}", f"Nested memory tracking detected in {tracer.prefix}. Skipping inner tracking.")
                 return 0
             token = next(self._tokens)
             self._owner = (weakref.ref(tracer), token)
@@ -396,6 +448,10 @@ class Tracer:
             region only; see docs/tracer.md).
         timer: ``"cpu"`` (``time.perf_counter``) or ``"gpu"`` (CUDA events on the current
             stream, resolved asynchronously; falls back to ``"cpu"`` without CUDA).
+            ``METRIC_TIMER_USES_GPU`` overrides it.
+
+    Raises ``ValueError`` for an unknown ``timer``, and for ``step``/``stop`` before ``start``
+    and ``start`` while started (programming errors, as in torchforge), unless disabled.
     """
 
     # defaults at class level: a Tracer is created per decorated call, so __init__ stays short
@@ -410,28 +466,39 @@ class Tracer:
     _mem_start = 0
 
     def __init__(self, prefix: str, track_memory: bool = False, timer: str = "cpu") -> None:
+        if timer != "cpu" and timer != "gpu":
+            raise ValueError(f'timer must be "cpu" or "gpu", got {timer!r}')
         self.prefix = prefix if type(prefix) is str else _text(prefix)
         self.track_memory = track_memory
         self.timer = timer
-        if timer != "cpu":
-            if timer != "gpu":
-                raise ValueError(f"timer must be 'cpu' or 'gpu', got {timer!r}")
-            if not _DISABLED:
-                if _cuda_available():
-                    self._gpu = True
-                else:
-                    _warn_once("gpu_timer_no_cuda", "Tracer(timer='gpu'): CUDA is not available; using CPU timing")
+        self._disable, forced = tracer_switches()
+        if forced is not None:
+            timer = "gpu" if forced else "cpu"
+        if timer == "gpu" and not self._disable:
+            if _cuda_available():
+                self._gpu = True
+            else:
+                _warn_once("gpu_timer_no_cuda", "Tracer(timer='gpu'): CUDA is not available; using CPU timing")
 
     @property
     def active(self) -> bool:
         return self._active
 
+    @property
+    def _timer(self) -> "_TimerCPU | _TimerCUDA | None":
+        """torchforge's timer object of a started Tracer (a view: ``_TimerCUDA`` for CUDA-event
+        timing, ``_TimerCPU`` otherwise; durations in ms); None when stopped."""
+        if not self._active:
+            return None
+        if self._gpu:
+            return _TimerCUDA._view(self)
+        return _TimerCPU._view(self)
+
     def start(self) -> "Tracer":
-        if _DISABLED:
+        if self._disable:
             return self
         if self._active:
-            _warn_once("restart", f"Tracer({self.prefix!r}).start() while running: restarted")
-            self._end_memory(record=False)
+            raise ValueError(f"Tracer({self.prefix!r}) has already been started")
         self._active = True
         if self.track_memory:
             try:
@@ -455,9 +522,9 @@ class Tracer:
 
     def step(self, name: str) -> None:
         if not self._active:
-            if not _DISABLED:
-                _warn_once("step_inactive", f"Tracer({self.prefix!r}).step({_text(name)!r}) before start(): ignored")
-            return
+            if self._disable:
+                return
+            raise ValueError(f"Tracer({self.prefix!r}) must be started before calling step")
         if self._gpu:
             try:
                 ev = _GPU.event(self._dev)
@@ -473,9 +540,9 @@ class Tracer:
 
     def stop(self) -> None:
         if not self._active:
-            if not _DISABLED:
-                _warn_once("stop_inactive", f"Tracer({self.prefix!r}).stop() before start(): ignored")
-            return
+            if self._disable:
+                return
+            raise ValueError(f"Tracer({self.prefix!r}) must be started before calling stop")
         try:
             if self._gpu:
                 try:
@@ -519,6 +586,83 @@ class Tracer:
         self.stop()
 
 
+# ---------------------------------------------------------------------------- torchforge's timers
+class _TimerCPU:
+    """torchforge's CPU timer: ``start()``, ``step(name)``, ``get_all_durations()`` ->
+    ``([(name, ms), ...], ms since the last step)``. A :class:`Tracer` does not use it (it times
+    with ``perf_counter`` itself); ``tracer._timer`` is a view of a started Tracer's steps."""
+
+    def __init__(self) -> None:
+        self._durations: list[tuple[str, float]] = []
+        self._chain_start: float | None = None
+
+    @classmethod
+    def _view(cls, tracer: Tracer) -> "_TimerCPU":
+        t = cls()
+        t._durations = [(n, d * 1000.0) for n, d in tracer._steps]
+        t._chain_start = tracer._last
+        return t
+
+    def start(self) -> None:
+        self._durations = []
+        self._chain_start = _pc()
+
+    def step(self, name: str) -> None:
+        if self._chain_start is None:
+            raise ValueError("Timer must be started before calling step")
+        now = _pc()
+        self._durations.append((name, (now - self._chain_start) * 1000.0))
+        self._chain_start = now
+
+    def get_all_durations(self) -> tuple[list[tuple[str, float]], float]:
+        last = 0.0 if self._chain_start is None else (_pc() - self._chain_start) * 1000.0
+        return list(self._durations), last
+
+
+class _TimerCUDA:
+    """torchforge's CUDA-event timer: the same interface as :class:`_TimerCPU`;
+    ``get_all_durations()`` waits for the events (a Tracer never does: its GPU timings are
+    resolved in the background). Needs CUDA."""
+
+    def __init__(self) -> None:
+        if not _cuda_available():
+            raise RuntimeError("CUDA is not available for timing")
+        self._names: list[str] = []
+        self._events: list[Any] = []
+
+    @classmethod
+    def _view(cls, tracer: Tracer) -> "_TimerCUDA":
+        t = cls.__new__(cls)
+        t._names = list(tracer._names)
+        t._events = list(tracer._events)
+        return t
+
+    def _event(self) -> Any:
+        torch = _torch or _torch_mod()
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def start(self) -> None:
+        self._names = []
+        self._events = [self._event()]
+
+    def step(self, name: str) -> None:
+        if not self._events:
+            raise ValueError("Timer must be started before calling step")
+        self._events.append(self._event())
+        self._names.append(name)
+
+    def get_all_durations(self) -> tuple[list[tuple[str, float]], float]:
+        if not self._events:
+            return [], 0.0
+        end = self._event()
+        end.synchronize()
+        evs = self._events
+        steps = [(n, evs[i].elapsed_time(evs[i + 1])) for i, n in enumerate(self._names)]
+        return steps, evs[-1].elapsed_time(end)
+
+
 _open_var: contextvars.ContextVar[tuple] = contextvars.ContextVar("forge_obs_open_traces", default=())
 
 
@@ -530,16 +674,19 @@ class trace:
 
     def __init__(self, prefix: str, track_memory: bool = False, timer: str = "cpu") -> None:
         if timer not in ("cpu", "gpu"):
-            raise ValueError(f"timer must be 'cpu' or 'gpu', got {timer!r}")
+            raise ValueError(f'timer must be "cpu" or "gpu", got {timer!r}')
         self.prefix = prefix if type(prefix) is str else _text(prefix)
         self.track_memory = track_memory
         self.timer = timer
 
     # ------------------------------------------------------------ decorator
     def __call__(self, fn: Callable) -> Callable:
-        if _DISABLED:
+        if perf_metrics_disabled():  # read when decorating (torchforge: per call)
             return fn
         prefix, mem, timer = self.prefix, self.track_memory, self.timer
+        forced = timer_uses_gpu()
+        if forced is not None:
+            timer = "gpu" if forced else "cpu"
         simple = not mem and (timer == "cpu" or not _cuda_available())
         if timer == "gpu" and simple:
             _warn_once("gpu_timer_no_cuda", "Tracer(timer='gpu'): CUDA is not available; using CPU timing")

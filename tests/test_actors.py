@@ -60,7 +60,7 @@ async def test_forge_doc_examples_in_all_three_modes(tmp_path, capsys):
     await _stop(*meshes)
 
     out = capsys.readouterr().out
-    # torchforge's blocks; integral values print as integers
+    # integral values print as integers (see forge_obs.backends.console)
     assert "=== [GlobalReduce] - METRICS STEP 0 ===\nmy_max_metric:  3\nmy_mean_metric: 2\nmy_sum_metric:  6" in out
     assert "=== [GlobalReduce] - METRICS STEP 1 ===\nmy_sum_rank_metric: 4" in out
     blocks = {lbl: v for lbl, v in _per_rank_blocks(out, step=1)}
@@ -332,7 +332,7 @@ register_backend("test_failing_init", FailingInit)
 @pytest.mark.parametrize(
     "config, message",
     [
-        ({"consle": {}}, "unknown backend 'consle'; valid: alerts, console, jsonl"),
+        ({"consle": {}}, "Unknown logger backend type: 'consle'; valid: alerts, console, jsonl"),
         ({"console": {"logging_mode": "global"}}, "valid: global_reduce, per_rank_reduce, per_rank_no_reduce"),
         ({"test_failing_init": {}}, "backend 'test_failing_init' failed to initialise"),
         ({"run": {"dir": "x"}}, "valid: id, root"),

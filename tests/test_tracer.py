@@ -86,18 +86,20 @@ def test_durations_across_flushes_streaming_and_a_conflicting_user_key(fresh_col
     assert sorted(k for k, _, _ in raw) == [f"fl3/total_duration_{k}" for k in ("avg_s", "dist_s", "max_s")]
 
 
-def test_misuse_is_ignored_with_a_warning_never_raised(fresh_collector, caplog):
+def test_misuse_raises_value_error_and_leaves_the_tracer_usable(fresh_collector):
     t = Tracer("mis")
-    with caplog.at_level(logging.WARNING, logger="forge_obs"):
+    with pytest.raises(ValueError, match="must be started before calling step"):
         t.step("x")  # before start
+    with pytest.raises(ValueError, match="must be started before calling stop"):
         t.stop()  # before start
-        t.start()
-        t.start()  # restart
-        t.stop()
+    t.start()
+    with pytest.raises(ValueError, match="already been started"):
+        t.start()  # double start: the running session goes on
+    t.step("a")
+    t.stop()
     v = values(fresh_collector)
-    assert v["mis/total_duration_dist_s"]["count"] == 1
-    assert "before start" in caplog.text
-    with pytest.raises(ValueError, match="timer must be"):
+    assert v["mis/total_duration_dist_s"]["count"] == 1 and v["mis/a/duration_dist_s"]["count"] == 1
+    with pytest.raises(ValueError, match='timer must be "cpu" or "gpu"'):
         Tracer("bad", timer="tpu")
 
 

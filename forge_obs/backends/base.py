@@ -12,65 +12,255 @@ logger's backend threads (one per backend): never on the training path. Methods 
 (torchforge's backends are async; both work).
 
 Hooks, all optional:
-- ``init(run=RunContext, role=..., process_name=...)``: open files/runs. Raising fails ``init_backends``.
+- ``init(run=RunContext, role=BackendRole.GLOBAL, process_name=...)``: open files/runs. Raising
+  fails ``init_backends``.
 - ``log_step(record)``: the whole :class:`~forge_obs.record.StepRecord`; the default calls
-  ``log_batch`` (reduced modes) and ``log_stream`` (``per_rank_no_reduce``) per the backend's modes.
-- ``log_batch(metrics, global_step, source=None)``, ``log_stream(metric, global_step, source=...)``.
+  ``log_batch`` (reduced modes) and ``log_raw`` (``per_rank_no_reduce``) per the backend's modes.
+- ``log_batch(metrics, global_step, source=None)``: plain numbers by default (config ``values``:
+  ``"scalar"``, or ``"rich"`` for dicts and row lists as reduced); ``show_obs: False`` leaves out
+  the ``obs/…`` keys.
+- ``log_raw(raw, global_step)`` (default: ``log_stream`` per value), ``log_stream_batch(batch)``
+  (raw values streamed between flushes, :class:`StreamBatch`), ``log_stream(metric, global_step,
+  source=...)``.
 - ``finish()``: flush and close at shutdown.
+
+torchforge's backends work unchanged: a keyword-only constructor (``logging_mode=...,
+per_rank_share_run=..., **kwargs`` -> ``backend_kwargs``) is called with the config's keys
+(:func:`instantiate_backend`), and async hooks are run to completion.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import inspect
 import threading
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from forge_obs.metric import LoggingMode, Metric
 from forge_obs.record import RunContext, StepRecord
 
-__all__ = ["LoggerBackend", "register_backend", "get_logger_backend_class", "backend_names", "call_hook"]
+__all__ = [
+    "LoggerBackend",
+    "StreamBatch",
+    "register_backend",
+    "get_logger_backend_class",
+    "backend_names",
+    "call_hook",
+    "instantiate_backend",
+    "scalar_metrics",
+]
+
+
+@dataclass
+class StreamBatch:
+    """Raw values streamed between flushes: ``entries`` of ``(rank label, step, [(key, value,
+    wall_time), ...])``, each rank's under its predicted step (its last flushed step + 1)."""
+
+    entries: list = field(default_factory=list)
+    sources: dict = field(default_factory=dict)
+
+    def values(self) -> int:
+        return sum(len(rows) for _label, _step, rows in self.entries)
+
+
+_UNSET: Any = object()
+#: LoggerBackend's own keyword arguments (torchforge's constructor); the rest is ``backend_kwargs``
+_OWN_KWARGS = ("logging_mode", "per_rank_share_run")
+
+
+class Done:
+    """What a built-in backend's ``init`` / ``log_batch`` / ``finish`` return: the work is done,
+    and the result may be awaited (torchforge's backends are async: ``await backend.init(...)``)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any = None) -> None:
+        self.value = value
+
+    def __await__(self):
+        return self.value
+        yield  # noqa: unreachable - makes this a generator, as __await__ must return an iterator
+
+
+def awaitable(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Make a synchronous hook's result awaitable (see :class:`Done`)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Done:
+        return Done(fn(*args, **kwargs))
+
+    wrapper.__forge_obs_awaitable__ = True  # type: ignore[attr-defined]
+    return wrapper
 
 
 class LoggerBackend:
-    """Base class of every backend. ``logging_mode`` may be one mode or a list of modes."""
+    """Base class of every backend. ``logging_mode`` may be one mode or a list of modes.
+
+    Two ways to construct one, the same backend either way:
+
+    - forge_obs's: one config dict, as given in ``init_backends`` --
+      ``ConsoleBackend({"logging_mode": "global_reduce", "compact": True})``;
+    - torchforge's: keyword arguments -- ``ConsoleBackend(logging_mode=LoggingMode.GLOBAL_REDUCE)``,
+      ``WandbBackend(logging_mode=..., project="p")``; ``per_rank_share_run`` and the other
+      keywords (``backend_kwargs``) become config keys.
+    """
 
     #: modes used when the config names none
     default_modes: tuple[LoggingMode, ...] = (LoggingMode.GLOBAL_REDUCE,)
 
-    def __init__(self, logger_backend_config: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        logger_backend_config: dict[str, Any] | None = None,
+        *,
+        logging_mode: Any = _UNSET,
+        per_rank_share_run: Any = _UNSET,
+        **kwargs: Any,
+    ) -> None:
+        keywords = dict(kwargs)
+        if logging_mode is not _UNSET:
+            keywords["logging_mode"] = logging_mode
+        if per_rank_share_run is not _UNSET:
+            keywords["per_rank_share_run"] = per_rank_share_run
+        if logger_backend_config is not None and not isinstance(logger_backend_config, dict):
+            raise TypeError(f"{type(self).__name__}: the config must be a dict, got {type(logger_backend_config).__name__}")
         self.config = dict(logger_backend_config or {})
+        self.config.update(keywords)
         self.modes = parse_modes(self.config.get("logging_mode"), self.default_modes)
+        if self.config.get("values", self.default_values) not in ("scalar", "rich"):
+            raise ValueError(f"{type(self).__name__}: values={self.config['values']!r}; valid: scalar, rich")
+        #: torchforge's attributes
+        self.per_rank_share_run = bool(self.config.get("per_rank_share_run", False))
+        self.backend_kwargs = {k: v for k, v in self.config.items() if k not in _OWN_KWARGS}
         self.run: RunContext | None = None
 
     @property
     def logging_mode(self) -> LoggingMode:
         return self.modes[0]
 
+    @logging_mode.setter
+    def logging_mode(self, value: Any) -> None:
+        self.modes = parse_modes(value, self.default_modes)
+
+    @awaitable
     def init(self, run: RunContext | None = None, **kwargs: Any) -> None:
         self.run = run
+
+    #: what ``log_batch`` receives by default: ``"scalar"`` (plain numbers; a distribution as
+    #: ``key/p50``, ``key/p90``, ``key/p99``, ``key/count``; SAMPLE rows left out) or ``"rich"``
+    #: (values as reduced: dicts, row lists). Config key ``values``.
+    default_values = "scalar"
+    #: whether ``log_batch`` receives forge_obs's ``obs/…`` self-metrics. Config key ``show_obs``.
+    default_show_obs = True
 
     def log_step(self, record: StepRecord) -> None:
         for mode in self.modes:
             if mode is LoggingMode.GLOBAL_REDUCE:
-                call_hook(self.log_batch, record.global_metrics, record.step)
+                call_hook(self.log_batch, self.batch_values(record.global_metrics), record.step)
             elif mode is LoggingMode.PER_RANK_REDUCE:
                 for label, metrics in record.per_rank.items():
-                    call_hook(self.log_batch, metrics, record.step, source=label)
+                    call_hook(self.log_batch, self.batch_values(metrics), record.step, source=label)
             else:
-                for label, rows in record.raw.items():
-                    for key, value, ts in rows:
-                        call_hook(self.log_stream, Metric(key, value, None, ts, label), record.step, source=label)
+                self.log_raw(record.raw, record.step)
 
+    def batch_values(self, metrics: list[Metric]) -> list[Metric]:
+        """``metrics`` as this backend's ``log_batch`` takes them (config ``values``, ``show_obs``)."""
+        show_obs = bool(self.config.get("show_obs", self.default_show_obs))
+        rich = self.config.get("values", self.default_values) == "rich"
+        if rich and show_obs:
+            return metrics
+        out: list[Metric] = []
+        for m in metrics:
+            if not show_obs and m.key.startswith("obs/"):
+                continue
+            if rich:
+                out.append(m)
+            else:
+                out.extend(scalar_metrics(m))
+        return out
+
+    def log_raw(self, raw: dict[str, list], global_step: int) -> None:
+        """Raw values (``per_rank_no_reduce``): ``{rank label: [(key, value, wall_time), ...]}``
+        under ``global_step``, from a step's cut (:meth:`log_step`) or streamed between flushes
+        (:meth:`log_stream_batch`). Default: ``log_stream`` per value."""
+        for label, rows in raw.items():
+            for key, value, ts in rows:
+                call_hook(self.log_stream, Metric(key, value, None, ts, label), global_step, source=label)
+
+    def log_stream_batch(self, batch: "StreamBatch") -> None:
+        """Raw values streamed between flushes (``per_rank_no_reduce`` backends only), each
+        rank's under its predicted step (its last flushed step + 1)."""
+        for label, step, rows in batch.entries:
+            self.log_raw({label: rows}, step)
+
+    @awaitable
     def log_batch(self, metrics: list[Metric], global_step: int, **kwargs: Any) -> None:
         pass
 
     def log_stream(self, metric: Metric, global_step: int, **kwargs: Any) -> None:
         pass
 
+    @awaitable
     def finish(self) -> None:
         pass
+
+    def get_metadata_for_secondary_ranks(self) -> dict[str, Any] | None:
+        """torchforge's hook for per-rank backends sharing the controller's run. forge_obs runs
+        every backend on the controller, so there is nothing to share: None."""
+        return None
+
+
+def scalar_metrics(m: Metric) -> list[Metric]:
+    """``m`` as plain-number Metrics: a number as itself (a bool or a 0-d tensor as a float), a
+    dict of numbers (a distribution: p50/p90/p99/count) as ``key/<field>`` Metrics, anything
+    else (SAMPLE rows) as nothing.
+
+        >>> [(x.key, x.value) for x in scalar_metrics(Metric("t_s", {"p50": 1.0, "p90": 2.0, "p99": 3.0, "count": 5}))]
+        [('t_s/p50', 1.0), ('t_s/p90', 2.0), ('t_s/p99', 3.0), ('t_s/count', 5.0)]
+    """
+    v = m.value
+    t = type(v)
+    if t is float or t is int:
+        return [m]
+    if isinstance(v, (int, float)):  # bool, numpy numbers
+        return [Metric(m.key, float(v), m.reduction, m.timestamp, m.source)]
+    if isinstance(v, dict):
+        return [Metric(f"{m.key}/{k}", float(x), m.reduction, m.timestamp, m.source)
+                for k, x in v.items() if isinstance(x, (int, float))]
+    item = getattr(v, "item", None)
+    if callable(item) and not isinstance(v, (list, tuple, str)):
+        try:
+            return [Metric(m.key, float(item()), m.reduction, m.timestamp, m.source)]
+        except Exception:  # noqa: BLE001 - not a scalar: left out
+            return []
+    return []
+
+
+def instantiate_backend(cls: type, name: str, config: dict[str, Any]) -> "LoggerBackend":
+    """Build a backend from its ``init_backends`` config: ``cls(config)`` for forge_obs-style
+    backends, ``cls(**config)`` for torchforge-style ones (keyword-only constructors:
+    ``logging_mode`` as a :class:`LoggingMode`, ``per_rank_share_run`` defaulting to False)."""
+    if _takes_config_dict(cls):
+        return cls(config)
+    kw = dict(config)
+    mode = kw.get("logging_mode", LoggingMode.GLOBAL_REDUCE)
+    modes = parse_modes(mode, (LoggingMode.GLOBAL_REDUCE,))
+    if len(modes) != 1:
+        raise ValueError(f"backend {name!r} ({cls.__name__}) takes one logging_mode (torchforge-style constructor), got {mode!r}")
+    kw["logging_mode"] = modes[0]
+    kw.setdefault("per_rank_share_run", False)
+    return cls(**kw)
+
+
+def _takes_config_dict(cls: type) -> bool:
+    """Whether ``cls.__init__`` takes a positional argument (forge_obs's config dict)."""
+    try:
+        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return True
+    return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params)
 
 
 def parse_modes(value: Any, default: tuple[LoggingMode, ...]) -> tuple[LoggingMode, ...]:
@@ -88,7 +278,7 @@ def parse_modes(value: Any, default: tuple[LoggingMode, ...]) -> tuple[LoggingMo
             out.append(LoggingMode(str(item).lower()))
         except ValueError:
             valid = ", ".join(m.value for m in LoggingMode)
-            raise ValueError(f"unknown logging_mode {item!r}; valid: {valid}") from None
+            raise ValueError(f"logging_mode {item!r} is not a valid LoggingMode; valid: {valid}") from None
     if not out:
         raise ValueError("logging_mode is empty; valid: " + ", ".join(m.value for m in LoggingMode))
     return tuple(out)
@@ -104,6 +294,8 @@ def call_hook(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     except (TypeError, ValueError):
         pass
     out = fn(*args, **kwargs)
+    if type(out) is Done:
+        return out.value
     if inspect.isawaitable(out):
         return _run_coro(out)
     return out
@@ -154,7 +346,7 @@ def get_logger_backend_class(name: str) -> type[LoggerBackend]:
         target = name
     if target is None:
         raise ValueError(
-            f"unknown backend {name!r}; valid: {', '.join(backend_names())} "
+            f"Unknown logger backend type: {name!r}; valid: {', '.join(backend_names())} "
             "(or a 'package.module:Class' path to a LoggerBackend subclass)"
         )
     if isinstance(target, str):

@@ -46,7 +46,11 @@ Config: ``logging_mode`` (default ``global_reduce``), ``compact`` (one block of 
 one line per group, and one per rank in per-rank modes), ``every`` (print every N-th step;
 default 1), ``include`` (key prefixes to show; default all), ``units``, ``show_obs`` (default
 False: the ``obs/…`` self-metrics go to the JSONL store but not the console), ``width`` (compact
-line width, default 120), ``stream`` (``stdout``/``stderr``).
+line width, default 120), ``stream`` (``stdout``/``stderr``), ``values`` (default ``"rich"``: a
+distribution on one line; ``"scalar"``: as ``key/p50``, ...), ``per_rank_share_run``
+(torchforge's; accepted, nothing to share). Raw values (``per_rank_no_reduce``) print as they
+stream in, also between steps. Constructed as torchforge's too:
+``ConsoleBackend(logging_mode=LoggingMode.GLOBAL_REDUCE)``.
 """
 
 from __future__ import annotations
@@ -57,11 +61,12 @@ import textwrap
 import time
 from typing import Any
 
-from forge_obs.backends.base import LoggerBackend
+from forge_obs.backends.base import LoggerBackend, awaitable
 from forge_obs.metric import Metric
 from forge_obs.record import StepRecord
 
-OWN_KEYS = ("logging_mode", "compact", "every", "include", "units", "show_obs", "width", "stream")
+OWN_KEYS = ("logging_mode", "compact", "every", "include", "units", "show_obs", "width", "stream", "values",
+            "per_rank_share_run")
 WIDTH = 120
 
 #: key suffix -> unit (longest first)
@@ -223,8 +228,14 @@ def format_compact(title: str, metrics: list[Metric], units: dict[str, str] | No
 
 
 class ConsoleBackend(LoggerBackend):
-    def __init__(self, logger_backend_config: dict[str, Any] | None = None) -> None:
-        super().__init__(logger_backend_config)
+    """``ConsoleBackend({"logging_mode": "global_reduce", ...})`` or, as torchforge's,
+    ``ConsoleBackend(logging_mode=LoggingMode.GLOBAL_REDUCE)``."""
+
+    default_values = "rich"  # distributions print as one line: p50=… p90=… p99=… n=…
+    default_show_obs = False
+
+    def __init__(self, logger_backend_config: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(logger_backend_config, **kwargs)
         unknown = sorted(set(self.config) - set(OWN_KEYS))
         if unknown:
             raise ValueError(f"console backend: unknown key(s) {unknown}; valid: {', '.join(OWN_KEYS)}")
@@ -280,6 +291,7 @@ class ConsoleBackend(LoggerBackend):
             out = [m for m in out if any(m.key.startswith(p) for p in self.include)]
         return out
 
+    @awaitable
     def log_batch(self, metrics: list[Metric], global_step: int, source: str | None = None, **kwargs: Any) -> None:
         out = getattr(self, "_out", sys.stdout)
         visible = self._visible(metrics)
@@ -293,6 +305,6 @@ class ConsoleBackend(LoggerBackend):
     def log_stream(self, metric: Metric, global_step: int, source: str | None = None, **kwargs: Any) -> None:
         if self.include and not any(metric.key.startswith(p) for p in self.include):
             return
-        out = getattr(self, "_out", sys.stdout)
+        out = sys.stderr if self.config.get("stream") == "stderr" else sys.stdout  # also between steps
         ts = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(metric.timestamp))
         print(f"[{source}] {ts} INFO {metric.key}: {format_value(metric.value, unit_for(metric.key, self.units))}", file=out)

@@ -5,7 +5,10 @@
     {"run_id": "r1", "step": 0, "mode": "per_rank_reduce", "source": {"label": "trainer/r0", ...}, "metrics": {...}}
     {"run_id": "r1", "step": 0, "mode": "per_rank_no_reduce", "source": {...}, "values": [["loss", 0.5, 1.7e9]]}
 
-Config: ``logging_mode`` (default: ``global_reduce`` and ``per_rank_reduce``), ``fsync`` (default True).
+Config: ``logging_mode`` (default: ``global_reduce`` and ``per_rank_reduce``), ``fsync`` (default True),
+``show_obs`` (default True: the ``obs/…`` self-metrics, which the report and ``doctor`` read).
+Raw values streamed between flushes (``per_rank_no_reduce``) are written as they arrive, under
+their rank's predicted step (its last flushed step + 1).
 NaN/inf are written as JSON ``NaN``/``Infinity`` (Python's json reads them back).
 """
 
@@ -15,7 +18,7 @@ import json
 import os
 from typing import Any
 
-from forge_obs.backends.base import LoggerBackend
+from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable
 from forge_obs.metric import LoggingMode
 from forge_obs.record import StepRecord
 
@@ -33,8 +36,9 @@ def _default(o: Any) -> Any:
 class JsonlBackend(LoggerBackend):
     default_modes = (LoggingMode.GLOBAL_REDUCE, LoggingMode.PER_RANK_REDUCE)
 
+    @awaitable
     def init(self, run=None, **kwargs: Any) -> None:
-        super().init(run)
+        self.run = run
         assert run is not None, "the jsonl backend needs a run directory"
         run.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run.run_dir / self.config.get("filename", "metrics.jsonl")
@@ -44,9 +48,13 @@ class JsonlBackend(LoggerBackend):
     def log_step(self, record: StepRecord) -> None:
         base = {"run_id": record.run_id, "step": record.step}
         lines = []
+        show_obs = self.config.get("show_obs", True)
         for mode in self.modes:
             if mode is LoggingMode.GLOBAL_REDUCE:
-                row = dict(base, mode=mode.value, wall_time=record.wall_time, metrics=record.global_dict())
+                metrics = record.global_dict()
+                if not show_obs:
+                    metrics = {k: v for k, v in metrics.items() if not k.startswith("obs/")}
+                row = dict(base, mode=mode.value, wall_time=record.wall_time, metrics=metrics)
                 if record.missing:
                     row["missing"] = record.missing
                 if record.late:
@@ -61,6 +69,15 @@ class JsonlBackend(LoggerBackend):
                     if rows:
                         src = record.sources.get(label, {"label": label})
                         lines.append(dict(base, mode=mode.value, source=src, values=[list(r) for r in rows]))
+        self._write(lines)
+
+    def log_stream_batch(self, batch: StreamBatch) -> None:
+        run_id = self.run.run_id if self.run is not None else None
+        mode = LoggingMode.PER_RANK_NO_REDUCE.value
+        self._write([{"run_id": run_id, "step": step, "mode": mode, "source": batch.sources.get(label, {"label": label}),
+                      "values": [list(r) for r in rows]} for label, step, rows in batch.entries if rows])
+
+    def _write(self, lines: list[dict]) -> None:
         if not lines:
             return
         self._f.write("".join(json.dumps(r, default=_default) + "\n" for r in lines))
@@ -68,6 +85,7 @@ class JsonlBackend(LoggerBackend):
         if self._fsync:
             os.fsync(self._f.fileno())
 
+    @awaitable
     def finish(self) -> None:
         f = getattr(self, "_f", None)
         if f is not None and not f.closed:

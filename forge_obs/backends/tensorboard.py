@@ -17,7 +17,9 @@
 
 Config: ``logging_mode``, ``log_dir`` (default ``<run_dir>/tb``), ``step_metrics``,
 ``flush_secs`` (default 10), ``histograms`` (key prefixes whose raw values also become
-histograms; default: distribution metrics only). Needs ``tensorboard`` (``forge-obs[tensorboard]``).
+histograms; default: distribution metrics only), ``show_obs`` (default True). Needs
+``tensorboard`` (``forge-obs[tensorboard]``). Raw values streamed between flushes are written as
+they arrive, under their rank's predicted step (its last flushed step + 1); their histogram values join the next step's.
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-from forge_obs.backends.base import LoggerBackend
+from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable
 from forge_obs.backends.wandb import rank_key
 from forge_obs.metric import LoggingMode
 from forge_obs.record import StepRecord
 
-OWN_KEYS = ("logging_mode", "log_dir", "step_metrics", "flush_secs", "histograms")
+OWN_KEYS = ("logging_mode", "log_dir", "step_metrics", "flush_secs", "histograms", "show_obs", "values",
+            "per_rank_share_run")
 DIST = "distribution"
 
 
@@ -65,8 +68,8 @@ def _md_table(rows: list[dict[str, Any]]) -> str:
 class TensorBoardBackend(LoggerBackend):
     default_modes = (LoggingMode.GLOBAL_REDUCE,)
 
-    def __init__(self, logger_backend_config: dict[str, Any] | None = None) -> None:
-        super().__init__(logger_backend_config)
+    def __init__(self, logger_backend_config: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(logger_backend_config, **kwargs)
         unknown = sorted(set(self.config) - set(OWN_KEYS))
         if unknown:
             raise ValueError(f"tensorboard backend: unknown key(s) {unknown}; valid: {', '.join(OWN_KEYS)}")
@@ -84,9 +87,12 @@ class TensorBoardBackend(LoggerBackend):
             raise ValueError("the 'tensorboard' backend needs tensorboard: pip install 'forge-obs[tensorboard]'") from e
         self.writer: Any = None
         self.log_dir: Path | None = None
+        self._dist_keys: set[str] = set()  # distribution keys seen so far
+        self._early: dict[str, list[float]] = {}  # histogram values streamed before their step's flush
 
+    @awaitable
     def init(self, run=None, **kwargs: Any) -> None:
-        super().init(run)
+        self.run = run
         from torch.utils.tensorboard import SummaryWriter
 
         if self.config.get("log_dir"):
@@ -134,8 +140,10 @@ class TensorBoardBackend(LoggerBackend):
         glob = record.global_dict()
         wall = record.wall_time
         if LoggingMode.GLOBAL_REDUCE in self.modes:
+            show_obs = self.config.get("show_obs", True)
             for m in record.global_metrics:
-                self._put(m.key, m.value, self._step_for(m.key, record, glob), wall)
+                if show_obs or not m.key.startswith("obs/"):
+                    self._put(m.key, m.value, self._step_for(m.key, record, glob), wall)
         if LoggingMode.PER_RANK_REDUCE in self.modes:
             for label, metrics in record.per_rank.items():
                 for m in metrics:
@@ -144,7 +152,8 @@ class TensorBoardBackend(LoggerBackend):
             import numpy as np
 
             dist_keys = {m.key for m in record.global_metrics if str(getattr(m.reduction, "value", m.reduction)) == DIST}
-            by_key: dict[str, list[float]] = {}
+            self._dist_keys |= dist_keys
+            by_key, self._early = self._early, {}  # values of this step streamed before its flush
             for label, rows in record.raw.items():
                 for key, v, ts in rows:
                     if _is_number(v):
@@ -154,6 +163,19 @@ class TensorBoardBackend(LoggerBackend):
             for key, vals in by_key.items():
                 self.writer.add_histogram(f"{key}/hist", np.asarray(vals), self._step_for(key, record, glob), walltime=wall)
 
+    def log_stream_batch(self, batch: StreamBatch) -> None:
+        """Raw values streamed between flushes: scalars with their own timestamps, under their
+        rank's predicted step; values of histogram keys join the next step's histogram."""
+        if self.writer is None:
+            return
+        for label, step, rows in batch.entries:
+            for key, v, ts in rows:
+                if _is_number(v):
+                    self.writer.add_scalar(rank_key(label, key), float(v), step, walltime=ts)
+                    if self._hist_key(key, self._dist_keys) and math.isfinite(v):
+                        self._early.setdefault(key, []).append(float(v))  # into the next step's histogram
+
+    @awaitable
     def finish(self) -> None:
         if self.writer is not None:
             self.writer.close()

@@ -49,8 +49,8 @@ import math
 import re
 from typing import Any
 
-from forge_obs.backends.base import LoggerBackend
-from forge_obs.metric import LoggingMode
+from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable
+from forge_obs.metric import BackendRole, LoggingMode
 from forge_obs.record import StepRecord
 from forge_obs.run import redact
 
@@ -59,6 +59,8 @@ logger = logging.getLogger("forge_obs")
 #: config keys that forge_obs reads itself; everything else goes to ``wandb.init``
 OWN_KEYS = (
     "logging_mode",
+    "show_obs",
+    "values",
     "per_rank",
     "per_rank_share_run",
     "per_rank_system_metrics",
@@ -110,10 +112,15 @@ def _cell(v: Any) -> Any:
 
 
 class WandbBackend(LoggerBackend):
+    """``WandbBackend({"project": "p", "logging_mode": ...})`` or, as torchforge's,
+    ``WandbBackend(logging_mode=LoggingMode.GLOBAL_REDUCE, project="p")`` (then
+    ``per_rank_share_run`` defaults to False, torchforge's default: one W&B run per rank for
+    ``per_rank_reduce``)."""
+
     default_modes = (LoggingMode.GLOBAL_REDUCE,)
 
-    def __init__(self, logger_backend_config: dict[str, Any] | None = None) -> None:
-        super().__init__(logger_backend_config)
+    def __init__(self, logger_backend_config: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(logger_backend_config, **kwargs)
         self._wandb = _import_wandb()
         cfg = self.config
         init_params = [p for p in inspect.signature(self._wandb.init).parameters if p not in ("self",)]
@@ -125,7 +132,7 @@ class WandbBackend(LoggerBackend):
             )
         per_rank = cfg.get("per_rank")
         if per_rank is None:
-            share = cfg.get("per_rank_share_run", True)
+            share = cfg.get("per_rank_share_run", logger_backend_config is not None or not kwargs)
             per_rank = "keys" if share else "runs"
         if per_rank not in PER_RANK_CHOICES:
             raise ValueError(f"wandb backend: per_rank={per_rank!r}; valid: {', '.join(PER_RANK_CHOICES)}")
@@ -150,8 +157,15 @@ class WandbBackend(LoggerBackend):
         self.steps_adjusted = 0
 
     # ------------------------------------------------------------------ runs
-    def init(self, run=None, **kwargs: Any) -> None:
-        super().init(run)
+    @awaitable
+    def init(self, run=None, role: Any = BackendRole.GLOBAL, **kwargs: Any) -> None:
+        """Start the experiment's W&B run (``role=BackendRole.GLOBAL``, what ``init_backends``
+        passes). forge_obs logs every rank from the controller, so a torchforge-style
+        ``init(role=BackendRole.LOCAL)`` starts nothing."""
+        self.run = run
+        if role == BackendRole.LOCAL:
+            logger.info("forge_obs wandb: init(role=LOCAL) starts no run (every rank is logged from the controller)")
+            return
         wandb = self._wandb
         kw = {k: v for k, v in self.config.items() if k not in OWN_KEYS}
         if run is not None:
@@ -177,12 +191,28 @@ class WandbBackend(LoggerBackend):
         self._group = kw.get("group")
         self._name = kw.get("name") or (run.run_id if run else "forge_obs")
         self._id = kw.get("id")
-        self.wb = wandb.init(config=redact(config), **kw)
+        self._init_global(redact(config), kw)
+
+    def _init_global(self, config: dict[str, Any], kw: dict[str, Any]) -> None:
+        """The experiment's run (torchforge's name for the controller's run)."""
+        self.wb = self._wandb.init(config=config, **kw)
         self._resume_step("", self.wb)
         self._define_axes(self.wb)
         for prefix, axis in self.step_metrics.items():
             self.wb.define_metric(axis)
             self.wb.define_metric(axis_glob(prefix), step_metric=axis)
+
+    #: torchforge's shared-run init is the experiment's run here: every rank writes into it
+    _init_shared_global = _init_global
+
+    def _init_shared_local(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError("forge_obs logs every rank from the controller: there are no per-rank W&B processes")
+
+    def get_metadata_for_secondary_ranks(self) -> dict[str, Any]:
+        """torchforge's hook: the experiment run's id when ranks share it, else ``{}``."""
+        if self.wb is not None and self.per_rank == "keys":
+            return {"shared_run_id": getattr(self.wb, "id", None)}
+        return {}
 
     def _resume_step(self, name: str, wb: Any) -> None:
         """A resumed W&B run continues after its last step."""
@@ -212,9 +242,7 @@ class WandbBackend(LoggerBackend):
     def _rank_run(self, label: str, source: dict[str, Any]) -> Any:
         r = self._rank_runs.get(label)
         if r is None:
-            mesh = str(source.get("mesh") or label.split("/", 1)[0])
-            r = self._companion(label, label, mesh, bool(self.config.get("per_rank_system_metrics", False)),
-                                config={"source": {k: v for k, v in source.items() if k != "pid"}})
+            r = self._init_per_rank(label, source)
             self._resume_step(label, r)
             self._define_axes(r)
             for prefix, axis in self.step_metrics.items():
@@ -222,6 +250,12 @@ class WandbBackend(LoggerBackend):
                 r.define_metric(axis_glob(prefix), step_metric=axis)
             self._rank_runs[label] = r
         return r
+
+    def _init_per_rank(self, label: str, source: dict[str, Any]) -> Any:
+        """A rank's own run (``per_rank: "runs"``), in the experiment's group."""
+        mesh = str(source.get("mesh") or label.split("/", 1)[0])
+        return self._companion(label, label, mesh, bool(self.config.get("per_rank_system_metrics", False)),
+                               config={"source": {k: v for k, v in source.items() if k != "pid"}})
 
     def _raw(self) -> Any:
         if self._raw_run is None:
@@ -283,8 +317,10 @@ class WandbBackend(LoggerBackend):
         axes = {"trainer_step": record.step, "wall_time": record.wall_time}
         row: dict[str, Any] = {}
         if LoggingMode.GLOBAL_REDUCE in self.modes:
+            show_obs = self.config.get("show_obs", True)
             for m in record.global_metrics:
-                self._put(row, m.key, m.value)
+                if show_obs or not m.key.startswith("obs/"):
+                    self._put(row, m.key, m.value)
         if LoggingMode.PER_RANK_REDUCE in self.modes:
             for label, metrics in record.per_rank.items():
                 if self.per_rank_include:
@@ -306,17 +342,26 @@ class WandbBackend(LoggerBackend):
         if row:
             row.update(axes)
             self.wb.log(row, step=self._next_step(record.step))
-        if LoggingMode.PER_RANK_NO_REDUCE in self.modes and any(record.raw.values()):
-            raw = self._raw()
-            values = sorted(
-                ((ts, label, key, v) for label, rows in record.raw.items() for key, v, ts in rows), key=lambda t: t[0]
-            )
-            for ts, label, key, v in values:
-                r: dict[str, Any] = {}
-                self._put(r, rank_key(label, key), v, tables=False)
-                if r:
-                    raw.log({**r, "wall_time": ts, "trainer_step": record.step})
+        if LoggingMode.PER_RANK_NO_REDUCE in self.modes:
+            self.log_raw(record.raw, record.step)
 
+    def log_raw(self, raw: dict[str, list], global_step: int) -> None:
+        """Raw values into the ``<run_id>-raw`` run, one row per value, against ``wall_time``."""
+        if self.wb is None or not any(raw.values()):
+            return
+        run = self._raw()
+        values = sorted(((ts, label, key, v) for label, rows in raw.items() for key, v, ts in rows), key=lambda t: t[0])
+        for ts, label, key, v in values:
+            r: dict[str, Any] = {}
+            self._put(r, rank_key(label, key), v, tables=False)
+            if r:
+                run.log({**r, "wall_time": ts, "trainer_step": global_step})
+
+    def log_stream_batch(self, batch: StreamBatch) -> None:
+        for label, step, rows in batch.entries:
+            self.log_raw({label: rows}, step)
+
+    @awaitable
     def finish(self) -> None:
         runs = list(self._rank_runs.values()) + [self._raw_run, self.wb]
         self._rank_runs.clear()
