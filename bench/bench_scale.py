@@ -38,6 +38,7 @@ import json
 import math
 import os
 import pickle
+import signal
 import statistics
 import subprocess
 import sys
@@ -176,11 +177,17 @@ def run_one(design: str, procs: int, per_host: int, steps: int, warmup: int, key
            "--steps", str(steps), "--warmup", str(warmup),
            "--keys", str(keys), "--library-config", json.dumps(library_config)]
     t0 = time.monotonic()
+    # its own session: on a timeout the whole group goes (the run's localhost hosts and procs too)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        print(f"  {design} @ {procs} procs: timed out after {timeout_s:.0f} s", flush=True)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        print(f"  {design} @ {procs} procs ({layout(procs, per_host)[0]} hosts): timed out after {timeout_s:.0f} s",
+              flush=True)
         return None
+    p = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
             r = json.loads(line[7:])
@@ -392,7 +399,8 @@ def plot(real: list[dict], sim: list[dict], path: Path) -> None:
         ax.set_xlabel(f"procs ({MESHES} meshes, {KEYS} keys/rank)")
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
     for design, style in (("today", "o-"), ("today_o1", "o--"), ("hostagg", "s-"), ("hostaggx16", "d-")):
         ss = sorted((s for s in sim if s["design"] == design), key=lambda s: s["ranks"])
         if ss:
@@ -402,7 +410,8 @@ def plot(real: list[dict], sim: list[dict], path: Path) -> None:
     axes[2].set_xlabel("ranks (simulated, real code path)")
     axes[2].set_title("projected controller CPU per step (ms)")
     axes[2].grid(True, alpha=0.3)
-    axes[2].legend()
+    if axes[2].get_legend_handles_labels()[0]:
+        axes[2].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -427,6 +436,7 @@ def main() -> None:
     ap.add_argument("--sim-only", action="store_true")
     ap.add_argument("--no-sim", action="store_true")
     ap.add_argument("--timeout", type=float, default=400)
+    ap.add_argument("--out", default="scale", help="bench/results/<out>.json and <out>.png")
     args = ap.parse_args()
     lib_cfg = json.loads(args.library_config)
     if args.calibrate:
@@ -503,9 +513,9 @@ def main() -> None:
     # ------------------------------------------------------------------ tables
     if real:
         print("\n## controller CPU per step and step at backends (real procs; median over steps, then over repeats)")
-        print("| procs | hosts | design | msgs/step at controller | controller CPU/step | of which forge_obs threads | "
-              "vs 4 procs (target <= 2x at 32, one host) | step at backends | flush blocked | exact |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("| procs | hosts | design | msgs/step at controller | controller CPU/step | vs 4 procs (target <= 2x at 32, one host) "
+              "| forge_obs threads | net of Monarch's idle background | step at backends | flush blocked | exact |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         agg: dict[tuple, list] = {}
         for r in real:
             agg.setdefault((r["design"], r["procs"], r["hosts"]), []).append(r)
@@ -515,6 +525,7 @@ def main() -> None:
                 "design": design, "procs": procs, "hosts": hosts_n,
                 "cpu_ms": statistics.median(r["cpu_ms"] for r in rs),
                 "idle_corrected_cpu_ms": statistics.median(r["idle_corrected_cpu_ms"] for r in rs),
+                "idle_cpu_ms_per_s": statistics.median(r["idle_cpu_ms_per_s"] for r in rs),
                 "obs_threads_cpu_ms": statistics.median(r["obs_threads_cpu_ms"] for r in rs),
                 "latency_ms": statistics.median(r["latency_ms"] for r in rs),
                 "blocked_ms": statistics.median(r["blocked_ms"] for r in rs),
@@ -530,8 +541,9 @@ def main() -> None:
                 verdict = "meets" if ratio <= TARGET_RATIO else "misses"
                 mark = f" ({verdict})" if s["hosts"] == 1 else f" ({verdict}; {s['hosts']} hosts)"
             print(f"| {s['procs']} | {s['hosts']} | {s['design']} | {s['messages']:.0f} | {s['cpu_ms']:.2f} ms | "
-                  f"{s['obs_threads_cpu_ms']:.2f} ms | {ratio:.2f}x{mark} | {s['latency_ms']:.1f} ms | "
-                  f"{s['blocked_ms']:.1f} ms | {s['exact']} |")
+                  f"{ratio:.2f}x{mark} | {s['obs_threads_cpu_ms']:.2f} ms | {s['idle_corrected_cpu_ms']:.2f} ms "
+                  f"({s['idle_cpu_ms_per_s']:.0f} ms/s idle) | {s['latency_ms']:.1f} ms | {s['blocked_ms']:.1f} ms | "
+                  f"{s['exact']} |")
     else:
         summary = []
     if sim:
@@ -546,13 +558,12 @@ def main() -> None:
     out = {"real": real, "summary": summary, "sim": sim,
            "config": {"procs_per_host": PROCS_PER_HOST, "meshes": MESHES, "keys": args.keys, "steps": args.steps,
                       "library_config": lib_cfg, "cores": os.cpu_count()}}
-    name = "scale.json" if not args.sim_only else "scale_sim.json"
-    (RESULTS / name).write_text(json.dumps(out, indent=2))
-    print(f"\nJSON: {RESULTS / name}")
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=2))
+    print(f"\nJSON: {RESULTS / (args.out + '.json')}")
     if real or sim:
         try:
-            plot(real, sim, RESULTS / "scale.png")
-            print(f"plot: {RESULTS / 'scale.png'}")
+            plot(real, sim, RESULTS / f"{args.out}.png")
+            print(f"plot: {RESULTS / (args.out + '.png')}")
         except ImportError:
             print("plot skipped: pip install matplotlib (in the dev extra)")
 
