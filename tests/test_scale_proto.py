@@ -222,8 +222,9 @@ def test_aggregated_pipeline_places_a_late_bundle_in_the_next_step_once():
 
 
 # ---------------------------------------------------------------- real Monarch, two hosts
-def _scenario(*args: str, timeout: float = 240) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+def _scenario(*args: str, timeout: float = 240, **env_extra: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+               **env_extra)
     p = subprocess.run([sys.executable, "-m", "bench.scale_proto.scenario", *args], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=timeout)
     for line in p.stdout.splitlines():
@@ -262,3 +263,43 @@ def test_per_host_path_on_two_monarch_hosts_is_exact_and_names_a_dead_rank():
     assert out["blocked_s"]["2"] < timeout_s  # the leader gave up on it first
     assert steps[3]["missing"] == ["m/Rec/r4"] and steps[3]["late"] == []
     assert out["blocked_s"]["3"] < timeout_s / 2  # not waited for again
+
+
+def test_a_hung_leader_costs_one_timeout_and_its_group_loses_nothing():
+    """Host 1's leader (rank 5) holds its GIL for 6 s from step 2: that flush costs
+    flush_timeout_s and names the group's three ranks late; the next cut goes around it (its
+    members answer directly) and, once it resumes, what it had queued arrives with the next step
+    assembled: every value of every rank is logged exactly once, none is lost."""
+    timeout_s = 2.0
+    out = _scenario("--hosts", "2", "--procs", "3", "--steps", "5", "--hang", "5", "--hang-at", "2",
+                    "--hang-s", "6", "--flush-timeout", str(timeout_s))
+    steps = {int(k): v for k, v in out["steps"].items()}
+    group = ["m/Rec/r3", "m/Rec/r4", "m/Rec/r5"]
+    assert steps[2]["late"] == group and steps[2]["missing"] == group
+    assert steps[2]["global"]["check/count"] == 3 and steps[2]["global"]["check/sum"] == 1 + 2 + 3
+    assert out["blocked_s"]["2"] >= timeout_s * 0.9
+    # the group's step-2 values come late, once, with step 3: per step 6 values, 21 summed
+    later = [steps[s]["global"] for s in (3, 4)]
+    assert [g["check/count"] for g in later] == [6 + 3, 6]
+    assert [g["check/sum"] for g in later] == [21 + (4 + 5 + 6), 21]
+    assert later[0]["obs/late_states"] == 3
+    assert sum(steps[s]["global"]["check/count"] for s in range(5)) == 5 * 6
+    assert all(out["blocked_s"][str(s)] < timeout_s / 2 for s in (3, 4))
+
+
+def test_a_dead_leaders_members_resend_and_regroup():
+    """Host 1's leader (rank 5) dies while recording step 2. What its members sent it comes back
+    undeliverable and they resend it to the controller: their values are all logged once (in step
+    2, or late in a later one); from the next cut the group answers through a new leader; only the
+    dead rank is missing."""
+    out = _scenario("--hosts", "2", "--procs", "3", "--steps", "6", "--kill", "5", "--kill-at", "2",
+                    "--flush-timeout", "2", HYPERACTOR_MESSAGE_DELIVERY_TIMEOUT="2s")
+    steps = {int(k): v for k, v in out["steps"].items()}
+    assert "m/Rec/r5" in steps[2]["late"] and set(steps[2]["late"]) <= {"m/Rec/r3", "m/Rec/r4", "m/Rec/r5"}
+    for s in (3, 4, 5):
+        assert steps[s]["missing"] == ["m/Rec/r5"] and not steps[s]["late"]
+        assert sorted(steps[s]["per_rank"]) == [f"m/Rec/r{r}" for r in range(5)]
+    # rank 5's values of step 2 died with it; every other value is logged exactly once
+    assert sum(steps[s]["global"]["check/count"] for s in range(2, 6)) == 4 * 5
+    assert sum(steps[s]["global"]["check/sum"] for s in range(2, 6)) == 4 * (1 + 2 + 3 + 4 + 5)
+    assert out["messages"]["5"] == 4  # both hosts aggregated again

@@ -1,12 +1,15 @@
 """A real run of the per-host path on several localhost Monarch hosts, read back as JSON.
 
     python -m bench.scale_proto.scenario --hosts 2 --procs 3 --steps 4 --kill 4 --kill-at 2
+    python -m bench.scale_proto.scenario --hosts 2 --procs 3 --steps 5 --hang 5 --hang-at 2 --hang-s 8
 
 Every rank records, per step, ``check/sum`` (SUM of rank+1), ``check/mean`` (MEAN of the rank),
 ``check/max`` (MAX of the rank) and ``check/count`` (one SUM per rank), through the prototype of
 :mod:`bench.scale_proto.hostagg` (``--design hostagg``) or the library as it is (``--design
 library``), with every logging mode on. ``--kill R --kill-at S``: rank R's process exits while
-recording step S. Prints one JSON line: per step the global values, the per-rank values, the raw
+recording step S; ``--hang R --hang-at S --hang-s T``: rank R's process holds its GIL for T
+seconds from step S (a C loop that never releases it). Each host's leader is its highest rank
+(rank 5 of 2 x 3). Prints one JSON line: per step the global values, the per-rank values, the raw
 values per rank, missing/late labels, the flush's blocking time and the inbox messages.
 Runs in its own process (the prototype patches the library in this process).
 """
@@ -32,6 +35,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--kill", type=int, default=-1)
     ap.add_argument("--kill-at", type=int, default=-1)
+    ap.add_argument("--hang", type=int, default=-1)
+    ap.add_argument("--hang-at", type=int, default=-1)
+    ap.add_argument("--hang-s", type=float, default=8.0)
     ap.add_argument("--flush-timeout", type=float, default=4.0)
     ap.add_argument("--root", default="/tmp/forge_obs_scenario")
     args = ap.parse_args()
@@ -73,7 +79,7 @@ async def run(args: argparse.Namespace) -> dict:
 
     class Rec(Actor):
         @endpoint
-        async def record(self, step: int, kill: int) -> None:
+        async def record(self, step: int, kill: int, hang_s: float) -> None:
             r = context().actor_instance.rank.rank
             record_metric("check/sum", float(r + 1), Reduce.SUM)
             record_metric("check/mean", float(r), Reduce.MEAN)
@@ -81,6 +87,14 @@ async def run(args: argparse.Namespace) -> dict:
             record_metric("check/count", 1, Reduce.SUM)
             if r == kill:
                 os._exit(1)
+            if hang_s > 0:
+                import threading
+
+                t0 = time.perf_counter()
+                sum(range(10**6))
+                per_s = 10**6 / (time.perf_counter() - t0)
+                # sum() over a range runs in C and never releases the GIL: the process is hung
+                threading.Thread(target=lambda: sum(range(int(per_s * hang_s))), daemon=True).start()
 
     provisioner_hooks.install()
     out: dict = {"steps": {}, "blocked_s": {}, "messages": {}}
@@ -98,9 +112,15 @@ async def run(args: argparse.Namespace) -> dict:
         dead: set[int] = set()
         for step in range(args.steps):
             kill = args.kill if step == args.kill_at else -1
-            # each live rank by itself: a mesh-wide call fails once one of its ranks is dead
-            calls = [rec.slice(hosts=r // args.procs, procs=r % args.procs).record.call_one(step, kill)
-                     for r in range(n) if r not in dead]
+            # each live rank by itself: a mesh-wide call fails once one of its ranks is dead; a
+            # hung rank answers when it resumes (its values then land in a later step)
+            def call(r: int):
+                hang = r == args.hang and step == args.hang_at
+                c = rec.slice(hosts=r // args.procs, procs=r % args.procs).record.call_one(
+                    step, kill, args.hang_s if hang else 0.0)
+                return asyncio.wait_for(c, timeout=0.5 if hang else 60.0)  # the flush runs while it hangs
+
+            calls = [call(r) for r in range(n) if r not in dead]
             done = await asyncio.gather(*calls, return_exceptions=True)
             if kill >= 0:
                 dead.add(kill)
