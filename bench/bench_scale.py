@@ -380,6 +380,7 @@ def plot(real: list[dict], sim: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     colors = {"library": "tab:blue", "hostagg": "tab:green", "accum": "tab:red"}
+    names = {"library": "library (today)", "hostagg": "per host", "accum": "comm tree"}
     for design, marker in (("library", "o"), ("hostagg", "s"), ("accum", "^")):
         for name, multi, ls in (("one host", False, "-"), (f"{PROCS_PER_HOST}/host", True, "--")):
             rows: dict[int, list] = {}
@@ -390,7 +391,7 @@ def plot(real: list[dict], sim: list[dict], path: Path) -> None:
             if len(rows) < 2 or (multi and all(p <= PROCS_PER_HOST for p in rows)):
                 continue
             x = sorted(rows)
-            kw = dict(marker=marker, ls=ls, color=colors[design], label=f"{design}, {name}")
+            kw = dict(marker=marker, ls=ls, color=colors[design], label=f"{names[design]}, {name}")
             axes[0].plot(x, [statistics.median(r["cpu_ms"] for r in rows[p]) for p in x], **kw)
             axes[1].plot(x, [statistics.median(r["latency_ms"] for r in rows[p]) for p in x], **kw)
     for ax, title in ((axes[0], "controller CPU per step (ms)"), (axes[1], "step at backends (ms)")):
@@ -400,10 +401,11 @@ def plot(real: list[dict], sim: list[dict], path: Path) -> None:
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
-    for design, style in (("today", "o-"), ("today_o1", "o--"), ("hostagg", "s-"), ("hostaggx16", "d-")):
+    for design, style, label in (("today", "o-", "today"), ("today_o1", "o--", "today, O(1) bookkeeping"),
+                                 ("hostagg", "s-", "per host"), ("hostaggx16", "d-", "per host + 1 leader per 16 hosts")):
         ss = sorted((s for s in sim if s["design"] == design), key=lambda s: s["ranks"])
         if ss:
-            axes[2].plot([s["ranks"] for s in ss], [s["proj_cpu_ms"] for s in ss], style, label=design)
+            axes[2].plot([s["ranks"] for s in ss], [s["proj_cpu_ms"] for s in ss], style, label=label)
     axes[2].set_xscale("log", base=2)
     axes[2].set_yscale("log")
     axes[2].set_xlabel("ranks (simulated, real code path)")
