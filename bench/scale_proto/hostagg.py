@@ -22,8 +22,10 @@ What changes against today's protocol (forge_obs.fetcher / controller / pipeline
   ranks they cover count as received; the merged states are reduced once), so the cut, its
   deadline, lagging ranks, missing/late labels and late placement are today's code.
 - A group whose leader missed a cut goes direct (today's path) from the next cut on, with a new
-  leader chosen among its live ranks; a leader whose process is gone makes the messages sent to it
-  undeliverable: the member resends what it kept of that cut directly to the controller.
+  leader chosen among its live ranks. Messages sent to a leader whose process is gone come back
+  undeliverable: the member resends each of them to the controller (the last ones it sent to that
+  port, newest first) and does not use that port again. What a leader received but had not
+  forwarded when its process died is lost with it.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from bench.scale_proto.bundle import make_bundle
 
 logger = logging.getLogger("forge_obs")
 
-HELLO, ACKB, BUNDLE, EXPECT = "hello", "ackb", "bundle", "expect"
+HELLO, ACKB, BUNDLE, EXPECT, RESENT = "hello", "ackb", "bundle", "expect", "resent"
 #: smallest group worth a leader (a lone rank answers directly)
 MIN_GROUP = 2
 #: fractions of flush_timeout_s a leader waits for acks / states before forwarding what it has
@@ -79,7 +81,10 @@ class AggFetcher(LocalFetcherActor):
         self.agg_port, self._agg_receiver = Channel.open()
         self.aggregator: HostAggregator | None = None
         self.plan: dict | None = None
-        self.kept: dict[int, tuple] = {}  # seq -> (ack, states) sent to a leader, until the next cut
+        # what this rank sent to each leader's port, newest last (bounded): an undeliverable
+        # message is resent to the controller from here; a port that failed is not used again
+        self.sent: dict[str, list] = {}
+        self.dead_ports: set[str] = set()
         self.ident_sent: tuple | None = None
         try:
             port.send((HELLO, self.key, host_key(), self.agg_port))
@@ -94,24 +99,28 @@ class AggFetcher(LocalFetcherActor):
         if actor and self.identity.actor != actor:
             self.identity.actor = actor
         children = _cut_children(seq, step)
+        old_target = self._leader_port()
         if plan is not None:
             self.plan = plan
         leader_rank = (self.plan or {}).get("leader", {}).get(self.rank)
-        if leader_rank is None:  # direct: today's path
+        target = self._leader_port()
+        if old_target is not None and (target is None or _port_key(target) != _port_key(old_target)):
+            # a new leader (the old one missed a cut): what the old one may not have forwarded goes
+            # to the controller, which keeps what it did not get yet and drops the rest
+            self._resend(_port_key(old_target))
+        if target is not None and _port_key(target) in self.dead_ports:
+            target = None  # that leader's process is gone: direct until the plan names another
+        if target is None:  # direct: today's path
             self._direct(seq, children, taken)
         else:
             if leader_rank == self.rank:
                 self._lead(seq)
-            target = self.plan["ports"][leader_rank]
-            ack = (ACK, seq, self.key, children)
-            target.send(ack)
+            self._to_leader(target, (ACK, seq, self.key, children))
             snap = dumps_isolated(_COLLECTOR.export(taken, packed=True))
             ident = self.identity.to_dict()
             sig = tuple(sorted((k, str(v)) for k, v in ident.items()))
-            states = (STATES, seq, self.key, ident if sig != self.ident_sent else None, snap)
+            self._to_leader(target, (STATES, seq, self.key, ident if sig != self.ident_sent else None, snap))
             self.ident_sent = sig
-            target.send(states)
-            self.kept = {seq: (ack, states)}
         if ctl_us is not None:
             _clock_sample(ctl_us)
         _COLLECTOR.add_obs_cpu("export", time.thread_time() - cpu0)
@@ -124,23 +133,58 @@ class AggFetcher(LocalFetcherActor):
         self._send(STATES, seq, taken)
         self.ident_sent = None  # the controller got it with the states
 
+    def _leader_port(self) -> Any:
+        plan = self.plan or {}
+        lead = plan.get("leader", {}).get(self.rank)
+        return plan["ports"][lead] if lead is not None else None
+
     def _lead(self, seq: int) -> None:
         if self.aggregator is None:
             self.aggregator = HostAggregator(self._agg_receiver, self.port, self.key)
         plan = self.plan
-        self.agg_port.send((EXPECT, seq, plan["groups"][self.rank], plan["per_rank"],
-                            plan["ack_wait_s"], plan["step_wait_s"], plan["lagging"].get(self.rank, ())))
+        self.agg_port.send((EXPECT, seq, plan["groups"][self.rank], plan["per_rank"], plan["ack_wait_s"],
+                            plan["step_wait_s"], plan["lagging"].get(self.rank, ()), plan["version"][self.rank]))
 
-    def _handle_undeliverable_message(self, message: Any) -> bool:
-        """A leader that is gone: what this rank sent it goes to the controller instead."""
-        kept, self.kept = self.kept, {}
-        for _seq, (ack, states) in kept.items():
+    def _resend(self, port_key: str) -> None:
+        """Everything still kept of what this rank sent to that leader, to the controller: it takes
+        the states it has not got (by rank and cut) and drops the others."""
+        for msg in self.sent.pop(port_key, ()):
+            if msg[0] == STATES:
+                msg = (RESENT, msg[1], msg[2], msg[3] or self.identity.to_dict(), msg[4])
             try:
-                self.port.send(ack)
-                self.port.send(states[:3] + (self.identity.to_dict(),) + states[4:])
+                self.port.send(msg)
             except Exception:  # noqa: BLE001
                 pass
+
+    def _to_leader(self, target: Any, msg: tuple) -> None:
+        sent = self.sent.setdefault(_port_key(target), [])
+        sent.append(msg)
+        del sent[:-64]  # the last 32 cuts: what Monarch may still return before its delivery timeout
+        try:
+            target.send(msg)
+        except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
+            logger.error("forge_obs: %s could not send to its leader: %r", self.identity.label, e)
+
+    def _handle_undeliverable_message(self, message: Any) -> bool:
+        """A message to a leader whose process is gone: resend what is kept for that port to the
+        controller (which drops what it already got), and do not use that port again."""
+        try:
+            key = str(message.dest())
+        except Exception:  # noqa: BLE001
+            return False
+        if key not in self.sent and key not in self.dead_ports:
+            return False
+        self.dead_ports.add(key)
+        self._resend(key)
         return True
+
+
+def _port_key(port: Any) -> str:
+    """A port as the undeliverable envelope names it."""
+    try:
+        return str(port._port_ref.port_id)
+    except Exception:  # noqa: BLE001
+        return repr(port)
 
 
 class _GroupCut:
@@ -168,6 +212,7 @@ class HostAggregator:
         self.done: list[int] = []  # recently completed cuts (their late messages go alone)
         self.lagging: set = set()
         self.cuts_seen = 0
+        self.version = 0  # of the plan that made this rank the leader: the controller fences older ones
         threading.Thread(target=self._run, name="forge_obs-aggregator", daemon=True).start()
 
     def _run(self) -> None:
@@ -218,7 +263,7 @@ class HostAggregator:
         if gc is None:
             gc = self.cuts[seq] = _GroupCut()
         if kind == EXPECT:
-            _, _, members, per_rank, ack_wait_s, step_wait_s, lagging = msg
+            _, _, members, per_rank, ack_wait_s, step_wait_s, lagging, self.version = msg
             gc.members = {tuple(m) for m in members}
             if lagging and not self.cuts_seen:  # a new leader: the controller's view of its group
                 self.lagging |= {tuple(m) for m in lagging}
@@ -268,7 +313,7 @@ class HostAggregator:
         if drops:
             bundle["drops"]["undecodable"] = bundle["drops"].get("undecodable", 0) + drops
         bundle["ranks"] = list(states)  # every rank it answers for, decodable or not
-        self.ctl.send((BUNDLE, seq, self.own_key, pickle.dumps(bundle, protocol=pickle.HIGHEST_PROTOCOL)))
+        self.ctl.send((BUNDLE, seq, self.own_key, pickle.dumps(bundle, protocol=pickle.HIGHEST_PROTOCOL), self.version))
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -285,6 +330,10 @@ class HostAggregator:
 # ------------------------------------------------------------------ controller side
 AGG_INFO: dict[tuple, tuple[str, Any]] = {}  # rank key -> (host key, its port)
 _PLANS: dict[str, tuple] = {}  # mesh id -> (signature, plan)
+#: the current leaders and the plan version that made each one: a bundle from any other (a leader
+#: replaced since, that resumed) is dropped; its members resent their states when they saw it replaced
+_LEADS: dict[tuple, int] = {}
+_VERSION = [0]
 _BUNDLED = object()
 
 
@@ -313,10 +362,23 @@ def plan_for(entry: Any, pipeline: FlushPipeline) -> dict | None:
     old = _PLANS.get(entry.mesh_id)
     if old is not None and old[0] == sig:
         return None
+    old_leaders = set(old[1]["ports"]) if old is not None else set()
+    version = {}
+    for lead in members:
+        key = (entry.mesh_id, lead)
+        old_members = old[1]["groups"].get(lead) if old is not None else None
+        if lead in old_leaders and key in _LEADS and old_members == members[lead]:
+            version[lead] = _LEADS[key]  # the same leader of the same group: its bundles stay good
+        else:
+            _VERSION[0] += 1
+            version[lead] = _LEADS[key] = _VERSION[0]
+    for lead in old_leaders - set(members):
+        _LEADS.pop((entry.mesh_id, lead), None)  # replaced: fenced
     t = pipeline.flush_timeout_s
     lag = {lead: [k for k in ks if k in lagging] for lead, ks in members.items()}
-    plan = {"leader": leader, "ports": ports, "groups": members, "lagging": lag, "per_rank": pipeline._need_per_rank,
-            "ack_wait_s": t * ACK_WAIT_FRACTION, "step_wait_s": t * STEP_WAIT_FRACTION}
+    plan = {"leader": leader, "ports": ports, "groups": members, "lagging": lag, "version": version,
+            "per_rank": pipeline._need_per_rank, "ack_wait_s": t * ACK_WAIT_FRACTION,
+            "step_wait_s": t * STEP_WAIT_FRACTION}
     _PLANS[entry.mesh_id] = (sig, plan)
     return plan
 
@@ -358,7 +420,7 @@ def _take(msg: tuple) -> None:
     if kind == HELLO:
         AGG_INFO[tuple(msg[1])] = (msg[2], msg[3])
         return
-    if kind not in (ACKB, BUNDLE):
+    if kind not in (ACKB, BUNDLE, RESENT):
         return _orig_take(msg)
     try:
         pipeline = _controller._STATE.pipeline
@@ -366,8 +428,12 @@ def _take(msg: tuple) -> None:
             return
         if kind == ACKB:
             pipeline.ack_batch(msg[1], msg[2], msg[3])
-        else:
+        elif kind == RESENT:
+            pipeline.states_resent(msg[1], msg[2], msg[3], msg[4])
+        elif _LEADS.get(tuple(msg[2])) == msg[4]:
             pipeline.bundle(msg[1], msg[3])
+        else:
+            pipeline.fenced_bundles += 1
     except Exception:  # noqa: BLE001
         logger.exception("forge_obs: could not take an aggregated message")
 
@@ -440,6 +506,7 @@ class AggPipeline(FlushPipeline):
             n["due"] -= 1
 
     def _states(self, seq: int, rank_key: Any, identity: Any, snapshot: Any) -> None:
+        self._got_seq(rank_key, seq)
         self._note_identity(rank_key, identity)
         cut = self._find(seq)
         if cut is not None and rank_key not in cut.received:
@@ -601,12 +668,38 @@ class AggPipeline(FlushPipeline):
         finally:
             _run(callbacks)
 
+    fenced_bundles = 0  # from a replaced leader: dropped (its members resent their states)
+    duplicates_dropped = 0  # resent states the controller already had
+
+    def _got_seq(self, rank_key: tuple, seq: int) -> bool:
+        """Record that ``rank_key``'s states of cut ``seq`` arrived; False if they already had."""
+        got = self.__dict__.setdefault("_got", {}).setdefault(rank_key, set())
+        if seq in got:
+            return False
+        got.add(seq)
+        if len(got) > 512:
+            got.difference_update(sorted(got)[:256])
+        return True
+
+    def states_resent(self, seq: int, rank_key: Any, identity: Any, snapshot: Any) -> None:
+        """States a rank sent to a leader that was replaced or is gone, sent again: taken if the
+        controller did not get them (by rank and cut), dropped otherwise."""
+        rank_key = tuple(rank_key)
+        with self._cv:
+            if seq in self.__dict__.get("_got", {}).get(rank_key, ()):
+                self.duplicates_dropped += 1
+                return
+            self._states(seq, rank_key, identity, snapshot)
+            self._cv.notify_all()
+
     def bundle(self, seq: int, payload: Any) -> None:
         """The merged states of several ranks for cut ``seq`` (pickled bytes or decoded)."""
         b = pickle.loads(payload) if isinstance(payload, (bytes, bytearray)) else payload
         ranks = [tuple(k) for k in b["ranks"]]
         callbacks: list = []
         with self._cv:
+            for k in ranks:
+                self._got_seq(k, seq)
             for key, ident in b.get("identities", {}).items():
                 self._note_identity(tuple(key), ident)
             cut = self._find(seq)
@@ -735,6 +828,8 @@ class AggPipeline(FlushPipeline):
             "obs/backend_dropped_steps": sum(w.dropped_steps for w in self.workers),
             "obs/ranks_reported": len(p.received),
             "obs/bundles": len(bundles),
+            "obs/fenced_bundles": self.fenced_bundles,
+            "obs/duplicates_dropped": self.duplicates_dropped,
         }
         global_metrics.extend(Metric(k, float(v), Reduce.SUM) for k, v in obs.items())
         return StepRecord(step=p.step, run_id=self.run_id, wall_time=time.time(), global_metrics=global_metrics,
