@@ -21,11 +21,12 @@ What changes against today's protocol (forge_obs.fetcher / controller / pipeline
 - The controller's pipeline takes ack batches (each rank acknowledged, as today) and bundles (the
   ranks they cover count as received; the merged states are reduced once), so the cut, its
   deadline, lagging ranks, missing/late labels and late placement are today's code.
-- A group whose leader missed a cut goes direct (today's path) from the next cut on, with a new
-  leader chosen among its live ranks. Messages sent to a leader whose process is gone come back
-  undeliverable: the member resends each of them to the controller (the last ones it sent to that
-  port, newest first) and does not use that port again. What a leader received but had not
-  forwarded when its process died is lost with it.
+- A group whose leader missed a cut goes direct (today's path) from the next cut on, and gets a
+  new leader (a new plan version) once its ranks answer again. A member whose leader changed, or
+  whose messages to it came back undeliverable (its process is gone), resends what it kept for
+  that leader (its last 32 cuts) to the controller, which takes the states of a (rank, cut) it
+  did not get and drops the rest; bundles from a leader that is no longer current for its
+  version are dropped. Nothing is lost or counted twice but the dead leader's own values.
 """
 
 from __future__ import annotations
