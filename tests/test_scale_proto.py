@@ -236,15 +236,15 @@ def _scenario(*args: str, timeout: float = 240, **env_extra: str) -> dict:
 def test_per_host_path_on_two_monarch_hosts_is_exact_and_names_a_dead_rank():
     """Two localhost Monarch hosts x 3 procs: each host's ranks answer through one leader (2 ack
     batches + 2 bundles per step instead of 12 messages); global, per-rank and raw values are
-    exactly every live rank's; a rank killed while recording step 2 costs that flush the
+    exactly every live rank's; a rank killed while recording step 3 costs that flush the
     leader's wait (< flush_timeout_s), is named late and missing, and is not waited for again."""
     timeout_s = 4.0
-    out = _scenario("--hosts", "2", "--procs", "3", "--steps", "4", "--kill", "4", "--kill-at", "2",
+    out = _scenario("--hosts", "2", "--procs", "3", "--steps", "5", "--kill", "4", "--kill-at", "3",
                     "--flush-timeout", str(timeout_s))
     steps = {int(k): v for k, v in out["steps"].items()}
     labels = [f"m/Rec/r{r}" for r in range(6)]
-    for step in range(4):
-        live = [r for r in range(6) if not (step >= 2 and r == 4)]
+    for step in range(5):
+        live = [r for r in range(6) if not (step >= 3 and r == 4)]
         rec = steps[step]
         g = rec["global"]
         assert g["check/sum"] == sum(r + 1 for r in live), step
@@ -257,12 +257,13 @@ def test_per_host_path_on_two_monarch_hosts_is_exact_and_names_a_dead_rank():
                                                   "check/max": float(r), "check/count": 1.0}
             assert sorted(map(tuple, rec["raw"][labels[r]])) == sorted(
                 [("check/count", 1), ("check/max", float(r)), ("check/mean", float(r)), ("check/sum", r + 1.0)])
-    assert out["messages"]["1"] == 4  # one ack batch and one bundle per host (the plan settled at step 0)
-    assert steps[1]["global"]["obs/bundles"] == 2.0
-    assert steps[2]["late"] == ["m/Rec/r4"] and steps[2]["missing"] == ["m/Rec/r4"]
-    assert out["blocked_s"]["2"] < timeout_s  # the leader gave up on it first
-    assert steps[3]["missing"] == ["m/Rec/r4"] and steps[3]["late"] == []
-    assert out["blocked_s"]["3"] < timeout_s / 2  # not waited for again
+    # the plan settles at the second cut (every fetcher's hello has arrived by then)
+    assert out["messages"]["2"] == 4  # one ack batch and one bundle per host
+    assert steps[2]["global"]["obs/bundles"] == 2.0
+    assert steps[3]["late"] == ["m/Rec/r4"] and steps[3]["missing"] == ["m/Rec/r4"]
+    assert out["blocked_s"]["3"] < timeout_s  # the leader gave up on it first
+    assert steps[4]["missing"] == ["m/Rec/r4"] and steps[4]["late"] == []
+    assert out["blocked_s"]["4"] < timeout_s / 2  # not waited for again
 
 
 def test_a_hung_leader_costs_one_timeout_and_its_group_loses_nothing():
