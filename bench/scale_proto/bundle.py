@@ -1,0 +1,219 @@
+"""Merging rank snapshots on the way up: what a host's aggregator sends instead of N snapshots.
+
+    >>> from bench.scale_proto.bundle import make_bundle, bundle_snapshot
+    >>> from forge_obs.reduce import reduce_snapshots
+    >>> a = {"packed": {"mean": (["loss"], [(1.0, 1)])}, "states": {}, "counters": {"values_recorded": 1}}
+    >>> b = {"packed": {"mean": (["loss"], [(3.0, 1)])}, "states": {}, "counters": {"values_recorded": 1}}
+    >>> bundle = make_bundle({("m", 0): a, ("m", 1): b}, identities={}, per_rank=False)
+    >>> [(m.key, m.value) for m in reduce_snapshots([bundle_snapshot(bundle)])]
+    [('loss', 2.0)]
+
+A *bundle* is the merge of several ranks' snapshots (one step's cut, one group of ranks):
+
+``{"ranks": [rank_key, ...], "merged": snapshot, "conflicts": {key: [reductions]},
+"drops": {reason: n}, "per_rank": {rank_key: snapshot} | None, "raw": {rank_key: [...]},
+"identities": {rank_key: identity}}``
+
+``merged`` is an ordinary packed snapshot, so the controller reduces bundles with the same
+:func:`forge_obs.reduce.reduce_snapshots` it uses for ranks, and bundles merge into bundles
+(a tree of aggregators). Exactness:
+
+- SUM and MEAN sums travel as Shewchuk partials (non-overlapping floats whose exact sum is the
+  exact sum of the ranks' values): a MEAN/SUM key's rows are ``[(p0, count), (p1, 0), ...]``
+  with the key repeated, so ``math.fsum`` at the controller returns exactly the value it returns
+  over every rank's row — bit for bit, whatever the grouping.
+- COUNT, MAX, MIN (NaN sticks), LAST (latest wall time) merge exactly; STD merges with Chan's
+  formula (numerically stable; the last bits depend on the grouping, as they already depend on
+  arrival order at the controller); SAMPLE and custom reductions merge with their class's
+  ``merge_states``, which must be associative (it is already applied to merged states when a
+  rank's late states meet its own).
+- A key recorded with different reductions is reported in ``conflicts`` and the controller
+  drops it for the step, as it drops it today; a key whose states fail to merge is dropped and
+  counted in ``drops`` under the same reasons the controller uses.
+
+No Monarch, no torch: this runs in the aggregator's process and in the simulation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+from forge_obs.reduce import ROW_FIELDS, _chan, accumulator_for
+
+__all__ = ["exact_parts", "merge_snapshots", "make_bundle", "merge_bundles", "bundle_snapshot"]
+
+SUM_LIKE = ("sum", "mean")
+
+
+def exact_parts(values: Iterable[float]) -> list[float]:
+    """Non-overlapping partials whose exact sum is the exact sum of ``values`` (Shewchuk), so
+    that ``math.fsum(exact_parts(a) + exact_parts(b)) == math.fsum(a + b)``. Non-finite values are
+    kept (one of each kind), and values whose running sum overflows are returned as they came,
+    so that ``math.fsum`` behaves exactly as it would on the original values."""
+    vals = list(values)
+    special: list[float] = []
+    partials: list[float] = []
+    for x in vals:
+        x = float(x)
+        if not math.isfinite(x):
+            if not any((s != s and x != x) or s == x for s in special):
+                special.append(x)
+            continue
+        i = 0
+        for y in partials:
+            if abs(x) < abs(y):
+                x, y = y, x
+            hi = x + y
+            if not math.isfinite(hi):
+                return vals  # overflow: fsum on the raw values raises exactly as before
+            lo = y - (hi - x)
+            if lo:
+                partials[i] = lo
+                i += 1
+            x = hi
+        partials[i:] = [x]
+    return partials + special
+
+
+def _nan_sticky(rows: list, pick: Any) -> float:
+    for v in rows:
+        if v != v:
+            return math.nan
+    return pick(rows)
+
+
+def merge_snapshots(snaps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, list], dict[str, int]]:
+    """Merge decoded packed snapshots (ranks' or bundles' ``merged``) into one.
+
+    Returns ``(merged, conflicts, drops)``: ``conflicts`` maps a key recorded with different
+    reductions to those reductions (the controller drops it for the step); ``drops`` counts values
+    whose states could not be merged, by reason."""
+    groups: dict[str, list] = {}  # key -> [rt, items]
+    conflicts: dict[str, set] = {}
+    counters: dict[str, Any] = {}
+    for snap in snaps:
+        for rt, (keys, rows) in (snap.get("packed") or {}).items():
+            for k, row in zip(keys, rows):
+                g = groups.get(k)
+                if g is None:
+                    groups[k] = [rt, [row]]
+                elif g[0] == rt:
+                    g[1].append(row)
+                else:
+                    conflicts.setdefault(k, {g[0]}).add(rt)
+        for k, st in (snap.get("states") or {}).items():
+            rt = st["reduction_type"]
+            g = groups.get(k)
+            if g is None:
+                groups[k] = [rt, [st]]
+            elif g[0] == rt:
+                g[1].append(st)
+            else:
+                conflicts.setdefault(k, {g[0]}).add(rt)
+        for name, v in (snap.get("counters") or {}).items():
+            if isinstance(v, dict):
+                d = counters.setdefault(name, {})
+                for reason, n in v.items():
+                    d[reason] = d.get(reason, 0) + n
+            elif isinstance(v, (int, float)):
+                counters[name] = counters.get(name, 0) + v
+    packed: dict[str, tuple[list, list]] = {}
+    states: dict[str, Any] = {}
+    drops: dict[str, int] = {}
+    for k, (rt, items) in groups.items():
+        if k in conflicts:
+            continue
+        if rt in ROW_FIELDS:
+            ks, rows = packed.setdefault(rt, ([], []))
+            if len(items) == 1:
+                ks.append(k)
+                rows.append(items[0])
+            elif rt == "mean":
+                parts = exact_parts(r[0] for r in items)
+                count = sum(r[1] for r in items)
+                ks.extend([k] * max(1, len(parts)))
+                rows.append((parts[0] if parts else 0.0, count))
+                rows.extend((p, 0) for p in parts[1:])
+            elif rt == "sum":
+                parts = exact_parts(items) or [0.0]
+                ks.extend([k] * len(parts))
+                rows.extend(parts)
+            elif rt == "count":
+                ks.append(k)
+                rows.append(sum(items))
+            elif rt == "max":
+                ks.append(k)
+                rows.append(_nan_sticky(items, max))
+            elif rt == "min":
+                ks.append(k)
+                rows.append(_nan_sticky(items, min))
+            elif rt == "std":
+                ks.append(k)
+                rows.append(_chan(items))
+            elif rt == "last":
+                ks.append(k)
+                rows.append(max(items, key=lambda r: r[1]))
+            else:  # a row reduction this prototype does not know: forward unmerged
+                ks.extend([k] * len(items))
+                rows.extend(items)
+        else:
+            try:
+                states[k] = items[0] if len(items) == 1 else accumulator_for(rt).merge_states(items)
+            except Exception as e:  # noqa: BLE001 - one key never costs the others
+                reason = "unknown_reduction" if "unknown reduction" in str(e) else (
+                    "overflow" if isinstance(e, OverflowError) else "merge_error")
+                drops[reason] = drops.get(reason, 0) + len(items)
+    merged = {"packed": packed, "states": states, "counters": counters}
+    return merged, {k: sorted(v) for k, v in conflicts.items()}, drops
+
+
+def make_bundle(
+    snaps: dict[Any, dict[str, Any]],
+    identities: dict[Any, dict] | None = None,
+    per_rank: bool = False,
+) -> dict[str, Any]:
+    """One group's bundle from its ranks' decoded snapshots (``rank_key -> snapshot``)."""
+    merged, conflicts, drops = merge_snapshots(list(snaps.values()))
+    raw = {k: s["raw"] for k, s in snaps.items() if s.get("raw")}
+    pr = None
+    if per_rank:
+        pr = {k: {"packed": s.get("packed") or {}, "states": s.get("states") or {}} for k, s in snaps.items()
+              if s.get("packed") or s.get("states")}
+    return {"ranks": list(snaps), "merged": merged, "conflicts": conflicts, "drops": drops,
+            "per_rank": pr, "raw": raw, "identities": dict(identities or {})}
+
+
+def merge_bundles(bundles: list[dict[str, Any]]) -> dict[str, Any]:
+    """Bundles of disjoint ranks merged into one (an aggregator of aggregators)."""
+    merged, conflicts, drops = merge_snapshots([b["merged"] for b in bundles])
+    for b in bundles:
+        for k, rts in b["conflicts"].items():
+            conflicts[k] = sorted(set(conflicts.get(k, ())) | set(rts))
+        for reason, n in b["drops"].items():
+            drops[reason] = drops.get(reason, 0) + n
+    for k in conflicts:  # a key that conflicts anywhere is dropped everywhere
+        for rt, (ks, rows) in list(merged["packed"].items()):
+            if k in ks:
+                keep = [(kk, r) for kk, r in zip(ks, rows) if kk != k]
+                merged["packed"][rt] = ([kk for kk, _ in keep], [r for _, r in keep])
+        merged["states"].pop(k, None)
+    per_rank = None
+    if any(b["per_rank"] is not None for b in bundles):
+        per_rank = {}
+        for b in bundles:
+            per_rank.update(b["per_rank"] or {})
+    raw: dict = {}
+    identities: dict = {}
+    ranks: list = []
+    for b in bundles:
+        raw.update(b["raw"])
+        identities.update(b["identities"])
+        ranks.extend(b["ranks"])
+    return {"ranks": ranks, "merged": merged, "conflicts": conflicts, "drops": drops,
+            "per_rank": per_rank, "raw": raw, "identities": identities}
+
+
+def bundle_snapshot(bundle: dict[str, Any]) -> dict[str, Any]:
+    """The bundle's merged states as a snapshot for :func:`~forge_obs.reduce.reduce_snapshots`."""
+    return bundle["merged"]

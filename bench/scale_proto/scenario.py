@@ -1,0 +1,140 @@
+"""A real run of the per-host path on several localhost Monarch hosts, read back as JSON.
+
+    python -m bench.scale_proto.scenario --hosts 2 --procs 3 --steps 4 --kill 4 --kill-at 2
+    python -m bench.scale_proto.scenario --hosts 2 --procs 3 --steps 5 --hang 5 --hang-at 2 --hang-s 8
+
+Every rank records, per step, ``check/sum`` (SUM of rank+1), ``check/mean`` (MEAN of the rank),
+``check/max`` (MAX of the rank) and ``check/count`` (one SUM per rank), through the prototype of
+:mod:`bench.scale_proto.hostagg` (``--design hostagg``) or the library as it is (``--design
+library``), with every logging mode on. ``--kill R --kill-at S``: rank R's process exits while
+recording step S; ``--hang R --hang-at S --hang-s T``: rank R's process holds its GIL for T
+seconds from step S (a C loop that never releases it). Each host's leader is its highest rank
+(rank 5 of 2 x 3). Prints one JSON line: per step the global values, the per-rank values, the raw
+values per rank, missing/late labels, the flush's blocking time and the inbox messages.
+Runs in its own process (the prototype patches the library in this process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("MONARCH_FILE_LOG", "error")
+os.environ.setdefault("HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY", "1s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--design", default="hostagg", choices=["hostagg", "library"])
+    ap.add_argument("--hosts", type=int, default=2)
+    ap.add_argument("--procs", type=int, default=3, help="procs per host")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--kill", type=int, default=-1)
+    ap.add_argument("--kill-at", type=int, default=-1)
+    ap.add_argument("--hang", type=int, default=-1)
+    ap.add_argument("--hang-at", type=int, default=-1)
+    ap.add_argument("--hang-s", type=float, default=8.0)
+    ap.add_argument("--flush-timeout", type=float, default=4.0)
+    ap.add_argument("--root", default="/tmp/forge_obs_scenario")
+    args = ap.parse_args()
+    import monarch.actor
+
+    monarch.actor.unhandled_fault_hook = lambda failure: None  # a killed rank must not end this run
+    from bench.scale_proto import hostagg
+
+    if args.design == "hostagg":
+        hostagg.enable()
+    else:
+        hostagg.count_messages()
+    print("RESULT " + json.dumps(asyncio.run(run(args))), flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # the killed rank's mesh cannot be stopped cleanly; the hosts are ended by LocalHosts
+
+
+async def run(args: argparse.Namespace) -> dict:
+    import provisioner_hooks
+    from monarch.actor import Actor, context, endpoint
+
+    from bench.scale_proto import hostagg
+    from bench.scale_proto.hosts import LocalHosts
+    from forge_obs import LoggerBackend, Reduce, get_or_create_metric_logger, record_metric, register_backend
+
+    records: dict[int, dict] = {}
+
+    class Keep(LoggerBackend):
+        def log_step(self, record):
+            records[record.step] = {
+                "global": {k: v for k, v in record.global_dict().items() if k.startswith(("check/", "obs/"))},
+                "per_rank": record.per_rank_values(),
+                "raw": {label: [[k, v] for k, v, _ts in vals] for label, vals in record.raw.items()},
+                "missing": list(record.missing),
+                "late": list(record.late),
+            }
+
+    register_backend("keep", Keep)
+
+    class Rec(Actor):
+        @endpoint
+        async def record(self, step: int, kill: int, hang_s: float) -> None:
+            r = context().actor_instance.rank.rank
+            record_metric("check/sum", float(r + 1), Reduce.SUM)
+            record_metric("check/mean", float(r), Reduce.MEAN)
+            record_metric("check/max", float(r), Reduce.MAX)
+            record_metric("check/count", 1, Reduce.SUM)
+            if r == kill:
+                os._exit(1)
+            if hang_s > 0:
+                import threading
+
+                t0 = time.perf_counter()
+                sum(range(10**6))
+                per_s = 10**6 / (time.perf_counter() - t0)
+                # sum() over a range runs in C and never releases the GIL: the process is hung
+                threading.Thread(target=lambda: sum(range(int(per_s * hang_s))), daemon=True).start()
+
+    provisioner_hooks.install()
+    out: dict = {"steps": {}, "blocked_s": {}, "messages": {}}
+    with LocalHosts(args.hosts) as hosts:
+        hm = hosts.host_mesh()
+        mlogger = await get_or_create_metric_logger(process_name="Controller")
+        await mlogger.init_backends.call_one({
+            "keep": {"logging_mode": ["global_reduce", "per_rank_reduce", "per_rank_no_reduce"]},
+            "jsonl": None, "flush_timeout_s": args.flush_timeout,
+            "run": {"root": args.root, "id": f"{args.design}-{os.getpid()}"},
+        })
+        pm = hm.spawn_procs(per_host={"procs": args.procs}, name="m")
+        rec = pm.spawn("Rec", Rec)
+        n = args.hosts * args.procs
+        dead: set[int] = set()
+        for step in range(args.steps):
+            kill = args.kill if step == args.kill_at else -1
+            # each live rank by itself: a mesh-wide call fails once one of its ranks is dead; a
+            # hung rank answers when it resumes (its values then land in a later step)
+            def call(r: int):
+                hang = r == args.hang and step == args.hang_at
+                c = rec.slice(hosts=r // args.procs, procs=r % args.procs).record.call_one(
+                    step, kill, args.hang_s if hang else 0.0)
+                return asyncio.wait_for(c, timeout=0.5 if hang else 60.0)  # the flush runs while it hangs
+
+            calls = [call(r) for r in range(n) if r not in dead]
+            done = await asyncio.gather(*calls, return_exceptions=True)
+            if kill >= 0:
+                dead.add(kill)
+            out.setdefault("call_errors", []).extend(type(e).__name__ for e in done if isinstance(e, BaseException))
+            hostagg.INBOX_COUNT[0] = 0
+            t0 = time.perf_counter()
+            await mlogger.flush.call_one(step)
+            out["blocked_s"][step] = time.perf_counter() - t0
+            await mlogger.wait_idle.call_one()
+            out["messages"][step] = hostagg.INBOX_COUNT[0]
+        await mlogger.shutdown.call_one()
+    out["steps"] = records
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,306 @@
+"""The reduce-on-the-way-up prototype (bench/scale_proto): exact merges, the same step records as
+today's pipeline, and the per-host path on two real localhost Monarch hosts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import pickle
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.scale_proto.bundle import bundle_snapshot, exact_parts, make_bundle, merge_bundles
+from forge_obs.backends.base import LoggerBackend
+from forge_obs.reduce import reduce_snapshots
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _rank_snapshot(rng: random.Random, i: int) -> dict:
+    v = [rng.uniform(-1e6, 1e6) * rng.choice([1.0, 1e-9, 1e12]) for _ in range(5)]
+    return {
+        "packed": {
+            "mean": (["a", "b"], [(v[0], rng.randint(1, 5)), (v[1], 1)]),
+            "sum": (["s"], [v[2]]),
+            "max": (["mx"], [v[3]]),
+            "min": (["mn"], [v[3]]),
+            "std": (["sd"], [(4, v[4], abs(v[4]))]),
+            "count": (["c"], [rng.randint(0, 9)]),
+            "last": (["l"], [(v[0], rng.random())]),
+        },
+        "states": {"smp": {"reduction_type": "sample", "rows": [{"i": i}], "seen": 1}},
+        "counters": {"values_recorded": 9, "dropped_by_reason": {"bad": 1}},
+    }
+
+
+def _groups(rng: random.Random, keys: list) -> list[list]:
+    keys = list(keys)
+    rng.shuffle(keys)
+    out, i = [], 0
+    while i < len(keys):
+        j = i + rng.randint(1, 8)
+        out.append(keys[i:j])
+        i = j
+    return out
+
+
+def test_bundles_reduce_to_the_same_values_as_every_rank_at_the_controller():
+    """Any grouping of ranks into bundles (one or two levels) reduces to exactly what the
+    controller computes from every rank's snapshot: bit for bit for SUM, MEAN, MAX, MIN, COUNT
+    and LAST; STD to 1e-9; every SAMPLE row kept below the reservoir's cap."""
+    rng = random.Random(7)
+    for trial in range(150):
+        snaps = {("m", r): _rank_snapshot(rng, r) for r in range(rng.randint(2, 40))}
+        flat = {m.key: m.value for m in reduce_snapshots(list(snaps.values()))}
+        bundles = [make_bundle({k: snaps[k] for k in g}) for g in _groups(rng, snaps)]
+        if trial % 2 and len(bundles) > 2:
+            bundles = [merge_bundles(bundles[:3])] + bundles[3:]
+        tree = {m.key: m.value for m in reduce_snapshots([bundle_snapshot(b) for b in bundles])}
+        for key in ("a", "b", "s", "mx", "mn", "c", "l"):
+            assert tree[key] == flat[key], (key, tree[key], flat[key])
+        assert math.isclose(tree["sd"], flat["sd"], rel_tol=1e-9)
+        assert sorted(r["i"] for r in tree["smp"]) == sorted(r["i"] for r in flat["smp"])
+        merged_counters = merge_bundles(bundles)["merged"]["counters"]
+        assert merged_counters["values_recorded"] == 9 * len(snaps)
+        assert merged_counters["dropped_by_reason"] == {"bad": len(snaps)}
+
+
+def test_exact_parts_keep_fsum_semantics_for_cancellation_infinities_and_overflow():
+    assert math.fsum(exact_parts([1e16, 1.0, -1e16])) == 1.0  # a naive sum gives 0.0
+    assert math.fsum(exact_parts([1.0, math.inf])) == math.inf
+    assert math.isnan(math.fsum(exact_parts([1.0, math.nan, 2.0])))
+    with pytest.raises(ValueError):  # exactly what the controller's fsum raises today
+        math.fsum(exact_parts([math.inf, 1.0]) + exact_parts([-math.inf]))
+    with pytest.raises(OverflowError):
+        math.fsum(exact_parts([1.7e308, 1.7e308]))
+
+
+def test_a_key_recorded_with_two_reductions_is_dropped_everywhere():
+    a = {"packed": {"mean": (["k", "ok"], [(1.0, 1), (2.0, 1)])}, "states": {}}
+    b = {"packed": {"sum": (["k"], [3.0]), "mean": (["ok"], [(4.0, 1)])}, "states": {}}
+    c = {"packed": {"mean": (["k", "ok"], [(5.0, 1), (6.0, 1)])}, "states": {}}
+    b1, b2 = make_bundle({("m", 0): a, ("m", 1): b}), make_bundle({("m", 2): c})
+    assert b1["conflicts"] == {"k": ["mean", "sum"]}
+    top = merge_bundles([b1, b2])  # the conflicting key goes from the other bundle's rows too
+    values = {m.key: m.value for m in reduce_snapshots([bundle_snapshot(top)])}
+    assert values == {"ok": 4.0} and top["conflicts"] == {"k": ["mean", "sum"]}
+
+
+# ---------------------------------------------------------------- pipeline, no Monarch
+class _Keep(LoggerBackend):
+    def __init__(self, config):
+        super().__init__(config)
+        self.records = []
+
+    def log_step(self, record):
+        self.records.append(record)
+
+
+def _feed_today(pipe, seq, snaps, silent=()):
+    for k, snap in snaps.items():
+        if k in silent:
+            continue
+        pipe.ack(seq, k, ())
+        pipe.states(seq, k, {"label": f"m/r{k[1]}", "mesh": "m", "rank": k[1]}, pickle.dumps(snap))
+
+
+def _feed_agg(pipe, seq, snaps, groups, silent=()):
+    for g in groups:
+        acked = [k for k in g if k not in silent]
+        pipe.ack_batch(seq, [(k, ()) for k in acked], [k for k in g if k in silent])
+        idents = {k: {"label": f"m/r{k[1]}", "mesh": "m", "rank": k[1]} for k in acked}
+        pipe.bundle(seq, pickle.dumps(make_bundle({k: snaps[k] for k in acked}, idents, per_rank=True)))
+
+
+def test_aggregated_pipeline_logs_the_same_steps_as_todays():
+    """The same ranks' states, sent one per rank (today) or as ack batches and bundles, give the
+    same step records: global values, per-rank values, raw values, and the same ranks named
+    missing and late when one does not answer (the aggregator names it; the cut does not wait
+    for the controller's timeout)."""
+    from bench.scale_proto.hostagg import AggPipeline
+    from forge_obs.pipeline import FlushPipeline
+
+    rng = random.Random(3)
+    keys = [("m", r) for r in range(9)]
+    labels = {k: f"m/r{k[1]}" for k in keys}
+    groups = [keys[0:3], keys[3:6], keys[6:9]]
+    steps = []
+    for _ in range(3):
+        snaps = {k: _rank_snapshot(rng, k[1]) for k in keys}
+        for k, s in snaps.items():
+            s["raw"] = [("x", float(k[1]), 1.0)]
+        steps.append(snaps)
+    mode = {"logging_mode": ["global_reduce", "per_rank_reduce", "per_rank_no_reduce"]}
+
+    async def run(kind):
+        be = _Keep(mode)
+        timeout = 0.5
+        pipe = (FlushPipeline if kind == "today" else AggPipeline)({"keep": be}, "t", flush_timeout_s=timeout)
+        pipe.start()
+        waited = []
+        for step, snaps in enumerate(steps):
+            silent = {("m", 4)} if step == 1 else set()
+            cut = pipe.begin_cut(step, None, labels)
+            if kind == "today":
+                _feed_today(pipe, cut.seq, snaps, silent)
+            else:
+                _feed_agg(pipe, cut.seq, snaps, groups, silent)
+            t0 = time.monotonic()
+            if not pipe.wait_cut(cut, 5):
+                pipe.close_cut(cut)
+            waited.append(time.monotonic() - t0)
+        await pipe.drain()
+        await pipe.close()
+        return be.records, waited
+
+    today, waited_today = asyncio.run(run("today"))
+    agg, waited_agg = asyncio.run(run("agg"))
+    assert [r.step for r in agg] == [r.step for r in today] == [0, 1, 2]
+    for t, a in zip(today, agg):
+        tg = {k: v for k, v in t.global_dict().items() if not k.startswith("obs/")}
+        ag = {k: v for k, v in a.global_dict().items() if not k.startswith("obs/")}
+        assert set(ag) == set(tg)
+        for key, v in tg.items():
+            if key == "sd":
+                assert math.isclose(ag[key], v, rel_tol=1e-9)
+            elif key == "smp":
+                assert sorted(r["i"] for r in ag[key]) == sorted(r["i"] for r in v)
+            else:
+                assert ag[key] == v, key
+        for key in ("obs/missing_ranks", "obs/late_ranks", "obs/values_recorded", "obs/ranks_reported"):
+            assert a.global_dict()[key] == t.global_dict()[key], key
+        pt, pa = t.per_rank_values(), a.per_rank_values()
+        assert set(pa) == set(pt)
+        for label in pt:
+            assert {k: v for k, v in pa[label].items() if k not in ("sd", "smp")} == \
+                   {k: v for k, v in pt[label].items() if k not in ("sd", "smp")}, label
+        assert {lb: sorted(v) for lb, v in a.raw.items()} == {lb: sorted(v) for lb, v in t.raw.items()}
+        assert (a.missing, a.late) == (t.missing, t.late)
+    assert today[1].missing == ["m/r4"] and today[1].late == ["m/r4"]
+    # today's cut waits for the silent rank until its timeout; the aggregator already named it
+    assert waited_today[1] >= 0.45 and waited_agg[1] < 0.45
+
+
+def test_aggregated_pipeline_places_a_late_bundle_in_the_next_step_once():
+    """A bundle whose step already left (a hung aggregator that resumed) lands in the next step
+    being assembled, counted in obs/late_states, never twice."""
+    from bench.scale_proto.hostagg import AggPipeline
+
+    be = _Keep({"logging_mode": "global_reduce"})
+    keys = [("m", r) for r in range(4)]
+    labels = {k: f"m/r{k[1]}" for k in keys}
+    snap = {"packed": {"sum": (["n"], [1.0])}, "states": {}}
+
+    async def run():
+        pipe = AggPipeline({"keep": be}, "t", flush_timeout_s=0.3)
+        pipe.start()
+        c0 = pipe.begin_cut(0, None, labels)
+        pipe.ack_batch(c0.seq, [(k, ()) for k in keys[:2]])
+        pipe.bundle(c0.seq, pickle.dumps(make_bundle({k: snap for k in keys[:2]})))
+        pipe.wait_cut(c0, 2) or pipe.close_cut(c0)  # keys 2-3 (one group) are silent: late
+        await pipe.drain()
+        c1 = pipe.begin_cut(1, None, labels)
+        pipe.ack_batch(c0.seq, [(k, ()) for k in keys[2:]])  # the resumed aggregator's old cut
+        pipe.bundle(c0.seq, pickle.dumps(make_bundle({k: snap for k in keys[2:]})))
+        pipe.ack_batch(c1.seq, [(k, ()) for k in keys])
+        for g in (keys[:2], keys[2:]):
+            pipe.bundle(c1.seq, pickle.dumps(make_bundle({k: snap for k in g})))
+        await pipe.drain()
+        await pipe.close()
+
+    asyncio.run(run())
+    g0, g1 = be.records[0].global_dict(), be.records[1].global_dict()
+    assert g0["n"] == 2.0 and be.records[0].late == ["m/r2", "m/r3"]
+    assert g1["n"] == 6.0 and g1["obs/late_states"] == 2.0 and not be.records[1].missing
+
+
+# ---------------------------------------------------------------- real Monarch, two hosts
+def _scenario(*args: str, timeout: float = 240, **env_extra: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+               **env_extra)
+    p = subprocess.run([sys.executable, "-m", "bench.scale_proto.scenario", *args], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise AssertionError(f"scenario failed (rc {p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
+
+
+def test_per_host_path_on_two_monarch_hosts_is_exact_and_names_a_dead_rank():
+    """Two localhost Monarch hosts x 3 procs: each host's ranks answer through one leader (2 ack
+    batches + 2 bundles per step instead of 12 messages); global, per-rank and raw values are
+    exactly every live rank's; a rank killed while recording step 3 costs that flush the
+    leader's wait (< flush_timeout_s), is named late and missing, and is not waited for again."""
+    timeout_s = 4.0
+    out = _scenario("--hosts", "2", "--procs", "3", "--steps", "5", "--kill", "4", "--kill-at", "3",
+                    "--flush-timeout", str(timeout_s))
+    steps = {int(k): v for k, v in out["steps"].items()}
+    labels = [f"m/Rec/r{r}" for r in range(6)]
+    for step in range(5):
+        live = [r for r in range(6) if not (step >= 3 and r == 4)]
+        rec = steps[step]
+        g = rec["global"]
+        assert g["check/sum"] == sum(r + 1 for r in live), step
+        assert g["check/count"] == len(live)
+        assert g["check/mean"] == sum(live) / len(live)
+        assert g["check/max"] == max(live)
+        assert sorted(rec["per_rank"]) == sorted(labels[r] for r in live)
+        for r in live:
+            assert rec["per_rank"][labels[r]] == {"check/sum": r + 1.0, "check/mean": float(r),
+                                                  "check/max": float(r), "check/count": 1.0}
+            assert sorted(map(tuple, rec["raw"][labels[r]])) == sorted(
+                [("check/count", 1), ("check/max", float(r)), ("check/mean", float(r)), ("check/sum", r + 1.0)])
+    # the plan settles at the second cut (every fetcher's hello has arrived by then)
+    assert out["messages"]["2"] == 4  # one ack batch and one bundle per host
+    assert steps[2]["global"]["obs/bundles"] == 2.0
+    assert steps[3]["late"] == ["m/Rec/r4"] and steps[3]["missing"] == ["m/Rec/r4"]
+    assert out["blocked_s"]["3"] < timeout_s  # the leader gave up on it first
+    assert steps[4]["missing"] == ["m/Rec/r4"] and steps[4]["late"] == []
+    assert out["blocked_s"]["4"] < timeout_s / 2  # not waited for again
+
+
+def test_a_hung_leader_costs_one_timeout_and_its_group_loses_nothing():
+    """Host 1's leader (rank 5) holds its GIL for 6 s from step 2: that flush costs
+    flush_timeout_s and names the group's three ranks late; the next cut goes around it (its
+    members answer directly) and, once it resumes, what it had queued arrives with the next step
+    assembled: every value of every rank is logged exactly once, none is lost."""
+    timeout_s = 2.0
+    out = _scenario("--hosts", "2", "--procs", "3", "--steps", "5", "--hang", "5", "--hang-at", "2",
+                    "--hang-s", "6", "--flush-timeout", str(timeout_s))
+    steps = {int(k): v for k, v in out["steps"].items()}
+    group = ["m/Rec/r3", "m/Rec/r4", "m/Rec/r5"]
+    assert steps[2]["late"] == group and steps[2]["missing"] == group
+    assert steps[2]["global"]["check/count"] == 3 and steps[2]["global"]["check/sum"] == 1 + 2 + 3
+    assert out["blocked_s"]["2"] >= timeout_s * 0.9
+    # the group's step-2 values come late, once, with step 3: per step 6 values, 21 summed
+    later = [steps[s]["global"] for s in (3, 4)]
+    assert [g["check/count"] for g in later] == [6 + 3, 6]
+    assert [g["check/sum"] for g in later] == [21 + (4 + 5 + 6), 21]
+    assert later[0]["obs/late_states"] == 3
+    assert sum(steps[s]["global"]["check/count"] for s in range(5)) == 5 * 6
+    assert all(out["blocked_s"][str(s)] < timeout_s / 2 for s in (3, 4))
+
+
+def test_a_dead_leaders_members_resend_and_regroup():
+    """Host 1's leader (rank 5) dies while recording step 2. What its members sent it comes back
+    undeliverable and they resend it to the controller: their values are all logged once (in step
+    2, or late in a later one); from the next cut the group answers through a new leader; only the
+    dead rank is missing."""
+    out = _scenario("--hosts", "2", "--procs", "3", "--steps", "6", "--kill", "5", "--kill-at", "2",
+                    "--flush-timeout", "2", HYPERACTOR_MESSAGE_DELIVERY_TIMEOUT="2s")
+    steps = {int(k): v for k, v in out["steps"].items()}
+    assert "m/Rec/r5" in steps[2]["late"] and set(steps[2]["late"]) <= {"m/Rec/r3", "m/Rec/r4", "m/Rec/r5"}
+    for s in (3, 4, 5):
+        assert steps[s]["missing"] == ["m/Rec/r5"] and not steps[s]["late"]
+        assert sorted(steps[s]["per_rank"]) == [f"m/Rec/r{r}" for r in range(5)]
+    # rank 5's values of step 2 died with it; every other value is logged exactly once
+    assert sum(steps[s]["global"]["check/count"] for s in range(2, 6)) == 4 * 5
+    assert sum(steps[s]["global"]["check/sum"] for s in range(2, 6)) == 4 * (1 + 2 + 3 + 4 + 5)
+    assert out["messages"]["5"] == 4  # both hosts aggregated again
