@@ -22,14 +22,11 @@ from forge_obs.collector import MetricCollector, is_enabled, record_metric, set_
 from forge_obs.metric import BackendRole, LoggingMode, Metric
 from forge_obs.record import RunContext, StepRecord
 from forge_obs.reduce import (
-    CountAccumulator,
-    LastAccumulator,
     MaxAccumulator,
     MeanAccumulator,
     MetricAccumulator,
     MinAccumulator,
     Reduce,
-    SampleAccumulator,
     StdAccumulator,
     SumAccumulator,
     reduce_metrics_states,
@@ -38,15 +35,14 @@ from forge_obs.reduce import (
 
 __version__ = "0.1.0"
 
-_ACTOR_API = {
+#: names loaded on first use (the actor API needs Monarch; the tracer and the timeline are not
+#: needed by every process): name -> module
+_LAZY = {
     "get_or_create_metric_logger": "forge_obs.client",
     "GlobalLoggingActor": "forge_obs.controller",
     "LocalFetcherActor": "forge_obs.fetcher",
     "ConsoleBackend": "forge_obs.backends.console",
-    "JsonlBackend": "forge_obs.backends.jsonl",
     "WandbBackend": "forge_obs.backends.wandb",
-    "TensorBoardBackend": "forge_obs.backends.tensorboard",
-    # tracer and structured timeline: loaded on first use
     "Tracer": "forge_obs.tracer",
     "trace": "forge_obs.tracer",
     "record_span": "forge_obs.timeline",
@@ -54,11 +50,17 @@ _ACTOR_API = {
     "set_step": "forge_obs.timeline",
     "add_step_tag": "forge_obs.timeline",
     "get_proc_name_with_rank": "forge_obs.utils",
+    # importable from here for existing code, documented in their own modules
+    "JsonlBackend": "forge_obs.backends.jsonl",
+    "TensorBoardBackend": "forge_obs.backends.tensorboard",
+    "CountAccumulator": "forge_obs.reduce",
+    "LastAccumulator": "forge_obs.reduce",
+    "SampleAccumulator": "forge_obs.reduce",
 }
 
 
 def __getattr__(name: str) -> Any:
-    mod = _ACTOR_API.get(name)
+    mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'forge_obs' has no attribute {name!r}")
     import importlib
@@ -66,43 +68,46 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(mod), name)
 
 
+def __dir__() -> list[str]:
+    return sorted(set(__all__) | {"__version__"})
+
+
 __all__ = [
+    # recording, in any process (no Monarch, no torch)
     "record_metric",
+    "Reduce",
+    "record_span",
+    "record_event",
+    "set_step",
+    "add_step_tag",
+    "Tracer",
+    "trace",
     "set_enabled",
     "is_enabled",
-    "Reduce",
-    "Metric",
+    # the experiment's logger, on the controller (Monarch)
+    "get_or_create_metric_logger",
+    "GlobalLoggingActor",
+    "LocalFetcherActor",
+    # extending: backends and reductions
+    "LoggerBackend",
+    "register_backend",
+    "get_logger_backend_class",
     "LoggingMode",
-    "BackendRole",
-    "MetricCollector",
+    "Metric",
+    "StepRecord",
+    "RunContext",
     "MetricAccumulator",
+    "register_reduction",
+    # torchforge's names (forge.observability -> forge_obs)
+    "MetricCollector",
+    "reduce_metrics_states",
+    "BackendRole",
+    "get_proc_name_with_rank",
+    "ConsoleBackend",
+    "WandbBackend",
     "MeanAccumulator",
     "SumAccumulator",
     "MaxAccumulator",
     "MinAccumulator",
     "StdAccumulator",
-    "CountAccumulator",
-    "LastAccumulator",
-    "SampleAccumulator",
-    "register_reduction",
-    "reduce_metrics_states",
-    "LoggerBackend",
-    "register_backend",
-    "get_logger_backend_class",
-    "RunContext",
-    "StepRecord",
-    "get_or_create_metric_logger",
-    "GlobalLoggingActor",
-    "LocalFetcherActor",
-    "ConsoleBackend",
-    "JsonlBackend",
-    "WandbBackend",
-    "TensorBoardBackend",
-    "Tracer",
-    "trace",
-    "record_span",
-    "record_event",
-    "set_step",
-    "add_step_tag",
-    "get_proc_name_with_rank",
 ]

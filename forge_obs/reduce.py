@@ -70,18 +70,9 @@ __all__ = [
     "SampleAccumulator",
     "register_reduction",
     "reduction_names",
-    "resolve_reduction",
-    "merge_states",
-    "merge_snapshots",
     "reduce_metrics_states",
-    "reduce_snapshots",
-    "snapshot_states",
-    "snapshot_values",
-    "ROW_FIELDS",
     "DROP_REASONS",
-    "DropCounts",
-    "to_float",
-]
+]  # the wire format (packed rows, snapshots, bundles) is internal: reduce_snapshots & co.
 
 logger = logging.getLogger("forge_obs")
 
