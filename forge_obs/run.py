@@ -239,9 +239,9 @@ class RunConfig:
     @classmethod
     def from_config(cls, cfg: dict[str, Any] | None) -> "RunConfig":
         cfg = dict(cfg or {})
-        unknown = set(cfg) - set(cls.VALID_KEYS)
-        if unknown:
-            raise ValueError(f"unknown key(s) {sorted(unknown)} in 'run'; valid: {', '.join(cls.VALID_KEYS)}")
+        from forge_obs.config import check_keys
+
+        check_keys("run", cfg, cls.VALID_KEYS)
         run_id = str(cfg.get("id") or os.environ.get("FORGE_OBS_RUN_ID") or new_run_id())
         if "/" in run_id or run_id in (".", ".."):
             raise ValueError(f"run id {run_id!r} must be a plain directory name")

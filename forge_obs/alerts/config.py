@@ -58,9 +58,9 @@ class AlertsConfig:
     @classmethod
     def from_dict(cls, cfg: dict[str, Any] | None) -> "AlertsConfig":
         cfg = dict(cfg or {})
-        unknown = [k for k in cfg if k not in cls.valid_keys()]
-        if unknown:
-            raise ValueError(f"alerts: unknown key(s) {sorted(unknown)}; valid: {', '.join(cls.valid_keys())}")
+        from forge_obs.config import check_keys
+
+        check_keys("alerts", cfg, cls.valid_keys())
         out = cls()
         if "sinks" in cfg:
             sinks = cfg["sinks"]

@@ -59,15 +59,45 @@ import math
 import sys
 import textwrap
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from forge_obs.backends.base import LoggerBackend, awaitable
+from forge_obs.config import parse_options
 from forge_obs.metric import Metric
 from forge_obs.record import StepRecord
 
-OWN_KEYS = ("logging_mode", "compact", "every", "include", "units", "show_obs", "width", "stream", "values",
-            "per_rank_share_run")
 WIDTH = 120
+
+
+@dataclass
+class ConsoleOptions:
+    """The ``"console"`` config: ``init_backends({"console": {...}})``."""
+
+    logging_mode: Any = None  # one mode or a list (LoggerBackend parses it)
+    compact: bool = False  # one line per group and step instead of torchforge's blocks
+    every: int = 1  # print every N-th step
+    include: Any = ()  # key prefixes to print (default: all)
+    units: dict = field(default_factory=dict)  # key or prefix -> unit
+    show_obs: bool = False  # print forge_obs's own obs/... keys
+    width: int = WIDTH  # wrap lines at this many columns
+    stream: str = "stdout"  # or "stderr"
+    values: str = "rich"  # LoggerBackend's: "rich" prints distributions as one line
+    per_rank_share_run: bool = False  # torchforge's; nothing to share on a console
+
+    def __post_init__(self) -> None:
+        if self.stream not in ("stdout", "stderr"):
+            raise ValueError(f"console backend: stream={self.stream!r}; valid: stdout, stderr")
+        if not isinstance(self.every, int) or isinstance(self.every, bool) or self.every < 1:
+            raise ValueError(f"console backend: every={self.every!r} must be an integer >= 1")
+        if not isinstance(self.units, dict):
+            raise ValueError('console backend: units must map a key or prefix to a unit, e.g. {"generator/": "tok"}')
+        if not isinstance(self.width, int) or isinstance(self.width, bool) or self.width < 40:
+            raise ValueError(f"console backend: width={self.width!r} must be an integer >= 40")
+        self.compact = bool(self.compact)
+        inc = self.include or []
+        self.include = [inc] if isinstance(inc, str) else list(inc)
+        self.units = {str(k): str(v) for k, v in self.units.items()}
 
 #: key suffix -> unit (longest first)
 _SUFFIX_UNITS = (
@@ -236,30 +266,16 @@ class ConsoleBackend(LoggerBackend):
 
     def __init__(self, logger_backend_config: dict[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(logger_backend_config, **kwargs)
-        unknown = sorted(set(self.config) - set(OWN_KEYS))
-        if unknown:
-            raise ValueError(f"console backend: unknown key(s) {unknown}; valid: {', '.join(OWN_KEYS)}")
-        if self.config.get("stream", "stdout") not in ("stdout", "stderr"):
-            raise ValueError(f"console backend: stream={self.config['stream']!r}; valid: stdout, stderr")
-        every = self.config.get("every", 1)
-        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-            raise ValueError(f"console backend: every={every!r} must be an integer >= 1")
-        self.every = every
-        self.compact = bool(self.config.get("compact", False))
-        inc = self.config.get("include") or []
-        self.include = [inc] if isinstance(inc, str) else list(inc)
-        units = self.config.get("units") or {}
-        if not isinstance(units, dict):
-            raise ValueError('console backend: units must map a key or prefix to a unit, e.g. {"generator/": "tok"}')
-        self.units = {str(k): str(v) for k, v in units.items()}
-        width = self.config.get("width", WIDTH)
-        if not isinstance(width, int) or isinstance(width, bool) or width < 40:
-            raise ValueError(f"console backend: width={width!r} must be an integer >= 40")
-        self.width = width
+        self.options = parse_options(ConsoleOptions, "console backend", self.config)
+        self.every = self.options.every
+        self.compact = self.options.compact
+        self.include = self.options.include
+        self.units = self.options.units
+        self.width = self.options.width
         self._missing: set[str] = set()
 
     def log_step(self, record: StepRecord) -> None:
-        self._out = sys.stderr if self.config.get("stream") == "stderr" else sys.stdout
+        self._out = sys.stderr if self.options.stream == "stderr" else sys.stdout
         printed = record.step % self.every == 0
         if printed:
             super().log_step(record)
@@ -285,7 +301,7 @@ class ConsoleBackend(LoggerBackend):
         return gone, back
 
     def _visible(self, metrics: list[Metric]) -> list[Metric]:
-        show_obs = self.config.get("show_obs", False)
+        show_obs = self.options.show_obs
         out = [m for m in metrics if show_obs or not m.key.startswith("obs/")]
         if self.include:
             out = [m for m in out if any(m.key.startswith(p) for p in self.include)]
@@ -305,6 +321,6 @@ class ConsoleBackend(LoggerBackend):
     def log_stream(self, metric: Metric, global_step: int, source: str | None = None, **kwargs: Any) -> None:
         if self.include and not any(metric.key.startswith(p) for p in self.include):
             return
-        out = sys.stderr if self.config.get("stream") == "stderr" else sys.stdout  # also between steps
+        out = sys.stderr if self.options.stream == "stderr" else sys.stdout  # also between steps
         ts = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(metric.timestamp))
         print(f"[{source}] {ts} INFO {metric.key}: {format_value(metric.value, unit_for(metric.key, self.units))}", file=out)

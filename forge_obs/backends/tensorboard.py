@@ -25,17 +25,39 @@ they arrive, under their rank's predicted step (its last flushed step + 1); thei
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable
 from forge_obs.backends.wandb import rank_key
+from forge_obs.config import parse_options
 from forge_obs.metric import LoggingMode
 from forge_obs.record import StepRecord
 
-OWN_KEYS = ("logging_mode", "log_dir", "step_metrics", "flush_secs", "histograms", "show_obs", "values",
-            "per_rank_share_run")
 DIST = "distribution"
+
+
+@dataclass
+class TensorBoardOptions:
+    """The ``"tensorboard"`` config: ``init_backends({"tensorboard": {...}})``."""
+
+    logging_mode: Any = None  # one mode or a list (LoggerBackend parses it)
+    log_dir: str | None = None  # default: runs/<run_id>/tb
+    step_metrics: dict = field(default_factory=dict)  # key prefix -> axis metric (e.g. policy_version)
+    flush_secs: int = 10
+    histograms: Any = ()  # keys (or prefixes) whose raw values also go to histograms
+    show_obs: bool = True  # write forge_obs's own obs/... keys
+    values: str = "scalar"  # LoggerBackend's
+    per_rank_share_run: bool = False  # torchforge's; per-rank values share the run's writer
+
+    def __post_init__(self) -> None:
+        sm = self.step_metrics or {}
+        if not isinstance(sm, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and v for k, v in sm.items()):
+            raise ValueError('tensorboard backend: step_metrics must map a key prefix to an axis metric, e.g. {"generator/": "policy_version"}')
+        self.step_metrics = dict(sm)
+        hist = self.histograms or []
+        self.histograms = [hist] if isinstance(hist, str) else list(hist)
 
 
 def _is_number(v: Any) -> bool:
@@ -70,17 +92,9 @@ class TensorBoardBackend(LoggerBackend):
 
     def __init__(self, logger_backend_config: dict[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(logger_backend_config, **kwargs)
-        unknown = sorted(set(self.config) - set(OWN_KEYS))
-        if unknown:
-            raise ValueError(f"tensorboard backend: unknown key(s) {unknown}; valid: {', '.join(OWN_KEYS)}")
-        sm = self.config.get("step_metrics") or {}
-        if not isinstance(sm, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and v for k, v in sm.items()):
-            raise ValueError('tensorboard backend: step_metrics must map a key prefix to an axis metric, e.g. {"generator/": "policy_version"}')
-        self.step_metrics: dict[str, str] = dict(sm)
-        hist = self.config.get("histograms") or []
-        if isinstance(hist, str):
-            hist = [hist]
-        self.histograms = list(hist)
+        self.options = parse_options(TensorBoardOptions, "tensorboard backend", self.config)
+        self.step_metrics: dict[str, str] = self.options.step_metrics
+        self.histograms = self.options.histograms
         try:
             from torch.utils.tensorboard import SummaryWriter  # noqa: F401
         except ImportError as e:
@@ -95,14 +109,14 @@ class TensorBoardBackend(LoggerBackend):
         self.run = run
         from torch.utils.tensorboard import SummaryWriter
 
-        if self.config.get("log_dir"):
-            self.log_dir = Path(self.config["log_dir"])
+        if self.options.log_dir:
+            self.log_dir = Path(self.options.log_dir)
         elif run is not None:
             self.log_dir = run.run_dir / "tb"
         else:
             raise ValueError("tensorboard backend: no run directory and no log_dir")
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.writer = SummaryWriter(log_dir=str(self.log_dir), flush_secs=int(self.config.get("flush_secs", 10)))
+        self.writer = SummaryWriter(log_dir=str(self.log_dir), flush_secs=int(self.options.flush_secs))
 
     # ------------------------------------------------------------------ values
     def _step_for(self, key: str, record: StepRecord, axes: dict[str, Any]) -> int:
@@ -140,7 +154,7 @@ class TensorBoardBackend(LoggerBackend):
         glob = record.global_dict()
         wall = record.wall_time
         if LoggingMode.GLOBAL_REDUCE in self.modes:
-            show_obs = self.config.get("show_obs", True)
+            show_obs = self.options.show_obs
             for m in record.global_metrics:
                 if show_obs or not m.key.startswith("obs/"):
                     self._put(m.key, m.value, self._step_for(m.key, record, glob), wall)

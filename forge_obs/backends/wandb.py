@@ -47,29 +47,53 @@ import json
 import logging
 import math
 import re
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable
+from forge_obs.config import parse_options
 from forge_obs.metric import BackendRole, LoggingMode
 from forge_obs.record import StepRecord
 from forge_obs.run import redact
 
 logger = logging.getLogger("forge_obs")
 
-#: config keys that forge_obs reads itself; everything else goes to ``wandb.init``
-OWN_KEYS = (
-    "logging_mode",
-    "show_obs",
-    "values",
-    "per_rank",
-    "per_rank_share_run",
-    "per_rank_system_metrics",
-    "per_rank_include",
-    "step_metrics",
-    "run_config",
-)
 PER_RANK_CHOICES = ("keys", "runs")
 AXIS_KEYS = ("trainer_step", "wall_time")
+
+
+@dataclass
+class WandbOptions:
+    """The ``"wandb"`` config keys forge_obs reads itself; every other key goes to ``wandb.init``."""
+
+    logging_mode: Any = None  # one mode or a list (LoggerBackend parses it)
+    show_obs: bool = True  # log forge_obs's own obs/... keys
+    values: str = "scalar"  # LoggerBackend's
+    per_rank: str | None = None  # "keys": trainer/r3/loss in the run; "runs": one grouped run per rank
+    per_rank_share_run: bool | None = None  # torchforge's: True means per_rank="keys"
+    per_rank_system_metrics: bool = False
+    per_rank_include: Any = ()  # key prefixes logged per rank (default: all)
+    step_metrics: dict = field(default_factory=dict)  # key prefix/glob -> axis metric
+    run_config: dict | None = None  # extra config stored on the run
+
+    def __post_init__(self) -> None:
+        if self.per_rank is not None and self.per_rank not in PER_RANK_CHOICES:
+            raise ValueError(f"wandb backend: per_rank={self.per_rank!r}; valid: {', '.join(PER_RANK_CHOICES)}")
+        sm = self.step_metrics or {}
+        if not isinstance(sm, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and v for k, v in sm.items()):
+            raise ValueError(
+                "wandb backend: step_metrics must map a key prefix/glob to an axis metric name, "
+                'e.g. {"generator/": "policy_version"}'
+            )
+        self.step_metrics = dict(sm)
+        inc = self.per_rank_include or []
+        self.per_rank_include = [inc] if isinstance(inc, str) else list(inc)
+        if self.run_config is not None and not isinstance(self.run_config, dict):
+            raise ValueError("wandb backend: run_config must be a dict")
+
+
+#: config keys that forge_obs reads itself; everything else goes to ``wandb.init``
+OWN_KEYS = tuple(f.name for f in fields(WandbOptions))
 
 
 def _import_wandb() -> Any:
@@ -122,33 +146,20 @@ class WandbBackend(LoggerBackend):
     def __init__(self, logger_backend_config: dict[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(logger_backend_config, **kwargs)
         self._wandb = _import_wandb()
-        cfg = self.config
         init_params = [p for p in inspect.signature(self._wandb.init).parameters if p not in ("self",)]
-        unknown = sorted(k for k in cfg if k not in OWN_KEYS and k not in init_params)
-        if unknown:
-            raise ValueError(
-                f"wandb backend: unknown key(s) {unknown}; valid: {', '.join(OWN_KEYS)} "
-                f"or any wandb.init argument ({', '.join(init_params)})"
-            )
-        per_rank = cfg.get("per_rank")
+        self.options = opts = parse_options(
+            WandbOptions, "wandb backend", self.config, also=init_params,
+            more=f" or any wandb.init argument ({', '.join(init_params)})",
+        )
+        per_rank = opts.per_rank
         if per_rank is None:
-            share = cfg.get("per_rank_share_run", logger_backend_config is not None or not kwargs)
+            share = opts.per_rank_share_run
+            if share is None:
+                share = logger_backend_config is not None or not kwargs
             per_rank = "keys" if share else "runs"
-        if per_rank not in PER_RANK_CHOICES:
-            raise ValueError(f"wandb backend: per_rank={per_rank!r}; valid: {', '.join(PER_RANK_CHOICES)}")
         self.per_rank = per_rank
-        sm = cfg.get("step_metrics") or {}
-        if not isinstance(sm, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and v for k, v in sm.items()):
-            raise ValueError(
-                "wandb backend: step_metrics must map a key prefix/glob to an axis metric name, "
-                'e.g. {"generator/": "policy_version"}'
-            )
-        self.step_metrics: dict[str, str] = dict(sm)
-        inc = cfg.get("per_rank_include") or []
-        self.per_rank_include = [inc] if isinstance(inc, str) else list(inc)
-        rc = cfg.get("run_config")
-        if rc is not None and not isinstance(rc, dict):
-            raise ValueError("wandb backend: run_config must be a dict")
+        self.step_metrics: dict[str, str] = opts.step_metrics
+        self.per_rank_include = opts.per_rank_include
         self.wb: Any = None  # the experiment's wandb run
         self._rank_runs: dict[str, Any] = {}
         self._raw_run: Any = None
@@ -179,7 +190,7 @@ class WandbBackend(LoggerBackend):
         if "settings" not in kw:
             kw["settings"] = wandb.Settings(console="off")
         config = dict(kw.pop("config", None) or {})
-        config.update(self.config.get("run_config") or {})
+        config.update(self.options.run_config or {})
         config["forge_obs"] = redact(
             {
                 "run_id": run.run_id if run else None,
@@ -254,7 +265,7 @@ class WandbBackend(LoggerBackend):
     def _init_per_rank(self, label: str, source: dict[str, Any]) -> Any:
         """A rank's own run (``per_rank: "runs"``), in the experiment's group."""
         mesh = str(source.get("mesh") or label.split("/", 1)[0])
-        return self._companion(label, label, mesh, bool(self.config.get("per_rank_system_metrics", False)),
+        return self._companion(label, label, mesh, bool(self.options.per_rank_system_metrics),
                                config={"source": {k: v for k, v in source.items() if k != "pid"}})
 
     def _raw(self) -> Any:
@@ -317,7 +328,7 @@ class WandbBackend(LoggerBackend):
         axes = {"trainer_step": record.step, "wall_time": record.wall_time}
         row: dict[str, Any] = {}
         if LoggingMode.GLOBAL_REDUCE in self.modes:
-            show_obs = self.config.get("show_obs", True)
+            show_obs = self.options.show_obs
             for m in record.global_metrics:
                 if show_obs or not m.key.startswith("obs/"):
                     self._put(row, m.key, m.value)

@@ -34,48 +34,58 @@ it short; it is not a hang.
 from __future__ import annotations
 
 import re
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 VERSION = 1
 
-#: options of the ``"timeline"`` key of ``init_backends`` (and of :func:`forge_obs.timeline.configure`)
-DEFAULT_OPTIONS: dict[str, Any] = {
-    "enabled": True,
-    "ranks": "all",  # "all" | "0,3" | "0-3,8" | "every:4" (rank % 4 == 0, per mesh)
-    "max_file_mb": 64.0,  # rotate a process's file past this size
-    "max_files": 0,  # keep at most this many files per process (0: all)
-    "flush_interval_s": 0.5,  # writer pass period (what a killed process can lose)
-    "open_after_s": 1.0,  # write spans still open after this long as "B" records
-    "meshes": None,  # None: every mesh; or a list / comma string of mesh names that write
-}
+@dataclass
+class TimelineOptions:
+    """The ``"timeline"`` key of ``init_backends`` (and of :func:`forge_obs.timeline.configure`)."""
+
+    enabled: bool = True
+    ranks: Any = "all"  # "all" | "0,3" | "0-3,8" | "every:4" (rank % 4 == 0, per mesh)
+    max_file_mb: float = 64.0  # rotate a process's file past this size
+    max_files: int = 0  # keep at most this many files per process (0: all)
+    flush_interval_s: float = 0.5  # writer pass period (what a killed process can lose)
+    open_after_s: float = 1.0  # write spans still open after this long as "B" records
+    meshes: Any = None  # None: every mesh; or a list / comma string of mesh names that write
+
+    def __post_init__(self) -> None:
+        parse_ranks(self.ranks)  # raises on a bad spec
+        for k in ("max_file_mb", "flush_interval_s", "open_after_s"):
+            v = getattr(self, k)
+            try:
+                v = float(v)
+            except (TypeError, ValueError):
+                raise ValueError(f"timeline {k} must be a number, got {v!r}") from None
+            if v < 0 or (k != "open_after_s" and v == 0):
+                raise ValueError(f"timeline {k} must be > 0, got {v!r}")
+            setattr(self, k, v)
+        self.max_files = int(self.max_files)
+        if isinstance(self.meshes, str):
+            self.meshes = [m.strip() for m in self.meshes.split(",") if m.strip()]
+        self.enabled = bool(self.enabled)
+
+
+#: the defaults, as the plain dict the writer and the fetchers are given
+DEFAULT_OPTIONS: dict[str, Any] = {f.name: f.default for f in fields(TimelineOptions)}
+#: keys the controller adds to the options it pushes (clock and run identity)
+_PRIVATE_KEYS = ("_ctl_us", "_run_id", "_start", "_ctl")
 
 
 def validate_options(options: dict[str, Any] | None) -> dict[str, Any]:
     """Defaults filled in; ValueError naming the key for an unknown key or a bad value."""
-    opts = dict(DEFAULT_OPTIONS)
     if options is None:
-        return opts
+        return dict(DEFAULT_OPTIONS)
     if options is False:
-        opts["enabled"] = False
-        return opts
+        return dict(DEFAULT_OPTIONS, enabled=False)
     if not isinstance(options, dict):
         raise ValueError(f"'timeline' config must be a dict, got {type(options).__name__}")
-    unknown = set(options) - set(DEFAULT_OPTIONS) - {"_ctl_us", "_run_id", "_start", "_ctl"}
-    if unknown:
-        raise ValueError(f"unknown key(s) {sorted(unknown)} in 'timeline'; valid: {', '.join(DEFAULT_OPTIONS)}")
-    opts.update(options)
-    parse_ranks(opts["ranks"])  # raises on a bad spec
-    for k in ("max_file_mb", "flush_interval_s", "open_after_s"):
-        try:
-            opts[k] = float(opts[k])
-        except (TypeError, ValueError):
-            raise ValueError(f"timeline {k} must be a number, got {opts[k]!r}") from None
-        if opts[k] < 0 or (k != "open_after_s" and opts[k] == 0):
-            raise ValueError(f"timeline {k} must be > 0, got {opts[k]!r}")
-    opts["max_files"] = int(opts["max_files"])
-    if isinstance(opts["meshes"], str):
-        opts["meshes"] = [m.strip() for m in opts["meshes"].split(",") if m.strip()]
-    opts["enabled"] = bool(opts["enabled"])
+    from forge_obs.config import parse_options
+
+    opts = asdict(parse_options(TimelineOptions, "timeline", options, also=_PRIVATE_KEYS))
+    opts.update((k, options[k]) for k in _PRIVATE_KEYS if k in options)
     return opts
 
 
