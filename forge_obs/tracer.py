@@ -116,19 +116,14 @@ def set_record_hook(fn: Callable[[str, Any, Any], None] | None) -> None:
     if fn is None or fn is _RECORD_METRIC:
         _record_groups, record_metric = _C.record_groups, _RECORD_METRIC
         return
-    real_groups = _C.record_groups
 
     def through_hook(pairs: list, reductions: tuple) -> None:
-        dist = []
         for keys, v in pairs:
             for key, red in zip(keys, reductions):
                 if red is DISTRIBUTION:
-                    dist.append(((key,), v))
+                    _RECORD_METRIC(key, v, DISTRIBUTION)
                 else:
                     fn(key, v, red)
-        if dist:
-            for (key,), v in dist:
-                _RECORD_METRIC(key, v, DISTRIBUTION)
 
     _record_groups, record_metric = through_hook, fn
 
