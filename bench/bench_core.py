@@ -168,7 +168,7 @@ def main() -> None:
     print(f"| record_metric CPU scalar (MEAN) | {rec['record_metric_us']:.3f} us | <= 0.7 us | bare Python call {b:.3f} us | {rec['record_metric_us'] / b:.1f}x |")
     print(f"| record_metric int (SUM) | {rec['record_metric_int_sum_us']:.3f} us | <= 0.7 us | bare Python call {b:.3f} us | {rec['record_metric_int_sum_us'] / b:.1f}x |")
     print(f"| record_metric disabled | {rec['record_metric_disabled_us']:.3f} us | <= 0.3 us | bare Python call {b:.3f} us | {rec['record_metric_disabled_us'] / b:.1f}x |")
-    print("(torchforge's record_metric: ~10 us per call on this VM, as stated in the issue; not installable here)")
+    print("(torchforge side by side: bench/bench_vs_torchforge.py)")
     print("\n## flush, global_reduce (median of %d)" % args.reps)
     print("| procs | keys | caller blocked (exact cut) | raw round trip | blocked / round trip (target <= 1.3x) "
           "| to backends | raw call returning the states | to backends / raw (target: 1.1-1.9x or better) |")

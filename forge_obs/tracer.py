@@ -758,8 +758,3 @@ class trace:
 
     async def __aexit__(self, *exc: Any) -> None:
         self.__exit__(*exc)
-
-
-def resolve_pending_gpu_timings() -> None:
-    """Record every GPU timing still waiting for its events (waits for them)."""
-    _GPU.resolve_now()

@@ -88,7 +88,6 @@ class Writer:
         self.ident_key: tuple | None = None
         self.actor = ""
         self.selected = True
-        self.records = 0
         self.thread = threading.Thread(target=self._run, name="forge_obs-timeline", daemon=True)
 
     # ------------------------------------------------------------ files
@@ -285,7 +284,6 @@ class Writer:
                     out.append(f'["T",{ts},{self._lane(e[3], out)},{st},{_dumps(e[5])}]\n')
                 elif k == 3:  # lane definition
                     self.lane_defs[e[1]] = (e[2], e[3])
-            self.records += n
             if self.open:
                 now_ns = _tl._pc()  # the recording clock: the one span starts were taken with
                 lim = now_ns - self.open_after_ns
