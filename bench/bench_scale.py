@@ -273,7 +273,7 @@ def calibrate(keys: int, timeout_s: float) -> dict[str, float]:
 def _templates(keys: int, n: int = 16) -> list[bytes]:
     """Real rank snapshots (the collector's packed export, pickled as a fetcher sends it)."""
     from forge_obs.collector import MetricCollector, record_metric
-    from forge_obs.fetcher import dumps_isolated
+    from forge_obs.snapshot import dumps
     from forge_obs.reduce import Reduce
 
     c = MetricCollector()
@@ -282,7 +282,7 @@ def _templates(keys: int, n: int = 16) -> list[bytes]:
     for t in range(n):
         for i in range(keys):
             record_metric(f"bench/k{i}", float(i * 0.37 + t), Reduce.MEAN)
-        out.append(dumps_isolated(c.export(c.swap(), packed=True)))
+        out.append(dumps(c.export(c.swap(), packed=True)))
     return out
 
 

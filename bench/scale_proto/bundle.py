@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
-from forge_obs.reduce import ROW_FIELDS, _chan, accumulator_for
+from forge_obs.reduce import ROW_CLASSES, ROW_FIELDS, accumulator_for
 
 __all__ = ["exact_parts", "merge_snapshots", "make_bundle", "merge_bundles", "bundle_snapshot"]
 
@@ -150,7 +150,7 @@ def merge_snapshots(snaps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[s
                 rows.append(_nan_sticky(items, min))
             elif rt == "std":
                 ks.append(k)
-                rows.append(_chan(items))
+                rows.append(ROW_CLASSES["std"].merge_rows(items))
             elif rt == "last":
                 ks.append(k)
                 rows.append(max(items, key=lambda r: r[1]))

@@ -44,14 +44,15 @@ from monarch.actor import Channel, endpoint
 import forge_obs.client as _client
 import forge_obs.controller as _controller
 from forge_obs.collector import Taken
-from forge_obs.fetcher import ACK, FINAL, STATES, LocalFetcherActor, _clock_sample, _COLLECTOR, _cut_children, dumps_isolated
+from forge_obs.fetcher import ACK, FINAL, STATES, LocalFetcherActor, _clock_sample, _COLLECTOR, _cut_children
 from forge_obs.metric import Metric
 from forge_obs.identity import rank_label
-from forge_obs.pipeline import _COUNTERS, CPU_PARTS, RESUME_GRACE_S, FlushPipeline, _count, _merge_rank, _run, reduce_isolated
+from forge_obs.pipeline import _COUNTERS, CPU_PARTS, RESUME_GRACE_S, FlushPipeline, _count, _run
 from forge_obs.record import RankViews, StepRecord
 from forge_obs.reduce import Reduce
 from forge_obs.registry import LOCAL_MESHES
-from forge_obs.snapshot import loads
+from forge_obs.reduce import merge_snapshots, reduce_snapshots
+from forge_obs.snapshot import dumps, loads
 
 from bench.scale_proto.bundle import make_bundle
 
@@ -117,7 +118,7 @@ class AggFetcher(LocalFetcherActor):
             if leader_rank == self.rank:
                 self._lead(seq)
             self._to_leader(target, (ACK, seq, self.key, children))
-            snap = dumps_isolated(_COLLECTOR.export(taken, packed=True))
+            snap = dumps(_COLLECTOR.export(taken, packed=True))
             ident = self.identity.to_dict()
             sig = tuple(sorted((k, str(v)) for k, v in ident.items()))
             self._to_leader(target, (STATES, seq, self.key, ident if sig != self.ident_sent else None, snap))
@@ -773,7 +774,7 @@ class AggPipeline(FlushPipeline):
             for snap in snaps:
                 if snap.get("raw"):
                     raw.setdefault(label, []).extend(snap["raw"])
-            snap = snaps[0] if len(snaps) == 1 else _merge_rank(snaps, drops)
+            snap = snaps[0] if len(snaps) == 1 else merge_snapshots(snaps, lambda key, reason, n: _count(drops, reason, n))
             if snap.get("states") or snap.get("packed"):
                 rank_snaps[label] = snap
         global_snaps = list(rank_snaps.values())
@@ -798,10 +799,12 @@ class AggPipeline(FlushPipeline):
             for key, snap in (b["per_rank"] or {}).items():
                 label = self.labels.get(tuple(key)) or str(key)
                 if label in rank_snaps:
-                    rank_snaps[label] = _merge_rank([rank_snaps[label], snap], drops)
+                    rank_snaps[label] = merge_snapshots([rank_snaps[label], snap], lambda key, reason, n: _count(drops, reason, n))
                 else:
                     rank_snaps[label] = snap
-        global_metrics = reduce_isolated(global_snaps, drops)
+        global_metrics = reduce_snapshots(
+            global_snaps, on_drop=lambda key, reason, n: _count(drops, reason, n),
+            on_overflow=lambda key: _count(drops, "overflow", 1))
         if conflict_keys:
             global_metrics = [m for m in global_metrics if m.key not in conflict_keys]
             _count(drops, "reduction_mismatch", len(conflict_keys))
