@@ -35,7 +35,7 @@ from collections import deque
 from typing import Any
 
 from forge_obs.backends.base import LoggerBackend, StreamBatch, call_hook
-from forge_obs.collector import MetricCollector
+from forge_obs.selfobs import SELF_OBS
 
 logger = logging.getLogger("forge_obs")
 
@@ -46,7 +46,6 @@ DEFAULT_QUEUE_STEPS = 256
 #: streamed raw values that may wait for one backend before new ones are dropped for it (counted)
 STREAM_CAP = 1_000_000
 _STOP = object()
-_COLLECTOR = MetricCollector()
 
 
 class BackendWorker:
@@ -202,7 +201,7 @@ class BackendWorker:
                     logger.error("forge_obs: backend %r failed %s: %r (counted in obs/backend_errors)", self.name, what, e)
             if not stream:
                 self.last_s = time.perf_counter() - t0
-            _COLLECTOR.add_obs_cpu(self.cpu_part, time.thread_time() - cpu0)  # counted with a later step
+            SELF_OBS.add(self.cpu_part, time.thread_time() - cpu0)  # counted in the next step assembled
             with self._cv:
                 if not stream:
                     self.done_steps += 1

@@ -293,8 +293,6 @@ class MetricCollector:
         self._raw_overflow = 0
         # record_groups: key tuple -> its accumulators in the current dict
         self._groups: dict[tuple, tuple] = {}
-        # CPU forge_obs itself used, by part (obs/cpu_<part>_s; parts: pipeline.CPU_PARTS)
-        self._obs_cpu: dict[str, float] = {}
         self._device_values = None  # set by forge_obs.device when a GPU value is first seen
 
     # ------------------------------------------------------------------ recording
@@ -527,13 +525,6 @@ class MetricCollector:
         except Exception:  # noqa: BLE001 - not cached: the slow path next time too
             pass
 
-    def add_obs_cpu(self, part: str, cpu_s: float) -> None:
-        """Count CPU time spent by forge_obs itself (``part``: ``export``, ``timeline``, ``flush``,
-        ``inbox``, ``pipeline``); reported, summed over processes, as ``obs/cpu_<part>_s`` and
-        ``obs/cpu_s``."""
-        with self._lock:
-            self._obs_cpu[part] = self._obs_cpu.get(part, 0.0) + cpu_s
-
     # ------------------------------------------------------------------ flushing
     def swap(self) -> "Taken":
         """Take everything recorded so far, in O(1) under the lock: no export, no device sync.
@@ -561,10 +552,7 @@ class MetricCollector:
                 counters["streamed_step"] = self._streamed_step
                 self._streamed = 0
                 self._streamed_step = None
-            for part, v in self._obs_cpu.items():
-                counters[f"cpu_{part}_s"] = v
             self._recorded = self._dropped = self._nonfinite = self._raw_overflow = 0
-            self._obs_cpu = {}
         dev = self._device_values
         device = dev.swap() if dev is not None else None
         return Taken(accs, raw, counters, device, nonfinite_keys)

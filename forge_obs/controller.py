@@ -31,6 +31,7 @@ step and finish first). A timer on this actor's loop streams the controller's ow
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import operator
 import threading
@@ -49,6 +50,7 @@ from forge_obs.pipeline import Cut, FlushPipeline, RankBook
 from forge_obs.record import RunContext
 from forge_obs.registry import LOCAL_MESHES
 from forge_obs.run import redact, write_meta
+from forge_obs.selfobs import SELF_OBS
 from forge_obs.snapshot import has_values
 
 logger = logging.getLogger("forge_obs")
@@ -171,26 +173,62 @@ def start_flush(step: Any, final: bool = False) -> FlushWait:
             e.fetchers.cut.broadcast(cut.seq, step, e.actor_label, ctl_us)
         except Exception as ex:  # noqa: BLE001 - a dead mesh is reported as missing ranks
             logger.warning("forge_obs: could not cut mesh %s: %r", e.name, ex)
-    _COLLECTOR.add_obs_cpu("flush", time.thread_time() - cpu0)  # reported with the next step
+    SELF_OBS.add("flush", time.thread_time() - cpu0)
     return FlushWait(cut, pipeline)
 
 
 # -------------------------------------------------------------------- inbox
-def _drain_port(receiver: Any) -> None:
-    """The inbox's thread: every message of the port, in each sender's order, apart from every
-    event loop. All of the thread's CPU is counted in ``obs/cpu_inbox_s``."""
-    cpu = time.thread_time()
-    recv = _receive_blocking(receiver)
-    while True:
-        try:
-            msg = recv()
-        except Exception as e:  # noqa: BLE001 - the process is going away
-            logger.debug("forge_obs: inbox port closed: %r", e)
-            return
-        _take(msg)
-        now = time.thread_time()
-        _COLLECTOR.add_obs_cpu("inbox", now - cpu)
-        cpu = now
+#: the message that stops an inbox's drain thread (sent by its owner on its own port)
+_STOP = ("stop",)
+
+
+class InboxDrain:
+    """The thread that takes every message of an inbox's port, in each sender's order, apart
+    from every event loop; all of its CPU is counted in ``obs/cpu_inbox_s``. Its owner (the
+    :class:`ObsInbox`) stops it when the actor stops, or, for the process's port (which outlives
+    the actor that opened it), at process exit: :meth:`stop` sends :data:`_STOP` on the port,
+    so every message sent before it is still taken."""
+
+    def __init__(self, port: Any, receiver: Any) -> None:
+        self._port = port
+        self._recv = _receive_blocking(receiver)
+        self._thread = threading.Thread(target=self._run, name="forge_obs-inbox", daemon=True)
+
+    def start(self) -> "InboxDrain":
+        self._thread.start()
+        atexit.register(self.stop)
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout_s: float = 5.0) -> bool:
+        """Stop after the messages already sent; True if the thread ended within ``timeout_s``."""
+        atexit.unregister(self.stop)
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            try:
+                self._port.send(_STOP)
+            except Exception as e:  # noqa: BLE001 - the port is gone: so is the thread's receive
+                logger.debug("forge_obs: could not stop the inbox thread: %r", e)
+            self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        cpu = time.thread_time()
+        recv = self._recv
+        while True:
+            try:
+                msg = recv()
+            except Exception as e:  # noqa: BLE001 - the process is going away
+                logger.debug("forge_obs: inbox port closed: %r", e)
+                return
+            if msg == _STOP:
+                return
+            _take(msg)
+            now = time.thread_time()
+            SELF_OBS.add("inbox", now - cpu)
+            cpu = now
 
 
 def _receive_blocking(receiver: Any) -> Any:
@@ -204,6 +242,18 @@ def _receive_blocking(receiver: Any) -> Any:
     return lambda: receiver.recv().get()
 
 
+def _stream_label(rank_key: Any, label: str) -> str:
+    """The label of a rank that streamed raw values: as the registry names it now (a rank may
+    stream before the first cut tells it the actors spawned on its mesh), else as it sent it."""
+    try:
+        e = LOCAL_MESHES.get(rank_key[0])
+        if e is not None:
+            return e.label(int(rank_key[1]))
+    except Exception:  # noqa: BLE001 - a key of another shape: the rank's own label
+        pass
+    return label
+
+
 def _take(msg: tuple) -> None:
     """One message of the inbox's port: an ack, a rank's states, or a stopping rank's final states."""
     try:
@@ -211,14 +261,16 @@ def _take(msg: tuple) -> None:
         with _STATE.lock:
             pipeline = _STATE.pipeline
             if pipeline is None:
-                if kind in (STATES, FINAL) and has_values(msg[4]):  # kept for the first step after init_backends
+                # kept for the first cut after init_backends: values, and every stopped rank's
+                # final states (that cut expects them, values or not)
+                if kind == FINAL or (kind == STATES and has_values(msg[4])):
                     _STATE.early.append(msg[2:])
                 return  # a raw stream with no session: its values' states are in the collector's cut
 
         if kind == ACK:
             pipeline.ack(msg[1], msg[2], msg[3])
         elif kind == STREAM:
-            pipeline.stream(msg[1], msg[2], msg[3], msg[4])
+            pipeline.stream(msg[1], _stream_label(msg[1], msg[2]), msg[3], msg[4])
         elif kind == STATES:
             pipeline.states(*msg[1:])
         elif kind == FINAL:
@@ -235,7 +287,7 @@ class ObsInbox(Actor):
         self._port, receiver = Channel.open()
         if _STATE.port is None:  # this process's inbox (a GlobalLoggingActor here registers fetchers on it)
             _STATE.port = self._port
-        threading.Thread(target=_drain_port, args=(receiver,), name="forge_obs-inbox", daemon=True).start()
+        self.drain = InboxDrain(self._port, receiver).start()
 
     @endpoint
     async def get_port(self) -> Any:

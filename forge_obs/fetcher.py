@@ -34,6 +34,7 @@ from monarch.actor import Actor, context, endpoint
 from forge_obs.collector import MetricCollector
 from forge_obs.identity import set_identity
 from forge_obs.registry import LOCAL_MESHES
+from forge_obs.selfobs import SELF_OBS
 from forge_obs.snapshot import dumps
 
 logger = logging.getLogger("forge_obs")
@@ -181,13 +182,15 @@ class LocalFetcherActor(Actor):
         if ctl_us is not None:
             _clock_sample(ctl_us)
         self._send(STATES, seq, taken)
-        _COLLECTOR.add_obs_cpu("export", time.thread_time() - cpu0)  # reported with the next step
+        SELF_OBS.add("export", time.thread_time() - cpu0)  # sent with the next cut
 
     def _send(self, kind: str, seq: int, taken: Any) -> None:
         try:
             # pickled here, so that the controller's inbox thread only moves bytes: the decode
             # happens on its pipeline thread, after the flush that waits for acks resumed
-            snap = dumps(_COLLECTOR.export(taken, packed=True))
+            snap = _COLLECTOR.export(taken, packed=True)
+            snap["self_cpu"] = SELF_OBS.take()  # forge_obs's own cost here: apart from the user's values
+            snap = dumps(snap)
             self.port.send((kind, seq, self.key, self.identity.to_dict(), snap))
         except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
             logger.error("forge_obs: %s could not send its states (cut %s): %r", self.identity.label, seq, e)

@@ -54,6 +54,7 @@ from forge_obs.identity import rank_label
 from forge_obs.metric import LoggingMode, Metric
 from forge_obs.record import RankViews, StepRecord
 from forge_obs.reduce import Reduce, merge_snapshots, reduce_snapshots
+from forge_obs.selfobs import CPU_PARTS, SELF_OBS
 from forge_obs.snapshot import loads
 
 logger = logging.getLogger("forge_obs")
@@ -66,9 +67,6 @@ _COLLECTOR = MetricCollector()
 _COUNTERS = ("values_recorded", "dropped_values", "nonfinite_values", "stream_overflow", "stream_step_mismatch")
 #: how long the worker lets a flush that waited for a cut resume before merging its step
 RESUME_GRACE_S = 0.002
-#: parts of forge_obs's own CPU (obs/cpu_<part>_s; obs/cpu_s is their sum)
-CPU_PARTS = ("export", "timeline", "flush", "inbox", "pipeline", "backends", "alerts")
-
 
 @dataclass
 class RankBook:
@@ -281,7 +279,8 @@ class FlushPipeline:
         step: handed to the streaming backends' queues at once, in arrival order."""
         if not rows or not self._stream_workers:
             return
-        ident = (self.identities.get(tuple(rank_key)) if rank_key is not None else None) or {"label": label}
+        ident = (self.identities.get(tuple(rank_key)) if rank_key is not None else None) or {}
+        ident = dict(ident, label=label)
         entries = [(label, step, rows)]
         for w in self._stream_workers:
             w.put_stream(entries, {label: ident})
@@ -471,7 +470,7 @@ class FlushPipeline:
             except Exception:  # noqa: BLE001 - a bug here must not stop later steps
                 logger.exception("forge_obs: step %s could not be assembled", p.step)
             finally:
-                _COLLECTOR.add_obs_cpu("pipeline", time.thread_time() - cpu0)
+                SELF_OBS.add("pipeline", time.thread_time() - cpu0)
                 with self._cv:
                     self.steps_logged += 1
                     self._cv.notify_all()
@@ -488,10 +487,15 @@ class FlushPipeline:
         sources: dict[str, dict] = {}
         counters = dict.fromkeys(_COUNTERS, 0)
         rank_drops: dict[str, int] = {}  # reason -> values the ranks dropped (in dropped_values)
+        # forge_obs's own CPU: this process's so far (read now, not a step later), plus each rank's
+        own_cpu: dict[str, float] = SELF_OBS.take()
         for ident, snap in entries:
             label = ident.get("label") or str(ident)
             by_label.setdefault(label, []).append(snap)
             sources[label] = ident
+            for k, v in (snap.get("self_cpu") or {}).items():  # the rank's own cost (selfobs)
+                if isinstance(v, (int, float)):
+                    own_cpu[k] = own_cpu.get(k, 0.0) + v
             snap_counters = snap.get("counters") or {}
             for k, v in snap_counters.items():
                 if k == "streamed_early":  # raw values streamed under a predicted step: was it this one?
@@ -530,9 +534,9 @@ class FlushPipeline:
             "obs/nonfinite_values": counters["nonfinite_values"] + len(overflows),
             "obs/stream_overflow": counters["stream_overflow"],
             "obs/stream_step_mismatch": counters["stream_step_mismatch"],
-            # forge_obs's own CPU, all processes (the controller's merge and backends: the step before)
-            "obs/cpu_s": sum(counters.get(f"cpu_{part}_s", 0.0) for part in CPU_PARTS),
-            **{f"obs/cpu_{part}_s": counters.get(f"cpu_{part}_s", 0.0) for part in CPU_PARTS},
+            # forge_obs's own CPU, all processes, up to this step's assembly
+            "obs/cpu_s": sum(own_cpu.get(f"cpu_{part}_s", 0.0) for part in CPU_PARTS),
+            **{f"obs/cpu_{part}_s": own_cpu.get(f"cpu_{part}_s", 0.0) for part in CPU_PARTS},
             "obs/flush_blocked_s": p.blocked_s,
             "obs/backend_s": max((w.last_s for w in self.workers), default=0.0),
             "obs/pending_steps": pending,

@@ -40,6 +40,7 @@ GPU timer or memory tracking is first used.
 
 from __future__ import annotations
 
+import atexit
 import contextvars
 import functools
 import inspect
@@ -322,6 +323,7 @@ class _GpuTimings:
         self._pool: dict[int, list[Any]] = {}
         self._thread: threading.Thread | None = None
         self._hooked = False
+        self._stopping = False
         self.dropped = 0
         self.resolved = 0  # records resolved so far (by the poller or a flush)
         self._resolved_cv = threading.Condition()
@@ -353,9 +355,26 @@ class _GpuTimings:
             from forge_obs.device import device_values
 
             device_values(_C).add_hook(self)
-            self._thread = threading.Thread(target=self._poll, name="forge_obs-gpu-timer", daemon=True)
-            self._thread.start()
+            self._start_poller()
             self._hooked = True
+
+    def _start_poller(self) -> None:
+        self._stopping = False
+        self._thread = threading.Thread(target=self._poll, name="forge_obs-gpu-timer", daemon=True)
+        self._thread.start()
+        atexit.register(self.stop)
+
+    def stop(self, timeout_s: float = 5.0) -> bool:
+        """Stop the poller thread (at process exit; pending timings are still taken at the next
+        cut). True if it ended within ``timeout_s``."""
+        atexit.unregister(self.stop)
+        t = self._thread
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout_s)
+        return t is None or not t.is_alive()
 
     def _take(self, wait: bool) -> list:
         """Pop the records whose events completed, oldest first, up to the first that has not
@@ -402,9 +421,11 @@ class _GpuTimings:
     def _poll(self) -> None:
         while True:
             with self._cv:
-                while not self._pending:
+                while not self._pending and not self._stopping:
                     self._cv.wait()
-            time.sleep(self.poll_interval_s)
+                if self._stopping:
+                    return
+            time.sleep(self.poll_interval_s)  # a poll interval: events complete on the GPU's clock
             try:
                 recs = self._take(wait=False)
                 if recs:

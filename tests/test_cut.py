@@ -115,6 +115,30 @@ async def test_a_hung_rank_costs_one_timeout_then_flush_does_not_wait_for_it(tmp
     assert rows[2]["metrics"]["obs/missing_ranks"] == 0
 
 
+async def test_a_quiet_mesh_stopped_between_sessions_is_not_waited_for_by_the_next(tmp_path):
+    """A mesh that recorded nothing since its last flush and stopped after shutdown hands over
+    empty final states while no session runs; the next session's first cut, which expects them,
+    takes them at once instead of waiting a timeout and naming its ranks missing."""
+    mlogger = await start_logger(tmp_path, {"flush_timeout_s": 30.0}, run_id="a")
+    pm = this_host().spawn_procs(per_host={"procs": 2}, name="quiet")
+    a = pm.spawn("Stoppable", Stoppable)
+    await a.record.call(1.0)
+    await mlogger.flush.call_one(0)
+    await mlogger.shutdown.call_one()
+    await pm.stop()  # nothing recorded since step 0: empty final states, with no session running
+    mlogger = await start_logger(tmp_path, {"flush_timeout_s": 30.0}, run_id="b")
+    pm = this_host().spawn_procs(per_host={"procs": 2}, name="quiet")
+    a = pm.spawn("Stoppable", Stoppable)
+    await a.record.call(2.0)
+    await mlogger.flush.call_one(0)
+    await mlogger.shutdown.call_one()
+    await pm.stop()
+    row = global_rows(tmp_path, "b")[0]
+    assert row["metrics"]["hang/v"] == 4.0
+    assert not row.get("missing") and not row.get("late"), row
+    assert row["metrics"]["obs/flush_blocked_s"] < 15.0  # not the 30 s timeout
+
+
 @pytest.mark.parametrize("bad", ["abc", None, 1.5, 2**70, -1, True])
 async def test_flush_rejects_a_step_that_is_not_a_non_negative_int(tmp_path, bad):
     mlogger = await start_logger(tmp_path, {})

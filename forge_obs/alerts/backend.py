@@ -25,10 +25,11 @@ from typing import Any
 from forge_obs.alerts.config import AlertsConfig
 from forge_obs.alerts.sinks import Dispatcher, FileSink, console_sink, find_wandb_run, post_json, wandb_alert
 from forge_obs.backends.base import LoggerBackend
-from forge_obs.collector import MetricCollector, record_metric
+from forge_obs.collector import record_metric
 from forge_obs.metric import LoggingMode
 from forge_obs.record import StepRecord
 from forge_obs.reduce import Reduce
+from forge_obs.selfobs import SELF_OBS
 from forge_obs.timeline.doctor.identity import Identities
 from forge_obs.timeline.doctor.rules import Event, StepView, build_rules
 
@@ -51,7 +52,6 @@ class AlertsBackend(LoggerBackend):
         self.settings = AlertsConfig.from_dict(cfg)  # raises at init_backends, with the valid choices
         super().__init__({})
         self.modes = self.default_modes  # per-rank views are what stragglers and NaN roots are judged on
-        self.collector = MetricCollector()
         self.ids = Identities()
         self._known: set = set()  # rank labels whose identity was learnt
         self.rules = build_rules(self.settings.doctor, self.ids, self.settings.user_rules, self.settings.disable,
@@ -205,7 +205,7 @@ class AlertsBackend(LoggerBackend):
 
     def _count_cpu(self, seconds: float) -> None:
         if seconds > 0:
-            self.collector.add_obs_cpu("alerts", seconds)
+            SELF_OBS.add("alerts", seconds)
 
     # ------------------------------------------------------------------ watchdog
     def stall_threshold_s(self) -> float | None:

@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from forge_obs.collector import MetricCollector
 from forge_obs.identity import current_identity
+from forge_obs.selfobs import SELF_OBS
 from forge_obs.timeline.schema import VERSION, rank_selected, validate_options
 
 # the recording state this writer drains (not `from forge_obs import timeline`: importing through
@@ -44,7 +44,6 @@ SESSION = secrets.token_hex(4)
 _writer: "Writer | None" = None
 _lock = threading.Lock()
 _last_seq = [0]
-_count_cpu = MetricCollector().add_obs_cpu  # the writer thread's CPU, reported as obs/cpu_timeline_s
 _lane_defs: dict[int, tuple] = {}  # lane -> (label, thread id), for the whole process
 
 
@@ -328,7 +327,7 @@ class Writer:
                 self._drain()
             except Exception as e:  # noqa: BLE001 - never die silently, never raise
                 logger.warning("forge_obs: timeline writer pass failed: %r", e)
-            _count_cpu("timeline", time.thread_time() - cpu0)
+            SELF_OBS.add("timeline", time.thread_time() - cpu0)
 
     def start(self) -> None:
         with self.lock:
