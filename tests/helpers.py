@@ -31,6 +31,29 @@ class RangeAccumulator(MetricAccumulator):
         return s["hi"] - s["lo"]
 
 
+class UniqAccumulator(MetricAccumulator):
+    """A custom non-numeric reduction for tests: the number of distinct ``str(value)``."""
+
+    numeric = False
+
+    def reset(self):
+        self.seen = set()
+
+    def append(self, v):
+        self.seen.add(str(v))
+
+    def get_state(self):
+        return self._state(seen=sorted(self.seen))
+
+    @classmethod
+    def merge_states(cls, states):
+        return {"reduction_type": states[0]["reduction_type"], "seen": sorted({x for s in states for x in s["seen"]})}
+
+    @classmethod
+    def value_from_state(cls, s):
+        return len(s["seen"])
+
+
 async def start_logger(tmp_path: Path, config: dict[str, Any] | None = None, run_id: str = "t", **run: Any):
     """A fresh GlobalLoggingActor session writing to ``tmp_path/<run_id>``."""
     import provisioner_hooks

@@ -19,33 +19,13 @@ from hypothesis import strategies as st  # noqa: E402
 
 from forge_obs import Reduce, record_metric, register_reduction  # noqa: E402
 from forge_obs.collector import MetricCollector  # noqa: E402
-from forge_obs.reduce import MetricAccumulator, reduce_snapshots, snapshot_states  # noqa: E402
+from forge_obs.reduce import reduce_snapshots, snapshot_states  # noqa: E402
+from tests.helpers import UniqAccumulator  # noqa: E402
 
 
-class Uniq(MetricAccumulator):
-    """A custom non-numeric reduction: the number of distinct ``str(value)``."""
-
-    numeric = False
-
-    def reset(self):
-        self.seen = set()
-
-    def append(self, v):
-        self.seen.add(str(v))
-
-    def get_state(self):
-        return self._state(seen=sorted(self.seen))
-
-    @classmethod
-    def merge_states(cls, states):
-        return {"reduction_type": states[0]["reduction_type"], "seen": sorted({x for s in states for x in s["seen"]})}
-
-    @classmethod
-    def value_from_state(cls, s):
-        return len(s["seen"])
 
 
-UNIQ = register_reduction("fuzz_uniq", Uniq)
+UNIQ = register_reduction("fuzz_uniq", UniqAccumulator)
 
 
 class NoStr:

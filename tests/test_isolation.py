@@ -14,28 +14,11 @@ import pytest
 from monarch.actor import Actor, endpoint, this_host
 
 from forge_obs import LoggerBackend, MetricAccumulator, Reduce, record_metric, register_backend, register_reduction
-from tests.helpers import global_rows, rank_rows, start_logger
+from tests.helpers import RangeAccumulator, global_rows, rank_rows, start_logger
 
 
-class ActorOnlyRange(MetricAccumulator):
+class ActorOnlyRange(RangeAccumulator):
     """A custom reduction registered in the actors' processes only (not on the controller)."""
-
-    def reset(self):
-        self.lo, self.hi = math.inf, -math.inf
-
-    def append(self, v):
-        self.lo, self.hi = min(self.lo, v), max(self.hi, v)
-
-    def get_state(self):
-        return self._state(lo=self.lo, hi=self.hi)
-
-    @classmethod
-    def merge_states(cls, states):
-        return {"reduction_type": "actor_only_range", "lo": min(s["lo"] for s in states), "hi": max(s["hi"] for s in states)}
-
-    @classmethod
-    def value_from_state(cls, s):
-        return s["hi"] - s["lo"]
 
 
 class BrokenState(MetricAccumulator):

@@ -11,13 +11,12 @@ import pytest
 
 from forge_obs import Reduce, record_metric, register_reduction
 from forge_obs.reduce import (
-    MetricAccumulator,
     reduce_metrics_states,
     reduce_snapshots,
     snapshot_states,
     snapshot_values,
 )
-from tests.helpers import RangeAccumulator
+from tests.helpers import RangeAccumulator, UniqAccumulator
 
 BIG = 10**400
 
@@ -173,31 +172,10 @@ def test_sample_by_any_case_keeps_rows(fresh_collector, name):
     assert snap["counters"]["dropped_values"] == 0
 
 
-class Uniq(MetricAccumulator):
-    """A custom non-numeric reduction: the distinct strings seen."""
-
-    numeric = False
-
-    def reset(self):
-        self.seen = set()
-
-    def append(self, v):
-        self.seen.add(str(v))
-
-    def get_state(self):
-        return self._state(seen=sorted(self.seen))
-
-    @classmethod
-    def merge_states(cls, states):
-        return {"reduction_type": states[0]["reduction_type"], "seen": sorted({x for s in states for x in s["seen"]})}
-
-    @classmethod
-    def value_from_state(cls, s):
-        return len(s["seen"])
 
 
 def test_a_non_numeric_custom_reduction_receives_non_numbers(fresh_collector):
-    name = register_reduction("test_uniq", Uniq)
+    name = register_reduction("test_uniq", UniqAccumulator)
     for v in ("a", "b", "a", None, ("t",)):
         record_metric("u", v, name)
     record_metric("u2", "x", name.upper())  # names are case-insensitive
