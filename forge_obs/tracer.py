@@ -62,7 +62,7 @@ __all__ = ["Tracer", "trace", "set_record_hook"]
 
 logger = logging.getLogger("forge_obs")
 
-_pc = time.perf_counter
+_clock_s = time.perf_counter
 _MEAN, _MAX = Reduce.MEAN, Reduce.MAX
 _GIB = float(1 << 30)
 
@@ -533,7 +533,7 @@ class Tracer:
                 _warn_once("gpu_start", f"Tracer({self.prefix!r}) could not record a CUDA event ({e!r}); using CPU timing")
                 self._gpu = False
         self._steps = []
-        self._t0 = self._last = _pc()
+        self._t0 = self._last = _clock_s()
         return self
 
     def step(self, name: str) -> None:
@@ -550,7 +550,7 @@ class Tracer:
             except Exception as e:  # noqa: BLE001
                 _warn_once("gpu_step", f"Tracer({self.prefix!r}).step could not record a CUDA event: {e!r}")
         else:
-            now = _pc()
+            now = _clock_s()
             self._steps.append((name, now - self._last))
             self._last = now
 
@@ -571,7 +571,7 @@ class Tracer:
                 self._events = []
                 self._names = []
             else:
-                _record_groups(_duration_pairs(self.prefix, self._steps, _pc() - self._t0), _REDS)
+                _record_groups(_duration_pairs(self.prefix, self._steps, _clock_s() - self._t0), _REDS)
         except Exception as e:  # noqa: BLE001 - never raise into the training step
             _warn_once("stop_error", f"Tracer({self.prefix!r}).stop() could not record its timings: {e!r}")
         finally:
@@ -621,17 +621,17 @@ class _TimerCPU:
 
     def start(self) -> None:
         self._durations = []
-        self._chain_start = _pc()
+        self._chain_start = _clock_s()
 
     def step(self, name: str) -> None:
         if self._chain_start is None:
             raise ValueError("Timer must be started before calling step")
-        now = _pc()
+        now = _clock_s()
         self._durations.append((name, (now - self._chain_start) * 1000.0))
         self._chain_start = now
 
     def get_all_durations(self) -> tuple[list[tuple[str, float]], float]:
-        last = 0.0 if self._chain_start is None else (_pc() - self._chain_start) * 1000.0
+        last = 0.0 if self._chain_start is None else (_clock_s() - self._chain_start) * 1000.0
         return list(self._durations), last
 
 
@@ -713,11 +713,11 @@ class trace:
 
                 @functools.wraps(fn)
                 async def awrapper(*args: Any, **kwargs: Any) -> Any:
-                    t0 = _pc()
+                    t0 = _clock_s()
                     try:
                         return await fn(*args, **kwargs)
                     finally:
-                        d = _pc() - t0
+                        d = _clock_s() - t0
                         _record_groups([(keys, d)], _REDS)
 
             else:
@@ -737,11 +737,11 @@ class trace:
 
             @functools.wraps(fn)
             def wrapper(*args: Any, **kwargs: Any) -> Any:
-                t0 = _pc()
+                t0 = _clock_s()
                 try:
                     return fn(*args, **kwargs)
                 finally:
-                    d = _pc() - t0
+                    d = _clock_s() - t0
                     _record_groups([(keys, d)], _REDS)
 
         else:

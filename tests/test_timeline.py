@@ -222,7 +222,7 @@ def _fake_run(root: Path, ranks: int, steps: int, slow_rank=None, hang_rank=None
 
     start = time.perf_counter_ns()
     clock = [start]
-    tl._pc = lambda: clock[0]
+    tl._clock_ns = lambda: clock[0]
 
     ident = current_identity()
     saved = (ident.mesh, ident.rank, ident.world_size, writer.SESSION)
@@ -257,7 +257,7 @@ def _fake_run(root: Path, ranks: int, steps: int, slow_rank=None, hang_rank=None
                 tl.close()
     finally:
         ident.mesh, ident.rank, ident.world_size, writer.SESSION = saved
-        tl._pc = time.perf_counter_ns
+        tl._clock_ns = time.perf_counter_ns
     if nan_step is not None:
         with open(root / "metrics.jsonl", "w") as f:
             for s in range(steps):

@@ -65,7 +65,7 @@ K_BEGIN, K_END, K_LANE, K_STEP, K_TAG, K_EVENT = 1, 2, 3, 4, 5, 6
 _buf: deque = deque(maxlen=PRECONFIG_CAP)
 _append = _buf.append
 _next_id = itertools.count(1).__next__
-_pc = time.perf_counter_ns
+_clock_ns = time.perf_counter_ns
 _get_ident = threading.get_ident
 #: recording is on (False: disabled, or this rank is not selected by ``ranks``)
 _ON: bool = not DISABLED
@@ -180,7 +180,7 @@ class _Span:
             step = _step_var.get()
             if step is None:
                 step = _proc_step[0]
-            t = _pc()
+            t = _clock_ns()
             self.t0 = t
             _append((K_BEGIN, sid, t, _lane(), self.name, step, self.extras))
         return self
@@ -188,7 +188,7 @@ class _Span:
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
         sid = self.sid
         if sid:
-            t = _pc()
+            t = _clock_ns()
             self.sid = 0
             _append((K_END, sid, t, None if ev is None else _err(et, ev)))
             if self.to_metrics:
@@ -258,7 +258,7 @@ def record_event(name: str, *, flow: Any = None, **attrs: Any) -> None:
     """An instant event on the caller's track (``flow`` and attributes as for spans). Never
     raises: a name or attribute that cannot be written as JSON is written as its text."""
     if _ON and not (_torch_loaded[0] and _compiling()):
-        _append((K_EVENT, _next_id(), _pc(), _lane(), name if type(name) is str else _text(name), _step(),
+        _append((K_EVENT, _next_id(), _clock_ns(), _lane(), name if type(name) is str else _text(name), _step(),
                  _extras(flow, attrs)))
 
 
@@ -273,7 +273,7 @@ def set_step(step: int) -> None:
     if _get_running_loop() is not None and _current_task() is not None:
         _step_var.set(step)
     if _ON:
-        _append((K_STEP, _next_id(), _pc(), _lane(), step))
+        _append((K_STEP, _next_id(), _clock_ns(), _lane(), step))
 
 
 def get_step() -> int | None:
@@ -284,7 +284,7 @@ def get_step() -> int | None:
 def add_step_tag(tag: str) -> None:
     """Tag the current step (e.g. ``"eval"``, ``"checkpoint"``, ``"weights_sync"``)."""
     if _ON:
-        _append((K_TAG, _next_id(), _pc(), _lane(), _step(), _text(tag)))
+        _append((K_TAG, _next_id(), _clock_ns(), _lane(), _step(), _text(tag)))
 
 
 def is_enabled() -> bool:

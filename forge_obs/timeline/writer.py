@@ -284,7 +284,7 @@ class Writer:
                 elif k == 3:  # lane definition
                     self.lane_defs[e[1]] = (e[2], e[3])
             if self.open:
-                now_ns = _tl._pc()  # the recording clock: the one span starts were taken with
+                now_ns = _tl._clock_ns()  # the recording clock: the one span starts were taken with
                 lim = now_ns - self.open_after_ns
                 for sid, b in list(self.open.items()):
                     old = b[2] <= lim
