@@ -18,7 +18,7 @@ from forge_obs.backends.jsonl import JsonlBackend
 from forge_obs.metric import Metric
 from forge_obs.record import RunContext, StepRecord
 from forge_obs.store import read_jsonl, read_metrics
-from forge_obs.timeline import reader
+from forge_obs.analysis import reader
 
 ROOT = Path(__file__).resolve().parent.parent
 

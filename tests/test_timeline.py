@@ -11,9 +11,10 @@ import pytest
 
 from forge_obs import timeline as tl
 from forge_obs.identity import current_identity
-from forge_obs.timeline import reader, schema
-from forge_obs.timeline.export import export_trace
-from forge_obs.timeline.validate import load
+from forge_obs.analysis import reader
+from forge_obs.timeline import schema
+from forge_obs.analysis.trace import export_trace
+from tests.trace_validate import load
 
 
 @pytest.fixture
@@ -273,7 +274,7 @@ def _cli(*argv):
 
 def test_sql_views(tmp_path):
     pytest.importorskip("duckdb")
-    from forge_obs.timeline.sql import connect
+    from forge_obs.analysis.sql import connect
 
     tl.close()
     _fake_run(tmp_path, 3, 4, slow_rank=1, hang_rank=2, nan_step=2)
@@ -334,7 +335,7 @@ def test_export_filters_and_clock_offsets(tmp_path):
 
 def test_resumed_run_keeps_attempts_apart(tdir):
     from forge_obs.timeline import writer
-    from forge_obs.timeline.sql import connect
+    from forge_obs.analysis.sql import connect
 
     saved = writer.SESSION
     try:

@@ -20,7 +20,8 @@ fetcher mesh), or from :func:`configure` in a standalone script. Until configure
 kept in a small bounded buffer. ``FORGE_DISABLE_METRICS=true`` or ``FORGE_DISABLE_TIMELINE=true``
 turns every call into a no-op. Nothing here imports Monarch or torch.
 
-Views: ``forge-obs trace`` (Perfetto), ``forge-obs sql`` (DuckDB), ``forge-obs doctor``.
+This package is the recording side only. The views of what it writes (``forge-obs trace`` /
+``sql`` / ``doctor``, and their Python API) are in :mod:`forge_obs.analysis`.
 """
 
 from __future__ import annotations

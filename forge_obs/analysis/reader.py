@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from forge_obs.analysis.jsonl import json_lines
+
 logger = logging.getLogger("forge_obs")
 
 SPAN, OPEN, INSTANT, STEP, TAG, END = "span", "open", "instant", "step", "tag", "end"
@@ -151,26 +153,15 @@ def _record_ok(r: list) -> bool:
     return False
 
 
-_raw_decode = json.JSONDecoder().raw_decode
-
-
 def _lines(path: Path, run: "Run | None" = None) -> Iterator[Any]:
     """Each line of ``path`` parsed (a list record or a header dict). Lines that are not valid
     UTF-8 / JSON, or neither a list nor a dict, are counted in ``run.malformed``; a torn last
     line (the writer died mid-line) is skipped silently."""
-    raw = _raw_decode
-    with open(path, "rb") as f:
-        for i, b in enumerate(f):
-            try:
-                r = raw(b.decode("utf-8"))[0]
-            except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-                if b.endswith(b"\n") and b.strip():
-                    _malformed(run, path, i + 1, "not valid UTF-8 JSON")
-                continue  # else: a torn last line, skipped silently
-            if isinstance(r, (list, dict)):
-                yield r
-            else:
-                _malformed(run, path, i + 1, f"a JSON {type(r).__name__}, not a record")
+    for i, r in json_lines(path, lambda line, why: _malformed(run, path, line, why)):
+        if isinstance(r, (list, dict)):
+            yield r
+        else:
+            _malformed(run, path, i, f"a JSON {type(r).__name__}, not a record")
 
 
 def _malformed(run: "Run | None", path: Path, line: int, why: str) -> None:

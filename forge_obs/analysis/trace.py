@@ -21,8 +21,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from forge_obs.timeline import reader
-from forge_obs.timeline.reader import END, INSTANT, OPEN, SPAN, STEP, TAG
+from forge_obs.analysis import reader
+from forge_obs.analysis.reader import END, INSTANT, OPEN, SPAN, STEP, TAG
 
 _dumps = json.dumps
 
