@@ -55,6 +55,7 @@ import time
 from enum import Enum
 from typing import Any, Callable
 
+from forge_obs._safe import safe_repr as _safe_repr
 from forge_obs.metric import Metric
 
 __all__ = [
@@ -651,13 +652,6 @@ def accumulator_for(reduction_name: str) -> type[MetricAccumulator]:
         raise ValueError(
             f"unknown reduction {_safe_repr(reduction_name)}; valid: {', '.join(reduction_names())}"
         ) from None
-
-
-def _safe_repr(x: Any) -> str:
-    try:
-        return repr(x)[:200]
-    except Exception:  # noqa: BLE001 - a repr that raises never hides the real message
-        return f"<{type(x).__name__}>"
 
 
 def _rt_of(state: Any) -> str:
