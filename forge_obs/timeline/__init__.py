@@ -4,7 +4,7 @@
 
     set_step(7)
     with record_span("train_step", flow=f"policy-v{version}"):
-        ...                                   # ~1-2 µs on the caller: two appends to a buffer
+        ...                                   # the caller pays two appends to a buffer
 
     @record_span("generate")                  # also decorates sync and async functions
     async def generate(prompt): ...

@@ -24,7 +24,7 @@ integer microseconds relative to the header's ``t0`` (epoch µs), ``step`` is an
     ["C", 1763860000000950, 1763860000000100]   clock sample: local receive / controller send (epoch µs)
     ["Z", 9100]                              the process closed the file cleanly
 
-A complete span costs one record (~20-40 bytes); a span is written as ``B`` (then ``E``) only
+A complete span is one record (its size per record: ``bench/bench_timeline.py``); a span is written as ``B`` (then ``E``) only
 when it stays open longer than ``open_after_s`` or when the file is closed, so that the span a
 hang is stuck in is on disk. A span younger than ``open_after_s`` when the process closes its file
 cleanly gets ``["E", sid, close_ts, {"x": "shutdown"}]`` right after its ``B``: the shutdown cut
