@@ -157,11 +157,7 @@ def _lines(path: Path, run: "Run | None" = None) -> Iterator[Any]:
     """Each line of ``path`` parsed (a list record or a header dict). Lines that are not valid
     UTF-8 / JSON, or neither a list nor a dict, are counted in ``run.malformed``; a torn last
     line (the writer died mid-line) is skipped silently."""
-    for i, r in json_lines(path, lambda line, why: _malformed(run, path, line, why)):
-        if isinstance(r, (list, dict)):
-            yield r
-        else:
-            _malformed(run, path, i, f"a JSON {type(r).__name__}, not a record")
+    return json_lines(path, lambda line, why: _malformed(run, path, line, why))
 
 
 def _malformed(run: "Run | None", path: Path, line: int, why: str) -> None:

@@ -18,7 +18,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from forge_obs.analysis.jsonl import json_lines
+from forge_obs.analysis.jsonl import NOT_JSON, json_lines
 
 logger = logging.getLogger("forge_obs")
 
@@ -69,15 +69,9 @@ def read_jsonl(
     def malformed(line: int, why: str) -> None:
         nonlocal bad, first
         bad += 1
-        first = first or f"line {line} is {why}"
+        first = first or (f"line {line} is {why}" if why is NOT_JSON else f"line {line}: {why}")
 
-    for i, row in json_lines(path, malformed):
-        why = "not a JSON object" if type(row) is not dict else (check(row) if check is not None else None)
-        if why is not None:
-            bad += 1
-            first = first or f"line {i}: {why}"
-            continue
-        yield row
+    yield from json_lines(path, malformed, (dict,), check)
     if stats is not None:
         stats["malformed"] = stats.get("malformed", 0) + bad
     if bad:
