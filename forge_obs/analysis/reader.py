@@ -1,8 +1,17 @@
 """Read ``runs/<run_id>/events/*.jsonl`` back, streaming, as normalised items.
 
-    run = scan("runs/exp1")                      # headers, clock offsets, attempts (cheap pass)
-    for item in walk(run):                       # one pass over every record
-        if item[0] == SPAN: ...
+    >>> import tempfile
+    >>> from forge_obs import timeline
+    >>> run_dir = tempfile.mkdtemp()
+    >>> timeline.configure(run_dir)                # a standalone script records its timeline
+    True
+    >>> timeline.set_step(1)
+    >>> with timeline.record_span("train_step"):
+    ...     pass
+    >>> timeline.close()
+    >>> run = scan(run_dir)                       # headers, clock offsets, attempts (cheap pass)
+    >>> [(item[3], item[4]) for item in walk(run) if item[0] is SPAN]   # one pass over every record
+    [('train_step', 1)]
 
 Items (times are epoch µs, corrected by the host's clock offset against the controller)::
 

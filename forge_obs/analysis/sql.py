@@ -2,9 +2,18 @@
 
     forge-obs sql runs/exp1 "SELECT mesh, rank, avg(dur_ms) FROM spans WHERE name='train_step' GROUP BY ALL"
 
-    from forge_obs.analysis.sql import connect
-    con = connect("runs/exp1")
-    con.execute("SELECT key, max(value) FROM metrics GROUP BY key").fetchall()
+    >>> import tempfile
+    >>> from forge_obs import timeline
+    >>> run_dir = tempfile.mkdtemp()
+    >>> timeline.configure(run_dir)
+    True
+    >>> timeline.set_step(3)
+    >>> with timeline.record_span("train_step"):
+    ...     pass
+    >>> timeline.close()
+    >>> con = connect(run_dir)                    # needs duckdb: pip install 'forge-obs[timeline]'
+    >>> con.execute("SELECT name, step, finished FROM spans").fetchall()
+    [('train_step', 3, True)]
 
 Views (times in epoch µs, clock-offset corrected; ``attempt`` separates restarts of a resumed run):
 

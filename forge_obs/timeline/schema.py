@@ -90,7 +90,15 @@ def validate_options(options: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def parse_ranks(spec: Any) -> Any:
-    """``"all"`` -> None; ``"0,3"`` / ``"0-3,8"`` -> set of ranks; ``"every:4"`` -> ("every", 4)."""
+    """``"all"`` -> None; ``"0,3"`` / ``"0-3,8"`` -> set of ranks; ``"every:4"`` -> ("every", 4).
+
+    >>> parse_ranks("all"), parse_ranks("0-2,8"), parse_ranks("every:4")
+    (None, {0, 1, 2, 8}, ('every', 4))
+    >>> parse_ranks("0,x")
+    Traceback (most recent call last):
+    ...
+    ValueError: bad ranks '0,x': use 'all', '0,3', '0-3,8' or 'every:4'
+    """
     if spec is None or spec == "all" or spec == "*":
         return None
     if isinstance(spec, int):
