@@ -94,8 +94,8 @@ def run_grpo(args: argparse.Namespace, root: str) -> tuple[Path, dict, ProcCpu]:
 
 def floor_s(run_dir: Path) -> float:
     """One pass of the timeline reader plus parsing metrics.jsonl: what any doctor pays."""
-    from forge_obs.store import read_jsonl
     from forge_obs.analysis import reader
+    from forge_obs.store import read_jsonl
 
     t0 = time.perf_counter()
     run = reader.scan(run_dir)

@@ -41,8 +41,8 @@ import threading
 import time
 from typing import Any
 
-from forge_obs._warn import WARNER
 from forge_obs._safe import safe_repr
+from forge_obs._warn import WARNER
 from forge_obs.reduce import _REGISTRY, Reduce, resolve_reduction
 
 __all__ = ["DeviceValues", "DeviceTake", "record_device_value", "RAW_CAP"]

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from forge_obs.analysis.report import html as report_html
+from forge_obs.analysis.report.html import render_report, write_report
 from forge_obs.backends.jsonl import JsonlBackend
 from forge_obs.metric import Metric
 from forge_obs.record import RunContext, StepRecord
-from forge_obs.analysis.report import html as report_html
-from forge_obs.analysis.report.html import render_report, write_report
 from forge_obs.run import write_meta
 from tests.browser import Browser
 
