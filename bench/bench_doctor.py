@@ -1,6 +1,6 @@
 """Cost of ``forge-obs doctor`` and of the live ``"alerts"`` backend on a real GRPO run.
 
-1. **Doctor**: wall time of :func:`forge_obs.timeline.doctor.diagnose_run` on a 300-step GRPO run
+1. **Doctor**: wall time of :func:`forge_obs.analysis.doctor.diagnose_run` on a 300-step GRPO run
    directory (median of 5, warm), against the floor any doctor pays in the same run: one pass
    of the timeline reader over ``events/`` plus parsing ``metrics.jsonl``. Target: <= 1 s.
 2. **Live rules**: the run has ``"alerts"`` on (the GRPO app's default); every step reports the
@@ -94,8 +94,8 @@ def run_grpo(args: argparse.Namespace, root: str) -> tuple[Path, dict, ProcCpu]:
 
 def floor_s(run_dir: Path) -> float:
     """One pass of the timeline reader plus parsing metrics.jsonl: what any doctor pays."""
+    from forge_obs.analysis import reader
     from forge_obs.store import read_jsonl
-    from forge_obs.timeline import reader
 
     t0 = time.perf_counter()
     run = reader.scan(run_dir)
@@ -107,7 +107,7 @@ def floor_s(run_dir: Path) -> float:
 
 
 def doctor_s(run_dir: Path) -> tuple[float, list]:
-    from forge_obs.timeline.doctor import diagnose_run
+    from forge_obs.analysis.doctor import diagnose_run
 
     t0 = time.perf_counter()
     d = diagnose_run(run_dir)

@@ -110,8 +110,8 @@ class CpuSampler:
 def run_counts(run_dir: Path, warmup: int) -> dict:
     """Per-step means, after the warm-up, of what forge_obs did in this run (its own metrics and
     timeline)."""
+    from forge_obs.analysis import reader
     from forge_obs.store import read_metrics
-    from forge_obs.timeline import reader
 
     rows = [r["metrics"] for r in read_metrics(run_dir, "global_reduce") if r["step"] >= warmup]
     mean = lambda k: statistics.fmean(m.get(k, 0.0) for m in rows)  # noqa: E731

@@ -39,6 +39,7 @@ import types
 from typing import Any
 
 from forge_obs._env import METRICS_DISABLED, env_flag
+from forge_obs._safe import safe_repr
 from forge_obs._warn import WARNER
 from forge_obs.metric import Metric
 from forge_obs.reduce import (
@@ -48,7 +49,6 @@ from forge_obs.reduce import (
     DropCounts,
     MetricAccumulator,
     Reduce,
-    _safe_repr,
     overflowed_keys,
     resolve_reduction,
     to_float,
@@ -68,7 +68,7 @@ _SAFE_FOR_FLOATS = frozenset(ROW_CLASSES.values()) | {DistributionAccumulator}
 
 
 def _key_text(key: Any) -> str:
-    return key if type(key) is str else _safe_repr(key)
+    return key if type(key) is str else safe_repr(key)
 
 
 def _norm_key(key: Any) -> "str | None":
@@ -107,7 +107,7 @@ def _append(accs: dict, key: Any, value: Any, reduction: Any, sink: Any) -> "tup
         return None
     red = reduction if type(reduction) is Reduce else _lookup(reduction)
     if red is None:
-        sink._sink_drop("unknown_reduction", k, f"unknown reduction {_safe_repr(reduction)}")
+        sink._sink_drop("unknown_reduction", k, f"unknown reduction {safe_repr(reduction)}")
         return None
     acc = accs.get(k)
     new = acc is None
@@ -130,7 +130,7 @@ def _append(accs: dict, key: Any, value: Any, reduction: Any, sink: Any) -> "tup
             sink._sink_nonfinite(k, value)
             acc.append(value)
     except Exception as e:  # noqa: BLE001 - a (custom) accumulator that raises: this value only
-        sink._sink_drop("append_error", k, f"{type(acc).__name__ if acc is not None else _name(red)} raised {_safe_repr(e)}")
+        sink._sink_drop("append_error", k, f"{type(acc).__name__ if acc is not None else _name(red)} raised {safe_repr(e)}")
         return None
     if new:
         accs[k] = acc
@@ -160,7 +160,7 @@ class Taken:
         try:
             ok = _append(self.accs, key, value, reduction, self) is not None
         except Exception as e:  # noqa: BLE001
-            self.drop("append_error", 1, key, _safe_repr(e))
+            self.drop("append_error", 1, key, safe_repr(e))
             return False
         if ok:
             self._count("values_recorded", 1)
@@ -181,7 +181,7 @@ class Taken:
             else:
                 acc.merge_row(row)
         except Exception as e:  # noqa: BLE001
-            self.drop("merge_error", n, key, _safe_repr(e))
+            self.drop("merge_error", n, key, safe_repr(e))
             return False
         self._count("values_recorded", n)
         return True
@@ -195,7 +195,7 @@ class Taken:
             d = c["dropped_by_reason"] = DropCounts()
         d.add(reason, n)
         if why is not None:
-            WARNER.warn(reason, _key_text(key), f"{_safe_repr(key)}: {why}; dropped (counted in obs/dropped_values)")
+            WARNER.warn(reason, _key_text(key), f"{safe_repr(key)}: {why}; dropped (counted in obs/dropped_values)")
 
     def note_nonfinite(self, key: str) -> None:
         """Count a key whose value is non-finite (device values: counted per key)."""
@@ -353,7 +353,7 @@ class MetricCollector:
             self._dropped += n
             self._drops[reason] = self._drops.get(reason, 0) + n
         if why is not None:
-            WARNER.warn(reason, _key_text(key), f"{_safe_repr(key)}: {why}; dropped (counted in obs/dropped_values)")
+            WARNER.warn(reason, _key_text(key), f"{safe_repr(key)}: {why}; dropped (counted in obs/dropped_values)")
 
     def _record_slow(self, key: Any, value: Any, reduction: Any) -> None:
         """Called under the lock: a key's first value of the step, a reduction mismatch, a
@@ -366,7 +366,7 @@ class MetricCollector:
             if self._raw is not None:
                 self._append_raw(*r)
         except Exception as e:  # noqa: BLE001 - never into the caller
-            self._sink_drop("append_error", key, _safe_repr(e))
+            self._sink_drop("append_error", key, safe_repr(e))
 
     def _append_raw(self, key: str, value: Any) -> None:
         if len(self._raw) < self.raw_cap:  # type: ignore[arg-type]
@@ -378,7 +378,7 @@ class MetricCollector:
     def _sink_drop(self, reason: str, key: Any, why: str, n: int = 1) -> None:
         self._dropped += n
         self._drops[reason] = self._drops.get(reason, 0) + n
-        WARNER.warn(reason, _key_text(key), f"record_metric({_safe_repr(key)}): {why}; dropped (counted in obs/dropped_values)")
+        WARNER.warn(reason, _key_text(key), f"record_metric({safe_repr(key)}): {why}; dropped (counted in obs/dropped_values)")
 
     def _sink_nonfinite(self, key: str, v: float) -> None:
         self._nonfinite += 1
@@ -403,7 +403,7 @@ class MetricCollector:
                 try:
                     return float(value.item())  # .item() rejects tensors of more than one element
                 except Exception as e:  # noqa: BLE001
-                    return self._drop(key, "bad_value", f"Tensor could not be read as a scalar ({_safe_repr(e)})")
+                    return self._drop(key, "bad_value", f"Tensor could not be read as a scalar ({safe_repr(e)})")
             if type(value) is bool:
                 return float(value)
             item = getattr(value, "item", None)
@@ -416,7 +416,7 @@ class MetricCollector:
                     # .item() itself rejects tensors / arrays of more than one element
                     v = to_float(item())
                 except Exception as e:  # noqa: BLE001 - bad input never raises into the caller
-                    return self._drop(key, "bad_value", f"{_type_name(value)} could not be read as a scalar ({_safe_repr(e)})")
+                    return self._drop(key, "bad_value", f"{_type_name(value)} could not be read as a scalar ({safe_repr(e)})")
             else:
                 try:
                     if isinstance(value, (str, bytes)) or value is None:
@@ -426,7 +426,7 @@ class MetricCollector:
                     return self._drop(key, "bad_value", f"value of type {_type_name(value)} is not a number")
             return v
         except Exception as e:  # noqa: BLE001 - an .item property, __getattr__, __float__ that raises
-            return self._drop(key, "bad_value", f"{_type_name(value)} value could not be read ({_safe_repr(e)})")
+            return self._drop(key, "bad_value", f"{_type_name(value)} value could not be read ({safe_repr(e)})")
 
     def _device_record(self, key: Any, value: Any, reduction: Any) -> Any:
         """GPU tensors: accumulated on the device by :mod:`forge_obs.device` when available."""
@@ -436,7 +436,7 @@ class MetricCollector:
             record_device_value(self, key, value, reduction)
             return _DROP  # accumulated on the device: nothing left for the CPU accumulators
         except Exception as e:  # noqa: BLE001
-            return self._drop(key, "device_error", f"device value could not be recorded ({_safe_repr(e)})")
+            return self._drop(key, "device_error", f"device value could not be recorded ({safe_repr(e)})")
 
     def _drop(self, key: Any, reason: str, why: str) -> Any:
         with self._lock:
@@ -456,7 +456,7 @@ class MetricCollector:
                 if self._raw is not None:
                     self._append_raw(*r)
             except Exception as e:  # noqa: BLE001 - never into the caller
-                self._sink_drop("append_error", key, _safe_repr(e))
+                self._sink_drop("append_error", key, safe_repr(e))
 
     def record_groups(self, pairs: list, reductions: tuple) -> None:
         """Record ``[(keys, value), ...]``: each value under every key of its tuple ``keys``, with
@@ -580,7 +580,7 @@ class MetricCollector:
                     n = sum(e2.count for e2 in taken.device.entries.values())
                 except Exception:  # noqa: BLE001
                     n = 1
-                taken.drop("device_error", n, "<device>", f"device values could not be read ({_safe_repr(e)})")
+                taken.drop("device_error", n, "<device>", f"device values could not be read ({safe_repr(e)})")
         out: dict[str, Any] = {"raw": taken.raw, "counters": counters, "wall_time": time.time()}
         states: dict[str, Any] = {}
         groups: dict[str, tuple[list, list]] = {}
@@ -686,12 +686,12 @@ def _export_state(key: str, acc: Any, taken: Taken, dumps: Any) -> dict | None:
         if not isinstance(st, dict) or "reduction_type" not in st:
             raise TypeError(f"get_state() returned {type(st).__name__}, not a state dict with a reduction_type")
     except Exception as e:  # noqa: BLE001 - this key only
-        taken.drop("export_error", _values_in(acc), key, f"{type(acc).__name__}.get_state failed: {_safe_repr(e)}")
+        taken.drop("export_error", _values_in(acc), key, f"{type(acc).__name__}.get_state failed: {safe_repr(e)}")
         return None
     try:
         dumps(st)
     except Exception as e:  # noqa: BLE001 - e.g. a SAMPLE row holding a lock
-        taken.drop("unpicklable", _values_in(acc), key, f"its state cannot be pickled ({_safe_repr(e)})")
+        taken.drop("unpicklable", _values_in(acc), key, f"its state cannot be pickled ({safe_repr(e)})")
         return None
     return st
 
@@ -704,7 +704,7 @@ def _picklable_raw(raw: list, keys: set, taken: Taken, dumps: Any) -> list:
             try:
                 dumps(item[1])
             except Exception as e:  # noqa: BLE001
-                taken.drop("unpicklable", 1, item[0], f"a raw value cannot be pickled ({_safe_repr(e)})")
+                taken.drop("unpicklable", 1, item[0], f"a raw value cannot be pickled ({safe_repr(e)})")
                 continue
         out.append(item)
     return out
@@ -722,7 +722,7 @@ def _tensor_type() -> Any:
 
 
 def _name(r: Any) -> str:
-    return r.name if isinstance(r, Reduce) else _safe_repr(r) if type(r) is not str else r
+    return r.name if isinstance(r, Reduce) else safe_repr(r) if type(r) is not str else r
 
 
 def _type_name(v: Any) -> str:

@@ -41,8 +41,9 @@ import threading
 import time
 from typing import Any
 
+from forge_obs._safe import safe_repr
 from forge_obs._warn import WARNER
-from forge_obs.reduce import _REGISTRY, Reduce, _safe_repr, resolve_reduction
+from forge_obs.reduce import _REGISTRY, Reduce, resolve_reduction
 
 __all__ = ["DeviceValues", "DeviceTake", "record_device_value", "RAW_CAP"]
 
@@ -222,7 +223,7 @@ class DeviceValues:
     def _drop(self, key: Any, reason: str, why: str) -> bool:
         with self._lock:
             self._count_drop(reason)
-        kt = key if type(key) is str else _safe_repr(key)
+        kt = key if type(key) is str else safe_repr(key)
         WARNER.warn(reason, kt, f"record_metric({kt}): {why}; dropped (counted in obs/dropped_values)")
         return False
 

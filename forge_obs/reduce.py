@@ -55,6 +55,7 @@ import time
 from enum import Enum
 from typing import Any, Callable
 
+from forge_obs._safe import safe_repr
 from forge_obs.metric import Metric
 
 __all__ = [
@@ -641,7 +642,7 @@ def resolve_reduction(reduction: "Reduce | str") -> "Reduce | str":
             r = next((v for k, v in _BY_NAME.items() if k.lower() == low), None)
         if r is not None:
             return r
-    raise ValueError(f"unknown reduction {_safe_repr(reduction)}; valid: {', '.join(reduction_names())}")
+    raise ValueError(f"unknown reduction {safe_repr(reduction)}; valid: {', '.join(reduction_names())}")
 
 
 def accumulator_for(reduction_name: str) -> type[MetricAccumulator]:
@@ -649,15 +650,8 @@ def accumulator_for(reduction_name: str) -> type[MetricAccumulator]:
         return _REGISTRY[reduction_name]
     except (KeyError, TypeError):
         raise ValueError(
-            f"unknown reduction {_safe_repr(reduction_name)}; valid: {', '.join(reduction_names())}"
+            f"unknown reduction {safe_repr(reduction_name)}; valid: {', '.join(reduction_names())}"
         ) from None
-
-
-def _safe_repr(x: Any) -> str:
-    try:
-        return repr(x)[:200]
-    except Exception:  # noqa: BLE001 - a repr that raises never hides the real message
-        return f"<{type(x).__name__}>"
 
 
 def _rt_of(state: Any) -> str:
@@ -701,11 +695,11 @@ _warned: set[tuple[str, str]] = set()
 
 
 def _warn_drop(key: Any, reason: str, err: Any = None) -> None:
-    k = (reason, key if type(key) is str else _safe_repr(key))
+    k = (reason, key if type(key) is str else safe_repr(key))
     if k in _warned or len(_warned) > 10_000:
         return
     _warned.add(k)
-    more = f": {_safe_repr(err)}" if err is not None else ""
+    more = f": {safe_repr(err)}" if err is not None else ""
     logger.warning("forge_obs: %r dropped from the step (%s%s; counted in obs/dropped_values)", k[1], reason, more)
 
 

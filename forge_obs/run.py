@@ -29,6 +29,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from forge_obs._safe import safe_str
+
 logger = logging.getLogger("forge_obs")
 
 
@@ -183,7 +185,7 @@ def _redact(obj: Any, path: set, depth: int) -> Any:
         if isinstance(obj, Mapping):
             out = {}
             for k, v in obj.items():
-                name = k if isinstance(k, (str, int, float, bool)) or k is None else _text(k)
+                name = k if isinstance(k, (str, int, float, bool)) or k is None else safe_str(k)
                 if _secret_name(name) and not (v is None or isinstance(v, bool)):
                     out[name] = MASK
                 else:
@@ -211,18 +213,11 @@ def _redact(obj: Any, path: set, depth: int) -> Any:
                     return v
             except Exception:  # noqa: BLE001
                 pass
-        return redact_text(_text(obj))
+        return redact_text(safe_str(obj))
     except Exception:  # noqa: BLE001 - a config that cannot be read is not written
         return "<unreadable>"
     finally:
         path.discard(oid)
-
-
-def _text(x: Any) -> str:
-    try:
-        return str(x)
-    except Exception:  # noqa: BLE001
-        return f"<{type(x).__name__}>"
 
 
 @dataclass

@@ -1,93 +1,15 @@
-"""Read the local store back: JSONL files that tolerate a torn last line and malformed lines.
+"""Read a run's ``metrics.jsonl`` back in Python (public API; the implementation lives in
+:mod:`forge_obs.analysis.store`).
 
     >>> import tempfile, pathlib
-    >>> p = pathlib.Path(tempfile.mkdtemp()) / "m.jsonl"
-    >>> _ = p.write_text('{"step": 0}\\n{"step": 1}\\n{"step": 2, "metr')
-    >>> [r["step"] for r in read_jsonl(p)]
-    [0, 1]
-
-Only well-formed rows come out, so every reader (``forge-obs show`` / ``sql`` / ``report`` /
-``doctor``) can trust their shape: a line that is not valid UTF-8 / JSON, not an object, or an
-object whose fields have the wrong types (see :func:`metric_row_problem`) is skipped and counted,
-with one warning per file read; a torn last line (a writer died mid-line) is skipped silently.
+    >>> run_dir = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (run_dir / "metrics.jsonl").write_text(
+    ...     '{"step": 0, "mode": "global_reduce", "metrics": {"loss": 1.5}}\\n'
+    ...     '{"step": 1, "mode": "global_reduce", "metr')          # a torn last line is skipped
+    >>> [(r["step"], r["metrics"]["loss"]) for r in read_metrics(run_dir)]
+    [(0, 1.5)]
 """
 
-from __future__ import annotations
+from forge_obs.analysis.store import metric_row_problem, read_jsonl, read_metrics
 
-import json
-import logging
-from pathlib import Path
-from typing import Any, Callable, Iterator
-
-logger = logging.getLogger("forge_obs")
-
-#: ints beyond this do not fit the SQL views' BIGINT columns (and no writer writes them)
-_BIG = 1 << 62
-
-
-def _num(x: Any) -> bool:
-    return x is None or (type(x) in (int, float) and (type(x) is float or -_BIG < x < _BIG))
-
-
-def metric_row_problem(row: dict[str, Any]) -> str | None:
-    """Why ``row`` is not a well-formed row of ``metrics.jsonl`` (None: it is). ``step`` is a
-    non-negative int; ``metrics`` / ``source`` are objects; ``values`` a list of ``[key, value,
-    wall time]``; ``missing`` / ``late`` lists; ``wall_time`` a number."""
-    step = row.get("step")
-    if type(step) is not int or not 0 <= step < _BIG:
-        return f"step {step!r} is not a non-negative integer"
-    for name, typ in (("metrics", dict), ("source", dict), ("missing", list), ("late", list), ("values", list)):
-        v = row.get(name)
-        if v is not None and type(v) is not typ:
-            return f"{name!r} is a {type(v).__name__}, not a {typ.__name__}"
-    if not _num(row.get("wall_time")):
-        return "'wall_time' is not a number"
-    if type(row.get("mode", "")) is not str or type(row.get("run_id", "")) not in (str, type(None)):
-        return "'mode' / 'run_id' is not a string"
-    src = row.get("source")
-    if src and not (src.get("rank") is None or (type(src["rank"]) is int and -(1 << 31) < src["rank"] < 1 << 31)):
-        return "'source.rank' is not an integer"
-    for item in row.get("values") or ():
-        if not (type(item) is list and len(item) >= 2 and type(item[0]) is str and (len(item) < 3 or _num(item[2]))):
-            return "'values' holds an item that is not [key, value, wall time]"
-    return None
-
-
-def read_jsonl(
-    path: "str | Path",
-    check: Callable[[dict], "str | None"] | None = metric_row_problem,
-    stats: dict[str, int] | None = None,
-) -> Iterator[dict[str, Any]]:
-    """Yield each well-formed JSON object of ``path`` (``check(row)`` returns why a row is not
-    well-formed, None if it is; ``check=None`` accepts any object). Malformed lines are skipped,
-    counted in ``stats["malformed"]`` (when a dict is given) and reported in one warning once the
-    file is read; a torn last line is skipped silently."""
-    bad = 0
-    first = ""
-    with open(path, "rb") as f:
-        for i, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            try:
-                row = json.loads(raw.decode("utf-8"))
-            except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-                if raw.endswith(b"\n"):
-                    bad += 1
-                    first = first or f"line {i} is not valid JSON (or not UTF-8)"
-                continue  # else: a torn last line
-            why = "not a JSON object" if type(row) is not dict else (check(row) if check is not None else None)
-            if why is not None:
-                bad += 1
-                first = first or f"line {i}: {why}"
-                continue
-            yield row
-    if stats is not None:
-        stats["malformed"] = stats.get("malformed", 0) + bad
-    if bad:
-        logger.warning("forge_obs: %s: %d malformed line(s) skipped (first: %s)", path, bad, first)
-
-
-def read_metrics(run_dir: "str | Path", mode: str | None = "global_reduce") -> list[dict[str, Any]]:
-    """Rows of ``<run_dir>/metrics.jsonl`` (of one mode, or all when ``mode`` is None)."""
-    rows = read_jsonl(Path(run_dir) / "metrics.jsonl")
-    return [r for r in rows if mode is None or r.get("mode") == mode]
+__all__ = ["read_metrics", "read_jsonl", "metric_row_problem"]

@@ -54,6 +54,7 @@ from collections import deque
 from typing import Any, Callable
 
 from forge_obs._env import perf_metrics_disabled, timer_uses_gpu, tracer_switches
+from forge_obs._safe import safe_str
 from forge_obs.collector import MetricCollector, record_metric
 from forge_obs.reduce import Reduce
 from forge_obs.sketch import DISTRIBUTION
@@ -77,7 +78,7 @@ _total_keys_cache: dict[str, tuple[str, str, str]] = {}
 def _step_keys(prefix: str, name: Any) -> tuple[str, str, str]:
     k = _step_keys_cache.get((prefix, name)) if type(name) is str else None
     if k is None:
-        name = name if type(name) is str else _text(name)
+        name = name if type(name) is str else safe_str(name)
         base = f"{prefix}/{name}/duration_"
         k = _step_keys_cache[(prefix, name)] = (base + "avg_s", base + "max_s", base + "dist_s")
     return k
@@ -89,16 +90,6 @@ def _total_keys(prefix: str) -> tuple[str, str, str]:
         base = f"{prefix}/total_duration_"
         k = _total_keys_cache[prefix] = (base + "avg_s", base + "max_s", base + "dist_s")
     return k
-
-
-def _text(x: Any) -> str:
-    """``str(x)`` that never raises (a prefix or step name of any type)."""
-    if type(x) is str:
-        return x
-    try:
-        return str(x)
-    except Exception:  # noqa: BLE001
-        return f"<{type(x).__name__}>"
 
 
 #: the reductions of a duration's (avg, max, dist) keys
@@ -484,7 +475,7 @@ class Tracer:
     def __init__(self, prefix: str, track_memory: bool = False, timer: str = "cpu") -> None:
         if timer != "cpu" and timer != "gpu":
             raise ValueError(f'timer must be "cpu" or "gpu", got {timer!r}')
-        self.prefix = prefix if type(prefix) is str else _text(prefix)
+        self.prefix = prefix if type(prefix) is str else safe_str(prefix)
         self.track_memory = track_memory
         self.timer = timer
         self._disable, forced = tracer_switches()
@@ -691,7 +682,7 @@ class trace:
     def __init__(self, prefix: str, track_memory: bool = False, timer: str = "cpu") -> None:
         if timer not in ("cpu", "gpu"):
             raise ValueError(f'timer must be "cpu" or "gpu", got {timer!r}')
-        self.prefix = prefix if type(prefix) is str else _text(prefix)
+        self.prefix = prefix if type(prefix) is str else safe_str(prefix)
         self.track_memory = track_memory
         self.timer = timer
 

@@ -382,7 +382,7 @@ def test_hot_path_does_not_import_the_alerts():
     import subprocess
     import sys
 
-    code = "import sys, forge_obs; print('forge_obs.alerts' in sys.modules, 'forge_obs.timeline.doctor' in sys.modules)"
+    code = "import sys, forge_obs; print('forge_obs.alerts' in sys.modules, 'forge_obs.analysis.doctor' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
 
@@ -393,10 +393,10 @@ def test_docstring_examples():
     import forge_obs.alerts
     import forge_obs.alerts.config
     import forge_obs.alerts.sinks
-    import forge_obs.timeline.doctor
-    from forge_obs.timeline.doctor import config, detect, finding, identity, merge, replay, rules, timeline
+    import forge_obs.analysis.doctor
+    from forge_obs.analysis.doctor import config, detect, finding, identity, merge, replay, rules, timeline
 
-    for mod in (forge_obs.alerts, forge_obs.alerts.config, forge_obs.alerts.sinks, forge_obs.timeline.doctor, config,
+    for mod in (forge_obs.alerts, forge_obs.alerts.config, forge_obs.alerts.sinks, forge_obs.analysis.doctor, config,
                 detect, finding, identity, merge, replay, rules, timeline):
         res = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
         assert res.failed == 0, mod.__name__

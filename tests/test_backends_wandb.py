@@ -232,7 +232,7 @@ async def test_end_to_end_monarch_single_run(tmp_path, fresh_collector):
     hits = [p for p in tmp_path.rglob("*") if p.is_file() and FAKE_KEY.encode() in p.read_bytes()]
     assert hits == []
     # the same run as a local report: global charts and per-rank charts from metrics.jsonl
-    from forge_obs.report.html import render_report
+    from forge_obs.analysis.report.html import render_report
 
     page = render_report(tmp_path / "e2e")
     assert 'data-key="trainer/loss"' in page and "trainer/trainer_actor/r1" in page and "Per rank" in page

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from forge_obs import timeline as tl
-from forge_obs.timeline.doctor import diagnose, diagnose_run, format_findings
+from forge_obs.analysis.doctor import diagnose, diagnose_run, format_findings
 from tests.doctor_runs import source, write_metrics, write_timeline
 from tests.test_timeline import _fake_run
 

@@ -106,8 +106,8 @@ def check_metrics(run_dir: Path, lr: float, vllm: bool) -> dict[str, list]:
 
 
 def check_trace(run_dir: Path, tmp_path: Path) -> None:
-    from forge_obs.timeline.export import export_trace
-    from forge_obs.timeline.validate import load, perfetto_shell
+    from forge_obs.analysis.trace import export_trace
+    from tests.trace_validate import load, perfetto_shell
 
     out = tmp_path / "trace.json"
     stats = export_trace(run_dir, out)
@@ -144,7 +144,7 @@ def check_report(run_dir: Path) -> None:
 
 
 def doctor(run_dir: Path) -> list[dict]:
-    from forge_obs.timeline.doctor import diagnose
+    from forge_obs.analysis.doctor import diagnose
 
     return [f.to_dict() for f in diagnose(run_dir)]
 

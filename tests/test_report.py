@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from forge_obs.analysis.report import html as report_html
+from forge_obs.analysis.report.html import render_report, write_report
 from forge_obs.backends.jsonl import JsonlBackend
 from forge_obs.metric import Metric
 from forge_obs.record import RunContext, StepRecord
-from forge_obs.report import html as report_html
-from forge_obs.report.html import render_report, write_report
 from forge_obs.run import write_meta
 from tests.browser import Browser
 
@@ -163,12 +163,12 @@ def test_findings_are_rendered_generically_and_linked_to_charts(tmp_path, monkey
 def test_real_doctor_finds_the_nan(tmp_path):
     page = render_report(make_run(tmp_path))
     if "doctor not available" in page:
-        pytest.skip("forge_obs.timeline.doctor is not importable here")
+        pytest.skip("forge_obs.analysis.doctor is not importable here")
     assert re.search(r'<li id="f-\d+"><span class="badge">nonfinite</span>.*?href="#c-trainer_loss"', page, re.S)
 
 
 def test_doctor_missing_still_renders(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "forge_obs.timeline.doctor", None)  # the import fails
+    monkeypatch.setitem(sys.modules, "forge_obs.analysis.doctor", None)  # the import fails
     page = render_report(make_run(tmp_path))
     assert "doctor not available" in page and len(_figures(page)) == N_FIGURES
 

@@ -3,6 +3,7 @@
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from forge_obs import timeline as tl
+from forge_obs.analysis import reader
+from forge_obs.analysis.trace import export_trace
 from forge_obs.identity import current_identity
-from forge_obs.timeline import reader, schema
-from forge_obs.timeline.export import export_trace
-from forge_obs.timeline.validate import load
+from forge_obs.timeline import schema
+from tests.trace_validate import load
 
 
 @pytest.fixture
@@ -273,7 +275,7 @@ def _cli(*argv):
 
 def test_sql_views(tmp_path):
     pytest.importorskip("duckdb")
-    from forge_obs.timeline.sql import connect
+    from forge_obs.analysis.sql import connect
 
     tl.close()
     _fake_run(tmp_path, 3, 4, slow_rank=1, hang_rank=2, nan_step=2)
@@ -332,9 +334,23 @@ def test_export_filters_and_clock_offsets(tmp_path):
     assert max(r_other) - min(r_other) < 1_000_000 and r0
 
 
+def test_trace_ranks_take_the_timeline_rank_spec(tmp_path):
+    """``forge-obs trace --ranks`` parses ranks like the timeline's ``ranks`` option."""
+    tl.close()
+    _fake_run(tmp_path, 4, 2)
+    out = tmp_path / "every2.json"
+    cli = _cli("trace", str(tmp_path), "-o", str(out), "--ranks", "every:2")
+    assert cli.returncode == 0, cli.stderr
+    names = load(out).process_names.values()
+    assert sorted(int(re.search(r" r(\d+) ", n).group(1)) for n in names) == [0, 2]
+    bad = _cli("trace", str(tmp_path), "-o", str(tmp_path / "x.json"), "--ranks", "0,x")
+    assert bad.returncode == 2 and bad.stderr.strip() == "forge-obs trace: bad ranks '0,x': use 'all', '0,3', '0-3,8' or 'every:4'"
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_resumed_run_keeps_attempts_apart(tdir):
+    from forge_obs.analysis.sql import connect
     from forge_obs.timeline import writer
-    from forge_obs.timeline.sql import connect
 
     saved = writer.SESSION
     try:

@@ -1,7 +1,7 @@
 """Structured timeline from real Monarch proc meshes: two meshes, concurrent asyncio tasks, flows,
 a planted slow rank and a planted hang, then a clean run on the same meshes. Views: Perfetto
 trace (checked by Perfetto's trace_processor when its binary is available, else by
-:mod:`forge_obs.timeline.validate`), DuckDB, doctor."""
+:mod:`tests.trace_validate`), DuckDB, doctor."""
 
 import asyncio
 import time
@@ -11,10 +11,10 @@ from monarch.actor import Actor, context, endpoint, this_host
 
 import provisioner_hooks
 from forge_obs import Reduce, get_or_create_metric_logger, record_metric
+from forge_obs.analysis.doctor import diagnose
+from forge_obs.analysis.trace import export_trace
 from forge_obs.timeline import record_event, record_span, set_step
-from forge_obs.timeline.doctor import diagnose
-from forge_obs.timeline.export import export_trace
-from forge_obs.timeline.validate import load, perfetto_shell
+from tests.trace_validate import load, perfetto_shell
 
 GEN_STEPS = 5  # the generator hangs in the last one (run 1)
 TRAIN_STEPS = 10
@@ -130,7 +130,7 @@ async def test_timeline_from_proc_meshes(tmp_path):
 
     # ---- DuckDB
     pytest.importorskip("duckdb")
-    from forge_obs.timeline.sql import connect
+    from forge_obs.analysis.sql import connect
 
     con = connect(planted)
     rows = con.execute(

@@ -12,10 +12,10 @@ from monarch.actor import Actor, endpoint, this_host
 import provisioner_hooks
 from forge_obs import get_or_create_metric_logger
 from forge_obs import timeline as tl
-from forge_obs.timeline import reader
-from forge_obs.timeline.doctor import diagnose
-from forge_obs.timeline.export import export_trace
-from forge_obs.timeline.validate import load
+from forge_obs.analysis import reader
+from forge_obs.analysis.doctor import diagnose
+from forge_obs.analysis.trace import export_trace
+from tests.trace_validate import load
 
 
 def _export(run_dir):

@@ -325,7 +325,7 @@ async def main(args: argparse.Namespace) -> dict:
     summary = summarize(run_dir, step_times, time.time() - t_start, gen_kind)
     summary["step_end_wall"] = step_ends
     if not args.no_report:
-        from forge_obs.report import write_report
+        from forge_obs.analysis.report import write_report
 
         summary["report"] = str(write_report(run_dir))
     os.makedirs(run_dir, exist_ok=True)

@@ -5,7 +5,7 @@
     })
 
 Each step's :class:`~forge_obs.record.StepRecord` (global values, per-rank values, ``missing``,
-``sources``) goes through :func:`forge_obs.timeline.doctor.rules.build_rules`' objects on the
+``sources``) goes through :func:`forge_obs.analysis.doctor.rules.build_rules`' objects on the
 logger's backend thread; a watchdog thread reports a loop that stopped flushing (``stall``). Every
 alert fires once when its condition starts and once when it clears, to the console (stderr),
 ``runs/<run_id>/alerts.jsonl``, W&B (``run.alert``, when a W&B run is active), Python callbacks and
@@ -24,14 +24,14 @@ from typing import Any
 
 from forge_obs.alerts.config import AlertsConfig
 from forge_obs.alerts.sinks import Dispatcher, FileSink, console_sink, find_wandb_run, post_json, wandb_alert
+from forge_obs.analysis.doctor.identity import Identities
+from forge_obs.analysis.doctor.rules import Event, StepView, build_rules
 from forge_obs.backends.base import LoggerBackend
 from forge_obs.collector import record_metric
 from forge_obs.metric import LoggingMode
 from forge_obs.record import StepRecord
 from forge_obs.reduce import Reduce
 from forge_obs.selfobs import SELF_OBS
-from forge_obs.timeline.doctor.identity import Identities
-from forge_obs.timeline.doctor.rules import Event, StepView, build_rules
 
 logger = logging.getLogger("forge_obs")
 

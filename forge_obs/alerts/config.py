@@ -1,5 +1,5 @@
 """The ``"alerts"`` entry of ``init_backends``: sinks, user rules, and any threshold of
-:class:`~forge_obs.timeline.doctor.config.DoctorConfig` by name. Mistakes raise ``ValueError``
+:class:`~forge_obs.analysis.doctor.config.DoctorConfig` by name. Mistakes raise ``ValueError``
 naming the valid choices.
 
     >>> from forge_obs.alerts.config import AlertsConfig
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
-from forge_obs.timeline.doctor.config import DoctorConfig
-from forge_obs.timeline.doctor.rules import RULES, UserRule
+from forge_obs.analysis.doctor.config import DoctorConfig
+from forge_obs.analysis.doctor.rules import RULES, UserRule
 
 SINKS = ("console", "file", "wandb", "callback", "webhook")
 #: rule names ``disable`` accepts (``quiet_rank`` goes with ``missing_ranks``)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from forge_obs._safe import is_number
 from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable
 from forge_obs.backends.wandb import rank_key
 from forge_obs.config import parse_options
@@ -58,10 +59,6 @@ class TensorBoardOptions:
         self.step_metrics = dict(sm)
         hist = self.histograms or []
         self.histograms = [hist] if isinstance(hist, str) else list(hist)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _prefix_match(key: str, pattern: str) -> bool:
@@ -121,7 +118,7 @@ class TensorBoardBackend(LoggerBackend):
     # ------------------------------------------------------------------ values
     def _step_for(self, key: str, record: StepRecord, axes: dict[str, Any]) -> int:
         for pattern, axis in self.step_metrics.items():
-            if _prefix_match(key, pattern) and _is_number(axes.get(axis)):
+            if _prefix_match(key, pattern) and is_number(axes.get(axis)):
                 return int(axes[axis])
         return record.step
 
@@ -131,7 +128,7 @@ class TensorBoardBackend(LoggerBackend):
         w = self.writer
         if isinstance(value, bool):
             value = float(value)
-        if _is_number(value):
+        if is_number(value):
             w.add_scalar(tag, float(value), step, walltime=wall)
         elif isinstance(value, dict):
             for k, v in value.items():
@@ -140,7 +137,7 @@ class TensorBoardBackend(LoggerBackend):
             if all(isinstance(r, dict) for r in value):
                 if texts:
                     w.add_text(tag, _md_table(value), step, walltime=wall)
-            elif all(_is_number(v) for v in value):
+            elif all(is_number(v) for v in value):
                 arr = np.asarray([v for v in value if math.isfinite(v)], dtype=np.float64)
                 if arr.size:
                     w.add_histogram(tag, arr, step, walltime=wall)
@@ -170,7 +167,7 @@ class TensorBoardBackend(LoggerBackend):
             by_key, self._early = self._early, {}  # values of this step streamed before its flush
             for label, rows in record.raw.items():
                 for key, v, ts in rows:
-                    if _is_number(v):
+                    if is_number(v):
                         self.writer.add_scalar(rank_key(label, key), float(v), self._step_for(key, record, glob), walltime=ts)
                         if self._hist_key(key, dist_keys) and math.isfinite(v):
                             by_key.setdefault(key, []).append(float(v))
@@ -184,7 +181,7 @@ class TensorBoardBackend(LoggerBackend):
             return
         for label, step, rows in batch.entries:
             for key, v, ts in rows:
-                if _is_number(v):
+                if is_number(v):
                     self.writer.add_scalar(rank_key(label, key), float(v), step, walltime=ts)
                     if self._hist_key(key, self._dist_keys) and math.isfinite(v):
                         self._early.setdefault(key, []).append(float(v))  # into the next step's histogram

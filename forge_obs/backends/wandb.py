@@ -50,6 +50,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from forge_obs._safe import is_number
 from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable
 from forge_obs.config import parse_options
 from forge_obs.metric import BackendRole, LoggingMode
@@ -120,10 +121,6 @@ def rank_key(label: str, key: str) -> str:
     if key.startswith(mesh + "/"):
         key = key[len(mesh) + 1 :]
     return f"{label}/{key}"
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _cell(v: Any) -> Any:
@@ -284,7 +281,7 @@ class WandbBackend(LoggerBackend):
                 value = item()
             except Exception:  # noqa: BLE001
                 pass
-        if isinstance(value, bool) or _is_number(value):
+        if isinstance(value, bool) or is_number(value):
             row[key] = value
         elif isinstance(value, list):
             if value and all(isinstance(r, dict) for r in value):
@@ -296,7 +293,7 @@ class WandbBackend(LoggerBackend):
                         if c not in cols:
                             cols.append(c)
                 row[key] = wandb.Table(columns=cols, data=[[_cell(r.get(c)) for c in cols] for r in value])
-            elif value and all(_is_number(v) for v in value):
+            elif value and all(is_number(v) for v in value):
                 finite = [v for v in value if math.isfinite(v)]
                 if finite:
                     row[key] = wandb.Histogram(finite)

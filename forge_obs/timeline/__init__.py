@@ -4,7 +4,7 @@
 
     set_step(7)
     with record_span("train_step", flow=f"policy-v{version}"):
-        ...                                   # ~1-2 µs on the caller: two appends to a buffer
+        ...                                   # the caller pays two appends to a buffer
 
     @record_span("generate")                  # also decorates sync and async functions
     async def generate(prompt): ...
@@ -20,7 +20,8 @@ fetcher mesh), or from :func:`configure` in a standalone script. Until configure
 kept in a small bounded buffer. ``FORGE_DISABLE_METRICS=true`` or ``FORGE_DISABLE_TIMELINE=true``
 turns every call into a no-op. Nothing here imports Monarch or torch.
 
-Views: ``forge-obs trace`` (Perfetto), ``forge-obs sql`` (DuckDB), ``forge-obs doctor``.
+This package is the recording side only. The views of what it writes (``forge-obs trace`` /
+``sql`` / ``doctor``, and their Python API) are in :mod:`forge_obs.analysis`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from contextvars import ContextVar
 from typing import Any, Callable
 
 from forge_obs._env import METRICS_DISABLED, env_flag
+from forge_obs._safe import safe_str
 
 __all__ = [
     "record_span",
@@ -125,19 +127,6 @@ def _compiling() -> bool:
 _PLAIN = (str, int, float, bool, type(None))
 
 
-def _text(x: Any) -> str:
-    """``str(x)`` that never raises."""
-    if type(x) is str:
-        return x
-    try:
-        return str(x)
-    except Exception:  # noqa: BLE001
-        try:
-            return f"<{type(x).__name__}>"
-        except Exception:  # noqa: BLE001
-            return "<?>"
-
-
 def _jsonable(v: Any) -> Any:
     """``v`` if the writer can serialise it (plain values, JSON containers), else its text: an
     attribute never fails the writer (a cycle, a key that is not a string, a ``__str__`` that
@@ -148,7 +137,7 @@ def _jsonable(v: Any) -> Any:
         json.dumps(v, default=str)
         return v
     except Exception:  # noqa: BLE001
-        return _text(v)
+        return safe_str(v)
 
 
 def _extras(flow: Any, attrs: dict | None) -> dict | None:
@@ -250,15 +239,15 @@ def record_span(name: str, *, flow: Any = None, log_to_metrics: bool = False, **
     marked with the error. A span that never ends (a hang) is still written, and shown as
     unfinished. Never raises into the caller, for any name or attribute."""
     if flow is None and not attrs:
-        return _Span(name if type(name) is str else _text(name), None, log_to_metrics)
-    return _Span(_text(name), _extras(flow, attrs), log_to_metrics)
+        return _Span(name if type(name) is str else safe_str(name), None, log_to_metrics)
+    return _Span(safe_str(name), _extras(flow, attrs), log_to_metrics)
 
 
 def record_event(name: str, *, flow: Any = None, **attrs: Any) -> None:
     """An instant event on the caller's track (``flow`` and attributes as for spans). Never
     raises: a name or attribute that cannot be written as JSON is written as its text."""
     if _ON and not (_torch_loaded[0] and _compiling()):
-        _append((K_EVENT, _next_id(), _clock_ns(), _lane(), name if type(name) is str else _text(name), _step(),
+        _append((K_EVENT, _next_id(), _clock_ns(), _lane(), name if type(name) is str else safe_str(name), _step(),
                  _extras(flow, attrs)))
 
 
@@ -284,7 +273,7 @@ def get_step() -> int | None:
 def add_step_tag(tag: str) -> None:
     """Tag the current step (e.g. ``"eval"``, ``"checkpoint"``, ``"weights_sync"``)."""
     if _ON:
-        _append((K_TAG, _next_id(), _clock_ns(), _lane(), _step(), _text(tag)))
+        _append((K_TAG, _next_id(), _clock_ns(), _lane(), _step(), safe_str(tag)))
 
 
 def is_enabled() -> bool:

@@ -24,7 +24,7 @@ integer microseconds relative to the header's ``t0`` (epoch µs), ``step`` is an
     ["C", 1763860000000950, 1763860000000100]   clock sample: local receive / controller send (epoch µs)
     ["Z", 9100]                              the process closed the file cleanly
 
-A complete span costs one record (~20-40 bytes); a span is written as ``B`` (then ``E``) only
+A complete span is one record (its size per record: ``bench/bench_timeline.py``); a span is written as ``B`` (then ``E``) only
 when it stays open longer than ``open_after_s`` or when the file is closed, so that the span a
 hang is stuck in is on disk. A span younger than ``open_after_s`` when the process closes its file
 cleanly gets ``["E", sid, close_ts, {"x": "shutdown"}]`` right after its ``B``: the shutdown cut
@@ -90,7 +90,15 @@ def validate_options(options: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def parse_ranks(spec: Any) -> Any:
-    """``"all"`` -> None; ``"0,3"`` / ``"0-3,8"`` -> set of ranks; ``"every:4"`` -> ("every", 4)."""
+    """``"all"`` -> None; ``"0,3"`` / ``"0-3,8"`` -> set of ranks; ``"every:4"`` -> ("every", 4).
+
+    >>> parse_ranks("all"), parse_ranks("0-2,8"), parse_ranks("every:4")
+    (None, {0, 1, 2, 8}, ('every', 4))
+    >>> parse_ranks("0,x")
+    Traceback (most recent call last):
+    ...
+    ValueError: bad ranks '0,x': use 'all', '0,3', '0-3,8' or 'every:4'
+    """
     if spec is None or spec == "all" or spec == "*":
         return None
     if isinstance(spec, int):
@@ -102,13 +110,13 @@ def parse_ranks(spec: Any) -> Any:
     if m:
         n = int(m.group(1))
         if n <= 0:
-            raise ValueError(f"bad timeline ranks {spec!r}: every:N needs N > 0")
+            raise ValueError(f"bad ranks {spec!r}: every:N needs N > 0")
         return ("every", n)
     out: set[int] = set()
     for part in s.split(","):
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
         if not m:
-            raise ValueError(f"bad timeline ranks {spec!r}: use 'all', '0,3', '0-3,8' or 'every:4'")
+            raise ValueError(f"bad ranks {spec!r}: use 'all', '0,3', '0-3,8' or 'every:4'")
         lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
         out.update(range(lo, hi + 1))
     return out

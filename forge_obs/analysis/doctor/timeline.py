@@ -1,9 +1,9 @@
 """The doctor's rules over the timeline (``events/*.jsonl``): one pass over the records builds
 per-step tables; then one function per rule.
 
-    >>> from forge_obs.timeline.doctor.config import DoctorConfig
-    >>> from forge_obs.timeline.doctor.identity import Identities
-    >>> from forge_obs.timeline.doctor.timeline import timeline_findings
+    >>> from forge_obs.analysis.doctor.config import DoctorConfig
+    >>> from forge_obs.analysis.doctor.identity import Identities
+    >>> from forge_obs.analysis.doctor.timeline import timeline_findings
     >>> findings, notes = timeline_findings("runs/does-not-exist", DoctorConfig(), Identities())
     >>> findings, notes
     ([], [])
@@ -17,12 +17,12 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from forge_obs.timeline import reader
-from forge_obs.timeline.doctor.config import DoctorConfig
-from forge_obs.timeline.doctor.detect import Episode, GroupTracker, covered
-from forge_obs.timeline.doctor.finding import Finding
-from forge_obs.timeline.doctor.identity import Identities
-from forge_obs.timeline.reader import OPEN, SPAN, STEP
+from forge_obs.analysis import reader
+from forge_obs.analysis.doctor.config import DoctorConfig
+from forge_obs.analysis.doctor.detect import Episode, GroupTracker, covered
+from forge_obs.analysis.doctor.finding import Finding
+from forge_obs.analysis.doctor.identity import Identities
+from forge_obs.analysis.reader import OPEN, SPAN, STEP
 from forge_obs.timeline.schema import rank_selected
 
 

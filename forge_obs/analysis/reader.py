@@ -1,8 +1,17 @@
 """Read ``runs/<run_id>/events/*.jsonl`` back, streaming, as normalised items.
 
-    run = scan("runs/exp1")                      # headers, clock offsets, attempts (cheap pass)
-    for item in walk(run):                       # one pass over every record
-        if item[0] == SPAN: ...
+    >>> import tempfile
+    >>> from forge_obs import timeline
+    >>> run_dir = tempfile.mkdtemp()
+    >>> timeline.configure(run_dir)                # a standalone script records its timeline
+    True
+    >>> timeline.set_step(1)
+    >>> with timeline.record_span("train_step"):
+    ...     pass
+    >>> timeline.close()
+    >>> run = scan(run_dir)                       # headers, clock offsets, attempts (cheap pass)
+    >>> [(item[3], item[4]) for item in walk(run) if item[0] is SPAN]   # one pass over every record
+    [('train_step', 1)]
 
 Items (times are epoch µs, corrected by the host's clock offset against the controller)::
 
@@ -30,6 +39,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
+
+from forge_obs.analysis.jsonl import json_lines
 
 logger = logging.getLogger("forge_obs")
 
@@ -151,26 +162,11 @@ def _record_ok(r: list) -> bool:
     return False
 
 
-_raw_decode = json.JSONDecoder().raw_decode
-
-
 def _lines(path: Path, run: "Run | None" = None) -> Iterator[Any]:
     """Each line of ``path`` parsed (a list record or a header dict). Lines that are not valid
     UTF-8 / JSON, or neither a list nor a dict, are counted in ``run.malformed``; a torn last
     line (the writer died mid-line) is skipped silently."""
-    raw = _raw_decode
-    with open(path, "rb") as f:
-        for i, b in enumerate(f):
-            try:
-                r = raw(b.decode("utf-8"))[0]
-            except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-                if b.endswith(b"\n") and b.strip():
-                    _malformed(run, path, i + 1, "not valid UTF-8 JSON")
-                continue  # else: a torn last line, skipped silently
-            if isinstance(r, (list, dict)):
-                yield r
-            else:
-                _malformed(run, path, i + 1, f"a JSON {type(r).__name__}, not a record")
+    return json_lines(path, lambda line, why: _malformed(run, path, line, why))
 
 
 def _malformed(run: "Run | None", path: Path, line: int, why: str) -> None:

@@ -2,8 +2,8 @@
 ``"alerts"`` backend (fed one step at a time). Each keeps bounded state and says when a condition
 starts (``onset``) and ends (``clear``).
 
-    >>> from forge_obs.timeline.doctor.config import DoctorConfig
-    >>> from forge_obs.timeline.doctor.detect import GroupTracker
+    >>> from forge_obs.analysis.doctor.config import DoctorConfig
+    >>> from forge_obs.analysis.doctor.detect import GroupTracker
     >>> t = GroupTracker(DoctorConfig())
     >>> for step in range(8):                      # rank 1 three times slower from step 2
     ...     changes = t.update(step, {0: 0.010, 1: 0.030 if step >= 2 else 0.010}, step_s=0.04)
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, NamedTuple
 
-from forge_obs.timeline.doctor.config import DoctorConfig
+from forge_obs.analysis.doctor.config import DoctorConfig
 
 #: ratios kept per episode for its summary (the doctor; live trackers keep none)
 _MAX_KEPT = 4096

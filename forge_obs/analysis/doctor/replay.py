@@ -1,10 +1,10 @@
 """The metric rules of :mod:`.rules` replayed over ``metrics.jsonl``, step by step, exactly as the
 live ``"alerts"`` backend runs them; each incident (firing ... resolved, or still active at the
-end) becomes one :class:`~forge_obs.timeline.doctor.finding.Finding`.
+end) becomes one :class:`~forge_obs.analysis.doctor.finding.Finding`.
 
-    >>> from forge_obs.timeline.doctor.config import DoctorConfig
-    >>> from forge_obs.timeline.doctor.identity import Identities
-    >>> from forge_obs.timeline.doctor.replay import metric_findings
+    >>> from forge_obs.analysis.doctor.config import DoctorConfig
+    >>> from forge_obs.analysis.doctor.identity import Identities
+    >>> from forge_obs.analysis.doctor.replay import metric_findings
     >>> metric_findings("runs/does-not-exist", DoctorConfig(), Identities(), [], True)[1]
     ['metrics: no metrics.jsonl: non-finite values, missing ranks and staleness not judged']
 """
@@ -14,11 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
-from forge_obs.timeline.doctor.config import DoctorConfig
-from forge_obs.timeline.doctor.detect import growth
-from forge_obs.timeline.doctor.finding import Finding
-from forge_obs.timeline.doctor.identity import GLOBAL, Identities
-from forge_obs.timeline.doctor.rules import Event, Staleness, StepView, build_rules
+from forge_obs.analysis.doctor.config import DoctorConfig
+from forge_obs.analysis.doctor.detect import growth
+from forge_obs.analysis.doctor.finding import Finding
+from forge_obs.analysis.doctor.identity import GLOBAL, Identities
+from forge_obs.analysis.doctor.rules import Event, Staleness, StepView, build_rules
 
 
 def step_views(rows: Iterator[dict], ids: Identities, stats: dict) -> Iterator[StepView]:
@@ -61,7 +61,7 @@ def _finding(e: Event) -> Finding:
 
 def metric_findings(run_dir: "str | Path", cfg: DoctorConfig, ids: Identities, user_rules: list,
                     has_timeline: bool) -> tuple[list[Finding], list[str]]:
-    from forge_obs.store import read_jsonl
+    from forge_obs.analysis.store import read_jsonl
 
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():

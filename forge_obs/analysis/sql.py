@@ -2,9 +2,18 @@
 
     forge-obs sql runs/exp1 "SELECT mesh, rank, avg(dur_ms) FROM spans WHERE name='train_step' GROUP BY ALL"
 
-    from forge_obs.timeline.sql import connect
-    con = connect("runs/exp1")
-    con.execute("SELECT key, max(value) FROM metrics GROUP BY key").fetchall()
+    >>> import tempfile
+    >>> from forge_obs import timeline
+    >>> run_dir = tempfile.mkdtemp()
+    >>> timeline.configure(run_dir)
+    True
+    >>> timeline.set_step(3)
+    >>> with timeline.record_span("train_step"):
+    ...     pass
+    >>> timeline.close()
+    >>> con = connect(run_dir)                    # needs duckdb: pip install 'forge-obs[timeline]'
+    >>> con.execute("SELECT name, step, finished FROM spans").fetchall()
+    [('train_step', 3, True)]
 
 Views (times in epoch µs, clock-offset corrected; ``attempt`` separates restarts of a resumed run):
 
@@ -29,8 +38,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from forge_obs.timeline import reader
-from forge_obs.timeline.reader import END, INSTANT, OPEN, SPAN, STEP, TAG
+from forge_obs.analysis import reader
+from forge_obs.analysis.reader import END, INSTANT, OPEN, SPAN, STEP, TAG
 
 SPAN_COLS = {
     "run_id": "VARCHAR", "attempt": "INTEGER", "host": "VARCHAR", "pid": "BIGINT", "mesh": "VARCHAR",
@@ -112,7 +121,7 @@ def _write_timeline(run_dir: Path, spans_csv: Path, events_csv: Path) -> None:
 
 
 def _write_metrics(run_dir: Path, path: Path) -> None:
-    from forge_obs.store import read_jsonl
+    from forge_obs.analysis.store import read_jsonl
 
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)

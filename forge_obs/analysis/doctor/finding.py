@@ -1,6 +1,6 @@
 """A doctor finding: one root event, who it is about, when it started, and what followed from it.
 
-    >>> from forge_obs.timeline.doctor.finding import Finding, format_findings
+    >>> from forge_obs.analysis.doctor.finding import Finding, format_findings
     >>> f = Finding("nonfinite", "'loss' is NaN at step 20", mesh="trainer", actor="Trainer", rank=0,
     ...             steps=[20, 20], onset_step=20, where="trainer/Trainer/r0",
     ...             consequences=[{"kind": "nonfinite", "where": "global", "key": "loss", "steps": [20, 20],
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from forge_obs.timeline.doctor.identity import describe
+from forge_obs.analysis.doctor.identity import describe
 
 
 @dataclass

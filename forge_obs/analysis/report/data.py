@@ -96,7 +96,7 @@ class RunData:
     """
 
     def __init__(self, run_dir: "str | Path") -> None:
-        from forge_obs.store import read_jsonl
+        from forge_obs.analysis.store import read_jsonl
 
         self.run_dir = Path(run_dir)
         self.meta: dict[str, Any] = {}

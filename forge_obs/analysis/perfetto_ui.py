@@ -1,6 +1,6 @@
 """Serve a trace to the Perfetto UI on this machine, offline (``forge-obs trace --open``).
 
-    from forge_obs.timeline.perfetto_ui import TraceServer
+    from forge_obs.analysis.perfetto_ui import TraceServer
     with TraceServer("runs/exp1/trace.json") as srv:   # 127.0.0.1, a free port (or port=9001)
         print(srv.url)                                  # open it: the UI loads the trace itself
         srv.serve_forever()

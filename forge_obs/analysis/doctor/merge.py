@@ -1,8 +1,8 @@
 """One finding per root event: symptoms of the same process, and drops that start with another
 event, are listed under the root instead of standing alone.
 
-    >>> from forge_obs.timeline.doctor.finding import Finding
-    >>> from forge_obs.timeline.doctor.merge import merge_root_events
+    >>> from forge_obs.analysis.doctor.finding import Finding
+    >>> from forge_obs.analysis.doctor.merge import merge_root_events
     >>> dead = Finding("stall", "went silent", mesh="gen", rank=0, where="gen/G/r0", onset_step=6, steps=[6])
     >>> miss = Finding("missing_ranks", "did not report", mesh="gen", rank=0, where="gen/G/r0", onset_step=6,
     ...                steps=[6, 29])
@@ -12,7 +12,7 @@ event, are listed under the root instead of standing alone.
 
 from __future__ import annotations
 
-from forge_obs.timeline.doctor.finding import Finding
+from forge_obs.analysis.doctor.finding import Finding
 
 #: the order findings are printed in (most severe first)
 KIND_ORDER = ["hang", "stall", "missing_ranks", "quiet_rank", "nonfinite", "straggler", "slowdown", "sync_bottleneck",

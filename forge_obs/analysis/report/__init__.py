@@ -1,11 +1,11 @@
 """``forge-obs report runs/<run_id>``: one self-contained ``report.html`` for a run.
 
-    from forge_obs.report import write_report
+    from forge_obs.analysis.report import write_report
     write_report("runs/exp1")        # -> runs/exp1/report.html
 
-See :mod:`forge_obs.report.html` for what the page shows.
+See :mod:`forge_obs.analysis.report.html` for what the page shows.
 """
 
-from forge_obs.report.html import render_report, write_report
+from forge_obs.analysis.report.html import render_report, write_report
 
 __all__ = ["render_report", "write_report"]

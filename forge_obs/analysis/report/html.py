@@ -12,7 +12,7 @@
 The page, top to bottom:
 
 - **Overview**: the run's story — reward, loss, KL, entropy, throughput, staleness (each panel
-  shows the keys matching :data:`forge_obs.report.data.OVERVIEW_PANELS`, with the mean of the
+  shows the keys matching :data:`forge_obs.analysis.report.data.OVERVIEW_PANELS`, with the mean of the
   first and last 10 points), the step-time breakdown (stacked), and the doctor's findings, each
   linked to the charts of the metric keys it names (a chart a finding names carries a badge
   back to it).
@@ -44,8 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from forge_obs.report.assets import CSS, JS
-from forge_obs.report.data import QUANTILES, RunData, group_of
+from forge_obs.analysis.report.assets import CSS, JS
+from forge_obs.analysis.report.data import QUANTILES, RunData, group_of
 
 MAX_POINTS = 1500
 MAX_RANK_LINES = 16
@@ -273,12 +273,12 @@ def _overview(page: Page) -> str:
 def doctor_findings(run_dir: Path) -> tuple[str, list[dict[str, Any]] | None]:
     """(status, findings as dicts): findings is None when the doctor cannot run."""
     try:
-        doctor = importlib.import_module("forge_obs.timeline.doctor")
+        doctor = importlib.import_module("forge_obs.analysis.doctor")
     except ImportError:
-        return "doctor not available (forge_obs.timeline.doctor could not be imported)", None
+        return "doctor not available (forge_obs.analysis.doctor could not be imported)", None
     fn = getattr(doctor, "diagnose", None)
     if fn is None:
-        return "doctor not available (forge_obs.timeline.doctor has no diagnose())", None
+        return "doctor not available (forge_obs.analysis.doctor has no diagnose())", None
     try:
         found = fn(run_dir)
     except Exception as e:  # noqa: BLE001 - the report still renders

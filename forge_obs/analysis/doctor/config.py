@@ -1,7 +1,7 @@
 """Every threshold of the doctor's rules, in one dataclass shared by ``forge-obs doctor`` and the
 live ``"alerts"`` backend (same names, same meaning).
 
-    >>> from forge_obs.timeline.doctor.config import DoctorConfig
+    >>> from forge_obs.analysis.doctor.config import DoctorConfig
     >>> cfg = DoctorConfig.from_dict({"straggler_ratio": 3.0})
     >>> cfg.straggler_ratio, cfg.min_excess_s
     (3.0, 0.002)

@@ -1,0 +1,50 @@
+"""Helpers that take a value of any type and never raise: what error paths and backends use to
+describe or classify a user's value without a second exception hiding the first.
+
+    >>> class Bad:
+    ...     def __str__(self): raise RuntimeError("boom")
+    ...     __repr__ = __str__
+    >>> safe_str("loss"), safe_str(3), safe_str(Bad())
+    ('loss', '3', '<Bad>')
+    >>> safe_repr("x" * 500)[-5:], len(safe_repr("x" * 500)), safe_repr(Bad())
+    ('xxxxx', 200, '<Bad>')
+    >>> is_number(1.5), is_number(2), is_number(True), is_number("3")
+    (True, True, False, False)
+
+Nothing here imports Monarch or torch; ``safe_str`` returns a ``str`` argument unchanged without
+a call to ``str()``, so it costs one type check on the common path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _type_text(x: Any) -> str:
+    try:
+        return f"<{type(x).__name__}>"
+    except Exception:  # noqa: BLE001 - a metaclass whose __name__ raises
+        return "<?>"
+
+
+def safe_str(x: Any) -> str:
+    """``str(x)``; ``"<TypeName>"`` when ``__str__`` raises."""
+    if type(x) is str:
+        return x
+    try:
+        return str(x)
+    except Exception:  # noqa: BLE001 - describing a bad value never raises
+        return _type_text(x)
+
+
+def safe_repr(x: Any, limit: int = 200) -> str:
+    """``repr(x)`` cut to ``limit`` characters; ``"<TypeName>"`` when ``__repr__`` raises."""
+    try:
+        return repr(x)[:limit]
+    except Exception:  # noqa: BLE001 - a repr that raises never hides the real message
+        return _type_text(x)
+
+
+def is_number(v: Any) -> bool:
+    """An ``int`` or ``float`` (subclasses included), not a ``bool``."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
