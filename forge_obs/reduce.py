@@ -785,7 +785,7 @@ class _Grouper:
         try:
             return sorted(ks)
         except TypeError:  # keys of several types (never from a collector)
-            return sorted(ks, key=_safe_repr)
+            return sorted(ks, key=safe_repr)
 
 
 def _value(rt: str, items: list) -> Any:
