@@ -18,6 +18,7 @@ import torch.distributed as dist
 from monarch.actor import Actor, endpoint
 
 from apps.grpo.common import Idle, device, rank_of, setup_process, token_logprobs
+from apps.grpo.faults import TrainerFaults
 from forge_obs import Reduce, record_metric
 from forge_obs.timeline import add_step_tag, record_event, record_span, set_step
 
@@ -28,7 +29,7 @@ GPU_PEAK_FLOPS = {"H100": 67e12, "H200": 67e12, "A100": 19.5e12}
 
 class Trainer(Actor):
     def __init__(self, model_dir: str, world: int, port: int, lr: float, kl_beta: float, weights_dir: str,
-                 faults: dict) -> None:
+                 faults: TrainerFaults) -> None:
         setup_process()
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -42,7 +43,7 @@ class Trainer(Actor):
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
         self.kl_beta = kl_beta
         self.weights_dir = weights_dir
-        self.faults = faults or {}
+        self.faults = faults
         self.idle = Idle()
         self.t_last_update: float | None = None
         if torch.cuda.is_available():
@@ -80,8 +81,9 @@ class Trainer(Actor):
 
             t1 = time.perf_counter()
             with record_span("forward_backward", rank=self.rank):
-                if self.faults.get("slow_rank") == self.rank and step >= int(self.faults.get("slow_from") or 0):
-                    time.sleep(float(self.faults.get("slow_s", 0.5)))  # injected: a slow rank
+                slow_s = self.faults.slow_s_for(self.rank, step)
+                if slow_s:
+                    time.sleep(slow_s)  # blocks the rank, as slow compute would
                 lp, mask, ent = token_logprobs(self.model, prompt_ids, completion_ids, self.tok.pad_token_id,
                                                with_entropy=True)
                 d = ref_lp - lp
@@ -89,8 +91,8 @@ class Trainer(Actor):
                 per_tok = -(torch.exp(lp - lp.detach()) * adv.unsqueeze(1) - self.kl_beta * kl)
                 lens = mask.sum(1).clamp(min=1)
                 loss = ((per_tok * mask).sum(1) / lens).mean()
-                if self.faults.get("nan_step") == step:
-                    loss = loss * float("nan")  # injected: a NaN loss
+                if self.faults.nan_at(step):
+                    loss = loss * float("nan")
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
             fb_s = time.perf_counter() - t1
@@ -167,8 +169,3 @@ class Trainer(Actor):
         record_metric("trainer/weight_push_s", time.perf_counter() - t0, Reduce.MAX)
         record_metric("trainer/policy_version", version, Reduce.MAX)
         return path
-
-    @endpoint
-    async def teardown(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
