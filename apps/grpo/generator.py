@@ -37,10 +37,8 @@ class _GeneratorBase(Actor):
         with record_span("generate", flow=flow, replica=self.replica, version=self.version):
             record_event("policy_used", flow=f"policy-v{self.version}", version=self.version)
             await self.faults.stall_if_due(latest_version)
-            t0 = time.perf_counter()
-            with record_span("tokenize"):
+            with record_span("tokenize", log_to_metrics=True):
                 prompt_ids = [self.tok(p)["input_ids"] for p in prompts]
-            record_metric("generator/tokenize_ms", (time.perf_counter() - t0) * 1e3, Reduce.MEAN)
             record_metric("generator/request_queue_depth", len(prompts) * n, Reduce.MAX)
             t1 = time.perf_counter()
             out = self._generate(prompt_ids, n, max_tokens, temperature)
@@ -68,8 +66,8 @@ class _GeneratorBase(Actor):
     @endpoint
     async def update_weights(self, path: str, version: int) -> int:
         """Load policy ``version`` from ``path`` (written by the trainer)."""
-        t0 = time.perf_counter()
-        with record_span("weights_load", flow=f"policy-v{version}", version=version, replica=self.replica):
+        with record_span("weights_load", flow=f"policy-v{version}", log_to_metrics=True, version=version,
+                         replica=self.replica):
             await self.faults.stall_if_due(version)
             await self.faults.slow_sync()
             import torch
@@ -77,7 +75,6 @@ class _GeneratorBase(Actor):
             sd = torch.load(path, map_location="cpu", weights_only=True)
             self._load(sd)
             self.version = version
-        record_metric("generator/weight_pull_s", time.perf_counter() - t0, Reduce.MAX)
         return version
 
     def _engine_metrics(self) -> None:
