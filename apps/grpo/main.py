@@ -1,6 +1,6 @@
 """GRPO on Monarch with vLLM, instrumented with forge_obs: a real RL run on a tiny local model.
 
-    python -m apps.grpo.main                          # default: 2 vLLM replicas, ~2 min on 2 cores
+    python -m apps.grpo.main                          # default: 300 steps, 2 vLLM replicas, 2 trainer ranks
     python -m apps.grpo.main --generator torch        # no vLLM: Hugging Face generate
     python -m apps.grpo.main --steps 6 --fault-kill-replica 3
 
