@@ -57,23 +57,23 @@ def finite(vals: list) -> bool:
 TRAINER_KEYS = [
     "trainer/loss", "trainer/grad_abs_max", "trainer/grad_mean_sq", "trainer/lr", "trainer/advantage_min",
     "trainer/advantage_max", "trainer/advantage_mean", "trainer/kl_to_ref", "trainer/entropy_nats",
-    "trainer/reward_mean", "trainer/episode_len_tokens", "trainer/batch_creation_s", "trainer/tokens_per_s",
+    "trainer/reward_mean", "trainer/episode_len_tokens", "span/batch_creation/duration_s", "trainer/tokens_per_s",
     "trainer/mfu_pct", "trainer/policy_updates_per_min", "trainer/param_update_rel", "trainer/idle_s",
-    "trainer/weight_push_s",
+    "span/forward_backward/duration_s", "span/weights_push/duration_s",
 ]
 GENERATOR_KEYS = [
     "generator/tokens_per_s", "generator/requests", "generator/seq_len_tokens", "generator/idle_s",
-    "generator/tokenize_ms", "generator/model_load_s", "generator/sampling_temperature", "generator/sampling_n",
+    "span/tokenize/duration_s", "generator/model_load_s", "generator/sampling_temperature", "generator/sampling_n",
     "generator/sampling_max_tokens", "generator/policy_staleness_steps", "generator/request_queue_depth",
-    "generator/weight_pull_s",
+    "span/weights_load/duration_s",
 ]
 VLLM_KEYS = ["generator/kv_cache_usage_pct", "generator/prefix_cache_hit_pct"]
 SERVICE_KEYS = ["service/replica0_queue_depth", "service/replica1_queue_depth", "service/replica0_requests",
                 "service/healthy_replicas"]
 BUFFER_KEYS = ["buffer/size_episodes", "buffer/queue_depth_groups", "buffer/evicted_episodes",
                "buffer/eviction_rate_frac", "buffer/write_episodes_per_s", "buffer/read_episodes_per_s",
-               "buffer/retrieval_latency_ms"]
-OTHER_KEYS = ["reference/forward_ms", "reward/reward_mean", "controller/step_s"]
+               "span/buffer_sample/duration_s", "span/buffer_add/duration_s"]
+OTHER_KEYS = ["reference/forward_ms", "reward/reward_mean", "span/reward/duration_s", "controller/step_s"]
 
 
 def check_metrics(run_dir: Path, lr: float, vllm: bool) -> dict[str, list]:
@@ -98,7 +98,7 @@ def check_metrics(run_dir: Path, lr: float, vllm: bool) -> dict[str, list]:
     if vllm:
         assert all(0 <= v <= 100 for v in vals["generator/kv_cache_usage_pct"])
         assert all(0 <= v <= 100 for v in vals["generator/prefix_cache_hit_pct"])
-    assert all(v >= 0 for v in vals["buffer/size_episodes"]) and all(v >= 0 for v in vals["buffer/retrieval_latency_ms"])
+    assert all(v >= 0 for v in vals["buffer/size_episodes"]) and all(v >= 0 for v in vals["span/buffer_sample/duration_s"])
     # per replica: both generator meshes reported
     labels = {r["source"]["label"] for r in read_metrics(run_dir, "per_rank_reduce")}
     assert any(lb.startswith("generator_0/") for lb in labels) and any(lb.startswith("generator_1/") for lb in labels), labels
@@ -282,7 +282,7 @@ def test_grpo_fault_slow_weight_sync(tmp_path):
     assert "meanwhile the controller spent" in syncs[0]["message"], syncs[0]["message"]
     assert not [f for f in findings if f["kind"] == "straggler"], findings
     vals = merged(global_rows(run_dir))
-    assert min(vals["generator/weight_pull_s"]) >= 0.5
+    assert min(vals["span/weights_load/duration_s"]) >= 0.5
     (sa,) = [a for a in paged(run_dir) if a["rule"] == "sync_bottleneck"]
-    assert sa["mesh"] == "generator_0" and sa["details"]["key"] == "generator/weight_pull_s", sa
+    assert sa["mesh"] == "generator_0" and sa["details"]["key"] == "span/weights_load/duration_s", sa
     assert sa["step"] <= sa["onset_step"] + 3, sa  # within 3 steps of the onset

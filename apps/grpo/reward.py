@@ -4,7 +4,6 @@ rewards into GRPO advantages (reward minus the group mean, over the group std)."
 from __future__ import annotations
 
 import statistics
-import time
 
 from monarch.actor import Actor, endpoint
 
@@ -17,9 +16,8 @@ class RewardActor(Actor):
     @endpoint
     async def score(self, flow: str, groups: list[dict]) -> list[dict]:
         """``groups``: [{"answer", "texts": [...]}] -> [{"rewards": [...], "advantages": [...]}]"""
-        t0 = time.perf_counter()
         out = []
-        with record_span("reward", flow=flow, groups=len(groups)):
+        with record_span("reward", flow=flow, log_to_metrics=True, groups=len(groups)):
             for g in groups:
                 rewards = [task.score(t, g["answer"]) for t in g["texts"]]
                 mu = statistics.fmean(rewards)
@@ -32,5 +30,4 @@ class RewardActor(Actor):
                 record_metric("reward/group_reward_std", sd, Reduce.MEAN)
                 record_metric("reward/zero_std_groups", 1 if sd == 0 else 0, Reduce.SUM)
         record_metric("reward/completions", sum(len(g["texts"]) for g in groups), Reduce.SUM)
-        record_metric("reward/score_ms", (time.perf_counter() - t0) * 1e3, Reduce.MEAN)
         return out

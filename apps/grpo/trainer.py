@@ -18,6 +18,7 @@ import torch.distributed as dist
 from monarch.actor import Actor, endpoint
 
 from apps.grpo.common import Idle, device, rank_of, setup_process, token_logprobs
+from apps.grpo.faults import TrainerFaults
 from forge_obs import Reduce, record_metric
 from forge_obs.timeline import add_step_tag, record_event, record_span, set_step
 
@@ -28,7 +29,7 @@ GPU_PEAK_FLOPS = {"H100": 67e12, "H200": 67e12, "A100": 19.5e12}
 
 class Trainer(Actor):
     def __init__(self, model_dir: str, world: int, port: int, lr: float, kl_beta: float, weights_dir: str,
-                 faults: dict) -> None:
+                 faults: TrainerFaults) -> None:
         setup_process()
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -42,7 +43,7 @@ class Trainer(Actor):
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
         self.kl_beta = kl_beta
         self.weights_dir = weights_dir
-        self.faults = faults or {}
+        self.faults = faults
         self.idle = Idle()
         self.t_last_update: float | None = None
         if torch.cuda.is_available():
@@ -67,8 +68,8 @@ class Trainer(Actor):
         record_metric("trainer/idle_s", idle, Reduce.SUM)
         flow = f"policy-v{version + 1}"
         with record_span("train_step", flow=flow, version=version + 1):
-            t0 = time.perf_counter()
-            with record_span("batch_creation"):
+            t0 = time.perf_counter()  # the step's time: its throughput and MFU
+            with record_span("batch_creation", log_to_metrics=True):
                 shard = batch[self.rank::self.world]
                 prompt_ids = [e["prompt_ids"] for e in shard]
                 completion_ids = [e["completion_ids"] for e in shard]
@@ -76,12 +77,11 @@ class Trainer(Actor):
                 ref_lp = torch.zeros(len(shard), max(len(c) for c in completion_ids), device=device())
                 for i, e in enumerate(shard):
                     ref_lp[i, : len(e["ref_logprobs"])] = torch.tensor(e["ref_logprobs"])
-            record_metric("trainer/batch_creation_s", time.perf_counter() - t0, Reduce.MEAN)
 
-            t1 = time.perf_counter()
-            with record_span("forward_backward", rank=self.rank):
-                if self.faults.get("slow_rank") == self.rank and step >= int(self.faults.get("slow_from") or 0):
-                    time.sleep(float(self.faults.get("slow_s", 0.5)))  # injected: a slow rank
+            with record_span("forward_backward", log_to_metrics=True, rank=self.rank):
+                slow_s = self.faults.slow_s_for(self.rank, step)
+                if slow_s:
+                    time.sleep(slow_s)  # blocks the rank, as slow compute would
                 lp, mask, ent = token_logprobs(self.model, prompt_ids, completion_ids, self.tok.pad_token_id,
                                                with_entropy=True)
                 d = ref_lp - lp
@@ -89,11 +89,10 @@ class Trainer(Actor):
                 per_tok = -(torch.exp(lp - lp.detach()) * adv.unsqueeze(1) - self.kl_beta * kl)
                 lens = mask.sum(1).clamp(min=1)
                 loss = ((per_tok * mask).sum(1) / lens).mean()
-                if self.faults.get("nan_step") == step:
-                    loss = loss * float("nan")  # injected: a NaN loss
+                if self.faults.nan_at(step):
+                    loss = loss * float("nan")
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
-            fb_s = time.perf_counter() - t1
 
             with record_span("grad_allreduce"):
                 grads = [p.grad for p in self.model.parameters() if p.grad is not None]
@@ -124,8 +123,8 @@ class Trainer(Actor):
                     add_step_tag("nonfinite_loss")
                 after = torch.cat([p.detach().reshape(-1) for p in self.model.parameters()])
                 upd = float((after - before).norm() / before.norm().clamp(min=1e-12))
-        dt = time.perf_counter() - t0
         now = time.perf_counter()
+        dt = now - t0
         ntok = sum(len(p) + len(c) for p, c in zip(prompt_ids, completion_ids))
         rewards = [e["reward"] for e in shard]
         record_metric("trainer/loss", float(loss.detach()), Reduce.MEAN)
@@ -139,7 +138,6 @@ class Trainer(Actor):
         record_metric("trainer/entropy_nats", g_ent, Reduce.MEAN)
         record_metric("trainer/reward_mean", sum(rewards) / len(rewards), Reduce.MEAN)
         record_metric("trainer/episode_len_tokens", float(mask.sum(1).float().mean()), Reduce.MEAN)
-        record_metric("trainer/forward_backward_s", fb_s, Reduce.MEAN)
         record_metric("trainer/step_s", dt, Reduce.MAX)
         record_metric("trainer/tokens_per_s", ntok / max(dt, 1e-9), Reduce.SUM)
         record_metric("trainer/mfu_pct", 100.0 * 6 * self.n_params * ntok / max(dt, 1e-9) / self.peak, Reduce.MEAN)
@@ -155,20 +153,13 @@ class Trainer(Actor):
         """Rank 0 writes the weights of policy ``version`` (atomically) and returns the path."""
         if self.rank != 0:
             return None
-        t0 = time.perf_counter()
-        with record_span("weights_push", flow=f"policy-v{version}", version=version):
+        with record_span("weights_push", flow=f"policy-v{version}", log_to_metrics=True, version=version):
             path = os.path.join(self.weights_dir, f"policy_v{version}.pt")
             sd = {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
             torch.save(sd, path + ".tmp")
             os.replace(path + ".tmp", path)
             old = os.path.join(self.weights_dir, f"policy_v{version - 5}.pt")
             if os.path.exists(old):
-                os.remove(old)  # generators are at most a few versions behind
-        record_metric("trainer/weight_push_s", time.perf_counter() - t0, Reduce.MAX)
+                os.remove(old)  # bounded disk use: a replica is only ever told to load the newest version
         record_metric("trainer/policy_version", version, Reduce.MAX)
         return path
-
-    @endpoint
-    async def teardown(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()

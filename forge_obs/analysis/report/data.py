@@ -44,7 +44,8 @@ OVERVIEW_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
 #: what the parts do not cover is drawn as "other"
 STEP_TOTAL_KEYS = ("controller/step_s", "trainer/step_s")
 STEP_PART_PATTERNS = (r"wait\w*_s$", r"batch_creation_s$", r"forward_backward_s$", r"(^|/)forward_s$",
-                      r"(^|/)backward_s$", r"optimizer\w*_s$", r"allreduce\w*_s$", r"weights?_push_s$")
+                      r"(^|/)backward_s$", r"optimizer\w*_s$", r"allreduce\w*_s$", r"weights?_push_s$",
+                      r"^span/(\w*wait\w*|batch_creation|forward_backward|optimizer\w*|\w*allreduce\w*|weights?_push)/duration_s$")
 
 
 def _is_num(v: Any) -> bool:
