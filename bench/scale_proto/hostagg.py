@@ -78,8 +78,7 @@ class AggFetcher(LocalFetcherActor):
     """Today's fetcher, plus: answers a cut to its group's leader when the plan names one, and
     leads its group when the plan says so."""
 
-    def __init__(self, port: Any, mesh_id: str, mesh_name: str | None = None, options: dict | None = None) -> None:
-        super().__init__(port, mesh_id, mesh_name, options)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.agg_port, self._agg_receiver = Channel.open()
         self.aggregator: HostAggregator | None = None
         self.plan: dict | None = None
@@ -88,6 +87,10 @@ class AggFetcher(LocalFetcherActor):
         self.sent: dict[str, list] = {}
         self.dead_ports: set[str] = set()
         self.ident_sent: tuple | None = None
+        super().__init__(*args, **kwargs)
+
+    def _connect(self, port: Any, mesh_id: str, options: dict | None) -> None:
+        super()._connect(port, mesh_id, options)
         try:
             port.send((HELLO, self.key, host_key(), self.agg_port))
         except Exception as e:  # noqa: BLE001
@@ -98,6 +101,7 @@ class AggFetcher(LocalFetcherActor):
         cpu0 = time.thread_time()
         taken = _COLLECTOR.swap()
         self.last_seq = seq
+        self.last_step = step
         if actor and self.identity.actor != actor:
             self.identity.actor = actor
         children = _cut_children(seq, step)
