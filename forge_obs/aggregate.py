@@ -40,6 +40,8 @@ __all__ = ["HELLO", "ACKB", "BUNDLE", "RESENT", "EXPECT", "host_key", "receiver_
 HELLO, ACKB, BUNDLE, RESENT, EXPECT = "hello", "ackb", "bundle", "resent", "expect"
 #: messages kept per leader, to resend if it fails: ack + states of the last 32 cuts
 KEEP_SENT = 64
+#: messages for a cut a leader never learnt it leads are dropped after this long
+ORPHAN_S = 60.0
 _COLLECTOR = MetricCollector()
 
 
@@ -229,7 +231,7 @@ class Aggregator:
         ds = [gc.t0 + (gc.step_wait_s if gc.ack_sent else gc.ack_wait_s) for gc in self.cuts.values()
               if gc.members is not None]
         if not ds:
-            return None if not self.cuts else 0.05
+            return None if not self.cuts else 1.0
         return max(0.0005, min(ds) - time.monotonic())
 
     def _take(self, msg: tuple) -> None:
@@ -299,7 +301,9 @@ class Aggregator:
     def _expire(self) -> None:
         now = time.monotonic()
         for seq, gc in list(self.cuts.items()):
-            if gc.members is None:
+            if gc.members is None:  # members' messages for a cut this rank was not told to lead
+                if now - gc.t0 > ORPHAN_S:
+                    del self.cuts[seq]  # they resend them to the controller at their next plan
                 continue
             if not gc.ack_sent and now >= gc.t0 + gc.ack_wait_s:
                 self.lagging |= gc.members - gc.acked.keys()

@@ -64,6 +64,8 @@ ChildMesh = tuple
 
 _COLLECTOR = MetricCollector()
 _COUNTERS = ("values_recorded", "dropped_values", "nonfinite_values", "stream_overflow", "stream_step_mismatch")
+#: cuts whose bundled ranks are remembered (a member keeps what it sent its leader for 32 cuts)
+BUNDLED_SEQS = 64
 #: how long the worker lets a flush that waited for a cut resume before merging its step
 RESUME_GRACE_S = 0.002
 #: parts of forge_obs's own CPU (obs/cpu_<part>_s; obs/cpu_s is their sum)
@@ -150,7 +152,9 @@ class FlushPipeline:
         self.late_states = 0
         self.fenced_bundles = 0  # bundles from a replaced leader: dropped (its members resent their states)
         self.duplicates_dropped = 0  # resent states the controller already had
-        self._got: dict[RankKey, set] = {}  # rank -> cuts whose states arrived (resends are taken once)
+        # cut seq -> ranks whose states came in a bundle, for the last BUNDLED_SEQS cuts: a state a
+        # member resends (its leader was replaced or is gone) is dropped if its bundle came
+        self._bundled: dict[int, set] = {}
         #: rank -> the rank that leads its group on the aggregated route (forge_obs.plan)
         self.leader_of: dict[RankKey, RankKey] = {}
         self._worker = threading.Thread(target=self._work, name="forge_obs-backends", daemon=True)
@@ -299,7 +303,7 @@ class FlushPipeline:
         this rank's states of cut ``seq`` did not arrive yet, dropped (counted) otherwise."""
         rank_key = tuple(rank_key)
         with self._cv:
-            if seq in self._got.get(rank_key, ()):
+            if rank_key in self._bundled.get(seq, ()):
                 self.duplicates_dropped += 1
                 return
             cut = self._states(seq, rank_key, identity, snapshot)
@@ -312,8 +316,12 @@ class FlushPipeline:
         ``identities``: the ranks' identities that changed since their last bundle."""
         ranks = [tuple(k) for k in ranks]
         with self._cv:
-            for k in ranks:
-                self._note_got(k, seq)
+            got = self._bundled.get(seq)
+            if got is None:
+                got = self._bundled[seq] = set()
+                while len(self._bundled) > BUNDLED_SEQS:
+                    del self._bundled[min(self._bundled)]
+            got.update(ranks)
             for key, ident in (identities or {}).items():
                 self._note_identity(tuple(key), ident)
             cut = self._find(seq)
@@ -495,18 +503,6 @@ class FlushPipeline:
         if rank_key in cut.acked and rank_key not in self.lagging:
             cut.n_due -= 1
 
-    def _note_got(self, rank_key: RankKey, seq: int) -> bool:
-        """Record that ``rank_key``'s states of cut ``seq`` arrived; False if they already had."""
-        got = self._got.get(rank_key)
-        if got is None:
-            got = self._got[rank_key] = set()
-        if seq in got:
-            return False
-        got.add(seq)
-        if len(got) > 512:
-            got.difference_update(sorted(got)[:256])
-        return True
-
     def _wake(self, cut: Cut | None) -> None:
         """Wake the worker and cut waiters only when this may complete something: a closed cut
         whose states are all in, a cut that just closed, or a message for a cut that is gone. A
@@ -535,7 +531,6 @@ class FlushPipeline:
         self._held = keep
 
     def _states(self, seq: int, rank_key: RankKey, identity: dict[str, Any] | None, snapshot: Any) -> Cut | None:
-        self._note_got(rank_key, seq)
         self._note_identity(rank_key, identity)
         cut = self._find(seq)
         if cut is not None and rank_key not in cut.received:
