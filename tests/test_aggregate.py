@@ -310,7 +310,9 @@ def test_a_dead_leaders_members_resend_and_regroup():
     # rank 5's values of step 2 died with it; every other value is logged exactly once
     assert sum(steps[s]["global"]["check/count"] for s in range(2, 6)) == 4 * 5
     assert sum(steps[s]["global"]["check/sum"] for s in range(2, 6)) == 4 * (1 + 2 + 3 + 4 + 5)
-    assert out["messages"]["5"] == 4  # both hosts aggregated again
+    # both hosts aggregated again (the inbox may still see late resends of step 2's messages,
+    # returned undeliverable after Monarch's delivery timeout, and drops them as duplicates)
+    assert steps[5]["global"]["obs/bundles"] == 2.0 and steps[5]["global"]["obs/ranks_reported"] == 5
 
 
 def test_module_examples_run():

@@ -108,7 +108,8 @@ async def test_a_hung_rank_costs_one_timeout_then_flush_does_not_wait_for_it(tmp
     assert 1.0 <= first_s < 1.0 + 2.0 and second_s < 0.9, (first_s, second_s)
     if aggregating():  # rank 1 led the pair: rank 0's answer waited in its queue, named late too ...
         assert rows[0]["late"] == ["stall/Stoppable/r0", "stall/Stoppable/r1"]
-        assert rows[1]["missing"] == ["stall/Stoppable/r1"]  # ... and rank 0 leads from step 1
+        # ... and rank 0 leads from step 1 (rank 1, resumed, may answer step 1 through it in time)
+        assert rows[1].get("missing", []) in ([], ["stall/Stoppable/r1"])
         assert sum(r["metrics"].get("hang/v", 0.0) for r in rows.values()) == 3.0  # nothing lost
         return
     assert rows[0]["late"] == ["stall/Stoppable/r1"] and rows[0]["metrics"]["obs/late_ranks"] == 1
