@@ -1,8 +1,10 @@
-"""Scaling: the controller's CPU and the step's latency as ranks grow, per design; and a
-simulation to thousands of ranks that runs the real code path for states.
+"""Scaling: the controller's CPU and the step's latency as ranks grow, on the library's two answer
+routes (``"aggregate": "off"``: every rank answers the controller; ``"on"``: one leader per
+(mesh, host) answers for its group, :mod:`forge_obs.aggregate`); and a simulation to thousands of
+ranks that runs the library's real pipeline code.
 
-    python bench/bench_scale.py                      # 4..64 procs, every design, + simulation (~10 min, 2 cores)
-    python bench/bench_scale.py --procs 4 32 --steps 8 --designs library hostagg
+    python bench/bench_scale.py                      # 4..64 procs, both routes, + simulation (~8 min, 2 cores)
+    python bench/bench_scale.py --procs 4 32 --steps 8 --designs off on
     python bench/bench_scale.py --sim-only --sim-ranks 1024 8192
 
 Real runs: each (design, procs, layout) runs in a fresh controller process, with the procs on
@@ -11,19 +13,14 @@ one host (``--per-host 64``: "here", one machine), and at most 8 procs per host 
 8``: 4 hosts at 32 procs, 8 at 64). Two proc meshes are spread over all hosts (several meshes);
 each rank records 100 MEAN keys per step. Per step it measures the controller process's CPU
 (``time.process_time``: every thread, Monarch's included) from ``flush(step)`` until the step
-reached the backends, and that latency ("step at backends"). Designs:
-
-- ``library``: whatever forge_obs does (today: every rank acks and sends its states to the
-  controller; the per-host path once it is implemented). ``--library-config '{...}'`` adds
-  ``init_backends`` keys, so the library's own switch can be compared later.
-- ``hostagg``: the per-host aggregator prototype (bench/scale_proto/hostagg.py).
-- ``accum``: Monarch's comm-tree reduction prototype (bench/scale_proto/accum.py), up to
-  ``--accum-max-procs`` procs.
+reached the backends, and that latency ("step at backends"). Designs (``"aggregate"`` of
+``init_backends``): ``off`` (the direct route: what the library did before aggregation) and
+``on`` (the aggregated route). ``--library-config '{...}'`` adds ``init_backends`` keys.
 
 Target: controller CPU per step at 32 procs <= 2x that at 4 procs (same design, same run, one
-host). The simulation (``--sim-ranks``) runs the real controller code for states (FlushPipeline,
-or the prototype's AggPipeline; real snapshots exported by the collector, pickled as sent,
-decoded and merged; real bundles made by the leaders' merge) with many logical ranks in one
+host). The simulation (``--sim-ranks``) runs the library's controller code for states
+(FlushPipeline, fed as the inbox feeds it: real snapshots exported by the collector, pickled as
+sent, decoded and merged; real bundles made by forge_obs.bundle) with many logical ranks in one
 process, and adds the controller's CPU to receive each message, measured on a real proc
 (``--calibrate``). Latency is projected from the residual measured at the largest real size
 (latency minus controller CPU) plus the projected controller CPU and the leaders' merge. Prints
@@ -68,18 +65,20 @@ def layout(procs: int, per_host: int = PROCS_PER_HOST) -> tuple[int, int]:
     return hosts, per
 
 
+INBOX = [0]  # messages taken by the controller's inbox
+
+
 def worker_main(design: str, procs: int, per_host: int, steps: int, warmup: int, keys: int, library_config: dict) -> None:
     """One (design, procs) run in this process; prints one JSON line."""
-    from bench.scale_proto import hostagg
+    import forge_obs.controller as ctl
 
-    if design == "hostagg":
-        hostagg.enable()
-    elif design == "accum":
-        from bench.scale_proto import accum
+    take = ctl._take
 
-        accum.enable()
-    else:
-        hostagg.count_messages()
+    def counted(msg: tuple) -> None:
+        INBOX[0] += 1
+        take(msg)
+
+    ctl._take = counted  # counts the inbox's messages; the protocol is the library's
     asyncio.run(_worker(design, procs, per_host, steps, warmup, keys, library_config))
 
 
@@ -89,8 +88,6 @@ async def _worker(design: str, procs: int, per_host_max: int, steps: int, warmup
     import provisioner_hooks
     from monarch.actor import Actor, endpoint
 
-    from bench.scale_proto import hostagg
-    from bench.scale_proto.hosts import LocalHosts
     from forge_obs import LoggerBackend, Reduce, get_or_create_metric_logger, record_metric, register_backend
 
     arrivals: dict[int, tuple] = {}
@@ -101,7 +98,8 @@ async def _worker(design: str, procs: int, per_host_max: int, steps: int, warmup
             g = record.global_dict()
             w = waiters.pop(record.step, None)
             arrivals[record.step] = (now, g.get("obs/missing_ranks", 0.0), g.get(f"bench/k{keys - 1}"),
-                                     {p: g.get(f"obs/cpu_{p}_s", 0.0) for p in ("flush", "inbox", "pipeline")})
+                                     {p: g.get(f"obs/cpu_{p}_s", 0.0) for p in ("flush", "inbox", "pipeline")},
+                                     g.get("obs/bundles", 0.0))
             if w is not None:
                 w[0].call_soon_threadsafe(w[1].set)
 
@@ -114,13 +112,16 @@ async def _worker(design: str, procs: int, per_host_max: int, steps: int, warmup
             for i in range(n):
                 record_metric(f"bench/k{i}", float(i + step), Reduce.MEAN)
 
+    from tests.localhosts import LocalHosts
+
     hosts_n, per = layout(procs, per_host_max)
     provisioner_hooks.install()
     tmp = tempfile.mkdtemp(prefix="bench_scale_")
     with LocalHosts(hosts_n) as hosts:
         hm = hosts.host_mesh()
         mlogger = await get_or_create_metric_logger(process_name="Controller")
-        cfg = {"bench_arrival": {}, "jsonl": None, "run": {"root": tmp, "id": "scale"}, **library_config}
+        cfg = {"bench_arrival": {}, "jsonl": None, "run": {"root": tmp, "id": "scale"}, "aggregate": design,
+               **library_config}
         await mlogger.init_backends.call_one(cfg)
         meshes = [hm.spawn_procs(per_host={"procs": per}, name=f"mesh{i}") for i in range(MESHES)]
         recs = [pm.spawn("Recorder", Recorder) for pm in meshes]
@@ -134,19 +135,20 @@ async def _worker(design: str, procs: int, per_host_max: int, steps: int, warmup
             await asyncio.gather(*[r.record.call(keys, step) for r in recs])
             ev = asyncio.Event()
             waiters[step] = (loop, ev)
-            hostagg.INBOX_COUNT[0] = 0
+            INBOX[0] = 0
             cpu0 = time.process_time()
             t0 = time.perf_counter()
             await mlogger.flush.call_one(step)
             t1 = time.perf_counter()
             await asyncio.wait_for(ev.wait(), 60)
             cpu1 = time.process_time()
-            t_arr, missing, last_value, _parts = arrivals[step]
+            t_arr, missing, last_value, _parts, bundles = arrivals[step]
             if step >= warmup:
                 rows.append({"cpu_ms": (cpu1 - cpu0) * 1e3, "latency_ms": (t_arr - t0) * 1e3,
                              "idle_corrected_cpu_ms": (cpu1 - cpu0 - idle_cpu_per_s * (t_arr - t0)) * 1e3,
-                             "blocked_ms": (t1 - t0) * 1e3, "messages": hostagg.INBOX_COUNT[0],
-                             "missing": missing, "exact": last_value == float(keys - 1 + step)})
+                             "blocked_ms": (t1 - t0) * 1e3, "messages": INBOX[0],
+                             "missing": missing, "bundles": bundles,
+                             "exact": last_value == float(keys - 1 + step)})
         # forge_obs's own controller threads (flush, inbox, pipeline) per step: each step reports
         # the CPU counted since the previous one, so step k+1 carries step k's
         for i, r in enumerate(rows):
@@ -165,6 +167,7 @@ async def _worker(design: str, procs: int, per_host_max: int, steps: int, warmup
         "obs_threads_cpu_ms": statistics.median([r["obs_threads_cpu_ms"] for r in rows if r["obs_threads_cpu_ms"] is not None] or [float("nan")]),
         "idle_cpu_ms_per_s": idle_cpu_per_s * 1e3,
         "all_exact": all(r["exact"] and not r["missing"] for r in rows),
+        "bundles": statistics.median(r["bundles"] for r in rows),
         "steps": rows,
     }
     print("RESULT " + json.dumps(out), flush=True)
@@ -213,8 +216,9 @@ async def _calibrate(n_msgs: int, keys: int) -> None:
 
     from monarch.actor import Actor, Channel, endpoint, this_host
 
-    from bench.scale_proto.bundle import make_bundle
-    from forge_obs.snapshot import loads
+    from forge_obs.aggregate import ACKB, BUNDLE
+    from forge_obs.bundle import make_bundle
+    from forge_obs.snapshot import dumps, loads
 
     class Sender(Actor):
         @endpoint
@@ -230,8 +234,8 @@ async def _calibrate(n_msgs: int, keys: int) -> None:
     payloads = {
         "ack": ack,
         "states": states,
-        "ack_batch": ("ackb", 1, [(("m", r), ()) for r in range(PROCS_PER_HOST)], []),
-        "bundle": ("bundle", 1, ("m", 0), pickle.dumps(bundle8, protocol=pickle.HIGHEST_PROTOCOL)),
+        "ack_batch": (ACKB, 1, [(("m", r), ()) for r in range(PROCS_PER_HOST)], []),
+        "bundle": (BUNDLE, 1, ("m", 0), 1, [("m", r) for r in range(PROCS_PER_HOST)], {}, dumps(bundle8)),
     }
     pm = this_host().spawn_procs(per_host={"procs": 1}, name="calibrate")
     sender = pm.spawn("Sender", Sender)
@@ -289,18 +293,19 @@ def _templates(keys: int, n: int = 16) -> list[bytes]:
 def simulate(ranks: int, design: str, keys: int, group: int, fanin: int, steps: int) -> dict:
     """Controller CPU per step for ``ranks`` logical ranks, through the real pipeline code.
 
-    ``today``: one ack and one states message per rank (each message pickled and unpickled as the
-    port does). ``hostagg``: one ack batch and one bundle per group of ``group`` ranks (bundles
-    made by the real merge from real snapshots); with ``fanin`` > 1, groups' bundles are merged
-    again by ``fanin`` (a second level of aggregators), so the controller gets ranks/(group*fanin)."""
+    ``off``: one ack and one states message per rank (each message pickled and unpickled as the
+    port does). ``on``: one ack batch and one bundle per group of ``group`` ranks (bundles made by
+    forge_obs.bundle from real snapshots); with ``fanin`` > 1, groups' bundles are merged again by
+    ``fanin`` (a second level of aggregators, not in the library), so the controller gets
+    ranks/(group*fanin)."""
     import threading
 
-    from bench.scale_proto.bundle import make_bundle, merge_bundles
-    from bench.scale_proto.hostagg import ACKB, AggPipeline, BUNDLE
+    from forge_obs.aggregate import ACKB, BUNDLE
     from forge_obs.backends.base import LoggerBackend
+    from forge_obs.bundle import make_bundle, merge_bundles
     from forge_obs.fetcher import ACK, STATES
     from forge_obs.pipeline import FlushPipeline
-    from forge_obs.snapshot import loads
+    from forge_obs.snapshot import dumps, loads
 
     done = threading.Event()
     seen = {}
@@ -315,15 +320,14 @@ def simulate(ranks: int, design: str, keys: int, group: int, fanin: int, steps: 
     keys_r = [(mesh, r) for r in range(ranks)]
     ident = {"label": "m/r0", "mesh": mesh, "rank": 0, "host": "h", "pid": 1}
     leader_cpu_s = 0.0
-    if design in ("today", "today_o1"):
-        cls = FlushPipeline if design == "today" else AggPipeline
-        pipe = cls({"arrival": Arrival({})}, "sim", flush_timeout_s=600)
+    if design == "off":
+        pipe = FlushPipeline({"arrival": Arrival({})}, "sim", flush_timeout_s=600)
         msgs = []
         for k in keys_r:
             msgs.append(pickle.dumps((ACK, 0, k, ())))
             msgs.append(pickle.dumps((STATES, 0, k, dict(ident, label=f"m/r{k[1]}", rank=k[1]), templates[k[1] % len(templates)])))
     else:
-        pipe = AggPipeline({"arrival": Arrival({})}, "sim", flush_timeout_s=600)
+        pipe = FlushPipeline({"arrival": Arrival({})}, "sim", flush_timeout_s=600)
         per = group * fanin
         msgs = []
         level1, level2 = [], []
@@ -338,12 +342,12 @@ def simulate(ranks: int, design: str, keys: int, group: int, fanin: int, steps: 
                 bundles.append(b1)
             c0 = time.process_time()
             b = bundles[0] if len(bundles) == 1 else merge_bundles(bundles)
-            payload = pickle.dumps(b, protocol=pickle.HIGHEST_PROTOCOL)
+            payload = dumps(b)
             if len(bundles) > 1:
                 level2.append(time.process_time() - c0)
             members = keys_r[g0:g0 + per]
-            msgs.append(pickle.dumps((ACKB, 0, [(k, ()) for k in members])))
-            msgs.append(pickle.dumps((BUNDLE, 0, members[0], payload)))
+            msgs.append(pickle.dumps((ACKB, 0, [(k, ()) for k in members], [])))
+            msgs.append(pickle.dumps((BUNDLE, 0, members[-1], 1, members, {}, payload)))
         leader_cpu_s = statistics.median(level1) + (statistics.median(level2) if level2 else 0.0)
     pipe.start()
     labels = {k: f"m/r{k[1]}" for k in keys_r}
@@ -360,9 +364,9 @@ def simulate(ranks: int, design: str, keys: int, group: int, fanin: int, steps: 
             elif kind == STATES:
                 pipe.states(cut.seq, m[2], m[3], m[4])
             elif kind == ACKB:
-                pipe.ack_batch(cut.seq, m[2])
+                pipe.ack_batch(cut.seq, m[2], m[3])
             else:
-                pipe.bundle(cut.seq, m[3])
+                pipe.bundle(cut.seq, m[4], m[6], m[5])
         done.wait(600)
         cpus.append(time.process_time() - cpu0)
     asyncio.run(pipe.close())
@@ -379,9 +383,9 @@ def plot(real: list[dict], sim: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
-    colors = {"library": "tab:blue", "hostagg": "tab:green", "accum": "tab:red"}
-    names = {"library": "library (today)", "hostagg": "per host", "accum": "comm tree"}
-    for design, marker in (("library", "o"), ("hostagg", "s"), ("accum", "^")):
+    colors = {"off": "tab:blue", "on": "tab:green"}
+    names = {"off": 'aggregate "off" (direct)', "on": 'aggregate "on" (per host)'}
+    for design, marker in (("off", "o"), ("on", "s")):
         for name, multi, ls in (("one host", False, "-"), (f"{PROCS_PER_HOST}/host", True, "--")):
             rows: dict[int, list] = {}
             for r in real:
@@ -401,8 +405,8 @@ def plot(real: list[dict], sim: list[dict], path: Path) -> None:
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
-    for design, style, label in (("today", "o-", "today"), ("today_o1", "o--", "today, O(1) bookkeeping"),
-                                 ("hostagg", "s-", "per host"), ("hostaggx16", "d-", "per host + 1 leader per 16 hosts")):
+    for design, style, label in (("off", "o-", "direct"), ("on", "s-", "per host"),
+                                 ("onx16", "d-", "per host + 1 leader per 16 hosts (not in the library)")):
         ss = sorted((s for s in sim if s["design"] == design), key=lambda s: s["ranks"])
         if ss:
             axes[2].plot([s["ranks"] for s in ss], [s["proj_cpu_ms"] for s in ss], style, label=label)
@@ -425,8 +429,7 @@ def main() -> None:
     ap.add_argument("--per-host", type=int, nargs="+", default=[64, PROCS_PER_HOST],
                     help="layouts: at most this many procs per Monarch host (64: every proc on one host)")
     ap.add_argument("--per-host-worker", type=int, default=PROCS_PER_HOST, help=argparse.SUPPRESS)
-    ap.add_argument("--designs", nargs="+", default=["library", "hostagg", "accum"])
-    ap.add_argument("--accum-max-procs", type=int, default=16)
+    ap.add_argument("--designs", nargs="+", default=["off", "on"], choices=["off", "on", "auto"])
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--keys", type=int, default=KEYS)
@@ -461,8 +464,6 @@ def main() -> None:
                         continue  # e.g. 8 procs at <= 8 per host is the single-host run again
                     done_layouts.add((procs, hosts_n))
                     for design in args.designs:
-                        if design == "accum" and procs > args.accum_max_procs:
-                            continue
                         r = run_one(design, procs, per_host, args.steps, args.warmup, args.keys, lib_cfg, args.timeout)
                         if r is not None:
                             r["repeat"] = rep
@@ -473,22 +474,22 @@ def main() -> None:
         receive = calibrate(args.keys, args.timeout)
         print("  controller CPU to receive one message (real proc -> inbox-like port): "
               + ", ".join(f"{k} {v * 1e3:.0f} us" for k, v in receive.items()), flush=True)
-        per_kind = {"today": receive.get("ack", 0.0) + receive.get("states", 0.0),
-                    "hostagg": receive.get("ack_batch", 0.0) + receive.get("bundle", 0.0)}
+        per_kind = {"off": receive.get("ack", 0.0) + receive.get("states", 0.0),
+                    "on": receive.get("ack_batch", 0.0) + receive.get("bundle", 0.0)}
         # what the real runs spent beyond the simulated pipeline and the receives: Monarch's cast,
         # the asyncio loop, background threads (reported, not projected)
         for r in real:
-            if r["design"] in ("library", "hostagg"):
-                d = "today" if r["design"] == "library" else "hostagg"
+            if r["design"] in ("off", "on"):
+                d = r["design"]
                 sim_r = simulate(r["procs"], d, args.keys, layout(r["procs"], r["per_host"])[1], 1, args.sim_steps)
                 r["sim_cpu_ms"] = sim_r["cpu_ms"]
                 r["other_cpu_ms"] = r["cpu_ms"] - sim_r["cpu_ms"] - per_kind[d] / 2 * r["messages"]
         for ranks in args.sim_ranks:
-            for design, fanin in (("today", 1), ("today_o1", 1), ("hostagg", 1), ("hostagg", 16)):
+            for design, fanin in (("off", 1), ("on", 1), ("on", 16)):
                 if fanin > 1 and ranks < PROCS_PER_HOST * fanin * 2:
                     continue
                 s = simulate(ranks, design, args.keys, PROCS_PER_HOST, fanin, args.sim_steps)
-                t = per_kind["hostagg" if design == "hostagg" else "today"] / 2  # per message, average of the pair
+                t = per_kind[design] / 2  # per message, average of the pair
                 s["transport_ms_per_msg"] = t
                 s["proj_cpu_ms"] = s["cpu_ms"] + t * s["messages"]
                 sim.append(s)
@@ -503,13 +504,13 @@ def main() -> None:
                         key=lambda r: r["procs"])
             return (rs[-1]["latency_ms"] - rs[-1]["cpu_ms"]) if rs else float("nan")
 
-        hop = max(0.0, resid("hostagg") - resid("library"))
+        hop = max(0.0, resid("on") - resid("off"))
         for s in sim:
-            if s["design"].startswith("today"):
-                s["proj_latency_ms"] = resid("library") + s["proj_cpu_ms"]
+            if s["design"] == "off":
+                s["proj_latency_ms"] = resid("off") + s["proj_cpu_ms"]
             else:
-                levels = 2 if s["design"] != "hostagg" else 1
-                s["proj_latency_ms"] = resid("hostagg") + (levels - 1) * hop + s["proj_cpu_ms"] + s["leader_cpu_ms"]
+                levels = 2 if s["design"] != "on" else 1
+                s["proj_latency_ms"] = resid("on") + (levels - 1) * hop + s["proj_cpu_ms"] + s["leader_cpu_ms"]
 
     # ------------------------------------------------------------------ tables
     if real:

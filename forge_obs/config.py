@@ -59,7 +59,12 @@ def parse_options(cls: type[T], section: str, cfg: dict[str, Any] | None, also: 
     return cls(**{k: v for k, v in cfg.items() if k in names})
 
 #: top-level keys of ``init_backends``'s config that are not backends
-RESERVED_KEYS = ("run", "flush_timeout_s", "shutdown_timeout_s", "backend_queue_steps", "timeline", "stream_interval_s")
+RESERVED_KEYS = ("run", "flush_timeout_s", "shutdown_timeout_s", "backend_queue_steps", "timeline", "stream_interval_s",
+                 "aggregate")
+#: ``"aggregate"``: answer cuts through one leader per (mesh, host) ("on"), directly ("off"), or
+#: through leaders from 32 ranks in the job ("auto"); FORGE_OBS_AGGREGATE sets the default
+AGGREGATE_MODES = ("auto", "on", "off")
+DEFAULT_AGGREGATE = "off"
 DEFAULT_FLUSH_TIMEOUT_S = 10.0
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 #: how often raw values reach ``per_rank_no_reduce`` backends between flushes
@@ -80,6 +85,8 @@ class LoggerConfig:
     #: raw values reach ``per_rank_no_reduce`` backends at most this long after being recorded
     stream_interval_s: float = DEFAULT_STREAM_INTERVAL_S
     timeline: dict[str, Any] | None = None
+    #: how ranks answer a cut: through one leader per (mesh, host) or directly (AGGREGATE_MODES)
+    aggregate: str = DEFAULT_AGGREGATE
     #: backend name -> its own config dict (``jsonl`` is on unless given as None/False)
     backends: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -95,6 +102,11 @@ class LoggerConfig:
         queue_steps = config.pop("backend_queue_steps", DEFAULT_QUEUE_STEPS)
         if isinstance(queue_steps, bool) or not isinstance(queue_steps, int) or queue_steps < 1:
             raise ValueError(f"backend_queue_steps must be an int >= 1, got {queue_steps!r}")
+        from forge_obs._env import env_value
+
+        aggregate = config.pop("aggregate", env_value("FORGE_OBS_AGGREGATE") or DEFAULT_AGGREGATE)
+        if aggregate not in AGGREGATE_MODES:
+            raise ValueError(f"aggregate must be one of {', '.join(map(repr, AGGREGATE_MODES))}, got {aggregate!r}")
         timeline = config.pop("timeline", None)
         from forge_obs.timeline.schema import validate_options
 
@@ -111,7 +123,7 @@ class LoggerConfig:
             backends[name] = bcfg
         return cls(run=run, flush_timeout_s=timeout, shutdown_timeout_s=shutdown_timeout,
                    backend_queue_steps=queue_steps, stream_interval_s=stream_interval, timeline=timeline,
-                   backends=backends)
+                   aggregate=aggregate, backends=backends)
 
 
 def _seconds(config: dict[str, Any], key: str, default: float) -> float:

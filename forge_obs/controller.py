@@ -46,7 +46,9 @@ from forge_obs.collector import MetricCollector
 from forge_obs.config import RESERVED_KEYS, LoggerConfig
 from forge_obs.fetcher import ACK, FINAL, STATES, STREAM, configure_all, store_options
 from forge_obs.metric import BackendRole, LoggingMode
+from forge_obs.aggregate import ACKB, BUNDLE, HELLO, RESENT
 from forge_obs.pipeline import Cut, FlushPipeline, RankBook
+from forge_obs.plan import Planner
 from forge_obs.record import RunContext
 from forge_obs.registry import LOCAL_MESHES
 from forge_obs.run import redact, write_meta
@@ -75,6 +77,8 @@ class _ControllerState:
         self.last_step: int | None = None
         self.early: list[tuple] = []  # states that arrived with no pipeline (before init_backends)
         self.book = RankBook()  # what is known of ranks, across sessions
+        self.planner = Planner()  # the aggregated route's groups and leaders, across sessions
+        self.aggregate = "off"  # init_backends' "aggregate": "auto" | "on" | "off"
         self.lock = threading.Lock()
         self.inbox: Any = None  # the ObsInbox of this process, and its port (see _local_port)
         self.port: Any = None
@@ -168,9 +172,12 @@ def start_flush(step: Any, final: bool = False) -> FlushWait:
     from forge_obs.timeline.writer import now_us
 
     ctl_us = now_us()
+    planner, mode, job_ranks = st.planner, st.aggregate, len(ranks)
     for e in live:
         try:
-            e.fetchers.cut.broadcast(cut.seq, step, e.actor_label, ctl_us)
+            plan = planner.plan_for(e.mesh_id, e.size, pipeline.lagging, pipeline.need_per_rank,
+                                    pipeline.flush_timeout_s, mode, job_ranks)
+            e.fetchers.cut.broadcast(cut.seq, step, e.actor_label, ctl_us, plan)
         except Exception as ex:  # noqa: BLE001 - a dead mesh is reported as missing ranks
             logger.warning("forge_obs: could not cut mesh %s: %r", e.name, ex)
     SELF_OBS.add("flush", time.thread_time() - cpu0)
@@ -255,9 +262,13 @@ def _stream_label(rank_key: Any, label: str) -> str:
 
 
 def _take(msg: tuple) -> None:
-    """One message of the inbox's port: an ack, a rank's states, or a stopping rank's final states."""
+    """One message of the inbox's port: an ack, a rank's states, a stopping rank's final states,
+    raw values streamed; from group leaders, ack batches and bundles (:mod:`forge_obs.aggregate`)."""
     try:
         kind = msg[0]
+        if kind == HELLO:  # a fetcher's host and port, kept across sessions
+            _STATE.planner.hello(msg[1], msg[2], msg[3])
+            return
         with _STATE.lock:
             pipeline = _STATE.pipeline
             if pipeline is None:
@@ -275,6 +286,15 @@ def _take(msg: tuple) -> None:
             pipeline.states(*msg[1:])
         elif kind == FINAL:
             pipeline.final(*msg[1:])
+        elif kind == ACKB:
+            pipeline.ack_batch(msg[1], msg[2], msg[3])
+        elif kind == BUNDLE:  # (seq, leader, version, ranks, identities, bytes)
+            if _STATE.planner.current(msg[2], msg[3]):
+                pipeline.bundle(msg[1], msg[4], msg[6], msg[5])
+            else:  # a replaced leader's: its members resent their states to the controller
+                pipeline.fenced_bundles += 1
+        elif kind == RESENT:
+            pipeline.states_resent(*msg[1:])
     except Exception:  # noqa: BLE001 - one bad message never stops the drain
         logger.exception("forge_obs: could not take a fetcher message")
 
@@ -396,6 +416,8 @@ class GlobalLoggingActor(Actor):
         _timeline.configure(run.run_dir, dict(timeline, _ctl=True))
         pipeline = FlushPipeline(backends, run.run_id, cfg.flush_timeout_s, st.process_name, st.book,
                                  shutdown_timeout_s=cfg.shutdown_timeout_s, queue_steps=cfg.backend_queue_steps)
+        st.aggregate = cfg.aggregate
+        pipeline.leader_of = st.planner.leader_of
         pipeline.start()
         streaming = any(LoggingMode.PER_RANK_NO_REDUCE in be.modes for be in backends.values())
         _COLLECTOR.set_streaming(streaming)

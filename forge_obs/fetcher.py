@@ -132,6 +132,7 @@ class LocalFetcherActor(Actor):
         self.last_seq = 0  # the last cut this rank took (its final states come after it)
         self.last_step: int | None = None  # the step of that cut (raw values stream under last_step + 1)
         self.port: Any = None
+        self.route: Any = None  # where cuts are answered (forge_obs.aggregate.Route), once connected
         self.mesh_id: str | None = None
         self.key: tuple | None = None
         self._loop: Any = None
@@ -152,6 +153,14 @@ class LocalFetcherActor(Actor):
             pass
         self.mesh_id = mesh_id
         self.key = (mesh_id, self.rank)
+        try:  # the controller learns this rank's host and port (for the aggregated route)
+            from forge_obs.aggregate import Route
+
+            self.route = Route(self.key, port)
+            self.route.hello()
+        except Exception as e:  # noqa: BLE001 - the direct route needs none of it
+            logger.warning("forge_obs: %s answers directly (no aggregation): %r", self.identity.label, e)
+            self.route = None
         expect_fetcher()
         if options and options.get("last_step") is not None and self.last_step is None:
             self.last_step = int(options["last_step"])
@@ -165,8 +174,10 @@ class LocalFetcherActor(Actor):
 
     # ------------------------------------------------------------ the cut
     @endpoint
-    async def cut(self, seq: int, step: int, actor: str, ctl_us: int | None = None) -> None:
-        """Swap the collector, cut the meshes spawned here, acknowledge; then export and send."""
+    async def cut(self, seq: int, step: int, actor: str, ctl_us: int | None = None, plan: dict | None = None) -> None:
+        """Swap the collector, cut the meshes spawned here, acknowledge; then export and send.
+        Both messages go to the controller's port, or to this rank's group leader when the
+        mesh's ``plan`` (sent when it changed; :mod:`forge_obs.plan`) names one."""
         cpu0 = time.thread_time()
         taken = _COLLECTOR.swap()
         self.last_seq = seq
@@ -175,25 +186,42 @@ class LocalFetcherActor(Actor):
         if actor and self.identity.actor != actor:
             self.identity.actor = actor
         children = _cut_children(seq, step)
+        target = self.port
+        if self.route is not None and (plan is not None or self.route.plan is not None):
+            try:
+                target = self.route.target(seq, plan)
+            except Exception as e:  # noqa: BLE001 - the direct route always works
+                logger.error("forge_obs: %s answers cut %s directly: %r", self.identity.label, seq, e)
         try:
-            self.port.send((ACK, seq, self.key, children))
+            self._post(target, (ACK, seq, self.key, children))
         except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
             logger.error("forge_obs: %s could not acknowledge step %s: %r", self.identity.label, step, e)
         if ctl_us is not None:
             _clock_sample(ctl_us)
-        self._send(STATES, seq, taken)
+        self._send(STATES, seq, taken, target)
         SELF_OBS.add("export", time.thread_time() - cpu0)  # sent with the next cut
 
-    def _send(self, kind: str, seq: int, taken: Any) -> None:
+    def _post(self, target: Any, msg: tuple) -> None:
+        if target is self.port or self.route is None:
+            target.send(msg)
+        else:
+            self.route.send(target, msg)
+
+    def _send(self, kind: str, seq: int, taken: Any, target: Any = None) -> None:
         try:
             # pickled here, so that the controller's inbox thread only moves bytes: the decode
             # happens on its pipeline thread, after the flush that waits for acks resumed
             snap = _COLLECTOR.export(taken, packed=True)
             snap["self_cpu"] = SELF_OBS.take()  # forge_obs's own cost here: apart from the user's values
-            snap = dumps(snap)
-            self.port.send((kind, seq, self.key, self.identity.to_dict(), snap))
+            self._post(target or self.port, (kind, seq, self.key, self.identity.to_dict(), dumps(snap)))
         except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
             logger.error("forge_obs: %s could not send its states (cut %s): %r", self.identity.label, seq, e)
+
+    def _handle_undeliverable_message(self, message: Any) -> bool:
+        """A message to a group leader whose process is gone: what this rank sent it goes to the
+        controller instead (:meth:`forge_obs.aggregate.Route.undeliverable`)."""
+        route = self.route
+        return route is not None and route.undeliverable(message)
 
     # ------------------------------------------------------------ raw streaming
     def _schedule_stream(self) -> None:
@@ -249,7 +277,10 @@ class LocalFetcherActor(Actor):
         what it records later is not sent, as in torchforge."""
         if self.port is not None:
             self._send(FINAL, self.last_seq, _COLLECTOR.swap())
+        if self.route is not None:
+            self.route.stop()
             self.port = None
+            self.route = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

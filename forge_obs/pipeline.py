@@ -65,8 +65,11 @@ ChildMesh = tuple
 
 _COLLECTOR = MetricCollector()
 _COUNTERS = ("values_recorded", "dropped_values", "nonfinite_values", "stream_overflow", "stream_step_mismatch")
+#: cuts whose bundled ranks are remembered (a member keeps what it sent its leader for 32 cuts)
+BUNDLED_SEQS = 64
 #: how long the worker lets a flush that waited for a cut resume before merging its step
 RESUME_GRACE_S = 0.002
+
 
 @dataclass
 class RankBook:
@@ -100,6 +103,14 @@ class Cut:
     awaited: bool = False  # someone was waiting when it closed ...
     resumed: bool = False  # ... and has resumed since
     blocked_s: float = 0.0  # from begin to close: how long an awaiting flush blocks
+    bundles: list = field(default_factory=list)  # merged states of groups of ranks (forge_obs.bundle)
+    given_up: set = field(default_factory=set)  # expected ranks an aggregator stopped waiting for
+    # kept by every change of acked / received / lagging / expected / given_up, so that each
+    # check is O(1): n_left = expected, not lagging, not acked, not given up (acks awaited);
+    # n_due = acked, not lagging, not received (states awaited)
+    n_left: int = 0
+    n_due: int = 0
+    woke: bool = False  # the worker was woken once for this closed cut
     _waiters: list = field(default_factory=list)
 
 
@@ -138,6 +149,13 @@ class FlushPipeline:
         self._begun = 0
         self.steps_logged = 0  # steps assembled and handed to the backends
         self.late_states = 0
+        self.fenced_bundles = 0  # bundles from a replaced leader: dropped (its members resent their states)
+        self.duplicates_dropped = 0  # resent states the controller already had
+        # cut seq -> ranks whose states came in a bundle, for the last BUNDLED_SEQS cuts: a state a
+        # member resends (its leader was replaced or is gone) is dropped if its bundle came
+        self._bundled: dict[int, set] = {}
+        #: rank -> the rank that leads its group on the aggregated route (forge_obs.plan)
+        self.leader_of: dict[RankKey, RankKey] = {}
         self._worker = threading.Thread(target=self._work, name="forge_obs-backends", daemon=True)
         # per-rank reductions are only computed when some backend shows per-rank views
         self._need_per_rank = any(LoggingMode.PER_RANK_REDUCE in be.modes for be in backends.values())
@@ -147,6 +165,11 @@ class FlushPipeline:
     @property
     def lagging(self) -> set:
         return self.book.lagging
+
+    @property
+    def need_per_rank(self) -> bool:
+        """Whether a backend shows per-rank views (aggregated groups then carry each rank's states)."""
+        return self._need_per_rank
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -230,6 +253,7 @@ class FlushPipeline:
                         expected.add(child)
                         todo.append(child)
             cut.expected = expected
+            cut.n_left = len(expected) - len(self.lagging & expected) if self.lagging else len(expected)
             cut.finals = set(stopping)
             for k in stopping:  # stopped meshes drop out of the tree after this cut
                 self.tree.pop(k, None)
@@ -243,36 +267,76 @@ class FlushPipeline:
 
     def ack(self, seq: int, rank_key: RankKey, children: Iterable[ChildMesh] = ()) -> None:
         """A rank swapped its collector for cut ``seq`` (and cut the meshes it declares)."""
-        rank_key = tuple(rank_key)
+        self.ack_batch(seq, [(rank_key, children)])
+
+    def ack_batch(self, seq: int, items: Iterable[tuple], given_up: Iterable[RankKey] = ()) -> None:
+        """Each rank of ``items`` (``(rank_key, children)``) acknowledged cut ``seq``; the ranks of
+        ``given_up`` did not (their aggregator stopped waiting for them): the cut does not wait for
+        them any more and names them late when it closes. O(len(items)) whatever the cut's size."""
         callbacks: list = []
         with self._cv:
-            self.lagging.discard(rank_key)
-            live: list[RankKey] = []
             cut = self._find(seq)
-            for mesh_id, size, name, actor, stopping in children:
-                for r in range(int(size)):
-                    key = (mesh_id, r)
-                    if key not in self.identities:  # a rank's own identity names it best
-                        self.labels[key] = rank_label(name, actor, r)
-                    if not stopping:
-                        live.append(key)
-                    if cut is not None and not cut.closed:
-                        cut.expected.add(key)
-                        if stopping:
-                            cut.finals.add(key)
-            self.tree[rank_key] = live
+            if cut is not None and not cut.closed:
+                for k in given_up:
+                    k = tuple(k)
+                    if k in cut.expected and k not in cut.acked and k not in self.lagging and k not in cut.given_up:
+                        cut.given_up.add(k)
+                        cut.n_left -= 1
+            for rank_key, children in items:
+                self._ack_locked(cut, tuple(rank_key), children)
             if cut is not None:
-                self._claim_held(cut)
-                cut.acked.add(rank_key)
+                if self._held:
+                    self._claim_held(cut)
                 self._maybe_close(cut, callbacks)
-            self._cv.notify_all()
+            self._wake(cut)
         _run(callbacks)
 
     def states(self, seq: int, rank_key: RankKey, identity: dict[str, Any] | None, snapshot: dict[str, Any]) -> None:
         """What a rank took at cut ``seq``."""
         with self._cv:
-            self._states(seq, tuple(rank_key), identity, snapshot)
-            self._cv.notify_all()
+            cut = self._states(seq, tuple(rank_key), identity, snapshot)
+            self._wake(cut)
+
+    def states_resent(self, seq: int, rank_key: RankKey, identity: dict[str, Any] | None, snapshot: Any) -> None:
+        """States a rank sent to an aggregator that was replaced or is gone, sent again: taken if
+        this rank's states of cut ``seq`` did not arrive yet, dropped (counted) otherwise."""
+        rank_key = tuple(rank_key)
+        with self._cv:
+            if rank_key in self._bundled.get(seq, ()):
+                self.duplicates_dropped += 1
+                return
+            cut = self._states(seq, rank_key, identity, snapshot)
+            self._wake(cut)
+
+    def bundle(self, seq: int, ranks: Iterable[RankKey], bundle: Any, identities: dict | None = None) -> None:
+        """The merged states of the group ``ranks`` for cut ``seq`` (:mod:`forge_obs.bundle`;
+        pickled bytes are decoded by the worker): each rank counts as received; a bundle whose
+        step already left goes into the first cut still open after ``seq``, as late states do.
+        ``identities``: the ranks' identities that changed since their last bundle."""
+        ranks = [tuple(k) for k in ranks]
+        with self._cv:
+            got = self._bundled.get(seq)
+            if got is None:
+                got = self._bundled[seq] = set()
+                while len(self._bundled) > BUNDLED_SEQS:
+                    del self._bundled[min(self._bundled)]
+            got.update(ranks)
+            for key, ident in (identities or {}).items():
+                self._note_identity(tuple(key), ident)
+            cut = self._find(seq)
+            if cut is not None and cut.received.keys().isdisjoint(ranks):
+                for k in ranks:
+                    self._mark_received(cut, k, _BUNDLED)
+                cut.bundles.append(bundle)
+            else:  # its step left (a late group): the first cut still open takes it
+                self.late_states += len(ranks)
+                for c in self._pending:
+                    if c.seq >= seq + 1:
+                        c.bundles.append(bundle)
+                        break
+                else:
+                    self._held.append((seq + 1, _BUNDLE_KEY, {}, bundle))
+            self._wake(cut)
 
     def stream(self, rank_key: RankKey | None, label: str, step: int, rows: list) -> None:
         """Raw values a rank streamed between flushes (``per_rank_no_reduce``), under its predicted
@@ -291,11 +355,11 @@ class FlushPipeline:
         callbacks: list = []
         with self._cv:
             self._note_identity(rank_key, identity)
-            self.lagging.discard(rank_key)
+            self._unlag(rank_key)
             for cut in self._pending:
                 if cut.seq > last_seq and rank_key in cut.finals and rank_key not in cut.received:
-                    cut.received[rank_key] = (identity, snapshot)
-                    cut.acked.add(rank_key)
+                    self._ack_locked(cut, rank_key, ())
+                    self._mark_received(cut, rank_key, (identity, snapshot))
                     self._maybe_close(cut, callbacks)
                     break
             else:
@@ -314,6 +378,7 @@ class FlushPipeline:
             self.lagging.difference_update([k for k in self.lagging if k[0] == mesh_id])
             for cut in self._pending:
                 cut.expected = {k for k in cut.expected if k[0] != mesh_id}
+                self._recount(cut)
                 self._maybe_close(cut, callbacks)
             self._cv.notify_all()
         _run(callbacks)
@@ -363,26 +428,117 @@ class FlushPipeline:
             if identity.get("label"):
                 self.labels[rank_key] = identity["label"]
 
+    def _recount(self, cut: Cut) -> None:
+        """Both counters from scratch: O(ranks), only when a mesh is forgotten."""
+        lag = self.lagging
+        cut.n_left = sum(1 for k in cut.expected if k not in lag and k not in cut.acked and k not in cut.given_up)
+        cut.n_due = sum(1 for k in cut.acked if k not in lag and k not in cut.received)
+
+    def _to_blame(self, missed: Iterable[RankKey]) -> list[RankKey]:
+        """Of the ranks that missed a cut, those that become lagging: not a member whose group
+        leader missed it too (its answer waited in the leader's queue; the next plan gives the
+        group another leader, and later cuts still wait for the member)."""
+        missed = list(missed)
+        lead = self.leader_of
+        if not lead:
+            return missed
+        out = set(missed)
+        lagging = self.lagging
+        return [k for k in missed if (ld := lead.get(k)) is None or ld == k or (ld not in out and ld not in lagging)]
+
+    def _lagged(self, keys: Iterable[RankKey]) -> None:
+        """``keys`` just became lagging (already in self.lagging): no pending cut waits for them."""
+        for c in self._pending:
+            for k in keys:
+                if k in c.acked:
+                    if k not in c.received:
+                        c.n_due -= 1
+                elif k in c.expected and k not in c.given_up:
+                    c.n_left -= 1
+
+    def _unlag(self, rank_key: RankKey) -> None:
+        """A lagging rank answered: the cuts that expect it wait for it again."""
+        if rank_key not in self.lagging:
+            return
+        self.lagging.discard(rank_key)
+        for c in self._pending:
+            if rank_key in c.acked:
+                if rank_key not in c.received:
+                    c.n_due += 1
+            elif rank_key in c.expected and rank_key not in c.given_up:
+                c.n_left += 1
+
+    def _ack_locked(self, cut: Cut | None, rank_key: RankKey, children: Iterable[ChildMesh]) -> None:
+        self._unlag(rank_key)
+        live: list[RankKey] = []
+        for mesh_id, size, name, actor, stopping in children or ():
+            for r in range(int(size)):
+                key = (mesh_id, r)
+                if key not in self.identities:  # a rank's own identity names it best
+                    self.labels[key] = rank_label(name, actor, r)
+                if not stopping:
+                    live.append(key)
+                if cut is not None and not cut.closed:
+                    if key not in cut.expected:
+                        cut.expected.add(key)
+                        if key not in self.lagging and key not in cut.acked:
+                            cut.n_left += 1
+                    if stopping:
+                        cut.finals.add(key)
+        if children or rank_key in self.tree:
+            self.tree[rank_key] = live
+        if cut is not None and rank_key not in cut.acked:
+            cut.acked.add(rank_key)
+            if rank_key in cut.given_up:
+                cut.given_up.discard(rank_key)  # already not waited for
+            elif rank_key in cut.expected:
+                cut.n_left -= 1
+            if rank_key not in cut.received:
+                cut.n_due += 1
+
+    def _mark_received(self, cut: Cut, rank_key: RankKey, value: Any) -> None:
+        if rank_key in cut.received:
+            return
+        cut.received[rank_key] = value
+        if rank_key in cut.acked and rank_key not in self.lagging:
+            cut.n_due -= 1
+
+    def _wake(self, cut: Cut | None) -> None:
+        """Wake the worker and cut waiters only when this may complete something: a closed cut
+        whose states are all in, a cut that just closed, or a message for a cut that is gone. A
+        wake-up per message would cost the controller a thread switch each for nothing."""
+        if cut is None or (cut.closed and cut.n_due <= 0) or cut is not self._pending[0]:
+            self._cv.notify_all()
+        elif cut.closed and not cut.woke:
+            cut.woke = True  # FlushWait.wait_cut and the worker's grace period
+            self._cv.notify_all()
+
     def _claim_held(self, cut: Cut) -> None:
-        """Final states that arrived before ``cut`` expected them answer it now."""
+        """Held bundles and final states that may go into ``cut`` go there now."""
         keep = []
         for item in self._held:
             min_seq, key, ident, snap = item
-            if key in cut.finals and key not in cut.received and min_seq <= cut.seq:
-                cut.acked.add(key)
-                cut.received[key] = (ident, snap)
+            if key is _BUNDLE_KEY:
+                if min_seq <= cut.seq:
+                    cut.bundles.append(snap)
+                else:
+                    keep.append(item)
+            elif key in cut.finals and key not in cut.received and min_seq <= cut.seq:
+                self._ack_locked(cut, key, ())
+                self._mark_received(cut, key, (ident, snap))
             else:
                 keep.append(item)
         self._held = keep
 
-    def _states(self, seq: int, rank_key: RankKey, identity: dict[str, Any] | None, snapshot: dict[str, Any]) -> None:
+    def _states(self, seq: int, rank_key: RankKey, identity: dict[str, Any] | None, snapshot: Any) -> Cut | None:
         self._note_identity(rank_key, identity)
         cut = self._find(seq)
         if cut is not None and rank_key not in cut.received:
-            cut.received[rank_key] = (identity, snapshot)
+            self._mark_received(cut, rank_key, (identity, snapshot))
         else:  # its step already left (the rank was late): the first cut still open takes it
             self.late_states += 1
             self._place(seq + 1, rank_key, identity, snapshot)
+        return cut
 
     def _place(self, min_seq: int, rank_key: RankKey, identity: dict | None, snapshot: dict) -> None:
         """Into the first open cut numbered ``min_seq`` or later, or held for the next one."""
@@ -393,7 +549,7 @@ class FlushPipeline:
         self._held.append((min_seq, rank_key, identity or {}, snapshot))
 
     def _maybe_close(self, cut: Cut, callbacks: list) -> None:
-        if not cut.closed and not (cut.expected - self.lagging - cut.acked):
+        if not cut.closed and cut.n_left <= 0:
             self._close(cut, callbacks)
 
     def _close(self, cut: Cut, callbacks: list) -> None:
@@ -403,7 +559,9 @@ class FlushPipeline:
         cut.blocked_s = time.monotonic() - cut.start
         cut.awaited = bool(cut._waiters)
         cut.late = sorted(cut.expected - self.lagging - cut.acked, key=str)
-        self.lagging.update(cut.late)
+        newly = self._to_blame(cut.late)
+        self.lagging.update(newly)
+        self._lagged(newly)
         callbacks.extend(cut._waiters)
         cut._waiters.clear()
 
@@ -426,8 +584,7 @@ class FlushPipeline:
                             self._cv.wait(timeout)
                             continue
                         self._close(cut, callbacks)
-                    waiting = cut.acked - cut.received.keys() - self.lagging
-                    if waiting and timeout > 0:
+                    if cut.n_due > 0 and timeout > 0:
                         self._cv.wait(timeout)
                         continue
                     # let the flush that waited for this cut resume before merging (it needs
@@ -438,12 +595,20 @@ class FlushPipeline:
                         continue
                     self._pending.pop(0)
                     absent = cut.expected - cut.received.keys()
-                    self.lagging.update(absent)
+                    newly = self._to_blame(absent - self.lagging)
+                    self.lagging.update(newly)
+                    self._lagged(newly)
                     # held items that may go into this step (late states of earlier cuts)
                     extra = list(cut.extra)
                     keep = []
-                    for min_seq, key, ident, snap in self._held:
-                        (extra.append((key, ident, snap)) if min_seq <= cut.seq else keep.append((min_seq, key, ident, snap)))
+                    for item in self._held:
+                        min_seq, key, ident, snap = item
+                        if min_seq > cut.seq:
+                            keep.append(item)
+                        elif key is _BUNDLE_KEY:
+                            cut.bundles.append(snap)
+                        else:
+                            extra.append((key, ident, snap))
                     self._held = keep
                     missing = [self.labels.get(k) or f"{k[0]}/r{k[1]}" for k in sorted(absent, key=str)]
                     late = [self.labels.get(k) or f"{k[0]}/r{k[1]}" for k in cut.late]
@@ -482,6 +647,13 @@ class FlushPipeline:
             drops[reason] = drops.get(reason, 0) + n_states
 
         entries = self._decoded_entries(p, drops)
+        bundles = []
+        for b in p.bundles:
+            try:
+                bundles.append(loads(b) if isinstance(b, (bytes, bytearray)) else b)
+            except Exception as e:  # noqa: BLE001 - counted; the other groups arrive
+                logger.error("forge_obs: a bundle for step %s could not be decoded: %r", p.step, e)
+                _count(drops, "undecodable", 1)
         # rank label -> list of snapshots (the step's own, plus late/final ones placed in it)
         by_label: dict[str, list[dict]] = {}
         sources: dict[str, dict] = {}
@@ -489,16 +661,18 @@ class FlushPipeline:
         rank_drops: dict[str, int] = {}  # reason -> values the ranks dropped (in dropped_values)
         # forge_obs's own CPU: this process's so far (read now, not a step later), plus each rank's
         own_cpu: dict[str, float] = SELF_OBS.take()
-        for ident, snap in entries:
-            label = ident.get("label") or str(ident)
-            by_label.setdefault(label, []).append(snap)
-            sources[label] = ident
-            for k, v in (snap.get("self_cpu") or {}).items():  # the rank's own cost (selfobs)
+
+        def add_own_cpu(self_cpu: dict | None) -> None:  # a rank's or a bundle's (forge_obs.selfobs)
+            for k, v in (self_cpu or {}).items():
                 if isinstance(v, (int, float)):
                     own_cpu[k] = own_cpu.get(k, 0.0) + v
-            snap_counters = snap.get("counters") or {}
+
+        def add_counters(snap_counters: dict, streamed: Iterable = ()) -> None:
+            for early, step in streamed:  # raw values streamed under a predicted step: was it this one?
+                if early and step != p.step:
+                    counters["stream_step_mismatch"] += early
             for k, v in snap_counters.items():
-                if k == "streamed_early":  # raw values streamed under a predicted step: was it this one?
+                if k == "streamed_early":
                     if v and snap_counters.get("streamed_step") != p.step:
                         counters["stream_step_mismatch"] += v
                     continue
@@ -509,6 +683,13 @@ class FlushPipeline:
                         rank_drops[reason] = rank_drops.get(reason, 0) + n
                 elif isinstance(v, (int, float)):
                     counters[k] = counters.get(k, 0) + v
+
+        for ident, snap in entries:
+            label = ident.get("label") or str(ident)
+            by_label.setdefault(label, []).append(snap)
+            sources[label] = ident
+            add_counters(snap.get("counters") or {})
+            add_own_cpu(snap.get("self_cpu"))
         rank_snaps: dict[str, dict] = {}  # label -> one snapshot (packed rows and/or states)
         raw: dict[str, list] = {}
         for label, snaps in by_label.items():
@@ -518,11 +699,38 @@ class FlushPipeline:
             snap = snaps[0] if len(snaps) == 1 else merge_snapshots(snaps, on_drop)
             if snap.get("states") or snap.get("packed"):
                 rank_snaps[label] = snap
+        global_snaps = list(rank_snaps.values())
+        conflict_keys: set = set()
+        for b in bundles:  # groups of ranks merged by their aggregator (forge_obs.bundle)
+            merged = b["merged"]
+            if merged.get("packed") or merged.get("states"):
+                global_snaps.append(merged)
+            add_counters(merged.get("counters") or {}, b.get("streamed", ()))
+            add_own_cpu(merged.get("self_cpu"))
+            conflict_keys.update(b["conflicts"])
+            for reason, n in b["drops"].items():
+                _count(drops, reason, n)
+            for key, vals in (b.get("raw") or {}).items():
+                key = tuple(key)
+                raw.setdefault(self.labels.get(key) or f"{key[0]}/r{key[1]}", []).extend(vals)
+            if self._need_per_rank:  # per-rank views: each rank's own snapshot, batched
+                for key in b["ranks"]:
+                    key = tuple(key)
+                    ident = self.identities.get(key)
+                    if ident:
+                        sources[self.labels.get(key) or f"{key[0]}/r{key[1]}"] = ident
+                for key, snap in (b.get("per_rank") or {}).items():
+                    key = tuple(key)
+                    label = self.labels.get(key) or f"{key[0]}/r{key[1]}"
+                    rank_snaps[label] = merge_snapshots([rank_snaps[label], snap], on_drop) if label in rank_snaps else snap
         overflows: list[str] = []
-        global_metrics = reduce_snapshots(list(rank_snaps.values()), on_drop=on_drop, on_overflow=overflows.append)
+        global_metrics = reduce_snapshots(global_snaps, on_drop=on_drop, on_overflow=overflows.append)
+        if conflict_keys:  # recorded with two reductions in some group: dropped everywhere, as within a rank
+            global_metrics = [m for m in global_metrics if m.key not in conflict_keys]
+            _count(drops, "reduction_mismatch", len(conflict_keys))
         # per-rank Metrics are built only if a backend reads them (JSONL reads plain values)
         per_rank = RankViews(rank_snaps) if self._need_per_rank else {}
-        if p.final and not rank_snaps and not raw:
+        if p.final and not global_snaps and not raw:
             return None  # nothing was recorded after the last flush
         by_reason = dict(rank_drops)
         for reason, n in drops.items():
@@ -547,6 +755,9 @@ class FlushPipeline:
             "obs/backend_dropped_steps": sum(w.dropped_steps for w in self.workers),
             "obs/backend_dropped_stream_values": sum(w.dropped_stream_values for w in self.workers),
             "obs/ranks_reported": len(p.received),
+            "obs/bundles": len(bundles),
+            "obs/fenced_bundles": self.fenced_bundles,
+            "obs/duplicates_dropped": self.duplicates_dropped,
         }
         global_metrics.extend(Metric(k, float(v), Reduce.SUM) for k, v in obs.items())
         return StepRecord(
@@ -575,7 +786,7 @@ class FlushPipeline:
                 local = None
         if local is not None:
             raw_entries.append(({"label": self.process_name, "mesh": self.process_name, "rank": 0}, local))
-        raw_entries.extend(p.received.values())
+        raw_entries.extend(v for v in p.received.values() if v is not _BUNDLED)
         for key, ident, snap in p.extra:
             raw_entries.append((ident or self.identities.get(key) or {"label": self.labels.get(key, str(key))}, snap))
         entries = []
@@ -587,6 +798,12 @@ class FlushPipeline:
                              (ident or {}).get("label"), p.step, e)
                 drops["undecodable"] = drops.get("undecodable", 0) + 1
         return entries
+
+#: ``received`` value of a rank whose states came merged in a bundle
+_BUNDLED = (None, None)
+#: key of a held bundle (its step left before it arrived)
+_BUNDLE_KEY = ("bundle",)
+
 
 def _count(drops: dict[str, int], reason: str, n: int) -> None:
     drops[reason] = drops.get(reason, 0) + n

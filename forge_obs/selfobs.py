@@ -22,7 +22,7 @@ import threading
 __all__ = ["CPU_PARTS", "SELF_OBS", "SelfObs"]
 
 #: parts of forge_obs's own CPU (``obs/cpu_<part>_s``; ``obs/cpu_s`` is their sum)
-CPU_PARTS = ("export", "timeline", "flush", "inbox", "pipeline", "backends", "alerts")
+CPU_PARTS = ("export", "timeline", "flush", "inbox", "pipeline", "backends", "alerts", "aggregate")
 
 
 class SelfObs:

@@ -19,3 +19,10 @@ fi
 .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 export MONARCH_FILE_LOG=error HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY=1s
 .venv/bin/python -m pytest -q -rs "$@"
+# the suites that exercise the flush protocol, again with every mesh's ranks answering through one
+# leader per host ("aggregate": "on"; tests/test_aggregate.py runs both routes on two hosts)
+if [ $# -eq 0 ]; then
+  FORGE_OBS_AGGREGATE=on .venv/bin/python -m pytest -q -rs tests/test_cut.py tests/test_actors.py \
+    tests/test_isolation.py tests/test_isolation_record.py tests/test_torchforge_compat.py tests/test_timeline_mesh.py \
+    tests/test_alerts_mesh.py tests/test_grpo.py
+fi

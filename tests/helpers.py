@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,12 @@ async def start_logger(tmp_path: Path, config: dict[str, Any] | None = None, run
     cfg.setdefault("run", {"root": str(tmp_path), "id": run_id, **run})
     await mlogger.init_backends.call_one(cfg)
     return mlogger
+
+
+def aggregating() -> bool:
+    """Whether this run forces the aggregated route (``FORGE_OBS_AGGREGATE=on``: every mesh's
+    ranks on a host answer through one leader, its highest live rank)."""
+    return os.environ.get("FORGE_OBS_AGGREGATE") == "on"
 
 
 def global_rows(tmp_path: Path, run_id: str = "t") -> dict[int, dict[str, Any]]:

@@ -1,6 +1,6 @@
 """Merging rank snapshots on the way up: what a host's aggregator sends instead of N snapshots.
 
-    >>> from bench.scale_proto.bundle import make_bundle, bundle_snapshot
+    >>> from forge_obs.bundle import make_bundle, bundle_snapshot
     >>> from forge_obs.reduce import reduce_snapshots
     >>> a = {"packed": {"mean": (["loss"], [(1.0, 1)])}, "states": {}, "counters": {"values_recorded": 1}}
     >>> b = {"packed": {"mean": (["loss"], [(3.0, 1)])}, "states": {}, "counters": {"values_recorded": 1}}
@@ -12,7 +12,7 @@ A *bundle* is the merge of several ranks' snapshots (one step's cut, one group o
 
 ``{"ranks": [rank_key, ...], "merged": snapshot, "conflicts": {key: [reductions]},
 "drops": {reason: n}, "per_rank": {rank_key: snapshot} | None, "raw": {rank_key: [...]},
-"identities": {rank_key: identity}}``
+"identities": {rank_key: identity}, "streamed": [(values streamed early, their step), ...]}``
 
 ``merged`` is an ordinary packed snapshot, so the controller reduces bundles with the same
 :func:`forge_obs.reduce.reduce_snapshots` it uses for ranks, and bundles merge into bundles
@@ -31,7 +31,7 @@ A *bundle* is the merge of several ranks' snapshots (one step's cut, one group o
   drops it for the step, as it drops it today; a key whose states fail to merge is dropped and
   counted in ``drops`` under the same reasons the controller uses.
 
-No Monarch, no torch: this runs in the aggregator's process and in the simulation.
+No Monarch, no torch: this runs on a leader's aggregator thread (:mod:`forge_obs.aggregate`).
 """
 
 from __future__ import annotations
@@ -41,9 +41,11 @@ from typing import Any, Iterable
 
 from forge_obs.reduce import ROW_CLASSES, ROW_FIELDS, accumulator_for
 
-__all__ = ["exact_parts", "merge_snapshots", "make_bundle", "merge_bundles", "bundle_snapshot"]
+__all__ = ["exact_parts", "merge_packed", "make_bundle", "merge_bundles", "bundle_snapshot"]
 
 SUM_LIKE = ("sum", "mean")
+#: per-rank counters that do not add up (the step a rank streamed raw values under): kept per rank
+_PER_RANK_COUNTERS = ("streamed_early", "streamed_step")
 
 
 def exact_parts(values: Iterable[float]) -> list[float]:
@@ -83,7 +85,7 @@ def _nan_sticky(rows: list, pick: Any) -> float:
     return pick(rows)
 
 
-def merge_snapshots(snaps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, list], dict[str, int]]:
+def merge_packed(snaps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, list], dict[str, int]]:
     """Merge decoded packed snapshots (ranks' or bundles' ``merged``) into one.
 
     Returns ``(merged, conflicts, drops)``: ``conflicts`` maps a key recorded with different
@@ -92,7 +94,11 @@ def merge_snapshots(snaps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[s
     groups: dict[str, list] = {}  # key -> [rt, items]
     conflicts: dict[str, set] = {}
     counters: dict[str, Any] = {}
+    self_cpu: dict[str, float] = {}  # forge_obs's own CPU (forge_obs.selfobs), summed
     for snap in snaps:
+        for part, v in (snap.get("self_cpu") or {}).items():
+            if isinstance(v, (int, float)):
+                self_cpu[part] = self_cpu.get(part, 0.0) + v
         for rt, (keys, rows) in (snap.get("packed") or {}).items():
             for k, row in zip(keys, rows):
                 g = groups.get(k)
@@ -112,6 +118,8 @@ def merge_snapshots(snaps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[s
             else:
                 conflicts.setdefault(k, {g[0]}).add(rt)
         for name, v in (snap.get("counters") or {}).items():
+            if name in _PER_RANK_COUNTERS:
+                continue
             if isinstance(v, dict):
                 d = counters.setdefault(name, {})
                 for reason, n in v.items():
@@ -154,7 +162,7 @@ def merge_snapshots(snaps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[s
             elif rt == "last":
                 ks.append(k)
                 rows.append(max(items, key=lambda r: r[1]))
-            else:  # a row reduction this prototype does not know: forward unmerged
+            else:  # a row reduction without a merge here: forwarded unmerged (reduced at the controller)
                 ks.extend([k] * len(items))
                 rows.extend(items)
         else:
@@ -164,7 +172,7 @@ def merge_snapshots(snaps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[s
                 reason = "unknown_reduction" if "unknown reduction" in str(e) else (
                     "overflow" if isinstance(e, OverflowError) else "merge_error")
                 drops[reason] = drops.get(reason, 0) + len(items)
-    merged = {"packed": packed, "states": states, "counters": counters}
+    merged = {"packed": packed, "states": states, "counters": counters, "self_cpu": self_cpu}
     return merged, {k: sorted(v) for k, v in conflicts.items()}, drops
 
 
@@ -174,19 +182,21 @@ def make_bundle(
     per_rank: bool = False,
 ) -> dict[str, Any]:
     """One group's bundle from its ranks' decoded snapshots (``rank_key -> snapshot``)."""
-    merged, conflicts, drops = merge_snapshots(list(snaps.values()))
+    merged, conflicts, drops = merge_packed(list(snaps.values()))
     raw = {k: s["raw"] for k, s in snaps.items() if s.get("raw")}
+    streamed = [(c["streamed_early"], c.get("streamed_step")) for s in snaps.values()
+                if (c := s.get("counters") or {}).get("streamed_early")]
     pr = None
     if per_rank:
         pr = {k: {"packed": s.get("packed") or {}, "states": s.get("states") or {}} for k, s in snaps.items()
               if s.get("packed") or s.get("states")}
     return {"ranks": list(snaps), "merged": merged, "conflicts": conflicts, "drops": drops,
-            "per_rank": pr, "raw": raw, "identities": dict(identities or {})}
+            "per_rank": pr, "raw": raw, "identities": dict(identities or {}), "streamed": streamed}
 
 
 def merge_bundles(bundles: list[dict[str, Any]]) -> dict[str, Any]:
     """Bundles of disjoint ranks merged into one (an aggregator of aggregators)."""
-    merged, conflicts, drops = merge_snapshots([b["merged"] for b in bundles])
+    merged, conflicts, drops = merge_packed([b["merged"] for b in bundles])
     for b in bundles:
         for k, rts in b["conflicts"].items():
             conflicts[k] = sorted(set(conflicts.get(k, ())) | set(rts))
@@ -206,12 +216,14 @@ def merge_bundles(bundles: list[dict[str, Any]]) -> dict[str, Any]:
     raw: dict = {}
     identities: dict = {}
     ranks: list = []
+    streamed: list = []
     for b in bundles:
         raw.update(b["raw"])
         identities.update(b["identities"])
         ranks.extend(b["ranks"])
+        streamed.extend(b.get("streamed", ()))
     return {"ranks": ranks, "merged": merged, "conflicts": conflicts, "drops": drops,
-            "per_rank": per_rank, "raw": raw, "identities": identities}
+            "per_rank": per_rank, "raw": raw, "identities": identities, "streamed": streamed}
 
 
 def bundle_snapshot(bundle: dict[str, Any]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 WORKER = Path(__file__).with_name("worker_host.py")
+__all__ = ["LocalHosts"]
 
 
 def _free_port() -> int:

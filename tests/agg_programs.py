@@ -1,17 +1,16 @@
-"""A real run of the per-host path on several localhost Monarch hosts, read back as JSON.
+"""A real run of the library on several localhost Monarch hosts, read back as JSON.
 
-    python -m bench.scale_proto.scenario --hosts 2 --procs 3 --steps 4 --kill 4 --kill-at 2
-    python -m bench.scale_proto.scenario --hosts 2 --procs 3 --steps 5 --hang 5 --hang-at 2 --hang-s 8
+    python -m tests.agg_programs --hosts 2 --procs 3 --steps 4 --kill 4 --kill-at 2
+    python -m tests.agg_programs --hosts 2 --procs 3 --steps 5 --hang 5 --hang-at 2 --hang-s 8 --aggregate off
 
 Every rank records, per step, ``check/sum`` (SUM of rank+1), ``check/mean`` (MEAN of the rank),
-``check/max`` (MAX of the rank) and ``check/count`` (one SUM per rank), through the prototype of
-:mod:`bench.scale_proto.hostagg` (``--design hostagg``) or the library as it is (``--design
-library``), with every logging mode on. ``--kill R --kill-at S``: rank R's process exits while
+``check/max`` (MAX of the rank) and ``check/count`` (one SUM per rank), with ``init_backends(..., "aggregate": --aggregate)`` (``on``:
+one leader per (mesh, host), :mod:`forge_obs.aggregate`) and every logging mode on. ``--kill R --kill-at S``: rank R's process exits while
 recording step S; ``--hang R --hang-at S --hang-s T``: rank R's process holds its GIL for T
 seconds from step S (a C loop that never releases it). Each host's leader is its highest rank
 (rank 5 of 2 x 3). Prints one JSON line: per step the global values, the per-rank values, the raw
 values per rank, missing/late labels, the flush's blocking time and the inbox messages.
-Runs in its own process (the prototype patches the library in this process).
+Runs in its own process (it counts the inbox's messages by wrapping ``forge_obs.controller._take``).
 """
 
 from __future__ import annotations
@@ -27,9 +26,12 @@ os.environ.setdefault("MONARCH_FILE_LOG", "error")
 os.environ.setdefault("HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY", "1s")
 
 
+INBOX = [0]  # messages taken by the controller's inbox
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--design", default="hostagg", choices=["hostagg", "library"])
+    ap.add_argument("--aggregate", default="on", choices=["auto", "on", "off"])
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--procs", type=int, default=3, help="procs per host")
     ap.add_argument("--steps", type=int, default=4)
@@ -44,12 +46,15 @@ def main() -> None:
     import monarch.actor
 
     monarch.actor.unhandled_fault_hook = lambda failure: None  # a killed rank must not end this run
-    from bench.scale_proto import hostagg
+    import forge_obs.controller as ctl
 
-    if args.design == "hostagg":
-        hostagg.enable()
-    else:
-        hostagg.count_messages()
+    take = ctl._take
+
+    def counted(msg: tuple) -> None:
+        INBOX[0] += 1
+        take(msg)
+
+    ctl._take = counted
     print("RESULT " + json.dumps(asyncio.run(run(args))), flush=True)
     sys.stdout.flush()
     os._exit(0)  # the killed rank's mesh cannot be stopped cleanly; the hosts are ended by LocalHosts
@@ -59,8 +64,7 @@ async def run(args: argparse.Namespace) -> dict:
     import provisioner_hooks
     from monarch.actor import Actor, context, endpoint
 
-    from bench.scale_proto import hostagg
-    from bench.scale_proto.hosts import LocalHosts
+    from tests.localhosts import LocalHosts
     from forge_obs import LoggerBackend, Reduce, get_or_create_metric_logger, record_metric, register_backend
 
     records: dict[int, dict] = {}
@@ -104,7 +108,7 @@ async def run(args: argparse.Namespace) -> dict:
         await mlogger.init_backends.call_one({
             "keep": {"logging_mode": ["global_reduce", "per_rank_reduce", "per_rank_no_reduce"]},
             "jsonl": None, "flush_timeout_s": args.flush_timeout,
-            "run": {"root": args.root, "id": f"{args.design}-{os.getpid()}"},
+            "run": {"root": args.root, "id": f"{args.aggregate}-{os.getpid()}"}, "aggregate": args.aggregate,
         })
         pm = hm.spawn_procs(per_host={"procs": args.procs}, name="m")
         rec = pm.spawn("Rec", Rec)
@@ -125,12 +129,12 @@ async def run(args: argparse.Namespace) -> dict:
             if kill >= 0:
                 dead.add(kill)
             out.setdefault("call_errors", []).extend(type(e).__name__ for e in done if isinstance(e, BaseException))
-            hostagg.INBOX_COUNT[0] = 0
+            INBOX[0] = 0
             t0 = time.perf_counter()
             await mlogger.flush.call_one(step)
             out["blocked_s"][step] = time.perf_counter() - t0
             await mlogger.wait_idle.call_one()
-            out["messages"][step] = hostagg.INBOX_COUNT[0]
+            out["messages"][step] = INBOX[0]
         await mlogger.shutdown.call_one()
     out["steps"] = records
     return out
