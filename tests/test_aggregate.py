@@ -376,8 +376,8 @@ def test_config_checks_the_aggregate_mode(monkeypatch):
     from forge_obs.config import LoggerConfig
 
     monkeypatch.delenv("FORGE_OBS_AGGREGATE", raising=False)
-    assert LoggerConfig.parse({"jsonl": None}).aggregate == "off"
-    assert LoggerConfig.parse({"jsonl": None, "aggregate": "auto"}).aggregate == "auto"
+    assert LoggerConfig.parse({"jsonl": None}).aggregate == "auto"
+    assert LoggerConfig.parse({"jsonl": None, "aggregate": "off"}).aggregate == "off"
     with pytest.raises(ValueError, match="aggregate must be one of 'auto', 'on', 'off'"):
         LoggerConfig.parse({"aggregate": True})
     monkeypatch.setenv("FORGE_OBS_AGGREGATE", "on")
