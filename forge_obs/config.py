@@ -64,7 +64,7 @@ RESERVED_KEYS = ("run", "flush_timeout_s", "shutdown_timeout_s", "backend_queue_
 #: ``"aggregate"``: answer cuts through one leader per (mesh, host) ("on"), directly ("off"), or
 #: through leaders from 32 ranks in the job ("auto"); FORGE_OBS_AGGREGATE sets the default
 AGGREGATE_MODES = ("auto", "on", "off")
-DEFAULT_AGGREGATE = "off"
+DEFAULT_AGGREGATE = "auto"
 DEFAULT_FLUSH_TIMEOUT_S = 10.0
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 #: how often raw values reach ``per_rank_no_reduce`` backends between flushes

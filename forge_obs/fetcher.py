@@ -10,6 +10,9 @@ controller's port (a tiny message, declaring those meshes), and only then export
 took and sends them on the same port. The controller's ``flush`` returns when every rank has
 acknowledged, so a value recorded by work the controller awaited before ``flush(step)`` is in
 ``step`` or earlier, and one recorded by work started after ``flush`` returned is in a later step.
+With ``"aggregate"`` on, the mesh's plan (cast with the cut when it changes) may route both
+messages to the rank's group leader instead, which forwards them batched and merged
+(:mod:`forge_obs.aggregate`); the cut itself is the same.
 
 While a ``per_rank_no_reduce`` backend is configured, a timer on the fetcher's actor loop (no
 thread of its own) sends the raw values recorded so far every ``stream_interval_s`` (default

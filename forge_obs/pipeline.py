@@ -32,6 +32,13 @@ that was late), and the final states of a stopping mesh, go into the first cut s
 a step before the flush that cut it. Reduction runs in one worker thread, each backend on a
 thread of its own (:mod:`forge_obs.backend_worker`).
 
+Group leaders (``"aggregate"``, :mod:`forge_obs.aggregate`) answer for several ranks at once:
+``ack_batch`` acknowledges each of them (and names those the leader gave up on), ``bundle``
+counts each as received and carries their states merged; ``states_resent`` takes a state a
+member resent after its leader failed, unless a bundle already brought it. Each cut keeps two
+counters (acks awaited, states awaited), adjusted on every change, so that an ack, a state or a
+batch costs O(its ranks), not O(the cut's ranks).
+
 Raw values a rank streams between flushes (``stream``: ``per_rank_no_reduce``, under the rank's
 predicted step) skip the assembly: they go to the streaming backends' queues at once. When the
 step that then takes the rank's states is not the predicted one, the step's

@@ -217,6 +217,7 @@ async def test_dead_rank_costs_one_timeout_and_is_reported(tmp_path):
         # cut (a new plan): named late that step, its value logged once, with the next step
         assert rows[1]["missing"] == ["fragile/Fragile/r0", "fragile/Fragile/r1"]
         assert rows[2]["metrics"]["fragile/v"] == 1.0 and rows[2]["missing"] == ["fragile/Fragile/r1"]
+        assert rows[2]["metrics"]["obs/bundles"] >= 1  # rank 0 now leads (the aggregated route)
         return
     assert rows[1]["metrics"]["fragile/v"] == 1.0  # the survivor's value is logged
     assert rows[1]["metrics"]["obs/missing_ranks"] == 1

@@ -376,9 +376,38 @@ def test_config_checks_the_aggregate_mode(monkeypatch):
     from forge_obs.config import LoggerConfig
 
     monkeypatch.delenv("FORGE_OBS_AGGREGATE", raising=False)
-    assert LoggerConfig.parse({"jsonl": None}).aggregate == "off"
-    assert LoggerConfig.parse({"jsonl": None, "aggregate": "auto"}).aggregate == "auto"
+    assert LoggerConfig.parse({"jsonl": None}).aggregate == "auto"
+    assert LoggerConfig.parse({"jsonl": None, "aggregate": "off"}).aggregate == "off"
     with pytest.raises(ValueError, match="aggregate must be one of 'auto', 'on', 'off'"):
         LoggerConfig.parse({"aggregate": True})
     monkeypatch.setenv("FORGE_OBS_AGGREGATE", "on")
     assert LoggerConfig.parse({"jsonl": None}).aggregate == "on"
+
+
+def test_streamed_values_and_drops_are_counted_per_rank_through_bundles():
+    """Counters that do not add up (the step a rank streamed raw values under) stay per rank in a
+    bundle: obs/stream_step_mismatch counts the values streamed under a step their flush did not
+    take, as on the direct route; dropped values by reason add up."""
+    be = _Keep({"logging_mode": "global_reduce"})
+    keys = [("m", r) for r in range(3)]
+
+    def snap(r):
+        counters = {"values_recorded": 2, "dropped_values": 1, "dropped_by_reason": {"bad_value": 1}}
+        if r:  # rank 1 streamed 5 values under step 0 (right), rank 2 7 under step 3 (wrong)
+            counters.update(streamed_early=5 if r == 1 else 7, streamed_step=0 if r == 1 else 3)
+        return {"packed": {"sum": (["n"], [1.0])}, "states": {}, "counters": counters}
+
+    async def run():
+        pipe = FlushPipeline({"keep": be}, "t", flush_timeout_s=5)
+        pipe.start()
+        cut = pipe.begin_cut(0, None, {k: f"m/r{k[1]}" for k in keys})
+        pipe.ack_batch(cut.seq, [(k, ()) for k in keys])
+        pipe.bundle(cut.seq, keys, pickle.dumps(make_bundle({k: snap(k[1]) for k in keys})))
+        await pipe.drain()
+        await pipe.close()
+
+    asyncio.run(run())
+    g = be.records[0].global_dict()
+    assert g["n"] == 3.0 and g["obs/bundles"] == 1.0 and g["obs/ranks_reported"] == 3.0
+    assert g["obs/stream_step_mismatch"] == 7.0
+    assert g["obs/values_recorded"] == 6.0 and g["obs/dropped/bad_value"] == 3.0 and g["obs/dropped_values"] == 3.0
