@@ -193,10 +193,13 @@ async def start_logging(args: argparse.Namespace, gen_kind: str, model_dir: str)
     provisioner_hooks.install()
     mlogger = await get_or_create_metric_logger(process_name="Controller")
     info = await mlogger.init_backends.call_one(logging_config(args))
-    # the app's settings, for the report's run table (meta.json is redacted when written)
-    write_meta(Path(info["run_dir"]), app="apps.grpo.main", app_settings={**vars(args), "generator": gen_kind})
+    run_dir = info["run_dir"]
+    if run_dir is None:  # FORGE_DISABLE_METRICS: no run directory from forge_obs; the summary still needs one
+        run_dir = os.path.join(args.run_root, args.run_id or time.strftime("grpo-%Y%m%d-%H%M%S"))
+    else:  # the app's settings, for the report's run table (meta.json is redacted when written)
+        write_meta(Path(run_dir), app="apps.grpo.main", app_settings={**vars(args), "generator": gen_kind})
     print(f"[grpo] run {info['run_id']}  generator={gen_kind}  model={model_dir}", flush=True)
-    return mlogger, info["run_dir"]
+    return mlogger, run_dir
 
 
 def logging_config(args: argparse.Namespace) -> dict:
