@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
-from forge_obs.reduce import ROW_CLASSES, ROW_FIELDS, accumulator_for
+from forge_obs.reduce import ROW_CLASSES, ROW_FIELDS, _Grouper, accumulator_for
 
 __all__ = ["exact_parts", "merge_packed", "make_bundle", "merge_bundles", "bundle_snapshot"]
 
@@ -91,32 +91,14 @@ def merge_packed(snaps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str,
     Returns ``(merged, conflicts, drops)``: ``conflicts`` maps a key recorded with different
     reductions to those reductions (the controller drops it for the step); ``drops`` counts values
     whose states could not be merged, by reason."""
-    groups: dict[str, list] = {}  # key -> [rt, items]
-    conflicts: dict[str, set] = {}
+    grouper = _Grouper()  # key -> [rt, items]; conflicting reductions and malformed states set aside
     counters: dict[str, Any] = {}
     self_cpu: dict[str, float] = {}  # forge_obs's own CPU (forge_obs.selfobs), summed
     for snap in snaps:
         for part, v in (snap.get("self_cpu") or {}).items():
             if isinstance(v, (int, float)):
                 self_cpu[part] = self_cpu.get(part, 0.0) + v
-        for rt, (keys, rows) in (snap.get("packed") or {}).items():
-            for k, row in zip(keys, rows):
-                g = groups.get(k)
-                if g is None:
-                    groups[k] = [rt, [row]]
-                elif g[0] == rt:
-                    g[1].append(row)
-                else:
-                    conflicts.setdefault(k, {g[0]}).add(rt)
-        for k, st in (snap.get("states") or {}).items():
-            rt = st["reduction_type"]
-            g = groups.get(k)
-            if g is None:
-                groups[k] = [rt, [st]]
-            elif g[0] == rt:
-                g[1].append(st)
-            else:
-                conflicts.setdefault(k, {g[0]}).add(rt)
+        grouper.add_snapshot(snap)
         for name, v in (snap.get("counters") or {}).items():
             if name in _PER_RANK_COUNTERS:
                 continue
@@ -126,9 +108,13 @@ def merge_packed(snaps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str,
                     d[reason] = d.get(reason, 0) + n
             elif isinstance(v, (int, float)):
                 counters[name] = counters.get(name, 0) + v
+    groups = grouper.groups
+    conflicts = {k: c[0] for k, c in grouper.conflicts.items()}
     packed: dict[str, tuple[list, list]] = {}
     states: dict[str, Any] = {}
     drops: dict[str, int] = {}
+    for reason, n, _err in grouper.bad.values():
+        drops[reason] = drops.get(reason, 0) + n
     for k, (rt, items) in groups.items():
         if k in conflicts:
             continue

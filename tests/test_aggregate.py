@@ -411,3 +411,17 @@ def test_streamed_values_and_drops_are_counted_per_rank_through_bundles():
     assert g["n"] == 3.0 and g["obs/bundles"] == 1.0 and g["obs/ranks_reported"] == 3.0
     assert g["obs/stream_step_mismatch"] == 7.0
     assert g["obs/values_recorded"] == 6.0 and g["obs/dropped/bad_value"] == 3.0 and g["obs/dropped_values"] == 3.0
+
+
+def test_a_malformed_state_in_a_group_costs_only_its_key():
+    """A state without its reduction type is set aside and counted; the group's other keys and
+    the same key's well-formed states of other ranks still merge exactly."""
+    from forge_obs.bundle import merge_packed
+
+    good = {"packed": {"sum": (["n"], [2.0])}, "states": {}, "counters": {"values_recorded": 1}}
+    bad = {"packed": {"sum": (["n"], [3.0])}, "states": {"s": {"no_type": 1}}, "counters": {"values_recorded": 2}}
+    merged, conflicts, drops = merge_packed([good, bad])
+    assert merged["packed"]["sum"] == (["n"], [5.0])
+    assert "s" not in merged["states"] and not conflicts
+    assert drops == {"bad_state": 1}
+    assert merged["counters"]["values_recorded"] == 3
