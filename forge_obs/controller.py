@@ -41,6 +41,7 @@ from typing import Any
 from monarch.actor import Actor, Channel, context, endpoint
 
 from forge_obs._env import env_flag
+from forge_obs._warn import WARNER
 from forge_obs.backends.base import LoggerBackend, call_hook, get_logger_backend_class, instantiate_backend, parse_modes
 from forge_obs.collector import MetricCollector
 from forge_obs.config import RESERVED_KEYS, LoggerConfig
@@ -72,6 +73,7 @@ class _ControllerState:
     def __init__(self) -> None:
         self.process_name = "Controller"
         self.in_this_process = False  # the GlobalLoggingActor lives in this process
+        self.disabled = False  # init_backends saw FORGE_DISABLE_METRICS: flush is a silent no-op
         self.pipeline: FlushPipeline | None = None
         self.run: RunContext | None = None
         self.last_step: int | None = None
@@ -158,7 +160,9 @@ def start_flush(step: Any, final: bool = False) -> FlushWait:
     st = _STATE
     pipeline = st.pipeline
     if pipeline is None:
-        logger.warning("forge_obs: flush(%s) before init_backends: values are kept until the first flush after it", step)
+        if not st.disabled:
+            WARNER.warn("flush_before_init", "", f"flush({step}) before init_backends: values are kept until "
+                        "the first flush after it")
         return FlushWait(None, None)
     cpu0 = time.thread_time()
     taken = _COLLECTOR.swap()
@@ -376,7 +380,9 @@ class GlobalLoggingActor(Actor):
         _mark_controller(self.process_name)
         if env_flag("FORGE_DISABLE_METRICS"):
             logger.info("forge_obs: FORGE_DISABLE_METRICS is set: init_backends starts no backend")
+            st.disabled = True
             return {"run_id": None, "run_dir": None}
+        st.disabled = False
         if isinstance(config, dict) and st.pipeline is not None and "run" not in config and st.run is not None:
             config = {**config, "run": {"id": st.run.run_id, "root": str(st.run.run_dir.parent)}}
         cfg = LoggerConfig.parse(config)

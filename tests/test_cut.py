@@ -172,3 +172,21 @@ def test_no_library_module_imports_through_the_root_package():
             if through_root:
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert offenders == []
+
+
+async def test_flush_with_metrics_disabled_is_a_silent_no_op(tmp_path, monkeypatch, caplog):
+    """FORGE_DISABLE_METRICS=true: init_backends starts nothing and every flush returns at once,
+    without a warning per step (the GRPO app flushes every step either way)."""
+    import logging
+
+    from forge_obs import get_or_create_metric_logger
+
+    monkeypatch.setenv("FORGE_DISABLE_METRICS", "true")
+    mlogger = await get_or_create_metric_logger(process_name="Controller")
+    info = await mlogger.init_backends.call_one({"run": {"root": str(tmp_path), "id": "off"}})
+    assert info["run_dir"] is None
+    with caplog.at_level(logging.WARNING, logger="forge_obs"):
+        for step in range(3):
+            await mlogger.flush.call_one(step)
+    assert [r.getMessage() for r in caplog.records if "flush" in r.getMessage()] == []
+    assert not (tmp_path / "off").exists()
