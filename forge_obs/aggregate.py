@@ -28,6 +28,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from forge_obs._threads import STOP, stop_port_thread
 from forge_obs.bundle import make_bundle
 from forge_obs.selfobs import SELF_OBS
 from forge_obs.snapshot import dumps, loads
@@ -40,8 +41,6 @@ __all__ = ["HELLO", "ACKB", "BUNDLE", "RESENT", "EXPECT", "host_key", "receiver_
 HELLO, ACKB, BUNDLE, RESENT, EXPECT = "hello", "ackb", "bundle", "resent", "expect"
 #: messages kept per leader, to resend if it fails: ack + states of the last 32 cuts
 KEEP_SENT = 64
-#: the message that stops an aggregator's thread (sent by its owner on its own port)
-_STOP = ("stop",)
 #: messages for a cut a leader never learnt it leads are dropped after this long
 ORPHAN_S = 60.0
 
@@ -219,13 +218,7 @@ class Aggregator:
     def stop(self, own_port: Any, timeout_s: float = 5.0) -> bool:
         """Stop the thread after what was already sent to ``own_port`` (its owner, the rank's
         :class:`Route`, calls this when the fetcher stops). True if it ended within ``timeout_s``."""
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            try:
-                own_port.send(_STOP)
-            except Exception as e:  # noqa: BLE001 - the port is gone, and the thread's receive with it
-                logger.debug("forge_obs: could not stop the aggregator: %r", e)
-            self._thread.join(timeout_s)
-        return not self._thread.is_alive()
+        return stop_port_thread(self._thread, own_port, timeout_s)
 
     def _run(self) -> None:
         cpu = time.thread_time()
@@ -235,7 +228,7 @@ class Aggregator:
             except Exception as e:  # noqa: BLE001 - the process is going away
                 logger.debug("forge_obs: aggregator port closed: %r", e)
                 return
-            if msg == _STOP:
+            if msg == STOP:
                 return
             try:
                 if msg is not None:

@@ -41,6 +41,7 @@ from typing import Any
 from monarch.actor import Actor, Channel, context, endpoint
 
 from forge_obs._env import env_flag
+from forge_obs._threads import STOP, stop_port_thread
 from forge_obs._warn import WARNER
 from forge_obs.backends.base import LoggerBackend, call_hook, get_logger_backend_class, instantiate_backend, parse_modes
 from forge_obs.collector import MetricCollector
@@ -189,15 +190,11 @@ def start_flush(step: Any, final: bool = False) -> FlushWait:
 
 
 # -------------------------------------------------------------------- inbox
-#: the message that stops an inbox's drain thread (sent by its owner on its own port)
-_STOP = ("stop",)
-
-
 class InboxDrain:
     """The thread that takes every message of an inbox's port, in each sender's order, apart
     from every event loop; all of its CPU is counted in ``obs/cpu_inbox_s``. Its owner (the
     :class:`ObsInbox`) stops it when the actor stops, or, for the process's port (which outlives
-    the actor that opened it), at process exit: :meth:`stop` sends :data:`_STOP` on the port,
+    the actor that opened it), at process exit: :meth:`stop` sends ``_threads.STOP`` on the port,
     so every message sent before it is still taken."""
 
     def __init__(self, port: Any, receiver: Any) -> None:
@@ -217,13 +214,7 @@ class InboxDrain:
     def stop(self, timeout_s: float = 5.0) -> bool:
         """Stop after the messages already sent; True if the thread ended within ``timeout_s``."""
         atexit.unregister(self.stop)
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            try:
-                self._port.send(_STOP)
-            except Exception as e:  # noqa: BLE001 - the port is gone: so is the thread's receive
-                logger.debug("forge_obs: could not stop the inbox thread: %r", e)
-            self._thread.join(timeout_s)
-        return not self._thread.is_alive()
+        return stop_port_thread(self._thread, self._port, timeout_s)
 
     def _run(self) -> None:
         cpu = time.thread_time()
@@ -234,7 +225,7 @@ class InboxDrain:
             except Exception as e:  # noqa: BLE001 - the process is going away
                 logger.debug("forge_obs: inbox port closed: %r", e)
                 return
-            if msg == _STOP:
+            if msg == STOP:
                 return
             _take(msg)
             now = time.thread_time()
