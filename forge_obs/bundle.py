@@ -40,6 +40,7 @@ import math
 from typing import Any, Iterable
 
 from forge_obs.reduce import ROW_CLASSES, ROW_FIELDS, _Grouper, accumulator_for
+from forge_obs.selfobs import add_cpu
 
 __all__ = ["exact_parts", "merge_packed", "make_bundle", "merge_bundles", "bundle_snapshot"]
 
@@ -95,9 +96,7 @@ def merge_packed(snaps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str,
     counters: dict[str, Any] = {}
     self_cpu: dict[str, float] = {}  # forge_obs's own CPU (forge_obs.selfobs), summed
     for snap in snaps:
-        for part, v in (snap.get("self_cpu") or {}).items():
-            if isinstance(v, (int, float)):
-                self_cpu[part] = self_cpu.get(part, 0.0) + v
+        add_cpu(self_cpu, snap.get("self_cpu"))
         grouper.add_snapshot(snap)
         for name, v in (snap.get("counters") or {}).items():
             if name in _PER_RANK_COUNTERS:

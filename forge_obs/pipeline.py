@@ -61,7 +61,7 @@ from forge_obs.identity import rank_label
 from forge_obs.metric import LoggingMode, Metric
 from forge_obs.record import RankViews, StepRecord
 from forge_obs.reduce import Reduce, merge_snapshots, reduce_snapshots
-from forge_obs.selfobs import CPU_PARTS, SELF_OBS
+from forge_obs.selfobs import CPU_PARTS, SELF_OBS, add_cpu
 from forge_obs.snapshot import loads
 
 logger = logging.getLogger("forge_obs")
@@ -669,11 +669,6 @@ class FlushPipeline:
         # forge_obs's own CPU: this process's so far (read now, not a step later), plus each rank's
         own_cpu: dict[str, float] = SELF_OBS.take()
 
-        def add_own_cpu(self_cpu: dict | None) -> None:  # a rank's or a bundle's (forge_obs.selfobs)
-            for k, v in (self_cpu or {}).items():
-                if isinstance(v, (int, float)):
-                    own_cpu[k] = own_cpu.get(k, 0.0) + v
-
         def add_counters(snap_counters: dict, streamed: Iterable = ()) -> None:
             for early, step in streamed:  # raw values streamed under a predicted step: was it this one?
                 if early and step != p.step:
@@ -696,7 +691,7 @@ class FlushPipeline:
             by_label.setdefault(label, []).append(snap)
             sources[label] = ident
             add_counters(snap.get("counters") or {})
-            add_own_cpu(snap.get("self_cpu"))
+            add_cpu(own_cpu, snap.get("self_cpu"))
         rank_snaps: dict[str, dict] = {}  # label -> one snapshot (packed rows and/or states)
         raw: dict[str, list] = {}
         for label, snaps in by_label.items():
@@ -713,7 +708,7 @@ class FlushPipeline:
             if merged.get("packed") or merged.get("states"):
                 global_snaps.append(merged)
             add_counters(merged.get("counters") or {}, b.get("streamed", ()))
-            add_own_cpu(merged.get("self_cpu"))
+            add_cpu(own_cpu, merged.get("self_cpu"))
             conflict_keys.update(b["conflicts"])
             for reason, n in b["drops"].items():
                 _count(drops, reason, n)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 
-__all__ = ["CPU_PARTS", "SELF_OBS", "SelfObs"]
+__all__ = ["CPU_PARTS", "SELF_OBS", "SelfObs", "add_cpu"]
 
 #: parts of forge_obs's own CPU (``obs/cpu_<part>_s``; ``obs/cpu_s`` is their sum)
 CPU_PARTS = ("export", "timeline", "flush", "inbox", "pipeline", "backends", "alerts", "aggregate")
@@ -48,3 +48,11 @@ class SelfObs:
 
 #: this process's own cost
 SELF_OBS = SelfObs()
+
+
+def add_cpu(total: dict[str, float], self_cpu: dict | None) -> None:
+    """Add a rank's (or a group's) ``self_cpu`` into ``total``, part by part (what is not a
+    number is left out)."""
+    for part, v in (self_cpu or {}).items():
+        if isinstance(v, (int, float)):
+            total[part] = total.get(part, 0.0) + v
