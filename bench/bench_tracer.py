@@ -23,9 +23,10 @@ import os
 import platform
 import sys
 import time
-import timeit
 from pathlib import Path
 
+import _timing
+from _timing import tracer_cycle
 from forge_obs import Reduce, record_metric
 from forge_obs.collector import MetricCollector
 from forge_obs.tracer import Tracer, trace
@@ -36,11 +37,7 @@ REPEAT = 21
 
 
 def per_call_us(fn, number=N) -> float:
-    C.reset()
-    fn()  # first call: creates the step's accumulators
-    best = min(timeit.repeat(fn, number=number, repeat=REPEAT)) / number * 1e6
-    C.reset()
-    return best
+    return _timing.per_call_us(fn, C.reset, number, REPEAT)
 
 
 # ------------------------------------------------------------------ naive baselines
@@ -79,17 +76,6 @@ def naive_trace(prefix):
         return wrapper
 
     return deco
-
-
-def tracer_cycle(cls):
-    def run():
-        t = cls("bench/tracer")
-        t.start()
-        t.step("a")
-        t.step("b")
-        t.stop()
-
-    return run
 
 
 def reused_tracer_cycle():

@@ -36,11 +36,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import timeit
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import _timing  # noqa: E402  (bench/, beside this script)
+from _timing import tracer_cycle  # noqa: E402
 
 TF_GIT = os.environ.get("TORCHFORGE_GIT_DIR", "/work/.mirror/meta-pytorch+torchforge/repo")
 TF_REV = os.environ.get("TORCHFORGE_REV", "HEAD")
@@ -80,26 +81,11 @@ def load_torchforge(tmp: Path):
 
 
 def per_call_us(fn, reset, number: int = N) -> float:
-    reset()
-    fn()  # first call: creates the accumulators
-    best = min(timeit.repeat(fn, number=number, repeat=REPEAT, timer=time.thread_time)) / number * 1e6
-    reset()
-    return best
+    return _timing.per_call_us(fn, reset, number, REPEAT, timer=time.thread_time)
 
 
 def f(x):
     return x
-
-
-def cycle(tracer_cls):
-    def run():
-        t = tracer_cls("bench/tracer")
-        t.start()
-        t.step("a")
-        t.step("b")
-        t.stop()
-
-    return run
 
 
 def main() -> int:
@@ -138,7 +124,7 @@ def main() -> int:
             ("@trace overhead", "@trace on a sync function: overhead",
              lambda: g_tf(1), lambda: g_ours(1), bare_tf, bare_ours),
             ("Tracer cycle", "Tracer() + start + 2 steps + stop (cpu)",
-             cycle(tf_perf.Tracer), cycle(Tracer), 0.0, 0.0),
+             tracer_cycle(tf_perf.Tracer), tracer_cycle(Tracer), 0.0, 0.0),
         ]
         for key, name, fn_tf, fn_ours, base_tf, base_ours in figures:
             t_tf = per_call_us(fn_tf, tf_reset) - base_tf

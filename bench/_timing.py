@@ -1,0 +1,35 @@
+"""Timing helpers shared by the CPU micro-benchmarks (bench_tracer.py, bench_vs_torchforge.py).
+
+Imports neither forge_obs nor torch, so a benchmark can set its environment first.
+"""
+
+from __future__ import annotations
+
+import time
+import timeit
+from typing import Any, Callable
+
+
+def per_call_us(fn: Callable[[], Any], reset: Callable[[], Any], number: int, repeat: int,
+                timer: Callable[[], float] = time.perf_counter) -> float:
+    """Best over ``repeat`` loops of the mean per-call time of ``fn``, in µs (the minimum is the
+    least disturbed by other processes). ``reset`` clears what ``fn`` records, before (after one
+    warm-up call that creates the accumulators) and after."""
+    reset()
+    fn()
+    best = min(timeit.repeat(fn, number=number, repeat=repeat, timer=timer)) / number * 1e6
+    reset()
+    return best
+
+
+def tracer_cycle(tracer_cls: type) -> Callable[[], None]:
+    """One Tracer lifetime: create, start, two steps, stop."""
+
+    def run() -> None:
+        t = tracer_cls("bench/tracer")
+        t.start()
+        t.step("a")
+        t.step("b")
+        t.stop()
+
+    return run
