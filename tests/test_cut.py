@@ -125,20 +125,14 @@ async def test_a_quiet_mesh_stopped_between_sessions_is_not_waited_for_by_the_ne
     """A mesh that recorded nothing since its last flush and stopped after shutdown hands over
     empty final states while no session runs; the next session's first cut, which expects them,
     takes them at once instead of waiting a timeout and naming its ranks missing."""
-    mlogger = await start_logger(tmp_path, {"flush_timeout_s": 30.0}, run_id="a")
-    pm = this_host().spawn_procs(per_host={"procs": 2}, name="quiet")
-    a = pm.spawn("Stoppable", Stoppable)
-    await a.record.call(1.0)
-    await mlogger.flush.call_one(0)
-    await mlogger.shutdown.call_one()
-    await pm.stop()  # nothing recorded since step 0: empty final states, with no session running
-    mlogger = await start_logger(tmp_path, {"flush_timeout_s": 30.0}, run_id="b")
-    pm = this_host().spawn_procs(per_host={"procs": 2}, name="quiet")
-    a = pm.spawn("Stoppable", Stoppable)
-    await a.record.call(2.0)
-    await mlogger.flush.call_one(0)
-    await mlogger.shutdown.call_one()
-    await pm.stop()
+    for run_id, value in (("a", 1.0), ("b", 2.0)):
+        mlogger = await start_logger(tmp_path, {"flush_timeout_s": 30.0}, run_id=run_id)
+        pm = this_host().spawn_procs(per_host={"procs": 2}, name="quiet")
+        a = pm.spawn("Stoppable", Stoppable)
+        await a.record.call(value)
+        await mlogger.flush.call_one(0)
+        await mlogger.shutdown.call_one()
+        await pm.stop()  # nothing recorded since step 0: empty final states, with no session running
     row = global_rows(tmp_path, "b")[0]
     assert row["metrics"]["hang/v"] == 4.0
     assert not row.get("missing") and not row.get("late"), row
