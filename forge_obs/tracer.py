@@ -120,6 +120,16 @@ def set_record_hook(fn: Callable[[str, Any, Any], None] | None) -> None:
     _record_groups, record_metric = through_hook, fn
 
 
+def _record_total(keys: tuple[str, str, str], seconds: float) -> None:
+    """Record one region's total duration under its (avg, max, dist) keys.
+
+    ``@trace``'s wrappers call this module-level function and capture nothing else of this
+    module: a wrapper on a class defined in a user's ``__main__`` is pickled by value (Monarch
+    sends the class to its processes), and a module-level function travels by reference, while
+    the collector it records into (its lock) could not travel at all."""
+    _record_groups([(keys, seconds)], _REDS)
+
+
 def _emit_durations(pairs: list) -> None:
     """Record ``[(key_triple, seconds), ...]`` (avg/max/dist keys of a duration) through the
     collector, under one lock acquisition (:meth:`MetricCollector.record_groups`)."""
@@ -708,8 +718,7 @@ class trace:
                     try:
                         return await fn(*args, **kwargs)
                     finally:
-                        d = _clock_s() - t0
-                        _record_groups([(keys, d)], _REDS)
+                        _record_total(keys, _clock_s() - t0)
 
             else:
 
@@ -732,8 +741,7 @@ class trace:
                 try:
                     return fn(*args, **kwargs)
                 finally:
-                    d = _clock_s() - t0
-                    _record_groups([(keys, d)], _REDS)
+                    _record_total(keys, _clock_s() - t0)
 
         else:
 
