@@ -36,10 +36,16 @@ def env_value(name: str) -> str | None:
     return None if v is None else _DECODE(v)
 
 
+def parse_flag(raw: str) -> bool:
+    """The one reading of a boolean environment value: ``1``/``true``/``yes``/``on`` (any case,
+    surrounding blanks ignored) are true, anything else is false."""
+    return raw.strip().lower() in _TRUE
+
+
 def env_flag(name: str) -> bool:
-    """Whether ``name`` is set to ``1``/``true``/``yes``/``on`` (any case), now."""
+    """Whether ``name`` is set to a true value (:func:`parse_flag`), now."""
     v = env_value(name)
-    return v is not None and v.strip().lower() in _TRUE
+    return v is not None and parse_flag(v)
 
 
 def env_bool(name: str) -> bool | None:
@@ -48,7 +54,7 @@ def env_bool(name: str) -> bool | None:
     v = env_value(name)
     if v is None:
         return None
-    return v.strip().lower() in _TRUE
+    return parse_flag(v)
 
 
 _PERF_NAMES = ("DISABLE_PERF_METRICS", "FORGE_DISABLE_PERF_METRICS", "FORGE_DISABLE_METRICS")
@@ -95,7 +101,7 @@ def timer_uses_gpu() -> bool | None:
     if _GPU_KEY is None:
         return env_bool("METRIC_TIMER_USES_GPU")
     v = _DATA.get(_GPU_KEY)  # type: ignore[union-attr]
-    return None if v is None else _DECODE(v).strip().lower() in _TRUE  # type: ignore[misc]
+    return None if v is None else parse_flag(_DECODE(v))  # type: ignore[misc]
 
 
 #: ``FORGE_DISABLE_METRICS=true`` at import: ``record_metric`` starts disabled (a near-zero-cost no-op).

@@ -20,6 +20,7 @@ from monarch.actor import get_or_spawn_controller
 from forge_obs._env import env_flag
 from forge_obs.controller import GLOBAL_LOGGER_NAME, INBOX_NAME, _STATE, GlobalLoggingActor, ObsInbox, start_flush
 from forge_obs.fetcher import FETCHER_NAME, LocalFetcherActor, current_options, hosts_fetcher
+from forge_obs.identity import current_identity, unique_mesh_name
 from forge_obs.registry import LOCAL_MESHES
 
 logger = logging.getLogger("forge_obs")
@@ -96,6 +97,17 @@ def _this_proc_once() -> Any:
     return _this_proc[0]
 
 
+def _name_scope() -> str:
+    """What prefixes the names of meshes spawned from this process: nothing in the controller
+    process, else this process's own ``mesh.rN`` (its pid where it has no fetcher)."""
+    if _STATE.in_this_process:
+        return ""
+    ident = current_identity()
+    if hosts_fetcher():
+        return f"{ident.mesh}.r{ident.rank}"
+    return "" if ident.mesh == "controller" else f"pid{ident.pid}"
+
+
 def _cut_here() -> bool:
     """Whether meshes spawned in this process are cut from here (the controller process, or a
     process with a fetcher); otherwise the controller registers them."""
@@ -161,9 +173,9 @@ def attach_fetcher(proc_mesh: Any, handles: LoggerHandles, mesh_name: str | None
     from provisioner_hooks._monarch_spawn import watch_mesh
 
     mesh_id = uuid.uuid4().hex[:12]
-    name = mesh_name or "mesh"
+    name = unique_mesh_name(mesh_name, _name_scope())
     fetchers = proc_mesh.spawn(FETCHER_NAME, LocalFetcherActor, port=handles.port, mesh_id=mesh_id,
-                               mesh_name=mesh_name, options=current_options())
+                               mesh_name=name, options=current_options())
     try:
         proc_mesh._forge_obs_mesh_id = mesh_id
         proc_mesh._uid = mesh_id  # torchforge's names: has_fetcher(proc_mesh._uid)

@@ -52,6 +52,7 @@ from forge_obs.aggregate import ACKB, BUNDLE, HELLO, RESENT
 from forge_obs.pipeline import Cut, FlushPipeline, RankBook
 from forge_obs.plan import Planner
 from forge_obs.record import RunContext
+from forge_obs.identity import start_naming_run
 from forge_obs.registry import LOCAL_MESHES
 from forge_obs.run import redact, write_meta
 from forge_obs.selfobs import SELF_OBS
@@ -408,6 +409,8 @@ class GlobalLoggingActor(Actor):
                    start_time=run.start_time, status="running")
         from forge_obs.timeline import writer as _timeline
 
+        if st.run is None or st.run.run_id != run.run_id:
+            start_naming_run(LOCAL_MESHES.live_names())
         st.run = run
         timeline = _timeline.controller_options(run.run_id, run.start_time, cfg.timeline)
         _timeline.configure(run.run_dir, dict(timeline, _ctl=True))

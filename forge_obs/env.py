@@ -23,6 +23,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from forge_obs._env import parse_flag
+
 __all__ = ["EnvVar", "DISABLE_PERF_METRICS", "METRIC_TIMER_USES_GPU", "FORGE_DISABLE_METRICS", "all_env_vars"]
 
 
@@ -35,14 +37,14 @@ class EnvVar:
     description: str
 
     def get_value(self) -> Any:
-        """The variable's current value, converted to the type of ``default`` (a bool is true
-        for ``true``/``1``/``yes``, any case); ``default`` when unset."""
+        """The variable's current value, converted to the type of ``default`` (a flag is read by
+        :func:`forge_obs._env.parse_flag`, as forge_obs itself reads it); ``default`` when unset."""
         raw = os.environ.get(self.name)
         if raw is None:
             return self.default
         d = self.default
-        if isinstance(d, bool):
-            return raw.strip().lower() in ("true", "1", "yes")
+        if isinstance(d, bool) or self.name in _FLAGS:
+            return parse_flag(raw)
         if isinstance(d, int):
             return int(raw)
         if isinstance(d, float):
@@ -64,6 +66,10 @@ FORGE_DISABLE_METRICS = EnvVar(
     "record_metric becomes a no-op (read at import; forge_obs.set_enabled at run time); "
     "get_or_create_metric_logger spawns no fetcher and init_backends starts no backend (read at the call).",
 )
+
+
+#: the variables read as flags although unset means "no override" (default None)
+_FLAGS = {METRIC_TIMER_USES_GPU.name}
 
 
 def all_env_vars() -> list[EnvVar]:

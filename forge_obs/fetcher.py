@@ -32,10 +32,12 @@ import logging
 import time
 from typing import Any
 
+import cloudpickle
 from monarch.actor import Actor, context, endpoint
 
 from forge_obs.collector import MetricCollector
 from forge_obs.identity import set_identity
+from forge_obs.reduce import adopt_reductions, user_reductions
 from forge_obs.registry import LOCAL_MESHES
 from forge_obs.selfobs import SELF_OBS
 from forge_obs.snapshot import dumps
@@ -73,8 +75,23 @@ def expect_fetcher() -> None:
 
 
 def current_options() -> dict[str, Any]:
-    """Options to give fetchers spawned from this process (and their new processes)."""
-    return dict(_OPTIONS)
+    """Options to give fetchers spawned from this process (and their new processes), with the
+    reductions the user registered here (classes defined in a script travel by value)."""
+    return {**_OPTIONS, "reductions": _travelling_reductions()}
+
+
+def _travelling_reductions() -> dict[str, Any]:
+    """:func:`~forge_obs.reduce.user_reductions` that can be pickled (one that cannot stays
+    here, with a warning, rather than failing the spawn that would carry it)."""
+    out = {}
+    for name, cls in user_reductions().items():
+        try:
+            cloudpickle.dumps(cls)
+        except Exception as e:  # noqa: BLE001
+            logger.warning("forge_obs: reduction %r cannot be sent to new processes: %r", name, e)
+            continue
+        out[name] = cls
+    return out
 
 
 def store_options(options: dict[str, Any]) -> None:
@@ -91,7 +108,8 @@ def apply_options(options: dict[str, Any] | None, timeline: bool = True) -> None
     if not options:
         return
     try:
-        _OPTIONS.update(options)
+        adopt_reductions(options.get("reductions") or {})
+        _OPTIONS.update({k: v for k, v in options.items() if k != "reductions"})
         _COLLECTOR.set_streaming(bool(options.get("streaming")))
         if "run_dir" in options:  # a session's options: init_backends reached this process (or shutdown did)
             _COLLECTOR.initialized = options.get("run_dir") is not None

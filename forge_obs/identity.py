@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+__all__ = ["ProcessIdentity", "rank_label", "unique_mesh_name", "start_naming_run", "current_identity", "set_identity", "DEFAULT_MESH_NAME"]
 
 
 @dataclass
@@ -45,6 +48,62 @@ def rank_label(mesh: str, actor: str | None, rank: int) -> str:
         ('trainer/Trainer/r1', 'buffer/r0')
     """
     return f"{mesh}/{actor}/r{rank}" if actor else f"{mesh}/r{rank}"
+
+
+#: the name of a mesh spawned without one
+DEFAULT_MESH_NAME = "mesh"
+
+
+class _MeshNames:
+    """The mesh names this process has given out; a name is never given out twice."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._taken: set[str] = set()
+        self._next: dict[str, int] = {}
+
+    def allocate(self, base: str) -> str:
+        with self._lock:
+            name, n = base, self._next.get(base, 0)
+            while name in self._taken:
+                n += 1
+                name = f"{base}_{n}"
+            self._next[base] = n
+            self._taken.add(name)
+            return name
+
+
+    def release_all_but(self, keep: set[str]) -> None:
+        with self._lock:
+            self._taken &= keep
+            self._next = {}
+
+
+_MESH_NAMES = _MeshNames()
+
+
+def start_naming_run(live: set[str]) -> None:
+    """A new run starts in this process: names of meshes that are gone may be given out again
+    (a label is unique within a run); ``live`` keeps its names."""
+    _MESH_NAMES.release_all_but(live)
+
+
+def unique_mesh_name(requested: str | None, scope: str = "") -> str:
+    """The name under which a new proc mesh's ranks are labelled: unique in the experiment.
+
+    The first mesh spawned from a process with a given name keeps it; the next ones with the same
+    name (replicas of one service, a mesh spawned again after a stop) get ``_1``, ``_2``, ...; a
+    mesh spawned without a name is ``mesh``. ``scope`` is the spawning process's own label when
+    that is not the controller (a mesh spawned inside an actor), so that two processes never give
+    out the same name. ``/`` would split a rank label, so it becomes ``_``.
+
+        >>> [unique_mesh_name(n) for n in ("gen", "gen", None, "gen")]
+        ['gen', 'gen_1', 'mesh', 'gen_2']
+        >>> unique_mesh_name("gen", scope="svc.r0")
+        'svc.r0.gen'
+    """
+    base = str(requested).replace("/", "_") if requested else DEFAULT_MESH_NAME
+    return _MESH_NAMES.allocate(f"{scope}.{base}" if scope else base)
 
 
 _identity: ProcessIdentity | None = None

@@ -145,12 +145,34 @@ def _now() -> float:
     return time.time()
 
 
+class ReductionName(str):
+    """A custom reduction's name, with ``.value`` as a :class:`Reduce` member has (torchforge's
+    accumulators write ``self.reduction_type.value`` into their states)."""
+
+    __slots__ = ()
+
+    @property
+    def value(self) -> str:
+        return str(self)
+
+
+#: the key under which a torchforge-style state keeps the states it merged
+_PARTS = "states"
+
+
+def _parts(state: dict[str, Any]) -> list[dict[str, Any]]:
+    parts = state.get(_PARTS)
+    return parts if isinstance(parts, list) and set(state) == {"reduction_type", _PARTS} else [state]
+
+
 class MetricAccumulator:
     """Base class of an accumulator: ``append`` values, export a mergeable ``get_state``.
 
     Subclasses implement ``append``, ``get_state``, ``merge_states`` (classmethod: list of states
     -> one state), ``value_from_state`` (classmethod) and ``reset``. ``get_value`` and
-    ``get_reduced_value_from_states`` (torchforge's names) are derived from those. Set
+    ``get_reduced_value_from_states`` (torchforge's names) are derived from those; a torchforge
+    accumulator that defines ``get_value`` and ``get_reduced_value_from_states`` instead works as
+    it is. Set
     ``numeric = False`` to receive any value (numbers are otherwise required and NumPy scalars
     and tensors are converted to ``float`` before ``append``).
     """
@@ -160,9 +182,10 @@ class MetricAccumulator:
 
     def __init__(self, reduction: "Reduce | str") -> None:
         self.reduction = reduction
-        self.reduction_type = reduction
+        custom = isinstance(reduction, str) and not isinstance(reduction, Reduce)
+        self.reduction_type = ReductionName(reduction) if custom else reduction
         #: the name states carry ("mean", or a custom reduction's name)
-        self.rt = reduction.value if isinstance(reduction, Reduce) else reduction
+        self.rt = reduction.value if isinstance(reduction, Reduce) else str(reduction)
         self.reset()
 
     def append(self, value: Any) -> None:  # pragma: no cover - abstract
@@ -175,12 +198,23 @@ class MetricAccumulator:
         raise NotImplementedError
 
     @classmethod
-    def merge_states(cls, states: list[dict[str, Any]]) -> dict[str, Any]:  # pragma: no cover
-        raise NotImplementedError
+    def merge_states(cls, states: list[dict[str, Any]]) -> dict[str, Any]:
+        """One state for ``states``. A torchforge-style class that defines only
+        ``get_reduced_value_from_states`` keeps the ranks' states side by side, and its value is
+        computed from all of them at once."""
+        if not cls._reduces_state_lists():
+            raise NotImplementedError(f"{cls.__name__} defines neither merge_states nor get_reduced_value_from_states")
+        return {"reduction_type": states[0]["reduction_type"], _PARTS: [p for s in states for p in _parts(s)]}
 
     @classmethod
-    def value_from_state(cls, state: dict[str, Any]) -> Any:  # pragma: no cover - abstract
-        raise NotImplementedError
+    def value_from_state(cls, state: dict[str, Any]) -> Any:
+        if not cls._reduces_state_lists():
+            raise NotImplementedError(f"{cls.__name__} defines neither value_from_state nor get_reduced_value_from_states")
+        return cls.get_reduced_value_from_states(_parts(state))
+
+    @classmethod
+    def _reduces_state_lists(cls) -> bool:
+        return cls.get_reduced_value_from_states.__func__ is not MetricAccumulator.get_reduced_value_from_states.__func__
 
     def get_value(self) -> Any:
         return self.value_from_state(self.get_state())
@@ -624,6 +658,25 @@ def register_reduction(name: str, accumulator_class: type[MetricAccumulator]) ->
     _REGISTRY[name] = accumulator_class
     _BY_NAME[name] = name
     return name
+
+
+def user_reductions() -> dict[str, type[MetricAccumulator]]:
+    """The reductions registered by the user's code (forge_obs's own are in every process).
+    Fetchers carry them to the processes they start, so a reduction registered once in the
+    controller's script can be recorded in any actor."""
+    return {n: c for n, c in _REGISTRY.items() if not c.__module__.startswith("forge_obs.")}
+
+
+def adopt_reductions(classes: dict[str, type[MetricAccumulator]]) -> None:
+    """Register ``classes`` here unless a name is registered already (this process's own
+    registration wins). Never raises: a class that does not qualify is skipped with a warning."""
+    for name, cls in classes.items():
+        if name in _REGISTRY:
+            continue
+        try:
+            register_reduction(name, cls)
+        except Exception as e:  # noqa: BLE001 - configuration never breaks a process
+            logger.warning("forge_obs: reduction %r could not be registered here: %r", name, e)
 
 
 def reduction_names() -> list[str]:

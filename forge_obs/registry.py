@@ -103,6 +103,11 @@ class MeshRegistry:
                 del self._meshes[e.mesh_id]
         return live, stopped
 
+    def live_names(self) -> set[str]:
+        """The names of the meshes that were not stopped."""
+        with self._lock:
+            return {e.name for e in self._meshes.values() if not e.stopping}
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._meshes)

@@ -50,7 +50,7 @@ def install(callback: Callable[[Any, str | None], None]) -> str:
         @functools.wraps(orig)
         def spawn_procs(self: Any, *args: Any, **kwargs: Any) -> Any:
             name = kwargs.get("name") if "name" in kwargs else (args[2] if len(args) > 2 else None)
-            token = _mesh_name.set(name or "anon")
+            token = _mesh_name.set(name or None)
             try:
                 pm = orig(self, *args, **kwargs)
             finally:

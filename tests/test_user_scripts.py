@@ -1,0 +1,114 @@
+"""The user-script layer: each file of ``tests/user_scripts/`` is a standalone script written as a
+user writes one — actors defined in the script itself (Monarch pickles them by value), meshes
+spawned without a name or with the same name for every replica — run with ``python script.py``
+in a fresh process whose working directory is not the repository (nothing of the script is
+importable by its children). Its printed values are asserted by arithmetic here."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "tests" / "user_scripts"
+
+
+def run_script(name: str, tmp_path: Path, *args: str, env: dict | None = None, timeout: int = 300) -> str:
+    full_env = dict(os.environ, PYTHONPATH=str(ROOT), MONARCH_FILE_LOG="error", **(env or {}))
+    for k in ("FORGE_DISABLE_METRICS", "FORGE_OBS_RUN_ID", "FORGE_OBS_ROOT"):
+        if env is None or k not in env:
+            full_env.pop(k, None)
+    res = subprocess.run([sys.executable, str(SCRIPTS / name), *args], cwd=tmp_path, env=full_env,
+                         capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    return res.stdout
+
+
+def last_json(out: str) -> dict:
+    return json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
+
+
+def sql(run_dir: Path, query: str) -> list[dict]:
+    res = subprocess.run([sys.executable, "-m", "forge_obs.cli", "sql", str(run_dir), query, "--format", "json"],
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_traced_actors_defined_in_the_script(tmp_path):
+    """@trace / Tracer / trace / record_span / a custom reduction and backend, all defined in the
+    script, on two unnamed meshes of 2 procs; 3 calls of each endpoint per rank and step."""
+    out = run_script("traced_actors.py", tmp_path, str(tmp_path / "runs"))
+    steps = last_json(out)["steps"]
+    assert sorted(steps) == ["0", "1"]
+    calls = 2 * 3  # ranks x calls, per step
+    for step in ("0", "1"):
+        g, ranks = steps[step]["global"], steps[step]["ranks"]
+        for prefix in ("sync/cpu", "sync/gpu", "sync/mem", "async/cpu", "async/gpu_mem", "async/init_tracer",
+                       "async/endpoint_tracer", "ctx/region"):
+            assert g[f"{prefix}/total_duration_dist_s"]["count"] == calls, prefix
+            assert 0 < g[f"{prefix}/total_duration_avg_s"] <= g[f"{prefix}/total_duration_max_s"], prefix
+        for key in ("async/init_tracer/a", "async/endpoint_tracer/b", "ctx/region/inner"):
+            assert g[f"{key}/duration_dist_s"]["count"] == calls, key
+        assert g["sync/x"] == 2 * (0 + 1 + 2)          # SUM over 2 ranks of x = 0, 1, 2
+        assert g["async/range"] == (10 * 1 + 2) - 0    # the script's own reduction: rank 1's max - rank 0's min
+        assert g["async/spans"] == calls
+        assert g["span/async/span_cm/duration_s"] > 0
+        # the two unnamed meshes: distinct labels, each rank its own series
+        assert sorted(ranks) == ["mesh/sync/r0", "mesh/sync/r1", "mesh_1/asy/r0", "mesh_1/asy/r1"]
+        assert [ranks[f"mesh/sync/r{r}"]["sync/x"] for r in (0, 1)] == [3.0, 3.0]
+        assert [ranks[f"mesh_1/asy/r{r}"]["async/range"] for r in (0, 1)] == [2.0, 2.0]
+    spans = sql(tmp_path / "runs" / "traced", "SELECT name, mesh, rank, count(*) AS n FROM spans "
+                "WHERE name LIKE 'async/%' GROUP BY ALL ORDER BY ALL")
+    assert [(s["name"], s["mesh"], s["rank"], s["n"]) for s in spans] == [
+        (name, "mesh_1", r, 2 * 3) for name in ("async/span_cm", "async/span_decorated") for r in (0, 1)]
+
+
+def _blocks(out: str) -> dict[str, float]:
+    """``=== [label] - METRICS STEP 0 ===`` blocks of one key -> {label: value}."""
+    lines = out.splitlines()
+    return {ln[len("=== ["): ln.index("]")]: float(lines[i + 1].split(":")[1])
+            for i, ln in enumerate(lines) if ln.startswith("=== [") and "METRICS STEP" in ln}
+
+
+def test_forge_doc_global_reduce(tmp_path):
+    out = run_script("forge_doc.py", tmp_path, "global_reduce")
+    assert _blocks(out) == {"GlobalReduce": (0 + 1) * 2 * 2}  # (rank_0 + rank_1) * 2 steps * 2 replicas
+
+
+def test_forge_doc_per_rank_reduce_keeps_replicas_apart(tmp_path):
+    """Two replicas spawned without a name, the same actor name on both: four series."""
+    out = run_script("forge_doc.py", tmp_path, "per_rank_reduce")
+    assert _blocks(out) == {"mesh/MyActor/r0": 0.0, "mesh/MyActor/r1": 2.0,      # rank * 2 steps
+                            "mesh_1/MyActor/r0": 0.0, "mesh_1/MyActor/r1": 2.0}
+
+
+def test_forge_doc_per_rank_no_reduce(tmp_path):
+    out = run_script("forge_doc.py", tmp_path, "per_rank_no_reduce")
+    raw = sorted(ln.split("] ")[0] + "] " + ln.rsplit(":", 1)[1].strip() for ln in out.splitlines()
+                 if "INFO my_sum_rank_metric" in ln)
+    assert raw == sorted(f"[{m}/MyActor/r{r}] {r}" for m in ("mesh", "mesh_1") for r in (0, 1) for _ in range(2))
+
+
+def test_forge_doc_basics_tracer_custom_backend_and_reduction(tmp_path):
+    """Sections 1.1, 1.2, 3.1 and 4: the document's own custom backend and torchforge-style
+    accumulator (get_value / get_reduced_value_from_states), defined in the script."""
+    import ast
+
+    out = run_script("forge_doc.py", tmp_path, "basics")
+    # the document's backend prints from its own thread, beside the console backend's lines
+    batches = [dict(ast.literal_eval(m.group(1))) for m in re.finditer(r"Controller (\[\(.*?\)\])", out)]
+    assert len(batches) == 2
+    step0, step1 = batches
+    assert (step0["my_sum_metric"], step0["my_max_metric"], step0["my_mean_metric"]) == (6.0, 3.0, 2.0)
+    assert step1["my_cuda_loop/my_metric_mm_a_b/duration_dist_s/count"] == 2 * 3   # 2 calls x 3 steps
+    assert step1["my_cuda_loop/total_duration_dist_s/count"] == 2
+    assert step1["my_reward_fn/total_duration_dist_s/count"] == 2 * 3              # 2 ranks x 3 calls
+    assert step1["doc/custom_mean"] == (-1.0 + 2.0 + 5.0) / 3                      # the same 3 values on 2 ranks
+    assert step1["obs/dropped_values"] == 0
