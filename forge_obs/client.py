@@ -20,7 +20,7 @@ from monarch.actor import get_or_spawn_controller
 from forge_obs._env import env_flag
 from forge_obs.controller import GLOBAL_LOGGER_NAME, INBOX_NAME, _STATE, GlobalLoggingActor, ObsInbox, start_flush
 from forge_obs.fetcher import FETCHER_NAME, LocalFetcherActor, current_options, hosts_fetcher
-from forge_obs.identity import current_identity, unique_mesh_name
+from forge_obs.identity import current_identity, release_mesh_name, unique_mesh_name
 from forge_obs.registry import LOCAL_MESHES
 
 logger = logging.getLogger("forge_obs")
@@ -95,6 +95,14 @@ def _this_proc_once() -> Any:
 
     _this_proc.append(this_proc())
     return _this_proc[0]
+
+
+def _stopping(mesh_id: str, name: str) -> None:
+    """``proc_mesh.stop()`` of a mesh cut from here: the next cut takes its final states; with no
+    run logging (before ``init_backends`` or after ``shutdown``) its name is free again."""
+    LOCAL_MESHES.mark_stopping(mesh_id)
+    if _STATE.pipeline is None:
+        release_mesh_name(name)
 
 
 def _name_scope() -> str:
@@ -187,7 +195,7 @@ def attach_fetcher(proc_mesh: Any, handles: LoggerHandles, mesh_name: str | None
         watch_mesh(
             proc_mesh,
             on_spawn=lambda actor: LOCAL_MESHES.add_actor(mesh_id, actor),
-            on_stop=lambda: LOCAL_MESHES.mark_stopping(mesh_id),
+            on_stop=lambda: _stopping(mesh_id, name),
         )
     else:
         inbox = handles.inbox

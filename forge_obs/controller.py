@@ -409,7 +409,7 @@ class GlobalLoggingActor(Actor):
                    start_time=run.start_time, status="running")
         from forge_obs.timeline import writer as _timeline
 
-        if st.run is None or st.run.run_id != run.run_id:
+        if st.run is None or st.run.run_dir != run.run_dir:
             start_naming_run(LOCAL_MESHES.live_names())
         st.run = run
         timeline = _timeline.controller_options(run.run_id, run.start_time, cfg.timeline)

@@ -41,6 +41,7 @@ from forge_obs.reduce import adopt_reductions, user_reductions
 from forge_obs.registry import LOCAL_MESHES
 from forge_obs.selfobs import SELF_OBS
 from forge_obs.snapshot import dumps
+from forge_obs.timeline import follow_cut
 
 logger = logging.getLogger("forge_obs")
 
@@ -185,6 +186,7 @@ class LocalFetcherActor(Actor):
         expect_fetcher()
         if options and options.get("last_step") is not None and self.last_step is None:
             self.last_step = int(options["last_step"])
+        follow_cut(0 if self.last_step is None else self.last_step + 1)
         self._apply(options)
 
     def _apply(self, options: dict | None) -> None:
@@ -204,6 +206,7 @@ class LocalFetcherActor(Actor):
         self.last_seq = seq
         self.last_step = step
         _OPTIONS["last_step"] = step  # fetchers spawned from here start predicting from it
+        follow_cut(step + 1)
         if actor and self.identity.actor != actor:
             self.identity.actor = actor
         children = _cut_children(seq, step)

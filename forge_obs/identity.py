@@ -17,7 +17,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["ProcessIdentity", "rank_label", "unique_mesh_name", "start_naming_run", "current_identity", "set_identity", "DEFAULT_MESH_NAME"]
+__all__ = ["ProcessIdentity", "rank_label", "unique_mesh_name", "start_naming_run", "release_mesh_name", "current_identity", "set_identity", "DEFAULT_MESH_NAME"]
 
 
 @dataclass
@@ -73,6 +73,10 @@ class _MeshNames:
             return name
 
 
+    def release(self, name: str) -> None:
+        with self._lock:
+            self._taken.discard(name)
+
     def release_all_but(self, keep: set[str]) -> None:
         with self._lock:
             self._taken &= keep
@@ -80,6 +84,11 @@ class _MeshNames:
 
 
 _MESH_NAMES = _MeshNames()
+
+
+def release_mesh_name(name: str) -> None:
+    """A mesh stopped while no run is logging: its name may be given out again."""
+    _MESH_NAMES.release(name)
 
 
 def start_naming_run(live: set[str]) -> None:

@@ -102,7 +102,6 @@ def test_forge_doc_basics_tracer_custom_backend_and_reduction(tmp_path):
     import ast
 
     out = run_script("forge_doc.py", tmp_path, "basics")
-    # the document's backend prints from its own thread, beside the console backend's lines
     batches = [dict(ast.literal_eval(m.group(1))) for m in re.finditer(r"Controller (\[\(.*?\)\])", out)]
     assert len(batches) == 2
     step0, step1 = batches
@@ -112,3 +111,48 @@ def test_forge_doc_basics_tracer_custom_backend_and_reduction(tmp_path):
     assert step1["my_reward_fn/total_duration_dist_s/count"] == 2 * 3              # 2 ranks x 3 calls
     assert step1["doc/custom_mean"] == (-1.0 + 2.0 + 5.0) / 3                      # the same 3 values on 2 ranks
     assert step1["obs/dropped_values"] == 0
+
+
+def test_rl_loop_from_the_docs(tmp_path):
+    """Trainer on an unnamed mesh, two generator replicas spawned with one name, a buffer; every
+    view keeps the replicas apart, W&B (offline) and the local store agree step by step, the
+    alert rule fires and resolves, and trainer rank 1 (slowed on purpose) is the one straggler
+    named, live and by the doctor."""
+    from forge_obs.backends.wandb import rank_key
+    from forge_obs.store import read_metrics
+    from tests.wandb_reader import find_run_file, read_run
+
+    out = run_script("rl_loop.py", tmp_path, str(tmp_path / "runs"))
+    run_dir = Path(last_json(out)["run_dir"])
+    steps = range(8)
+    g = {r["step"]: r["metrics"] for r in read_metrics(run_dir, "global_reduce")}
+    assert sorted(g) == list(steps)
+    for s in steps:
+        assert g[s]["trainer/loss"] == pytest.approx(1 / (s + 1) + 0.5)   # mean over ranks of 1/(s+1) + rank
+        assert (g[s]["generator/tokens"], g[s]["generator/requests"], g[s]["buffer/size"]) == (10 + 20, 2, 2 * (s + 1))
+    labels = {"generator/generator/r0": 10.0, "generator_1/generator/r0": 20.0}
+    per_rank = read_metrics(run_dir, "per_rank_reduce")
+    for s in steps:
+        got = {r["source"]["label"]: r["metrics"] for r in per_rank if r["step"] == s}
+        assert sorted(set(got) - {"Controller"}) == ["generator/generator/r0", "generator_1/generator/r0", "mesh/trainer/r0",
+                               "mesh/trainer/r1", "mesh_1/buffer/r0"]
+        assert {lb: got[lb]["generator/tokens"] for lb in labels} == labels
+    raw = read_metrics(run_dir, "per_rank_no_reduce")
+    tokens = sorted((r["source"]["label"], v[1]) for r in raw for v in r["values"] if v[0] == "generator/tokens")
+    assert tokens == sorted((lb, v) for lb, v in labels.items() for _ in steps)
+    # W&B, read back from its offline files: the same values, per rank under distinct keys
+    wb = read_run(find_run_file(run_dir / "wandb", "rl"))
+    assert [h["_step"] for h in wb.history] == list(steps)
+    assert [h["trainer/loss"] for h in wb.history] == pytest.approx([1 / (s + 1) + 0.5 for s in steps])
+    for lb, v in labels.items():
+        assert [h[rank_key(lb, "generator/tokens")] for h in wb.history] == [v] * len(steps)
+    # live alerts: the rule fires at step 0 (1.5 > 1.2) and resolves at step 1; the straggler is rank 1
+    alerts = {tuple(ln.split()[1:3] + ln.split()[4:5]) for ln in out.splitlines() if ln.startswith("ALERT ")}
+    assert "ALERT firing threshold 0 global" in out and "ALERT resolved threshold 1 global" in out
+    assert alerts == {("firing", "threshold", "global"), ("resolved", "threshold", "global"),
+                      ("firing", "straggler", "mesh/trainer/r1")}, alerts
+    # the doctor, offline: the same rank and nothing else
+    res = subprocess.run([sys.executable, "-m", "forge_obs.cli", "doctor", str(run_dir), "--json"],
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
+    findings = json.loads(res.stdout)["findings"]
+    assert [(f["kind"], f["where"]) for f in findings] == [("straggler", "mesh/trainer/r1")], findings

@@ -251,13 +251,27 @@ def record_event(name: str, *, flow: Any = None, **attrs: Any) -> None:
                  _extras(flow, attrs)))
 
 
+_user_steps = [False]  # set_step was called in this process: cuts no longer move its step
+
+
+def follow_cut(next_step: int) -> None:
+    """A flush cut this process: records made from now on belong to ``next_step`` (the step after
+    the one cut), as its values do, unless this process tags its steps itself (:func:`set_step`)."""
+    if not _user_steps[0]:
+        _proc_step[0] = next_step
+        if _ON:
+            _append((K_STEP, _next_id(), _clock_ns(), _lane(), next_step))
+
+
 def set_step(step: int) -> None:
     """Tag the following records with ``step``. Inside an asyncio task the step is scoped to that
-    task (and tasks it creates); it is also the process-wide default for records made elsewhere."""
+    task (and tasks it creates); it is also the process-wide default for records made elsewhere.
+    Without it, a mesh process's records take the step its values are cut in."""
     try:
         step = int(step)
     except Exception:  # noqa: BLE001 - not a step: ignored, never raised into the caller
         return
+    _user_steps[0] = True
     _proc_step[0] = step
     if _get_running_loop() is not None and _current_task() is not None:
         _step_var.set(step)

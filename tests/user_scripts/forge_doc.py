@@ -108,7 +108,7 @@ async def basics():
     provisioner_hooks.install()
     # Setup logger
     mlogger = await get_or_create_metric_logger(process_name="Controller")
-    await mlogger.init_backends.call_one({"console": {"logging_mode": "global_reduce"}, "doc_console": {}})
+    await mlogger.init_backends.call_one({"doc_console": {}})
 
     # Have this in any process
     def my_fn(number):

@@ -46,7 +46,7 @@ class Identities:
         self.actors: dict[str, str] = {}  # mesh -> actor (the ranks of a mesh run the same actors)
         self.rank_actor: dict[tuple, str] = {}
         self.hosts: dict[tuple, tuple] = {}
-        self.bases: dict[str, set] = {}  # "generator" -> {"generator_0", "generator_1"}
+        self.bases: dict[str, set] = {}  # "generator" -> {"generator", "generator_1"}
         self._labels: dict[str, dict] = {}
 
     def learn(self, src: dict[str, Any]) -> None:
@@ -65,18 +65,19 @@ class Identities:
                 self._labels.clear()
         if rank is not None and src.get("pid"):
             self.hosts[(mesh, int(rank))] = (src.get("host"), src.get("pid"))
-        m = _REPLICA.match(mesh)
-        if m:
-            s = self.bases.setdefault(m.group(1), set())
-            if mesh not in s:
-                s.add(mesh)
-                self._labels.clear()
+        s = self.bases.setdefault(_split(mesh)[0], set())
+        if mesh not in s:
+            s.add(mesh)
+            self._labels.clear()
 
     def replica(self, mesh: str) -> int | None:
-        m = _REPLICA.match(mesh or "")
-        if m and len(self.bases.get(m.group(1), ())) >= 2:
-            return int(m.group(2))
-        return None
+        """The replica index of ``mesh`` when meshes of the same base name run the same actor:
+        ``generator`` (0), ``generator_1`` (1), ... as forge_obs names meshes spawned with one
+        name, or ``generator_0``, ``generator_1`` as a user may name them."""
+        base, index = _split(mesh or "")
+        actor = self.actors.get(mesh)
+        peers = [m for m in self.bases.get(base, ()) if self.actors.get(m) == actor]
+        return index if len(peers) >= 2 else None
 
     def of(self, mesh: str, rank: int | None, actor: str | None = None) -> dict:
         if not actor:
@@ -96,6 +97,12 @@ class Identities:
             mesh, actor, rank = parse_label(label)
             w = self._labels[label] = self.of(mesh, rank, actor)
         return dict(w)
+
+
+def _split(mesh: str) -> tuple[str, int]:
+    """``generator_1`` -> ("generator", 1); a name without a numeric suffix is replica 0."""
+    m = _REPLICA.match(mesh)
+    return (m.group(1), int(m.group(2))) if m else (mesh, 0)
 
 
 def parse_label(label: str) -> tuple[str, str | None, int | None]:
