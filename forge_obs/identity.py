@@ -15,9 +15,9 @@ import os
 import socket
 import threading
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
-__all__ = ["ProcessIdentity", "rank_label", "unique_mesh_name", "start_naming_run", "release_mesh_name", "current_identity", "set_identity", "DEFAULT_MESH_NAME"]
+__all__ = ["ProcessIdentity", "rank_label", "unique_mesh_name", "start_naming_run", "release_mesh_name", "mesh_selected", "current_identity", "set_identity", "DEFAULT_MESH_NAME"]
 
 
 @dataclass
@@ -84,6 +84,19 @@ class _MeshNames:
 
 
 _MESH_NAMES = _MeshNames()
+
+
+def mesh_selected(mesh: str, names: "Iterable[str]") -> bool:
+    """Whether ``mesh`` is one of ``names`` or a replica forge_obs numbered after one of them
+    (``generator_1`` for ``generator``): a filter by mesh name keeps every replica.
+
+        >>> [mesh_selected(m, ["gen"]) for m in ("gen", "gen_2", "gen_x", "trainer")]
+        [True, True, False, False]
+    """
+    if mesh in names:
+        return True
+    base, _, n = str(mesh).rpartition("_")
+    return bool(base) and n.isdigit() and base in names
 
 
 def release_mesh_name(name: str) -> None:

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator
 
 from forge_obs.analysis import reader
 from forge_obs.analysis.reader import END, INSTANT, OPEN, SPAN, STEP, TAG
+from forge_obs.identity import mesh_selected
 from forge_obs.timeline.schema import parse_ranks, rank_selected
 
 _dumps = json.dumps
@@ -69,7 +70,7 @@ def make_keep(ranks: Any, meshes: set | None) -> Callable[[dict], bool] | None:
         return None
 
     def keep(h: dict) -> bool:
-        if meshes is not None and h.get("mesh") not in meshes:
+        if meshes is not None and not mesh_selected(str(h.get("mesh")), meshes):
             return False
         return ranks is None or rank_selected(ranks, int(h.get("rank", 0)))
 

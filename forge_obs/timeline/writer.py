@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from forge_obs.identity import current_identity
+from forge_obs.identity import current_identity, mesh_selected
 from forge_obs.selfobs import SELF_OBS
 from forge_obs.timeline.schema import VERSION, rank_selected, validate_options
 
@@ -95,7 +95,7 @@ class Writer:
         if self.opts.get("_ctl") or ident.mesh == "controller":
             return True
         meshes = self.opts.get("meshes")
-        if meshes and ident.mesh not in meshes:
+        if meshes and not mesh_selected(ident.mesh, meshes):
             return False
         return rank_selected(self.opts.get("ranks"), ident.rank)
 
