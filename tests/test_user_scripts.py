@@ -156,3 +156,20 @@ def test_rl_loop_from_the_docs(tmp_path):
                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
     findings = json.loads(res.stdout)["findings"]
     assert [(f["kind"], f["where"]) for f in findings] == [("straggler", "mesh/trainer/r1")], findings
+
+
+def test_gpu_traced_class_sent_by_value(tmp_path):
+    """GPU timers and track_memory on a class sent by value, run under sync-debug "error"
+    (skips without CUDA; needs no Monarch, so it runs on a GPU machine without it)."""
+    data = last_json(run_script("gpu_by_value.py", tmp_path))
+    if "skipped" in data:
+        pytest.skip(data["skipped"])
+    calls = 5
+    v = data["values"]
+    assert data["module"] == "__main__"  # the class travelled by value
+    assert v["model/forward/total_duration_dist_s"]["count"] == 2 * calls   # direct + through step_async
+    assert v["model/step_async/total_duration_dist_s"]["count"] == calls
+    assert v["model/init_tracer/mm/duration_dist_s"]["count"] == 2 * calls
+    assert 0 < v["model/forward/total_duration_avg_s"] <= v["model/forward/total_duration_max_s"]
+    assert v["model/forward/memory_peak_max_gb"] > 0 and "model/forward/memory_delta_end_start_avg_gb" in v
+    assert v["model/out"] == v["model/out"]  # a number, read from the device once
