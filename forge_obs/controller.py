@@ -75,6 +75,7 @@ class _ControllerState:
         self.process_name = "Controller"
         self.in_this_process = False  # the GlobalLoggingActor lives in this process
         self.disabled = False  # init_backends saw FORGE_DISABLE_METRICS: flush is a silent no-op
+        self.shut_down = False  # shutdown() ended the last session (no init_backends since)
         self.pipeline: FlushPipeline | None = None
         self.run: RunContext | None = None
         self.last_step: int | None = None
@@ -161,7 +162,12 @@ def start_flush(step: Any, final: bool = False) -> FlushWait:
     st = _STATE
     pipeline = st.pipeline
     if pipeline is None:
-        if not st.disabled:
+        if st.disabled:  # FORGE_DISABLE_METRICS: silent
+            pass
+        elif st.shut_down:
+            WARNER.warn("flush_after_shutdown", "", f"flush({step}) after shutdown: values are kept until the "
+                        "first flush after the next init_backends")
+        else:
             WARNER.warn("flush_before_init", "", f"flush({step}) before init_backends: values are kept until "
                         "the first flush after it")
         return FlushWait(None, None)
@@ -386,6 +392,7 @@ class GlobalLoggingActor(Actor):
             backends[name] = instantiate_backend(cls, name, bcfg)  # validates logging_mode
         if st.pipeline is not None:  # called again: the current backends get what was flushed, then finish
             await _end_session(final=False)
+        st.shut_down = False
         run = RunContext(
             run_id=cfg.run.run_id,
             run_dir=cfg.run.run_dir,
@@ -596,6 +603,7 @@ async def _end_session(final: bool) -> None:
         )
     if not final:
         return
+    st.shut_down = True
     options = {"streaming": False, "run_dir": None, "timeline": None}
     store_options(options)
     _COLLECTOR.set_streaming(False)

@@ -1,0 +1,92 @@
+"""The logger's session on the real GlobalLoggingActor: ``meta.json`` counts exactly the steps
+logged, and a flush after ``shutdown`` says so."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+
+import pytest
+
+import provisioner_hooks
+from forge_obs import LoggerBackend, Reduce, get_or_create_metric_logger, record_metric, register_backend
+from tests.helpers import global_rows, start_logger
+
+
+class FailingInit(LoggerBackend):
+    def init(self, run=None, **kw):
+        raise OSError("cannot open the dashboard")
+
+
+class FailingConstructor(LoggerBackend):
+    def __init__(self, config=None, **kw):
+        super().__init__(config, **kw)
+        raise KeyError("webhook_url")
+
+
+#: released by the test that starts a HangingInit, so that its thread ends
+RELEASE = threading.Event()
+
+
+class HangingInit(LoggerBackend):
+    """A dashboard whose server never answers: ``init`` blocks until the test releases it."""
+
+    def init(self, run=None, **kw):
+        RELEASE.wait()
+
+
+class WritesInRunDir(LoggerBackend):
+    """A custom backend that opens a file of its own in the run directory in ``init``."""
+
+    def init(self, run=None, **kw):
+        super().init(run)
+        self.f = open(run.run_dir / "custom.txt", "w")
+
+    def log_step(self, record):
+        self.f.write(f"{record.step}\n")
+
+    def finish(self):
+        self.f.close()
+
+
+register_backend("t_failing_init", FailingInit)
+register_backend("t_failing_ctor", FailingConstructor)
+register_backend("t_hanging_init", HangingInit)
+register_backend("t_writes_in_run_dir", WritesInRunDir)
+
+
+def _meta(tmp_path, run_id="t"):
+    return json.loads((tmp_path / run_id / "meta.json").read_text())
+
+
+async def _steps(mlogger, steps):
+    for step in steps:
+        record_metric("x", float(step + 1), Reduce.SUM)
+        await mlogger.flush.call_one(step)
+
+
+async def test_steps_logged_in_meta_json_is_the_number_of_steps_written(tmp_path):
+    """Nothing recorded after the last flush: shutdown's final cut logs no step, and meta.json's
+    count is the rows written."""
+    mlogger = await start_logger(tmp_path, {})
+    await _steps(mlogger, range(4))
+    await mlogger.shutdown.call_one()
+    assert len(global_rows(tmp_path)) == 4 and _meta(tmp_path)["steps_logged"] == 4
+    mlogger = await start_logger(tmp_path, {})  # the same run again, a value after the last flush
+    await _steps(mlogger, range(4, 6))
+    record_metric("x", 100.0, Reduce.SUM)
+    await mlogger.shutdown.call_one()
+    rows = global_rows(tmp_path)
+    assert sorted(rows) == [0, 1, 2, 3, 4, 5, 6] and rows[6]["metrics"]["x"] == 100.0
+    assert _meta(tmp_path)["steps_logged"] == 3  # this session's: steps 4, 5 and shutdown's 6
+
+
+async def test_a_flush_after_shutdown_says_after_shutdown(tmp_path, caplog):
+    mlogger = await start_logger(tmp_path, {})
+    await _steps(mlogger, range(1))
+    await mlogger.shutdown.call_one()
+    with caplog.at_level(logging.WARNING, logger="forge_obs"):
+        await mlogger.flush.call_one(1)
+    text = caplog.text
+    assert "flush(1) after shutdown" in text and "before init_backends" not in text
