@@ -366,11 +366,14 @@ class GlobalLoggingActor(Actor):
 
     @endpoint
     async def init_backends(self, config: dict[str, Any]) -> dict[str, Any]:
-        """Validate ``config`` and start the backends. Raises ValueError (listing valid choices)
-        for an unknown backend, mode or key, and RuntimeError naming the backend whose init failed.
-        Called again, it first hands every step flushed so far to the current backends and
-        finishes them (values recorded since the last flush stay for the next one), then starts
-        the new ones in the same run (unless ``config`` has ``"run"``). With
+        """Validate ``config`` and start the backends. Raises ValueError (naming the backend and
+        the valid choices) for an unknown backend, mode or key, and RuntimeError naming the
+        backend whose constructor or ``init`` failed or whose ``init`` did not return within
+        ``backend_init_timeout_s``; a call that raises changes nothing (a running session keeps
+        logging). Called again, it creates and starts the new backends first, then hands every
+        step flushed so far to the current backends and finishes them (values recorded since the
+        last flush stay for the next one); the new ones continue the same run (unless ``config``
+        has ``"run"``). With
         ``FORGE_DISABLE_METRICS=true`` (read at the call, as torchforge does) it starts nothing.
         Returns ``{"run_id": ..., "run_dir": ...}``."""
         st = _STATE
@@ -383,16 +386,6 @@ class GlobalLoggingActor(Actor):
         if isinstance(config, dict) and st.pipeline is not None and "run" not in config and st.run is not None:
             config = {**config, "run": {"id": st.run.run_id, "root": str(st.run.run_dir.parent)}}
         cfg = LoggerConfig.parse(config)
-        backends: dict[str, LoggerBackend] = {}
-        for name, bcfg in cfg.backends.items():
-            try:
-                cls = get_logger_backend_class(name)
-            except ValueError as e:
-                raise ValueError(f"{e}; reserved keys: {', '.join(RESERVED_KEYS)}") from None
-            backends[name] = instantiate_backend(cls, name, bcfg)  # validates logging_mode
-        if st.pipeline is not None:  # called again: the current backends get what was flushed, then finish
-            await _end_session(final=False)
-        st.shut_down = False
         run = RunContext(
             run_id=cfg.run.run_id,
             run_dir=cfg.run.run_dir,
@@ -401,16 +394,18 @@ class GlobalLoggingActor(Actor):
             start_time=time.time(),
             flush_timeout_s=cfg.flush_timeout_s,
         )
-        for name, be in backends.items():
-            try:
-                call_hook(be.init, run=run, role=BackendRole.GLOBAL, process_name=st.process_name)
-            except Exception as e:
-                for other in backends.values():
-                    try:
-                        call_hook(other.finish)
-                    except Exception:  # noqa: BLE001
-                        pass
-                raise RuntimeError(f"backend {name!r} failed to initialise: {e!r}") from e
+        # the new backends are created and started before the current ones finish: a mistake
+        # raises here and leaves the running session as it was
+        unchanged = "the running backends keep logging" if st.pipeline is not None else "no backend was started"
+        try:
+            backends = _create_backends(cfg.backends)
+            _make_run_dir(run.run_dir)
+            await _start_backends(backends, run, cfg.backend_init_timeout_s)
+        except (ValueError, RuntimeError) as e:
+            raise type(e)(f"{e} ({unchanged})") from e
+        if st.pipeline is not None:  # called again: the current backends get what was flushed, then finish
+            await _end_session(final=False)
+        st.shut_down = False
         write_meta(run.run_dir, run_id=run.run_id, process_name=st.process_name, config=cfg.backends,
                    start_time=run.start_time, status="running")
         from forge_obs.timeline import writer as _timeline
@@ -516,6 +511,91 @@ class GlobalLoggingActor(Actor):
         if _STATE.pipeline is None:
             return
         await _end_session(final=True)
+
+
+def _create_backends(configs: dict[str, dict[str, Any]]) -> dict[str, LoggerBackend]:
+    """One backend per entry of ``configs``, each error naming its backend: ValueError for a
+    config mistake (unknown backend, mode or key; the valid choices in the message),
+    RuntimeError for a constructor that fails otherwise."""
+    backends: dict[str, LoggerBackend] = {}
+    for name, bcfg in configs.items():
+        try:
+            cls = get_logger_backend_class(name)
+        except ValueError as e:
+            raise ValueError(f"{e}; reserved keys: {', '.join(RESERVED_KEYS)}") from None
+        try:
+            backends[name] = instantiate_backend(cls, name, bcfg)  # validates logging_mode
+        except ValueError as e:
+            raise ValueError(f"backend {name!r} ({cls.__name__}): {e}") from e
+        except Exception as e:  # noqa: BLE001 - any constructor error, named
+            raise RuntimeError(f"backend {name!r} ({cls.__name__}) could not be created: {e!r}") from e
+    return backends
+
+
+def _make_run_dir(run_dir: Any) -> None:
+    """The run directory exists before any backend starts (a backend may open files there)."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RuntimeError(f"cannot create the run directory {run_dir}: {e}") from e
+
+
+async def _start_backends(backends: dict[str, LoggerBackend], run: RunContext, timeout_s: float) -> None:
+    """Call every backend's ``init`` in turn, each on a thread of its own for at most
+    ``timeout_s``. If one raises or does not return in time, the ones started are finished and
+    RuntimeError names it; a hung ``init`` is left behind on its (daemon) thread."""
+    started: list[LoggerBackend] = []
+    for name, be in backends.items():
+        try:
+            await _init_within(be, run, timeout_s)
+        except Exception as e:
+            for other in started:
+                try:
+                    call_hook(other.finish)
+                except Exception:  # noqa: BLE001 - the error that matters is the one raised below
+                    pass
+            if isinstance(e, asyncio.TimeoutError):
+                raise RuntimeError(f"backend {name!r} did not finish init within backend_init_timeout_s={timeout_s:g}s; "
+                                   "left behind") from None
+            raise RuntimeError(f"backend {name!r} failed to initialise: {e!r}") from e
+        started.append(be)
+
+
+async def _init_within(be: LoggerBackend, run: RunContext, timeout_s: float) -> None:
+    """``be.init(run=..., role=GLOBAL, process_name=...)`` on a daemon thread; its error, or
+    asyncio.TimeoutError after ``timeout_s`` (an ``init`` that returns later is then finished)."""
+    import concurrent.futures
+
+    done: concurrent.futures.Future = concurrent.futures.Future()
+    done.set_running_or_notify_cancel()  # never cancelled: its outcome is set by the thread, or abandoned
+    lock = threading.Lock()
+    abandoned = False
+
+    def run_init() -> None:
+        error = None
+        try:
+            call_hook(be.init, run=run, role=BackendRole.GLOBAL, process_name=_STATE.process_name)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            error = e
+        with lock:
+            late = abandoned
+            if not late:
+                done.set_exception(error) if error is not None else done.set_result(None)
+        if late and error is None:
+            try:
+                call_hook(be.finish)
+            except Exception:  # noqa: BLE001 - init_backends already reported this backend
+                pass
+
+    threading.Thread(target=run_init, name="forge_obs-backend-init", daemon=True).start()
+    try:
+        await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(done)), timeout_s)
+    except asyncio.TimeoutError:
+        with lock:
+            if not done.done():
+                abandoned = True
+                raise
+        done.result()  # it ended just as the time was up: its outcome
 
 
 def _in_actor() -> bool:

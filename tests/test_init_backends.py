@@ -1,5 +1,8 @@
-"""The logger's session on the real GlobalLoggingActor: ``meta.json`` counts exactly the steps
-logged, and a flush after ``shutdown`` says so."""
+"""``init_backends`` on the real GlobalLoggingActor: a failed call (a backend whose constructor
+or ``init`` raises, or whose ``init`` never returns) changes nothing -- the running backends keep
+logging every step, each value in its own step --, every error names its backend, the run
+directory exists before any backend starts, ``meta.json`` counts exactly the steps logged, and
+a flush after ``shutdown`` says so."""
 
 from __future__ import annotations
 
@@ -64,6 +67,50 @@ async def _steps(mlogger, steps):
     for step in steps:
         record_metric("x", float(step + 1), Reduce.SUM)
         await mlogger.flush.call_one(step)
+
+
+@pytest.mark.parametrize("bad, named", [
+    ({"t_failing_init": {}}, "backend 't_failing_init' failed to initialise: OSError('cannot open the dashboard')"),
+    ({"t_failing_ctor": {}}, "backend 't_failing_ctor' (FailingConstructor) could not be created: KeyError('webhook_url')"),
+    ({"t_hanging_init": {}, "backend_init_timeout_s": 1.0},
+     "backend 't_hanging_init' did not finish init within backend_init_timeout_s=1s"),
+])
+async def test_a_failed_second_init_backends_leaves_the_running_backends_logging(tmp_path, bad, named):
+    """Steps 0-1 logged, then init_backends fails; the user catches it and trains on: steps 2-5
+    reach the backends that were running, each with its own value; shutdown finishes the run."""
+    RELEASE.clear()
+    mlogger = await start_logger(tmp_path, {})
+    await _steps(mlogger, range(2))
+    try:
+        with pytest.raises(Exception) as info:
+            await mlogger.init_backends.call_one(bad)
+    finally:
+        RELEASE.set()
+    assert named in str(info.value)
+    assert "the running backends keep logging" in str(info.value)
+    await _steps(mlogger, range(2, 6))
+    await mlogger.shutdown.call_one()
+    rows = global_rows(tmp_path)
+    assert {s: r["metrics"]["x"] for s, r in rows.items()} == {s: float(s + 1) for s in range(6)}
+    meta = _meta(tmp_path)
+    assert meta["status"] == "finished" and meta["steps_logged"] == 6 and len(meta["starts"]) == 1
+
+
+async def test_a_failed_first_init_backends_starts_nothing_and_says_so(tmp_path):
+    provisioner_hooks.install()
+    mlogger = await get_or_create_metric_logger(process_name="Controller")
+    with pytest.raises(Exception) as info:
+        await mlogger.init_backends.call_one({"run": {"root": str(tmp_path), "id": "t"}, "t_failing_init": {}})
+    assert "backend 't_failing_init' failed to initialise" in str(info.value) and "no backend was started" in str(info.value)
+    assert not (tmp_path / "t" / "metrics.jsonl").exists()
+
+
+async def test_the_run_directory_exists_before_any_backend_starts(tmp_path):
+    """A custom backend listed before the local store opens its file in the run directory."""
+    mlogger = await start_logger(tmp_path, {"t_writes_in_run_dir": {}, "jsonl": {}}, run_id="fresh")
+    await _steps(mlogger, range(3))
+    await mlogger.shutdown.call_one()
+    assert (tmp_path / "fresh" / "custom.txt").read_text() == "0\n1\n2\n"
 
 
 async def test_steps_logged_in_meta_json_is_the_number_of_steps_written(tmp_path):
