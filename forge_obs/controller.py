@@ -171,6 +171,9 @@ def start_flush(step: Any, final: bool = False) -> FlushWait:
             WARNER.warn("flush_before_init", "", f"flush({step}) before init_backends: values are kept until "
                         "the first flush after it")
         return FlushWait(None, None)
+    if not pipeline.workers:
+        WARNER.warn("no_backend", "", f"flush({step}): no backend is running (the last init_backends failed): "
+                    "steps are not logged until init_backends succeeds")
     cpu0 = time.thread_time()
     taken = _COLLECTOR.swap()
     live, stopped = LOCAL_MESHES.take_for_cut()
@@ -394,17 +397,27 @@ class GlobalLoggingActor(Actor):
             start_time=time.time(),
             flush_timeout_s=cfg.flush_timeout_s,
         )
-        # the new backends are created and started before the current ones finish: a mistake
-        # raises here and leaves the running session as it was
-        unchanged = "the running backends keep logging" if st.pipeline is not None else "no backend was started"
+        # Every new backend is created, and every one that replaces no running backend is
+        # started, before the running session ends: a mistake there raises and changes nothing.
+        # A backend of the same name as a running one (two W&B runs with one id cannot be open
+        # at once) is started after the running one finished.
+        running = set(st.pipeline.backends) if st.pipeline is not None else set()
+        unchanged = "the running backends keep logging" if running else "no backend was started"
         try:
             backends = _create_backends(cfg.backends)
             _make_run_dir(run.run_dir)
-            await _start_backends(backends, run, cfg.backend_init_timeout_s)
+            await _start_backends({n: b for n, b in backends.items() if n not in running}, run,
+                                  cfg.backend_init_timeout_s)
         except (ValueError, RuntimeError) as e:
             raise type(e)(f"{e} ({unchanged})") from e
+        failed: list[Exception] = []
         if st.pipeline is not None:  # called again: the current backends get what was flushed, then finish
             await _end_session(final=False)
+            for name in [n for n in backends if n in running]:
+                error = await _start_backend(name, backends[name], run, cfg.backend_init_timeout_s)
+                if error is not None:
+                    failed.append(error)
+                    del backends[name]
         st.shut_down = False
         write_meta(run.run_dir, run_id=run.run_id, process_name=st.process_name, config=cfg.backends,
                    start_time=run.start_time, status="running")
@@ -432,6 +445,10 @@ class GlobalLoggingActor(Actor):
         st.stream_interval_s = cfg.stream_interval_s if streaming else 0.0
         _start_stream_timer()
         await _configure_meshes(options, cfg.flush_timeout_s)
+        if failed:
+            now = ", ".join(backends) or "no backend: flushed steps are not logged"
+            raise RuntimeError(f"{'; '.join(map(str, failed))} (it replaced the running backend of that name, which "
+                               f"has finished; from now on logging continues with {now})") from failed[0].__cause__
         return {"run_id": run.run_id, "run_dir": str(run.run_dir)}
 
     # ------------------------------------------------------------ fetchers (torchforge's endpoints)
@@ -541,24 +558,40 @@ def _make_run_dir(run_dir: Any) -> None:
 
 
 async def _start_backends(backends: dict[str, LoggerBackend], run: RunContext, timeout_s: float) -> None:
-    """Call every backend's ``init`` in turn, each on a thread of its own for at most
-    ``timeout_s``. If one raises or does not return in time, the ones started are finished and
-    RuntimeError names it; a hung ``init`` is left behind on its (daemon) thread."""
+    """Start every backend in turn (:func:`_start_backend`); at the first that fails, the ones
+    started are finished and its error is raised."""
     started: list[LoggerBackend] = []
     for name, be in backends.items():
-        try:
-            await _init_within(be, run, timeout_s)
-        except Exception as e:
+        error = await _start_backend(name, be, run, timeout_s)
+        if error is not None:
             for other in started:
-                try:
-                    call_hook(other.finish)
-                except Exception:  # noqa: BLE001 - the error that matters is the one raised below
-                    pass
-            if isinstance(e, asyncio.TimeoutError):
-                raise RuntimeError(f"backend {name!r} did not finish init within backend_init_timeout_s={timeout_s:g}s; "
-                                   "left behind") from None
-            raise RuntimeError(f"backend {name!r} failed to initialise: {e!r}") from e
+                _finish_quietly(other)
+            raise error from error.__cause__
         started.append(be)
+
+
+async def _start_backend(name: str, be: LoggerBackend, run: RunContext, timeout_s: float) -> RuntimeError | None:
+    """Call ``be.init`` on a thread of its own for at most ``timeout_s``; None, or a RuntimeError
+    naming the backend (its ``__cause__`` the backend's error). A hung ``init`` is left behind
+    on its daemon thread (and finished if it ever returns)."""
+    try:
+        await _init_within(be, run, timeout_s)
+    except asyncio.TimeoutError:
+        return RuntimeError(f"backend {name!r} did not finish init within backend_init_timeout_s={timeout_s:g}s; "
+                            "left behind")
+    except Exception as e:  # noqa: BLE001 - any init error, named
+        error = RuntimeError(f"backend {name!r} failed to initialise: {e!r}")
+        error.__cause__ = e
+        return error
+    return None
+
+
+def _finish_quietly(be: LoggerBackend) -> None:
+    """``be.finish()`` for a backend given up on; its error is not the one that matters."""
+    try:
+        call_hook(be.finish)
+    except Exception:  # noqa: BLE001
+        pass
 
 
 async def _init_within(be: LoggerBackend, run: RunContext, timeout_s: float) -> None:
@@ -582,10 +615,7 @@ async def _init_within(be: LoggerBackend, run: RunContext, timeout_s: float) -> 
             if not late:
                 done.set_exception(error) if error is not None else done.set_result(None)
         if late and error is None:
-            try:
-                call_hook(be.finish)
-            except Exception:  # noqa: BLE001 - init_backends already reported this backend
-                pass
+            _finish_quietly(be)
 
     threading.Thread(target=run_init, name="forge_obs-backend-init", daemon=True).start()
     try:

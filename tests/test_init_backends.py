@@ -137,3 +137,57 @@ async def test_a_flush_after_shutdown_says_after_shutdown(tmp_path, caplog):
         await mlogger.flush.call_one(1)
     text = caplog.text
     assert "flush(1) after shutdown" in text and "before init_backends" not in text
+
+
+class FailsWhenStartedAgain(LoggerBackend):
+    """Starts once; every later instance's ``init`` raises (its dashboard went away)."""
+
+    started = 0
+
+    def init(self, run=None, **kw):
+        type(self).started += 1
+        if type(self).started > 1:
+            raise ConnectionError("dashboard gone")
+
+
+register_backend("t_fails_again", FailsWhenStartedAgain)
+
+
+async def test_a_backend_that_replaces_a_running_one_and_fails_is_named_and_the_others_log_on(tmp_path):
+    """A backend of the same name as a running one starts after the running one finished (two
+    W&B runs with one id cannot be open at once). If it then fails, the error says the running
+    one has finished and which backends log from now on; every step still lands in its own row."""
+    FailsWhenStartedAgain.started = 0
+    mlogger = await start_logger(tmp_path, {"t_fails_again": {}})
+    await _steps(mlogger, range(2))
+    with pytest.raises(Exception) as info:
+        await mlogger.init_backends.call_one({"t_fails_again": {}})
+    assert ("backend 't_fails_again' failed to initialise: ConnectionError('dashboard gone') (it replaced the running "
+            "backend of that name, which has finished; from now on logging continues with jsonl)") in str(info.value)
+    await _steps(mlogger, range(2, 6))
+    await mlogger.shutdown.call_one()
+    rows = global_rows(tmp_path)
+    assert {s: r["metrics"]["x"] for s, r in rows.items()} == {s: float(s + 1) for s in range(6)}
+    meta = _meta(tmp_path)
+    assert meta["status"] == "finished" and meta["steps_logged"] == 4 and len(meta["starts"]) == 2
+    assert sorted(meta["backends"]) == ["jsonl"]
+
+
+async def test_init_backends_again_with_wandb_continues_the_same_wandb_run(tmp_path, monkeypatch):
+    """Real W&B (offline): the second session's W&B run has the first one's id; it is opened
+    after the first one finished, and W&B has every step once."""
+    pytest.importorskip("wandb")
+    from tests.wandb_reader import find_run_files, read_run
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb_home"))
+    mlogger = await start_logger(tmp_path, {"wandb": {"mode": "offline"}}, run_id="wb")
+    await _steps(mlogger, range(2))
+    await mlogger.init_backends.call_one({"wandb": {"mode": "offline"}})
+    await _steps(mlogger, range(2, 4))
+    await mlogger.shutdown.call_one()
+    runs = [read_run(f) for f in find_run_files(tmp_path / "wb" / "wandb")]
+    assert {r.run_id for r in runs} == {"wb"}
+    assert sorted((row["_step"], row["x"]) for r in runs for row in r.history) == [(s, float(s + 1)) for s in range(4)]
