@@ -225,10 +225,12 @@ class FlushPipeline:
         return sum(w.errors for w in self.workers)
 
     def backend_report(self) -> dict[str, dict[str, Any]]:
-        """Per backend: steps logged, dropped (queue full), errors (for ``meta.json``)."""
+        """Per backend: steps logged, dropped (queue full), errors, and the backend's own
+        :meth:`~forge_obs.backends.base.LoggerBackend.meta_report` (for ``meta.json``)."""
         return {w.name: {"steps": w.done_steps, "dropped_steps": w.dropped_steps, "errors": w.errors,
                          **({"dropped_stream_values": w.dropped_stream_values} if w.dropped_stream_values else {}),
-                         **({"finish_error": w.finish_error} if w.finish_error else {})} for w in self.workers}
+                         **({"finish_error": w.finish_error} if w.finish_error else {}),
+                         **_own_report(w)} for w in self.workers}
 
     # ------------------------------------------------------------ cuts
     def begin_cut(
@@ -807,6 +809,17 @@ class FlushPipeline:
 _BUNDLED = (None, None)
 #: key of a held bundle (its step left before it arrived)
 _BUNDLE_KEY = ("bundle",)
+
+
+def _own_report(w: BackendWorker) -> dict[str, Any]:
+    """A backend's ``meta_report()``; nothing if it raises (or is still running: left behind)."""
+    if not w.finished:
+        return {}
+    try:
+        return dict(w.backend.meta_report() or {})
+    except Exception as e:  # noqa: BLE001 - meta.json is written anyway
+        logger.error("forge_obs: backend %r: meta_report() failed: %r", w.name, e)
+        return {}
 
 
 def _count(drops: dict[str, int], reason: str, n: int) -> None:
