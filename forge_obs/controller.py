@@ -53,7 +53,7 @@ from forge_obs.pipeline import Cut, FlushPipeline, RankBook
 from forge_obs.plan import Planner
 from forge_obs.record import RunContext
 from forge_obs.registry import LOCAL_MESHES
-from forge_obs.run import redact, write_meta
+from forge_obs.run import redact, release_meta_space, reserve_meta_space, write_meta
 from forge_obs.selfobs import SELF_OBS
 from forge_obs.snapshot import has_values
 
@@ -421,6 +421,7 @@ class GlobalLoggingActor(Actor):
         st.shut_down = False
         write_meta(run.run_dir, run_id=run.run_id, process_name=st.process_name, config=cfg.backends,
                    start_time=run.start_time, status="running")
+        reserve_meta_space(run.run_dir)  # room for the final status, should the disk fill up
         from forge_obs.timeline import writer as _timeline
 
         st.run = run
@@ -711,6 +712,8 @@ async def _end_session(final: bool) -> None:
             backends=pipeline.backend_report(),
             unfinished_backends=unfinished,
         )
+        if final:
+            release_meta_space(st.run.run_dir)
     if not final:
         return
     st.shut_down = True

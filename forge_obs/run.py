@@ -13,6 +13,7 @@ time-stamped id. A resumed job passes the same id and appends to the same direct
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -292,44 +293,90 @@ class RunConfig:
         return cls(run_id=run_id, root=root)
 
 
+#: bytes kept allocated in a running session's directory, for meta.json's last update on a full disk
+META_RESERVE_BYTES = 64 * 1024
+_RESERVE = ".meta.json.reserve"
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def reserve_meta_space(run_dir: Path) -> None:
+    """Keep :data:`META_RESERVE_BYTES` allocated in ``run_dir`` (a hidden file) so that
+    :func:`write_meta` can record the run's final status on a full disk: it frees them when the
+    disk refuses ``meta.json``. Best effort: without room for it, nothing is reserved."""
+    path = Path(run_dir) / _RESERVE
+    try:
+        if path.is_file() and path.stat().st_blocks * 512 >= META_RESERVE_BYTES:
+            return
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, META_RESERVE_BYTES)
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError) as e:
+        logger.debug("forge_obs: no space reserved for %s: %s", path.parent / "meta.json", e)
+        release_meta_space(run_dir)
+
+
+def release_meta_space(run_dir: Path) -> bool:
+    """Free the space :func:`reserve_meta_space` kept; True if there was some."""
+    try:
+        (Path(run_dir) / _RESERVE).unlink()
+        return True
+    except OSError:
+        return False
+
+
 def write_meta(run_dir: Path, **fields: Any) -> Path | None:
     """Create or update ``meta.json`` (merging :func:`redact` ed ``fields`` into what is there).
 
     Safe when several processes write the same run's meta at once (the read-modify-write holds
     an exclusive lock on the run directory; each writer writes its own temporary file and
-    atomically replaces ``meta.json``). Never raises for a file-system error (disk full, a
-    read-only directory): it logs one error and returns None, leaving ``meta.json`` as it was
-    and no temporary file behind.
+    atomically replaces ``meta.json``). On a full disk it uses the space
+    :func:`reserve_meta_space` kept, if any. Never raises for a file-system error (disk full, a
+    read-only directory): it logs one error (naming the status it could not record) and returns
+    None, leaving ``meta.json`` as it was and no temporary file behind.
     """
     run_dir = Path(run_dir)
     path = run_dir / "meta.json"
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        with _DirLock(run_dir):
-            meta: dict[str, Any] = {}
-            try:
-                meta = json.loads(path.read_text(encoding="utf-8"))
-                if not isinstance(meta, dict):
-                    meta = {}
-            except (OSError, ValueError):
-                meta = {}
-            if not meta:
-                meta = {
-                    "host": socket.gethostname(),
-                    "python": sys.version.split()[0],
-                    "platform": platform.platform(),
-                    "starts": [],
-                }
-            if "start_time" in fields:
-                starts = meta.get("starts")
-                meta["starts"] = (starts if isinstance(starts, list) else []) + [fields["start_time"]]
-            meta.update(redact(fields))
-            _replace_atomically(path, json.dumps(meta, indent=2, default=str))
+        try:
+            _update_meta(run_dir, fields)
+        except OSError as e:
+            if e.errno not in _DISK_FULL or not release_meta_space(run_dir):
+                raise
+            _update_meta(run_dir, fields)  # in the space the reserve held
         return path
     except (OSError, ValueError, TypeError) as e:
-        logger.error("forge_obs: could not write %s: %s (free disk space or fix the directory's permissions; "
-                     "the run's other files are not affected)", path, e)
+        lost = f"; its status stays as it was, not {fields['status']!r}" if "status" in fields else ""
+        logger.error("forge_obs: could not write %s: %s%s (free disk space or fix the directory's permissions; "
+                     "the run's other files are not affected)", path, e, lost)
         return None
+
+
+def _update_meta(run_dir: Path, fields: dict[str, Any]) -> None:
+    """The locked read-modify-write of :func:`write_meta`."""
+    path = run_dir / "meta.json"
+    with _DirLock(run_dir):
+        meta: dict[str, Any] = {}
+        try:
+            meta = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(meta, dict):
+                meta = {}
+        except (OSError, ValueError):
+            meta = {}
+        if not meta:
+            meta = {
+                "host": socket.gethostname(),
+                "python": sys.version.split()[0],
+                "platform": platform.platform(),
+                "starts": [],
+            }
+        if "start_time" in fields:
+            starts = meta.get("starts")
+            meta["starts"] = (starts if isinstance(starts, list) else []) + [fields["start_time"]]
+        meta.update(redact(fields))
+        _replace_atomically(path, json.dumps(meta, indent=2, default=str))
 
 
 def _replace_atomically(path: Path, text: str) -> None:

@@ -299,3 +299,60 @@ async def test_a_full_disk_loses_no_step_of_the_local_store(tiny_disk):
     assert {k: meta["backends"]["jsonl"][k] for k in ("steps", "errors", "unwritten_steps", "delayed_steps", "write_errors")} == \
         {"steps": 30, "errors": 0, "unwritten_steps": [], "delayed_steps": 15, "write_errors": 15}
     assert not (run / ".meta.json.reserve").exists()
+
+
+async def test_a_disk_that_stays_full_names_the_lost_steps_and_meta_json_is_final(tiny_disk, caplog):
+    """Filled at step 10 and never freed: steps 10-19 cannot be written; shutdown names them in
+    an error log and in meta.json, whose status is "finished" (written in the space the session
+    kept for it). A later session of the same run, the disk freed, starts on a line of its own."""
+    from tests.helpers import start_logger
+
+    mlogger = await start_logger(tiny_disk.root, {"jsonl": {"logging_mode": "global_reduce"}})
+    with caplog.at_level(logging.ERROR, logger="forge_obs"):
+        await _logged_steps(mlogger, range(20), tiny_disk, fill_at=10)
+        await mlogger.shutdown.call_one()
+    run = tiny_disk.root / "t"
+    _exact(read_metrics(run), range(10))
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["status"] == "finished" and meta["steps_logged"] == 20
+    assert meta["backends"]["jsonl"]["unwritten_steps"] == list(range(10, 20))
+    assert any("the rows of 10 steps could not be written" in r.getMessage() and "steps 10-19" in r.getMessage()
+               for r in caplog.records)
+    tiny_disk.free()
+    mlogger = await start_logger(tiny_disk.root, {"jsonl": {"logging_mode": "global_reduce"}})
+    await _logged_steps(mlogger, range(20, 22), tiny_disk)
+    await mlogger.shutdown.call_one()
+    _exact(read_metrics(run), [*range(10), 20, 21])
+
+
+def test_the_final_status_uses_the_space_kept_for_it(tmp_path, monkeypatch, caplog):
+    """Simulated at the file-write boundary (no mount rights needed; the tmpfs test above does
+    it for real): meta.json's replacement fails with ENOSPC while the 64 KiB reserve exists, as
+    on a disk whose only free blocks would be the reserve's. write_meta frees the reserve and
+    records the status; with no reserve left, it logs which status it could not record."""
+    import forge_obs.run as run_mod
+    from forge_obs.run import META_RESERVE_BYTES, reserve_meta_space
+
+    d = tmp_path / "r"
+    assert write_meta(d, status="running") is not None
+    reserve_meta_space(d)
+    reserve = d / ".meta.json.reserve"
+    assert reserve.stat().st_blocks * 512 >= META_RESERVE_BYTES
+    real = run_mod._replace_atomically
+
+    def replace(path, text):
+        if reserve.exists():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, text)
+
+    monkeypatch.setattr(run_mod, "_replace_atomically", replace)
+    assert write_meta(d, status="finished") is not None
+    assert json.loads((d / "meta.json").read_text())["status"] == "finished" and not reserve.exists()
+    def always_full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(run_mod, "_replace_atomically", always_full)
+    with caplog.at_level(logging.ERROR, logger="forge_obs"):
+        assert write_meta(d, status="reconfigured") is None
+    assert "its status stays as it was, not 'reconfigured'" in caplog.text
+    assert json.loads((d / "meta.json").read_text())["status"] == "finished"
