@@ -376,9 +376,8 @@ class GlobalLoggingActor(Actor):
         logging). Called again, it creates and starts the new backends first, then hands every
         step flushed so far to the current backends and finishes them (values recorded since the
         last flush stay for the next one); the new ones continue the same run (unless ``config``
-        has ``"run"``). With
-        ``FORGE_DISABLE_METRICS=true`` (read at the call, as torchforge does) it starts nothing.
-        Returns ``{"run_id": ..., "run_dir": ...}``."""
+        has ``"run"``). With ``FORGE_DISABLE_METRICS=true`` (read at the call, as torchforge
+        does) it starts nothing. Returns ``{"run_id": ..., "run_dir": ...}``."""
         st = _STATE
         _mark_controller(self.process_name)
         if env_flag("FORGE_DISABLE_METRICS"):
@@ -397,27 +396,7 @@ class GlobalLoggingActor(Actor):
             start_time=time.time(),
             flush_timeout_s=cfg.flush_timeout_s,
         )
-        # Every new backend is created, and every one that replaces no running backend is
-        # started, before the running session ends: a mistake there raises and changes nothing.
-        # A backend of the same name as a running one (two W&B runs with one id cannot be open
-        # at once) is started after the running one finished.
-        running = set(st.pipeline.backends) if st.pipeline is not None else set()
-        unchanged = "the running backends keep logging" if running else "no backend was started"
-        try:
-            backends = _create_backends(cfg.backends)
-            _make_run_dir(run.run_dir)
-            await _start_backends({n: b for n, b in backends.items() if n not in running}, run,
-                                  cfg.backend_init_timeout_s)
-        except (ValueError, RuntimeError) as e:
-            raise type(e)(f"{e} ({unchanged})") from e
-        failed: list[Exception] = []
-        if st.pipeline is not None:  # called again: the current backends get what was flushed, then finish
-            await _end_session(final=False)
-            for name in [n for n in backends if n in running]:
-                error = await _start_backend(name, backends[name], run, cfg.backend_init_timeout_s)
-                if error is not None:
-                    failed.append(error)
-                    del backends[name]
+        backends, failed = await _take_over(cfg, run)
         st.shut_down = False
         write_meta(run.run_dir, run_id=run.run_id, process_name=st.process_name, config=cfg.backends,
                    start_time=run.start_time, status="running")
@@ -529,6 +508,32 @@ class GlobalLoggingActor(Actor):
         if _STATE.pipeline is None:
             return
         await _end_session(final=True)
+
+
+async def _take_over(cfg: LoggerConfig, run: RunContext) -> tuple[dict[str, LoggerBackend], list[RuntimeError]]:
+    """The new session's backends, started, and the running session ended. Every new backend is
+    created, and every one that replaces no running backend is started, before the running
+    session ends: a mistake there raises and changes nothing. A backend of the same name as a
+    running one (two W&B runs with one id cannot be open at once) is started after the running
+    one finished; those that fail then are left out and returned as errors."""
+    st = _STATE
+    running = set(st.pipeline.backends) if st.pipeline is not None else set()
+    unchanged = "the running backends keep logging" if running else "no backend was started"
+    try:
+        backends = _create_backends(cfg.backends)
+        _make_run_dir(run.run_dir)
+        await _start_backends({n: b for n, b in backends.items() if n not in running}, run, cfg.backend_init_timeout_s)
+    except (ValueError, RuntimeError) as e:
+        raise type(e)(f"{e} ({unchanged})") from e
+    failed: list[RuntimeError] = []
+    if st.pipeline is not None:  # called again: the current backends get what was flushed, then finish
+        await _end_session(final=False)
+        for name in [n for n in backends if n in running]:
+            error = await _start_backend(name, backends[name], run, cfg.backend_init_timeout_s)
+            if error is not None:
+                failed.append(error)
+                del backends[name]
+    return backends, failed
 
 
 def _create_backends(configs: dict[str, dict[str, Any]]) -> dict[str, LoggerBackend]:
