@@ -10,6 +10,8 @@ describe or classify a user's value without a second exception hiding the first.
     ('xxxxx', 200, '<Bad>')
     >>> is_number(1.5), is_number(2), is_number(True), is_number("3")
     (True, True, False, False)
+    >>> print(printable("loss\\x1b[31m\\nfake"))
+    loss\\x1b[31m\\nfake
 
 Nothing here imports Monarch or torch; ``safe_str`` returns a ``str`` argument unchanged without
 a call to ``str()``, so it costs one type check on the common path.
@@ -48,3 +50,12 @@ def safe_repr(x: Any, limit: int = 200) -> str:
 def is_number(v: Any) -> bool:
     """An ``int`` or ``float`` (subclasses included), not a ``bool``."""
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def printable(s: str) -> str:
+    """``s`` with every character that is not printable (ANSI escapes, newlines, tabs, other
+    control and format characters) written as ``repr`` writes it (``\\x1b``, ``\\n``, ``\\u2028``):
+    text shown on a terminal cannot move the cursor, recolour it or fake a line."""
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)

@@ -59,14 +59,16 @@ def parse_options(cls: type[T], section: str, cfg: dict[str, Any] | None, also: 
     return cls(**{k: v for k, v in cfg.items() if k in names})
 
 #: top-level keys of ``init_backends``'s config that are not backends
-RESERVED_KEYS = ("run", "flush_timeout_s", "shutdown_timeout_s", "backend_queue_steps", "timeline", "stream_interval_s",
-                 "aggregate")
+RESERVED_KEYS = ("run", "flush_timeout_s", "shutdown_timeout_s", "backend_init_timeout_s", "backend_queue_steps",
+                 "timeline", "stream_interval_s", "aggregate")
 #: ``"aggregate"``: answer cuts through one leader per (mesh, host) ("on"), directly ("off"), or
 #: through leaders from 32 ranks in the job ("auto"); FORGE_OBS_AGGREGATE sets the default
 AGGREGATE_MODES = ("auto", "on", "off")
 DEFAULT_AGGREGATE = "auto"
 DEFAULT_FLUSH_TIMEOUT_S = 10.0
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
+#: longer than W&B's own wait for its service (90 s), so W&B reports its own errors first
+DEFAULT_BACKEND_INIT_TIMEOUT_S = 120.0
 #: how often raw values reach ``per_rank_no_reduce`` backends between flushes
 DEFAULT_STREAM_INTERVAL_S = 1.0
 
@@ -80,6 +82,9 @@ class LoggerConfig:
     flush_timeout_s: float = DEFAULT_FLUSH_TIMEOUT_S
     #: how long ``shutdown()`` (and ``wait_idle()``) wait for the backends in all
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
+    #: how long one backend's ``init`` may take (a W&B server that never answers): past it,
+    #: ``init_backends`` raises naming that backend and changes nothing
+    backend_init_timeout_s: float = DEFAULT_BACKEND_INIT_TIMEOUT_S
     #: steps a backend may fall behind before new steps are dropped for it (and counted)
     backend_queue_steps: int = DEFAULT_QUEUE_STEPS
     #: raw values reach ``per_rank_no_reduce`` backends at most this long after being recorded
@@ -98,6 +103,7 @@ class LoggerConfig:
         run = RunConfig.from_config(config.pop("run", None))
         timeout = _seconds(config, "flush_timeout_s", DEFAULT_FLUSH_TIMEOUT_S)
         shutdown_timeout = _seconds(config, "shutdown_timeout_s", DEFAULT_SHUTDOWN_TIMEOUT_S)
+        init_timeout = _seconds(config, "backend_init_timeout_s", DEFAULT_BACKEND_INIT_TIMEOUT_S)
         stream_interval = _seconds(config, "stream_interval_s", DEFAULT_STREAM_INTERVAL_S)
         queue_steps = config.pop("backend_queue_steps", DEFAULT_QUEUE_STEPS)
         if isinstance(queue_steps, bool) or not isinstance(queue_steps, int) or queue_steps < 1:
@@ -121,7 +127,7 @@ class LoggerConfig:
             if not isinstance(bcfg, dict):
                 raise ValueError(f"config of backend {name!r} must be a dict, got {type(bcfg).__name__}")
             backends[name] = bcfg
-        return cls(run=run, flush_timeout_s=timeout, shutdown_timeout_s=shutdown_timeout,
+        return cls(run=run, flush_timeout_s=timeout, shutdown_timeout_s=shutdown_timeout, backend_init_timeout_s=init_timeout,
                    backend_queue_steps=queue_steps, stream_interval_s=stream_interval, timeline=timeline,
                    aggregate=aggregate, backends=backends)
 

@@ -54,7 +54,7 @@ from forge_obs.plan import Planner
 from forge_obs.record import RunContext
 from forge_obs.identity import start_naming_run
 from forge_obs.registry import LOCAL_MESHES
-from forge_obs.run import redact, write_meta
+from forge_obs.run import redact, release_meta_space, reserve_meta_space, write_meta
 from forge_obs.selfobs import SELF_OBS
 from forge_obs.snapshot import has_values
 
@@ -76,6 +76,7 @@ class _ControllerState:
         self.process_name = "Controller"
         self.in_this_process = False  # the GlobalLoggingActor lives in this process
         self.disabled = False  # init_backends saw FORGE_DISABLE_METRICS: flush is a silent no-op
+        self.shut_down = False  # shutdown() ended the last session (no init_backends since)
         self.pipeline: FlushPipeline | None = None
         self.run: RunContext | None = None
         self.last_step: int | None = None
@@ -162,10 +163,18 @@ def start_flush(step: Any, final: bool = False) -> FlushWait:
     st = _STATE
     pipeline = st.pipeline
     if pipeline is None:
-        if not st.disabled:
+        if st.disabled:  # FORGE_DISABLE_METRICS: silent
+            pass
+        elif st.shut_down:
+            WARNER.warn("flush_after_shutdown", "", f"flush({step}) after shutdown: values are kept until the "
+                        "first flush after the next init_backends")
+        else:
             WARNER.warn("flush_before_init", "", f"flush({step}) before init_backends: values are kept until "
                         "the first flush after it")
         return FlushWait(None, None)
+    if not pipeline.workers:
+        WARNER.warn("no_backend", "", f"flush({step}): no backend is running (the last init_backends failed): "
+                    "steps are not logged until init_backends succeeds")
     cpu0 = time.thread_time()
     taken = _COLLECTOR.swap()
     live, stopped = LOCAL_MESHES.take_for_cut()
@@ -361,13 +370,15 @@ class GlobalLoggingActor(Actor):
 
     @endpoint
     async def init_backends(self, config: dict[str, Any]) -> dict[str, Any]:
-        """Validate ``config`` and start the backends. Raises ValueError (listing valid choices)
-        for an unknown backend, mode or key, and RuntimeError naming the backend whose init failed.
-        Called again, it first hands every step flushed so far to the current backends and
-        finishes them (values recorded since the last flush stay for the next one), then starts
-        the new ones in the same run (unless ``config`` has ``"run"``). With
-        ``FORGE_DISABLE_METRICS=true`` (read at the call, as torchforge does) it starts nothing.
-        Returns ``{"run_id": ..., "run_dir": ...}``."""
+        """Validate ``config`` and start the backends. Raises ValueError (naming the backend and
+        the valid choices) for an unknown backend, mode or key, and RuntimeError naming the
+        backend whose constructor or ``init`` failed or whose ``init`` did not return within
+        ``backend_init_timeout_s``; a call that raises changes nothing (a running session keeps
+        logging). Called again, it creates and starts the new backends first, then hands every
+        step flushed so far to the current backends and finishes them (values recorded since the
+        last flush stay for the next one); the new ones continue the same run (unless ``config``
+        has ``"run"``). With ``FORGE_DISABLE_METRICS=true`` (read at the call, as torchforge
+        does) it starts nothing. Returns ``{"run_id": ..., "run_dir": ...}``."""
         st = _STATE
         _mark_controller(self.process_name)
         if env_flag("FORGE_DISABLE_METRICS"):
@@ -378,15 +389,6 @@ class GlobalLoggingActor(Actor):
         if isinstance(config, dict) and st.pipeline is not None and "run" not in config and st.run is not None:
             config = {**config, "run": {"id": st.run.run_id, "root": str(st.run.run_dir.parent)}}
         cfg = LoggerConfig.parse(config)
-        backends: dict[str, LoggerBackend] = {}
-        for name, bcfg in cfg.backends.items():
-            try:
-                cls = get_logger_backend_class(name)
-            except ValueError as e:
-                raise ValueError(f"{e}; reserved keys: {', '.join(RESERVED_KEYS)}") from None
-            backends[name] = instantiate_backend(cls, name, bcfg)  # validates logging_mode
-        if st.pipeline is not None:  # called again: the current backends get what was flushed, then finish
-            await _end_session(final=False)
         run = RunContext(
             run_id=cfg.run.run_id,
             run_dir=cfg.run.run_dir,
@@ -395,18 +397,11 @@ class GlobalLoggingActor(Actor):
             start_time=time.time(),
             flush_timeout_s=cfg.flush_timeout_s,
         )
-        for name, be in backends.items():
-            try:
-                call_hook(be.init, run=run, role=BackendRole.GLOBAL, process_name=st.process_name)
-            except Exception as e:
-                for other in backends.values():
-                    try:
-                        call_hook(other.finish)
-                    except Exception:  # noqa: BLE001
-                        pass
-                raise RuntimeError(f"backend {name!r} failed to initialise: {e!r}") from e
+        backends, failed = await _take_over(cfg, run)
+        st.shut_down = False
         write_meta(run.run_dir, run_id=run.run_id, process_name=st.process_name, config=cfg.backends,
                    start_time=run.start_time, status="running")
+        reserve_meta_space(run.run_dir)  # room for the final status, should the disk fill up
         from forge_obs.timeline import writer as _timeline
 
         if st.run is None or st.run.run_dir != run.run_dir:
@@ -433,6 +428,10 @@ class GlobalLoggingActor(Actor):
         st.stream_interval_s = cfg.stream_interval_s if streaming else 0.0
         _start_stream_timer()
         await _configure_meshes(options, cfg.flush_timeout_s)
+        if failed:
+            now = ", ".join(backends) or "no backend: flushed steps are not logged"
+            raise RuntimeError(f"{'; '.join(map(str, failed))} (it replaced the running backend of that name, which "
+                               f"has finished; from now on logging continues with {now})") from failed[0].__cause__
         return {"run_id": run.run_id, "run_dir": str(run.run_dir)}
 
     # ------------------------------------------------------------ fetchers (torchforge's endpoints)
@@ -512,6 +511,130 @@ class GlobalLoggingActor(Actor):
         if _STATE.pipeline is None:
             return
         await _end_session(final=True)
+
+
+async def _take_over(cfg: LoggerConfig, run: RunContext) -> tuple[dict[str, LoggerBackend], list[RuntimeError]]:
+    """The new session's backends, started, and the running session ended. Every new backend is
+    created, and every one that replaces no running backend is started, before the running
+    session ends: a mistake there raises and changes nothing. A backend of the same name as a
+    running one (two W&B runs with one id cannot be open at once) is started after the running
+    one finished; those that fail then are left out and returned as errors."""
+    st = _STATE
+    running = set(st.pipeline.backends) if st.pipeline is not None else set()
+    unchanged = "the running backends keep logging" if running else "no backend was started"
+    try:
+        backends = _create_backends(cfg.backends)
+        _make_run_dir(run.run_dir)
+        await _start_backends({n: b for n, b in backends.items() if n not in running}, run, cfg.backend_init_timeout_s)
+    except (ValueError, RuntimeError) as e:
+        raise type(e)(f"{e} ({unchanged})") from e
+    failed: list[RuntimeError] = []
+    if st.pipeline is not None:  # called again: the current backends get what was flushed, then finish
+        await _end_session(final=False)
+        for name in [n for n in backends if n in running]:
+            error = await _start_backend(name, backends[name], run, cfg.backend_init_timeout_s)
+            if error is not None:
+                failed.append(error)
+                del backends[name]
+    return backends, failed
+
+
+def _create_backends(configs: dict[str, dict[str, Any]]) -> dict[str, LoggerBackend]:
+    """One backend per entry of ``configs``, each error naming its backend: ValueError for a
+    config mistake (unknown backend, mode or key; the valid choices in the message),
+    RuntimeError for a constructor that fails otherwise."""
+    backends: dict[str, LoggerBackend] = {}
+    for name, bcfg in configs.items():
+        try:
+            cls = get_logger_backend_class(name)
+        except ValueError as e:
+            raise ValueError(f"{e}; reserved keys: {', '.join(RESERVED_KEYS)}") from None
+        try:
+            backends[name] = instantiate_backend(cls, name, bcfg)  # validates logging_mode
+        except ValueError as e:
+            raise ValueError(f"backend {name!r} ({cls.__name__}): {e}") from e
+        except Exception as e:  # noqa: BLE001 - any constructor error, named
+            raise RuntimeError(f"backend {name!r} ({cls.__name__}) could not be created: {e!r}") from e
+    return backends
+
+
+def _make_run_dir(run_dir: Any) -> None:
+    """The run directory exists before any backend starts (a backend may open files there)."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RuntimeError(f"cannot create the run directory {run_dir}: {e}") from e
+
+
+async def _start_backends(backends: dict[str, LoggerBackend], run: RunContext, timeout_s: float) -> None:
+    """Start every backend in turn (:func:`_start_backend`); at the first that fails, the ones
+    started are finished and its error is raised."""
+    started: list[LoggerBackend] = []
+    for name, be in backends.items():
+        error = await _start_backend(name, be, run, timeout_s)
+        if error is not None:
+            for other in started:
+                _finish_quietly(other)
+            raise error from error.__cause__
+        started.append(be)
+
+
+async def _start_backend(name: str, be: LoggerBackend, run: RunContext, timeout_s: float) -> RuntimeError | None:
+    """Call ``be.init`` on a thread of its own for at most ``timeout_s``; None, or a RuntimeError
+    naming the backend (its ``__cause__`` the backend's error). A hung ``init`` is left behind
+    on its daemon thread (and finished if it ever returns)."""
+    try:
+        await _init_within(be, run, timeout_s)
+    except asyncio.TimeoutError:
+        return RuntimeError(f"backend {name!r} did not finish init within backend_init_timeout_s={timeout_s:g}s; "
+                            "left behind")
+    except Exception as e:  # noqa: BLE001 - any init error, named
+        error = RuntimeError(f"backend {name!r} failed to initialise: {e!r}")
+        error.__cause__ = e
+        return error
+    return None
+
+
+def _finish_quietly(be: LoggerBackend) -> None:
+    """``be.finish()`` for a backend given up on; its error is not the one that matters."""
+    try:
+        call_hook(be.finish)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+async def _init_within(be: LoggerBackend, run: RunContext, timeout_s: float) -> None:
+    """``be.init(run=..., role=GLOBAL, process_name=...)`` on a daemon thread; its error, or
+    asyncio.TimeoutError after ``timeout_s`` (an ``init`` that returns later is then finished)."""
+    import concurrent.futures
+
+    done: concurrent.futures.Future = concurrent.futures.Future()
+    done.set_running_or_notify_cancel()  # never cancelled: its outcome is set by the thread, or abandoned
+    lock = threading.Lock()
+    abandoned = False
+
+    def run_init() -> None:
+        error = None
+        try:
+            call_hook(be.init, run=run, role=BackendRole.GLOBAL, process_name=_STATE.process_name)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            error = e
+        with lock:
+            late = abandoned
+            if not late:
+                done.set_exception(error) if error is not None else done.set_result(None)
+        if late and error is None:
+            _finish_quietly(be)
+
+    threading.Thread(target=run_init, name="forge_obs-backend-init", daemon=True).start()
+    try:
+        await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(done)), timeout_s)
+    except asyncio.TimeoutError:
+        with lock:
+            if not done.done():
+                abandoned = True
+                raise
+        done.result()  # it ended just as the time was up: its outcome
 
 
 def _in_actor() -> bool:
@@ -597,8 +720,11 @@ async def _end_session(final: bool) -> None:
             backends=pipeline.backend_report(),
             unfinished_backends=unfinished,
         )
+        if final:
+            release_meta_space(st.run.run_dir)
     if not final:
         return
+    st.shut_down = True
     options = {"streaming": False, "run_dir": None, "timeline": None}
     store_options(options)
     _COLLECTOR.set_streaming(False)

@@ -154,7 +154,8 @@ class FlushPipeline:
         self._closing = False
         self._seq = 0
         self._begun = 0
-        self.steps_logged = 0  # steps assembled and handed to the backends
+        self.assembled = 0  # cuts taken off the queue (a step handed to the backends, or none)
+        self.steps_logged = 0  # steps handed to the backends
         self.late_states = 0
         self.fenced_bundles = 0  # bundles from a replaced leader: dropped (its members resent their states)
         self.duplicates_dropped = 0  # resent states the controller already had
@@ -195,7 +196,7 @@ class FlushPipeline:
 
     def _wait_logged(self, target: int, timeout_s: float) -> list[str]:
         with self._cv:
-            self._cv.wait_for(lambda: self.steps_logged >= target or not self._worker.is_alive())
+            self._cv.wait_for(lambda: self.assembled >= target or not self._worker.is_alive())
         deadline = time.monotonic() + timeout_s
         return [w.name for w in self.workers if not w.wait_done(deadline)]
 
@@ -224,10 +225,12 @@ class FlushPipeline:
         return sum(w.errors for w in self.workers)
 
     def backend_report(self) -> dict[str, dict[str, Any]]:
-        """Per backend: steps logged, dropped (queue full), errors (for ``meta.json``)."""
+        """Per backend: steps logged, dropped (queue full), errors, and the backend's own
+        :meth:`~forge_obs.backends.base.LoggerBackend.meta_report` (for ``meta.json``)."""
         return {w.name: {"steps": w.done_steps, "dropped_steps": w.dropped_steps, "errors": w.errors,
                          **({"dropped_stream_values": w.dropped_stream_values} if w.dropped_stream_values else {}),
-                         **({"finish_error": w.finish_error} if w.finish_error else {})} for w in self.workers}
+                         **({"finish_error": w.finish_error} if w.finish_error else {}),
+                         **_own_report(w)} for w in self.workers}
 
     # ------------------------------------------------------------ cuts
     def begin_cut(
@@ -639,12 +642,13 @@ class FlushPipeline:
                     record.global_metrics.append(Metric("obs/merge_s", time.perf_counter() - t0, Reduce.MAX))
                     for w in self.workers:
                         w.put(record)
+                    self.steps_logged += 1
             except Exception:  # noqa: BLE001 - a bug here must not stop later steps
                 logger.exception("forge_obs: step %s could not be assembled", p.step)
             finally:
                 SELF_OBS.add("pipeline", time.thread_time() - cpu0)
                 with self._cv:
-                    self.steps_logged += 1
+                    self.assembled += 1
                     self._cv.notify_all()
 
     def _build(self, p: Cut, missing: list, late: list, pending: int) -> StepRecord | None:
@@ -805,6 +809,17 @@ class FlushPipeline:
 _BUNDLED = (None, None)
 #: key of a held bundle (its step left before it arrived)
 _BUNDLE_KEY = ("bundle",)
+
+
+def _own_report(w: BackendWorker) -> dict[str, Any]:
+    """A backend's ``meta_report()``; nothing if it raises (or is still running: left behind)."""
+    if not w.finished:
+        return {}
+    try:
+        return dict(w.backend.meta_report() or {})
+    except Exception as e:  # noqa: BLE001 - meta.json is written anyway
+        logger.error("forge_obs: backend %r: meta_report() failed: %r", w.name, e)
+        return {}
 
 
 def _count(drops: dict[str, int], reason: str, n: int) -> None:

@@ -217,3 +217,29 @@ def test_docs_console_samples_are_what_it_prints():
           Metric("trainer/loss", 0.25), Metric("trainer/step_time_s", 1.5)]
     assert block.rstrip("\n") == format_block("GlobalReduce", 3, ms)
     assert compact.rstrip("\n") == format_compact("step 3", ms)
+
+
+BAD_KEY = "x\x1b[31mred\nfake: 1\r\tz\x9b2J\u2028"
+SHOWN = "x\\x1b[31mred\\nfake: 1\\r\\tz\\x9b2J\\u2028"  # each control character as repr writes it
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_control_characters_in_keys_labels_and_values_print_escaped(capsys, compact):
+    """A key, a rank label or a text value holding an ANSI escape, a newline or another control
+    character prints it visibly escaped: the terminal is not recoloured, no fake line appears."""
+    label = "mesh\x1b]0;title\x07/r0"
+    be = ConsoleBackend({"compact": compact, "logging_mode": ["global_reduce", "per_rank_reduce"]})
+    be.log_step(_rec(3, {BAD_KEY: 2.0, "text": "a\x1b[2Jb", "d": {"p\nq": 1.0}},
+                     per_rank={label: {"k": 1.0}}, missing=[label]))
+    be.log_stream(Metric(BAD_KEY, 1.0, timestamp=0.0), 3, source=label)
+    out = capsys.readouterr().out
+    assert not any(c in out for c in "\x1b\r\t\x9b\x07\u2028"), repr(out)
+    assert SHOWN in out and "a\\x1b[2Jb" in out and "p\\nq=1" in out and "mesh\\x1b]0;title\\x07/r0" in out
+    assert not any(ln.startswith("fake") for ln in out.splitlines())
+
+
+def test_printable_keeps_printable_text_as_it_is():
+    from forge_obs._safe import printable
+
+    assert printable("trainer/loss é 日本") == "trainer/loss é 日本"
+    assert printable(BAD_KEY) == SHOWN

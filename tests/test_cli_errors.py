@@ -84,3 +84,23 @@ def test_the_extras_bring_what_the_commands_import():
     assert "duckdb" in closure("grpo") and "viztracer" in closure("grpo")
     assert "viztracer" in closure("dev")
     assert isinstance(proj["license"], str) and proj["license"] == "BSD-3-Clause"
+
+
+@pytest.mark.parametrize("argv", [["show"], ["report"], ["doctor"], ["sql", "SELECT 1"], ["trace"]])
+@pytest.mark.parametrize("what", ["empty", "other files", "missing"])
+def test_a_directory_that_is_not_a_run_exits_2_with_one_line(tmp_path, argv, what):
+    """Every subcommand, given a directory with no metrics.jsonl, meta.json or events/ (or a
+    path that does not exist), says so in one line and exits 2; it writes nothing there."""
+    d = tmp_path / "notarun"
+    if what != "missing":
+        d.mkdir()
+    if what == "other files":
+        (d / "notes.txt").write_text("hello\n")
+        (d / "sub").mkdir()
+    res = _cli_without([], argv[0], str(d), *argv[1:])
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert lines == [f"forge-obs {argv[0]}: {d} is not a run directory (no metrics.jsonl, meta.json or events/; "
+                     "pass runs/<run_id>)"], res.stderr
+    left = sorted(p.name for p in d.iterdir()) if d.exists() else None
+    assert left == {"empty": [], "other files": ["notes.txt", "sub"], "missing": None}[what]

@@ -39,3 +39,13 @@ def test_backend_options_are_dataclasses_with_their_defaults():
     assert be.options.width == 120 and be.options.stream == "stdout"
     with pytest.raises(ValueError, match="every=0 must be an integer >= 1"):
         ConsoleBackend({"every": 0})
+
+
+def test_backend_init_timeout_is_a_reserved_key_of_seconds(tmp_path):
+    run = {"root": str(tmp_path)}
+    assert LoggerConfig.parse({"run": run}).backend_init_timeout_s == 120.0
+    cfg = LoggerConfig.parse({"run": run, "backend_init_timeout_s": 5})
+    assert cfg.backend_init_timeout_s == 5.0 and sorted(cfg.backends) == ["jsonl"]
+    for bad in (0, -1, "5", True, float("inf")):
+        with pytest.raises(ValueError, match="backend_init_timeout_s must be a number of seconds > 0"):
+            LoggerConfig.parse({"run": run, "backend_init_timeout_s": bad})

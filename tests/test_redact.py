@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import pytest
 
@@ -28,6 +29,8 @@ SECRETS = {
     "session_cookie": "COOKIEVALUE0014",
     "client-secret": "DASHVALUE0015",
     "pwd": "PWDVALUE0016",
+    "hf_tokens": "HFTOKENSVALUE0017",
+    "refresh_tokens": "REFRESHTOKENSVALUE0018",
 }
 VALUE_SECRETS = {
     # secrets recognised by their value, whatever the name
@@ -45,6 +48,7 @@ VALUE_SECRETS = {
     "hf_format": "hf_abcdefghijklmnopqrstuvwx0112",
     "pem": "-----BEGIN RSA PRIVATE KEY-----\nMIIBOgPEMVALUE0113\n-----END RSA PRIVATE KEY-----",
     "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0abc.SIGNATUREVALUE0114xyz",
+    "json_string": '{"wandb": {"api_key": "JSONSTRINGVALUE0115"}}',
 }
 # harmless names an RL config contains: kept as they are
 HARMLESS = {
@@ -66,7 +70,8 @@ def _leaks(text: str) -> list[str]:
     values = [*SECRETS.values(), "LISTTOKEN0201", "TUPLESECRET0202"]
     values += [v for v in ("BEARERVALUE0101", "BEARERVALUE0102", "BEARERVALUE0103", "URLPASSWORD0104",
                            "QUERYVALUE0105", "CLIVALUE0106", "ENVVALUE0107", "ARGVVALUE0108", "0109XYZ",
-                           "v0110", "JKL0111", "wx0112", "MIIBOgPEMVALUE0113", "SIGNATUREVALUE0114")]
+                           "v0110", "JKL0111", "wx0112", "MIIBOgPEMVALUE0113", "SIGNATUREVALUE0114",
+                           "JSONSTRINGVALUE0115")]
     return [v for v in values if v in text]
 
 
@@ -98,7 +103,7 @@ def test_harmless_names(name):
 
 def test_bools_and_none_under_secret_names_are_kept_and_containers_are_masked_whole():
     cfg = {"use_password": True, "api_key": None, "private": True, "use_auth": False, "session_timeout_s": None,
-           "credentials": {"user": "u", "pw": "PW"}, "tokens": [1], "token": 12345}
+           "credentials": {"user": "u", "pw": "PW"}, "num_tokens": [1], "token": 12345}
     assert redact(cfg) == {**cfg, "credentials": MASK, "token": MASK}
 
 
@@ -160,3 +165,67 @@ def test_wandb_uses_the_one_redaction_function():
     src = inspect.getsource(wandb_backend)
     assert "_SECRET_KEY" not in src and "def redact_secrets" not in src
     assert "from forge_obs.run import redact" in src
+
+
+# ------------------------------------------------------------------ a `tokens` suffix, JSON in strings
+#: names ending in token/tokens that hold credentials: no allow-listed word makes them harmless
+TOKEN_SECRETS = {"tokens": "E1", "hf_tokens": "E2", "access_tokens": "E3", "refresh_tokens": "E4",
+                 "api_tokens": "E6", "id_token": "E7", "tokenizer_hf_token": "E8", "authTokens": "E9",
+                 "keyword_api_key": "E10"}
+#: count, kind and property words make them metric-ish names, kept
+TOKEN_HARMLESS = {"max_tokens": 512, "num_tokens": 3, "n_tokens": 4, "total_tokens": 5, "min_tokens": 1,
+                  "max_new_tokens": 64, "max_num_batched_tokens": 8192, "tokens_per_s": 2750.0,
+                  "prompt_tokens": 10, "completion_tokens": 20, "special_tokens": ["<s>"], "stop_tokens": ["</s>"],
+                  "pad_token": "<pad>", "token_ids": [1, 2], "tokens_budget": 9, "nTokens": 7}
+
+
+@pytest.mark.parametrize("name", list(TOKEN_SECRETS))
+def test_a_token_suffix_is_a_secret_whatever_the_allow_list(name):
+    assert is_secret_name(name)
+    assert redact({name: TOKEN_SECRETS[name]}) == {name: MASK}
+
+
+@pytest.mark.parametrize("name", list(TOKEN_HARMLESS))
+def test_count_kind_and_property_words_keep_token_names_visible(name):
+    assert not is_secret_name(name)
+    assert redact({name: TOKEN_HARMLESS[name]}) == {name: TOKEN_HARMLESS[name]}
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('{"api_key": "E5"}', '{"api_key": "***"}'),
+    ('{"wandb": {"hf_tokens": ["E11", "E12"], "project": "p"}}',
+     '{"wandb": {"hf_tokens": "***", "project": "p"}}'),
+    ('[{"password": 13}, "free text"]', '[{"password": "***"}, "free text"]'),
+    ("{'api_key': 'E14', 'lr': 0.1}", "{'api_key': '***', 'lr': 0.1}"),  # a Python repr: not JSON
+    ('prefix {"api_key": "E15"} suffix', 'prefix {"api_key": "***"} suffix'),  # JSON inside text
+    ('{"max_tokens": 512}', '{"max_tokens": 512}'),  # harmless JSON is left as it was
+    ('{"broken": "E16", "token": "E17"', '{"broken": "E16", "token": "***"'),  # not JSON: text rules
+    ('cfg: {"a": 1} and --token E18', 'cfg: {"a": 1} and --token ***'),  # a flag after a word
+])
+def test_secret_names_inside_json_strings_are_redacted(text, expected):
+    assert redact({"extra": text}) == {"extra": expected}
+    assert redact([text]) == [expected]
+
+
+def test_meta_json_has_no_token_suffix_or_json_string_secret(tmp_path):
+    write_meta(tmp_path / "r", config={"app": {**TOKEN_SECRETS, **TOKEN_HARMLESS, "extra": '{"api_key": "E5"}'}})
+    text = (tmp_path / "r" / "meta.json").read_text()
+    app = json.loads(text)["config"]["app"]
+    assert [v for v in (*TOKEN_SECRETS.values(), "E5") if re.search(rf"\b{v}\b", text)] == []
+    assert {k: app[k] for k in TOKEN_HARMLESS} == TOKEN_HARMLESS
+
+
+def test_the_report_redacts_a_meta_json_written_in_clear(tmp_path):
+    """A meta.json written by something else (an older forge_obs, a script) is redacted again
+    when the report shows it."""
+    from forge_obs.analysis.report.html import render_report
+
+    run = tmp_path / "r"
+    run.mkdir()
+    settings = {**TOKEN_SECRETS, **TOKEN_HARMLESS, "extra": '{"api_key": "E5"}'}
+    (run / "meta.json").write_text(json.dumps({"status": "finished", "app_settings": settings,
+                                               "config": {"mine": settings}}))
+    (run / "metrics.jsonl").write_text('{"step": 0, "mode": "global_reduce", "metrics": {"loss": 1.0}}\n')
+    page = render_report(run)
+    assert [v for v in (*TOKEN_SECRETS.values(), "E5") if re.search(rf"\b{v}\b", page)] == []
+    assert "max_new_tokens" in page and "tokens_per_s" in page

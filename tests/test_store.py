@@ -1,5 +1,6 @@
 """The JSONL store: durable rows per step, identity fields, a torn last line skipped."""
 
+import errno
 import json
 import logging
 import math
@@ -166,3 +167,192 @@ def test_meta_write_beyond_the_file_size_limit_reports_and_does_not_raise(tmp_pa
     assert "could not write" in p.stderr and "meta.json" in p.stderr and "Traceback" not in p.stderr
     assert json.loads((tmp_path / "r" / "meta.json").read_text())["status"] == "running"
     assert _no_temp_files(tmp_path / "r") == []
+
+
+# ------------------------------------------------------------------ metrics.jsonl on a full disk
+_STORE_PROGRAM = r"""
+import json, resource, signal, sys
+from pathlib import Path
+from forge_obs.backends.jsonl import JsonlBackend
+from forge_obs.metric import Metric
+from forge_obs.record import RunContext, StepRecord
+
+root, buffer_rows = Path(sys.argv[1]), float(sys.argv[2])
+rec = lambda s: StepRecord(step=s, run_id="r", wall_time=1.0, global_metrics=[Metric("x", float(s)), Metric("pad", "y" * 1000)])
+probe = JsonlBackend({"logging_mode": "global_reduce"})
+probe.init(run=RunContext(run_id="probe", run_dir=root / "probe"))
+probe.log_step(rec(0))
+probe.finish()
+row = (root / "probe" / "metrics.jsonl").stat().st_size  # every row has this size (steps 0-9)
+be = JsonlBackend({"logging_mode": "global_reduce", "retry_buffer_mb": (buffer_rows * row - 1) / 2**20})
+be.init(run=RunContext(run_id="r", run_dir=root / "r"))
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+for s in range(3):
+    be.log_step(rec(s))
+resource.setrlimit(resource.RLIMIT_FSIZE, (3 * row + row // 2, resource.RLIM_INFINITY))  # room for half a row more
+for s in range(3, 8):
+    be.log_step(rec(s))
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))  # room again
+be.log_step(rec(8))
+be.finish()
+print(json.dumps(be.meta_report()))
+"""
+
+
+@pytest.mark.parametrize("buffer_rows, written, report", [
+    # steps 3-7 wait in memory (step 3's first half is on disk), then every row is written once
+    (100, list(range(9)), {"unwritten_steps": [], "delayed_steps": 5, "write_errors": 5}),
+    # room for 2 rows in memory: step 3's second half and step 4 wait; 5-7 exceed it and are named
+    (2, [0, 1, 2, 3, 4, 8], {"unwritten_steps": [5, 6, 7], "delayed_steps": 2, "write_errors": 5}),
+])
+def test_rows_the_disk_refuses_are_held_and_written_once_when_it_takes_them(tmp_path, buffer_rows, written, report):
+    """A real process whose file-size limit (RLIMIT_FSIZE, no mount rights needed) makes the
+    kernel refuse metrics.jsonl's writes (EFBIG) from the middle of step 3 to step 7, then lets
+    them through again: the store holds the rows in memory (up to retry_buffer_mb) and writes
+    each once, in order; what it could not hold is named."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", _STORE_PROGRAM, str(tmp_path), str(buffer_rows)], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == report
+    rows = read_metrics(tmp_path / "r")
+    assert [r["step"] for r in rows] == written and [r["metrics"]["x"] for r in rows] == [float(s) for s in written]
+    text = (tmp_path / "r" / "metrics.jsonl").read_text()
+    assert text.count("\n") == len(written) and text.endswith("\n")  # no torn or repeated row
+    assert p.stderr.count("could not write") == 1 and "is written again" in p.stderr
+    if report["unwritten_steps"]:
+        assert "lost: steps 5-7" in p.stderr
+
+
+class TinyDisk:
+    """A real 1 MiB tmpfs (needs mount rights): ``fill()`` writes a file until the kernel says
+    ENOSPC, ``free()`` removes it."""
+
+    def __init__(self, root):
+        self.root = root
+        self.filler = root / "filler"
+
+    def fill(self):
+        with open(self.filler, "ab", buffering=0) as f:
+            for size in (4096, 1):
+                try:
+                    while True:
+                        f.write(b"x" * size)
+                except OSError as e:
+                    assert e.errno == errno.ENOSPC, e
+
+    def free(self):
+        self.filler.unlink()
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    import subprocess
+
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (the RLIMIT_FSIZE test above covers the store without mount rights)")
+    try:
+        yield TinyDisk(mnt)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+#: 40 keys with long names: a row is over 4 KiB, so no step fits in what is left of a page
+_KEYS = [f"k{i:02d}_" + "x" * 100 for i in range(40)]
+
+
+async def _logged_steps(mlogger, steps, disk, fill_at=None, free_at=None):
+    from forge_obs import Reduce, record_metric
+
+    for step in steps:
+        if step == fill_at:
+            disk.fill()
+        if step == free_at:
+            disk.free()
+        for i, k in enumerate(_KEYS):
+            record_metric(k, float(step * 100 + i), Reduce.SUM)
+        await mlogger.flush.call_one(step)
+        await mlogger.wait_idle.call_one()  # the step reached the store before the disk changes
+
+
+def _exact(rows, steps):
+    assert [r["step"] for r in rows] == list(steps)
+    assert all(r["metrics"][k] == r["step"] * 100 + i for r in rows for i, k in enumerate(_KEYS))
+
+
+async def test_a_full_disk_loses_no_step_of_the_local_store(tiny_disk):
+    """The issue's run: the run root on a tmpfs, filled at step 10, freed at step 25: every step
+    0-29 is in metrics.jsonl once, with its own values; meta.json says which waited."""
+    from tests.helpers import start_logger
+
+    mlogger = await start_logger(tiny_disk.root, {"jsonl": {"logging_mode": "global_reduce"}})
+    await _logged_steps(mlogger, range(30), tiny_disk, fill_at=10, free_at=25)
+    await mlogger.shutdown.call_one()
+    run = tiny_disk.root / "t"
+    _exact(read_metrics(run), range(30))
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["status"] == "finished" and meta["steps_logged"] == 30
+    assert {k: meta["backends"]["jsonl"][k] for k in ("steps", "errors", "unwritten_steps", "delayed_steps", "write_errors")} == \
+        {"steps": 30, "errors": 0, "unwritten_steps": [], "delayed_steps": 15, "write_errors": 15}
+    assert not (run / ".meta.json.reserve").exists()
+
+
+async def test_a_disk_that_stays_full_names_the_lost_steps_and_meta_json_is_final(tiny_disk, caplog):
+    """Filled at step 10 and never freed: steps 10-19 cannot be written; shutdown names them in
+    an error log and in meta.json, whose status is "finished" (written in the space the session
+    kept for it). A later session of the same run, the disk freed, starts on a line of its own."""
+    from tests.helpers import start_logger
+
+    mlogger = await start_logger(tiny_disk.root, {"jsonl": {"logging_mode": "global_reduce"}})
+    with caplog.at_level(logging.ERROR, logger="forge_obs"):
+        await _logged_steps(mlogger, range(20), tiny_disk, fill_at=10)
+        await mlogger.shutdown.call_one()
+    run = tiny_disk.root / "t"
+    _exact(read_metrics(run), range(10))
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["status"] == "finished" and meta["steps_logged"] == 20
+    assert meta["backends"]["jsonl"]["unwritten_steps"] == list(range(10, 20))
+    assert any("the rows of 10 steps could not be written" in r.getMessage() and "steps 10-19" in r.getMessage()
+               for r in caplog.records)
+    tiny_disk.free()
+    mlogger = await start_logger(tiny_disk.root, {"jsonl": {"logging_mode": "global_reduce"}})
+    await _logged_steps(mlogger, range(20, 22), tiny_disk)
+    await mlogger.shutdown.call_one()
+    _exact(read_metrics(run), [*range(10), 20, 21])
+
+
+def test_the_final_status_uses_the_space_kept_for_it(tmp_path, monkeypatch, caplog):
+    """Simulated at the file-write boundary (no mount rights needed; the tmpfs test above does
+    it for real): meta.json's replacement fails with ENOSPC while the 64 KiB reserve exists, as
+    on a disk whose only free blocks would be the reserve's. write_meta frees the reserve and
+    records the status; with no reserve left, it logs which status it could not record."""
+    import forge_obs.run as run_mod
+    from forge_obs.run import META_RESERVE_BYTES, reserve_meta_space
+
+    d = tmp_path / "r"
+    assert write_meta(d, status="running") is not None
+    reserve_meta_space(d)
+    reserve = d / ".meta.json.reserve"
+    assert reserve.stat().st_blocks * 512 >= META_RESERVE_BYTES
+    real = run_mod._replace_atomically
+
+    def replace(path, text):
+        if reserve.exists():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, text)
+
+    monkeypatch.setattr(run_mod, "_replace_atomically", replace)
+    assert write_meta(d, status="finished") is not None
+    assert json.loads((d / "meta.json").read_text())["status"] == "finished" and not reserve.exists()
+    def always_full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(run_mod, "_replace_atomically", always_full)
+    with caplog.at_level(logging.ERROR, logger="forge_obs"):
+        assert write_meta(d, status="reconfigured") is None
+    assert "its status stays as it was, not 'reconfigured'" in caplog.text
+    assert json.loads((d / "meta.json").read_text())["status"] == "finished"

@@ -50,6 +50,8 @@ def _show(args: argparse.Namespace) -> int:
     if args.mode not in SHOW_MODES:
         print(f"forge-obs show: unknown --mode {args.mode!r}; valid: {', '.join(SHOW_MODES)}", file=sys.stderr)
         return 2
+    if not _check_run_dir(args.run_dir, "show"):
+        return 2
     path = args.run_dir / "metrics.jsonl"
     if not path.is_file():
         print(f"forge-obs show: no metrics.jsonl in {args.run_dir} (pass a run directory, e.g. runs/<run_id>)", file=sys.stderr)
@@ -71,11 +73,18 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
-def _check_run_dir(p: Path) -> bool:
-    if not p.is_dir():
-        print(f"forge-obs: {p} is not a run directory", file=sys.stderr)
-        return False
-    return True
+#: what makes a directory a run directory: any of these in it
+RUN_MARKERS = ("metrics.jsonl", "meta.json", "events")
+
+
+def _check_run_dir(p: Path, cmd: str) -> bool:
+    """Whether ``p`` is a run directory (holds one of :data:`RUN_MARKERS`); if not, one line on
+    stderr says so (every subcommand then exits 2)."""
+    if p.is_dir() and any((p / name).exists() for name in RUN_MARKERS):
+        return True
+    print(f"forge-obs {cmd}: {p} is not a run directory (no metrics.jsonl, meta.json or events/; pass runs/<run_id>)",
+          file=sys.stderr)
+    return False
 
 
 def _trace_args(p: argparse.ArgumentParser) -> None:
@@ -95,7 +104,7 @@ def _trace(args: argparse.Namespace) -> int:
     from forge_obs.analysis.trace import export_trace, parse_names, parse_steps
     from forge_obs.timeline.schema import parse_ranks
 
-    if not _check_run_dir(args.run_dir):
+    if not _check_run_dir(args.run_dir, "trace"):
         return 2
     out = args.output or (args.run_dir / "trace.json")
     try:
@@ -155,7 +164,7 @@ def _sql_args(p: argparse.ArgumentParser) -> None:
 
 @command("sql", "query a run with DuckDB: views metrics, spans, events", _sql_args)
 def _sql(args: argparse.Namespace) -> int:
-    if not _check_run_dir(args.run_dir):
+    if not _check_run_dir(args.run_dir, "sql"):
         return 2
     from forge_obs.analysis.sql import connect, format_result  # without duckdb: forge_obs.cli names the extra
 
@@ -196,7 +205,7 @@ def _doctor_args(p: argparse.ArgumentParser) -> None:
 def _doctor(args: argparse.Namespace) -> int:
     from forge_obs.analysis.doctor import diagnose_run
 
-    if not _check_run_dir(args.run_dir):
+    if not _check_run_dir(args.run_dir, "doctor"):
         return 2
     kw: dict = {}
     for item in args.set:
@@ -229,10 +238,8 @@ def _report_args(p: argparse.ArgumentParser) -> None:
 def _report(args: argparse.Namespace) -> int:
     from forge_obs.analysis.report.html import write_report
 
-    run_dir: Path = args.run_dir
-    if not run_dir.is_dir() or not ((run_dir / "metrics.jsonl").exists() or (run_dir / "meta.json").exists()):
-        print(f"forge-obs: {run_dir} is not a run directory (no metrics.jsonl or meta.json)", file=sys.stderr)
+    if not _check_run_dir(args.run_dir, "report"):
         return 2
-    out = write_report(run_dir, args.output)
+    out = write_report(args.run_dir, args.output)
     print(out)
     return 0

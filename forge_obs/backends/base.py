@@ -23,6 +23,7 @@ Hooks, all optional:
   (raw values streamed between flushes, :class:`StreamBatch`), ``log_stream(metric, global_step,
   source=...)``.
 - ``finish()``: flush and close at shutdown.
+- ``meta_report()``: counts of its own for its entry in ``meta.json``'s ``backends``.
 
 torchforge's backends work unchanged: a keyword-only constructor (``logging_mode=...,
 per_rank_share_run=..., **kwargs`` -> ``backend_kwargs``) is called with the config's keys
@@ -205,6 +206,11 @@ class LoggerBackend:
     @awaitable
     def finish(self) -> None:
         pass
+
+    def meta_report(self) -> dict[str, Any]:
+        """Counts of this backend's own that ``meta.json`` adds to its entry in ``backends``
+        (read after ``finish``; e.g. the local store's ``unwritten_steps``). Default: none."""
+        return {}
 
     def get_metadata_for_secondary_ranks(self) -> dict[str, Any] | None:
         """torchforge's hook for per-rank backends sharing the controller's run. forge_obs runs

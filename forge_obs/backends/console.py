@@ -42,6 +42,10 @@ A rank that misses a step's flush is reported once, on the step it goes missing,
 on the step its values arrive again (``[forge_obs] step 12: rank(s) missing: ...`` /
 ``... back: ...``), whatever ``every`` is.
 
+Keys, labels and text values print with their control characters escaped as ``repr`` writes
+them (an ANSI escape as ``\\x1b``, a newline as ``\\n``): nothing recorded can recolour the
+terminal or fake a line.
+
 Config: ``logging_mode`` (default ``global_reduce``), ``compact`` (one block of lines per step,
 one line per group, and one per rank in per-rank modes), ``every`` (print every N-th step;
 default 1), ``include`` (key prefixes to show; default all), ``units``, ``show_obs`` (default
@@ -62,6 +66,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from forge_obs._safe import printable, safe_str
 from forge_obs.backends.base import LoggerBackend, awaitable
 from forge_obs.config import parse_options
 from forge_obs.metric import Metric
@@ -190,7 +195,7 @@ def format_value(v: Any, unit: str = "", sep: str = " ") -> str:
             elif quantiles and isinstance(x, (int, float)) and not isinstance(x, bool) and k.startswith("p"):
                 parts.append(f"{k}={_with_unit(float(x), unit, '', 3) if unit else _quantile(float(x))}")
             else:
-                parts.append(f"{k}={format_value(x, unit if k != 'nan' else '', '')}")
+                parts.append(f"{printable(safe_str(k))}={format_value(x, unit if k != 'nan' else '', '')}")
         return " ".join(parts)
     if isinstance(v, list):
         if v and all(isinstance(r, dict) for r in v):
@@ -202,7 +207,7 @@ def format_value(v: Any, unit: str = "", sep: str = " ") -> str:
             return format_value(item(), unit, sep)
         except Exception:  # noqa: BLE001
             pass
-    return str(v)
+    return printable(safe_str(v))
 
 
 def _group(key: str) -> str:
@@ -214,19 +219,20 @@ def _sorted(metrics: list[Metric]) -> list[Metric]:
 
 
 def format_block(title: str, step: int, metrics: list[Metric], units: dict[str, str] | None = None) -> str:
-    lines = [f"=== [{title}] - METRICS STEP {step} ==="]
+    lines = [f"=== [{printable(title)}] - METRICS STEP {step} ==="]
     if metrics:
         ms = _sorted(metrics)
         groups = {_group(m.key) for m in ms}
-        width = max(len(m.key) for m in ms) + 1
+        shown = [printable(m.key) for m in ms]
+        width = max(len(k) for k in shown) + 1
         current = None
-        for m in ms:
+        for m, key in zip(ms, shown):
             g = _group(m.key)
             if len(groups) > 1 and g != current:
                 current = g
                 if g:
-                    lines.append(f"-- {g} --")
-            lines.append(f"{(m.key + ':').ljust(width)} {format_value(m.value, unit_for(m.key, units))}")
+                    lines.append(f"-- {printable(g)} --")
+            lines.append(f"{(key + ':').ljust(width)} {format_value(m.value, unit_for(m.key, units))}")
     return "\n".join(lines)
 
 
@@ -237,9 +243,9 @@ def format_compact(title: str, metrics: list[Metric], units: dict[str, str] | No
     for m in _sorted(metrics):
         g = _group(m.key)
         name = m.key[len(g) + 1 :] if g else m.key
-        item = f"{name}={format_value(m.value, unit_for(m.key, units), '')}".replace(" ", ",")
-        groups.setdefault(g, []).append(item)
-    head = f"[{title}] "
+        item = f"{printable(name)}={format_value(m.value, unit_for(m.key, units), '')}".replace(" ", ",")
+        groups.setdefault(printable(g), []).append(item)
+    head = f"[{printable(title)}] "
     gw = max((len(g) for g in groups), default=0)
     lines: list[str] = []
     for g, items in groups.items():
@@ -282,9 +288,9 @@ class ConsoleBackend(LoggerBackend):
         gone, back = self._missing_changes(record)
         if gone:
             self._note(f"[forge_obs] step {record.step}: missing (no values within flush_timeout_s; "
-                       f"not waited for again): {', '.join(gone)}")
+                       f"not waited for again): {', '.join(map(printable, gone))}")
         if back:
-            self._note(f"[forge_obs] step {record.step}: back (late values in this step): {', '.join(back)}")
+            self._note(f"[forge_obs] step {record.step}: back (late values in this step): {', '.join(map(printable, back))}")
         if printed or gone or back:
             self._out.flush()
 
@@ -323,4 +329,5 @@ class ConsoleBackend(LoggerBackend):
             return
         out = sys.stderr if self.options.stream == "stderr" else sys.stdout  # also between steps
         ts = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(metric.timestamp))
-        print(f"[{source}] {ts} INFO {metric.key}: {format_value(metric.value, unit_for(metric.key, self.units))}", file=out)
+        value = format_value(metric.value, unit_for(metric.key, self.units))
+        print(f"[{printable(safe_str(source))}] {ts} INFO {printable(metric.key)}: {value}", file=out)

@@ -6,21 +6,36 @@
     {"run_id": "r1", "step": 0, "mode": "per_rank_no_reduce", "source": {...}, "values": [["loss", 0.5, 1.7e9]]}
 
 Config: ``logging_mode`` (default: ``global_reduce`` and ``per_rank_reduce``), ``fsync`` (default True),
-``show_obs`` (default True: the ``obs/…`` self-metrics, which the report and ``doctor`` read).
+``show_obs`` (default True: the ``obs/…`` self-metrics, which the report and ``doctor`` read),
+``retry_buffer_mb`` (default 256: see below).
 Raw values streamed between flushes (``per_rank_no_reduce``) are written as they arrive, under
 their rank's predicted step (its last flushed step + 1).
 NaN/inf are written as JSON ``NaN``/``Infinity`` (Python's json reads them back).
+
+A write the file system refuses (a full disk, a quota) loses nothing while memory allows: the
+rows not on disk are held, in order, and retried with every later step and at ``finish``, so the
+file ends up with every row once, in order (a row the disk took part of is completed, never
+written twice). At most ``retry_buffer_mb`` MiB are held; the rows of a step beyond that, and
+those still held at ``finish``, are lost and named: :meth:`JsonlBackend.meta_report` gives
+``unwritten_steps`` (which steps), ``delayed_steps`` (how many steps waited in memory) and
+``write_errors`` for ``meta.json``'s ``backends.jsonl``, and each outage, recovery and loss is
+logged once. A file left with a torn last row is given its line end when a session opens it
+again, so the next session's rows start on a line of their own.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+from collections import deque
 from typing import Any
 
 from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable
 from forge_obs.metric import LoggingMode
 from forge_obs.record import StepRecord
+
+logger = logging.getLogger("forge_obs")
 
 
 def _default(o: Any) -> Any:
@@ -33,8 +48,26 @@ def _default(o: Any) -> Any:
     return str(o)
 
 
+#: ``retry_buffer_mb`` default: MiB of rows held in memory while the disk refuses them
+DEFAULT_RETRY_BUFFER_MB = 256.0
+
+
 class JsonlBackend(LoggerBackend):
     default_modes = (LoggingMode.GLOBAL_REDUCE, LoggingMode.PER_RANK_REDUCE)
+
+    def __init__(self, logger_backend_config: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(logger_backend_config, **kwargs)
+        mb = self.config.get("retry_buffer_mb", DEFAULT_RETRY_BUFFER_MB)
+        if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not 0 <= mb < float("inf"):
+            raise ValueError(f"jsonl backend: retry_buffer_mb must be a number of MiB >= 0, got {mb!r}")
+        self._max_held = int(mb * 2**20)
+        self._held: deque = deque()  # [steps, bytes not on disk yet], in file order
+        self._held_bytes = 0
+        self._failing = False  # the last write or fsync failed
+        self.write_errors = 0
+        self._delayed: set[int] = set()  # steps whose rows waited in memory for the disk
+        self._unwritten: set[int] = set()  # steps whose rows are not in the file
+        self._fd: int | None = None
 
     @awaitable
     def init(self, run=None, **kwargs: Any) -> None:
@@ -42,8 +75,11 @@ class JsonlBackend(LoggerBackend):
         assert run is not None, "the jsonl backend needs a run directory"
         run.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run.run_dir / self.config.get("filename", "metrics.jsonl")
-        self._f = open(self.path, "a", encoding="utf-8")
         self._fsync = bool(self.config.get("fsync", True))
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        if _ends_torn(self.path):  # a torn last row of an earlier session: the next row starts a line
+            self._hold([], b"\n")
+            self._drain()
 
     def log_step(self, record: StepRecord) -> None:
         base = {"run_id": record.run_id, "step": record.step}
@@ -69,26 +105,122 @@ class JsonlBackend(LoggerBackend):
                     if rows:
                         src = record.sources.get(label, {"label": label})
                         lines.append(dict(base, mode=mode.value, source=src, values=[list(r) for r in rows]))
-        self._write(lines)
+        self._write(lines, [record.step])
 
     def log_stream_batch(self, batch: StreamBatch) -> None:
         run_id = self.run.run_id if self.run is not None else None
         mode = LoggingMode.PER_RANK_NO_REDUCE.value
+        entries = [(label, step, rows) for label, step, rows in batch.entries if rows]
         self._write([{"run_id": run_id, "step": step, "mode": mode, "source": batch.sources.get(label, {"label": label}),
-                      "values": [list(r) for r in rows]} for label, step, rows in batch.entries if rows])
+                      "values": [list(r) for r in rows]} for label, step, rows in entries],
+                    sorted({step for _label, step, _rows in entries}))
 
-    def _write(self, lines: list[dict]) -> None:
+    def _write(self, lines: list[dict], steps: list[int]) -> None:
+        """Append ``lines`` (the rows of ``steps``) after every row still held, as far as the disk takes them."""
         if not lines:
             return
-        self._f.write("".join(json.dumps(r, default=_default) + "\n" for r in lines))
-        self._f.flush()
-        if self._fsync:
-            os.fsync(self._f.fileno())
+        ready = not self._held or self._drain()  # the rows waiting go first (one try per call)
+        held = self._hold(steps, "".join(json.dumps(r, default=_default) + "\n" for r in lines).encode("utf-8"))
+        if not (ready and self._drain()) and held:
+            self._delayed.update(steps)
+
+    def _hold(self, steps: list[int], data: bytes) -> bool:
+        """Queue ``data`` behind the rows held; beyond ``retry_buffer_mb`` it is dropped, its
+        steps named (False)."""
+        if self._held and self._held_bytes + len(data) > self._max_held:
+            if not self._unwritten:
+                logger.error("forge_obs: %s: %d MiB of rows are waiting for the disk; the rows of new steps are "
+                             "dropped until it takes them (named in meta.json: backends.jsonl.unwritten_steps)",
+                             self.path, self._max_held >> 20)
+            self._unwritten.update(steps)
+            return False
+        self._held.append([steps, memoryview(data)])
+        self._held_bytes += len(data)
+        return True
+
+    def _drain(self) -> bool:
+        """Write what is held, in order (a partly written row is completed, never repeated), then
+        fsync. True when nothing is held any more; an error is counted and logged once per outage."""
+        while self._held:
+            item = self._held[0]
+            try:
+                n = os.write(self._fd, item[1])
+            except OSError as e:
+                self._outage(e)
+                return False
+            self._held_bytes -= n
+            item[1] = item[1][n:]
+            if not item[1]:
+                self._held.popleft()
+        try:
+            if self._fsync:
+                os.fsync(self._fd)
+        except OSError as e:
+            self._outage(e)
+            return False
+        if self._failing:
+            logger.warning("forge_obs: %s is written again: every held row is on disk (%d steps waited in memory "
+                           "so far, %d lost)", self.path, len(self._delayed), len(self._unwritten))
+            self._failing = False
+        return True
+
+    def _outage(self, e: OSError) -> None:
+        self.write_errors += 1
+        if not self._failing:
+            logger.error("forge_obs: could not write %s: %s; its rows are held in memory (at most %g MiB) and "
+                         "written with the next step that the disk takes", self.path, e, self._max_held / 2**20)
+        self._failing = True
+
+    def meta_report(self) -> dict[str, Any]:
+        """What ``meta.json`` records of this store: steps whose rows are not in the file, steps
+        that waited for the disk, failed writes."""
+        return {"unwritten_steps": sorted(self._unwritten), "delayed_steps": len(self._delayed),
+                "write_errors": self.write_errors}
 
     @awaitable
     def finish(self) -> None:
-        f = getattr(self, "_f", None)
-        if f is not None and not f.closed:
-            f.flush()
-            os.fsync(f.fileno())
-            f.close()
+        """Write what is held (one last try), then close; the steps whose rows are still not on
+        disk are named in one error log and in :meth:`meta_report`."""
+        fd = self._fd
+        if fd is None:
+            return
+        try:
+            self._drain()
+            self._unwritten.update(s for steps, _data in self._held for s in steps)
+            self._held.clear()
+            self._held_bytes = 0
+            if self._unwritten:
+                lost = sorted(self._unwritten)
+                logger.error("forge_obs: the rows of %d steps could not be written to %s and are lost: steps %s "
+                             "(named in meta.json: backends.jsonl.unwritten_steps)", len(lost), self.path,
+                             _ranges(lost))
+        finally:
+            self._fd = None
+            os.close(fd)
+
+
+def _ends_torn(path: Any) -> bool:
+    """Whether the file at ``path`` is not empty and does not end with a line end."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() == 0:
+                return False
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) != b"\n"
+    except OSError:
+        return False
+
+
+def _ranges(steps: list[int]) -> str:
+    """``[1, 2, 3, 7]`` -> ``"1-3, 7"``."""
+    out: list[str] = []
+    start = prev = steps[0]
+    for s in steps[1:] + [None]:
+        if s is not None and s == prev + 1:
+            prev = s
+            continue
+        out.append(f"{start}-{prev}" if prev != start else f"{start}")
+        if s is not None:
+            start = prev = s
+    return ", ".join(out)
