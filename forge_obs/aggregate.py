@@ -17,6 +17,10 @@ A member keeps what it sent each leader (its last 32 cuts); when the plan names 
 or a message to the leader comes back undeliverable (its process is gone), it resends that to
 the controller (:data:`RESENT`), which keeps the states of a (rank, cut) it did not get and drops
 the others. The controller drops bundles of a leader replaced since (its plan ``version``).
+When a leader's bundle of a cut is not in ``BYPASS_FRACTION`` of ``flush_timeout_s`` after the
+cut (the leader is dead, hung or slow), the controller asks its group's ranks to resend their
+answer to that cut directly (:meth:`Route.resend_cut`) and drops that leader's bundles of the
+cut: the live ranks' values keep their step, only the failed leader is named late and missing.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from forge_obs._threads import STOP, stop_port_thread
 from forge_obs.bundle import make_bundle
@@ -102,6 +106,7 @@ class Route:
         self.aggregator: Aggregator | None = None
         self.sent: dict[str, list] = {}  # leader's port -> what was sent to it, newest last
         self.dead_ports: set[str] = set()
+        self.direct_upto = 0  # cuts up to this one are answered directly (the controller asked)
 
     def hello(self) -> None:
         """Tell the controller this rank's host and port (before its first cut)."""
@@ -115,7 +120,7 @@ class Route:
         new = self._leader_port()
         if old is not None and (new is None or port_key(new) != port_key(old)):
             self.resend(port_key(old))  # a new leader: the old one may not have forwarded it all
-        if new is None or port_key(new) in self.dead_ports:
+        if new is None or port_key(new) in self.dead_ports or seq <= self.direct_upto:
             return self.ctl
         rank = self.key[1]
         if self.plan["leader"].get(rank) == rank:
@@ -150,7 +155,21 @@ class Route:
     def resend(self, key: str) -> None:
         """What is kept of what this rank sent that leader, to the controller: it takes the
         states it has not got (by rank and cut) and drops the others."""
-        for msg in self.sent.pop(key, ()):
+        self._to_controller(self.sent.pop(key, ()))
+
+    def resend_cut(self, seq: int) -> None:
+        """The controller did not get this rank's answer to cut ``seq`` from its leader in time:
+        what this rank sent for that cut goes to the controller now, and, if it has not taken
+        the cut yet, it answers it directly."""
+        self.direct_upto = max(self.direct_upto, seq)
+        for sent in self.sent.values():
+            mine = [m for m in sent if m[1] == seq]
+            if mine:
+                sent[:] = [m for m in sent if m[1] != seq]
+                self._to_controller(mine)
+
+    def _to_controller(self, msgs: Iterable[tuple]) -> None:
+        for msg in msgs:
             if msg[0] != ACK_KIND:
                 msg = (RESENT, *msg[1:])
             try:

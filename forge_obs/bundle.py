@@ -22,9 +22,10 @@ A *bundle* is the merge of several ranks' snapshots (one step's cut, one group o
   exact sum of the ranks' values): a MEAN/SUM key's rows are ``[(p0, count), (p1, 0), ...]``
   with the key repeated, so ``math.fsum`` at the controller returns exactly the value it returns
   over every rank's row — bit for bit, whatever the grouping.
-- COUNT, MAX, MIN (NaN sticks), LAST (latest wall time) merge exactly; STD merges with Chan's
-  formula (numerically stable; the last bits depend on the grouping, as they already depend on
-  arrival order at the controller); SAMPLE and custom reductions merge with their class's
+- COUNT, MAX, MIN (NaN sticks), LAST (latest wall time) merge exactly, with their accumulator's
+  ``merge_rows``; STD merges with Chan's formula over the rows in one canonical order (so a
+  group's merge does not depend on the order its members' states arrived; the last bits depend
+  on the grouping, which the plan fixes); SAMPLE and custom reductions merge with their class's
   ``merge_states``, which must be associative (it is already applied to merged states when a
   rank's late states meet its own).
 - A key recorded with different reductions is reported in ``conflicts`` and the controller
@@ -79,13 +80,6 @@ def exact_parts(values: Iterable[float]) -> list[float]:
     return partials + special
 
 
-def _nan_sticky(rows: list, pick: Any) -> float:
-    for v in rows:
-        if v != v:
-            return math.nan
-    return pick(rows)
-
-
 def merge_packed(snaps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, list], dict[str, int]]:
     """Merge decoded packed snapshots (ranks' or bundles' ``merged``) into one.
 
@@ -132,24 +126,9 @@ def merge_packed(snaps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str,
                 parts = exact_parts(items) or [0.0]
                 ks.extend([k] * len(parts))
                 rows.extend(parts)
-            elif rt == "count":
+            else:  # one merge per reduction: its accumulator's (canonical order, exact where it can be)
                 ks.append(k)
-                rows.append(sum(items))
-            elif rt == "max":
-                ks.append(k)
-                rows.append(_nan_sticky(items, max))
-            elif rt == "min":
-                ks.append(k)
-                rows.append(_nan_sticky(items, min))
-            elif rt == "std":
-                ks.append(k)
-                rows.append(ROW_CLASSES["std"].merge_rows(items))
-            elif rt == "last":
-                ks.append(k)
-                rows.append(max(items, key=lambda r: r[1]))
-            else:  # a row reduction without a merge here: forwarded unmerged (reduced at the controller)
-                ks.extend([k] * len(items))
-                rows.extend(items)
+                rows.append(ROW_CLASSES[rt].merge_rows(items))
         else:
             try:
                 states[k] = items[0] if len(items) == 1 else accumulator_for(rt).merge_states(items)

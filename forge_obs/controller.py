@@ -151,6 +151,19 @@ class FlushWait:
         return None
 
 
+def _ask_resend(seq: int, ranks: dict[str, list[int]]) -> None:
+    """Ask ``ranks`` (mesh id -> ranks) to send their answer to cut ``seq`` to the controller
+    directly (their group leader did not deliver it in time; the pipeline calls this)."""
+    for mesh_id, rs in ranks.items():
+        e = LOCAL_MESHES.get(mesh_id)
+        if e is None:
+            continue
+        try:
+            e.fetchers.resend.broadcast(seq, sorted(rs))
+        except Exception as ex:  # noqa: BLE001 - a gone mesh is reported as missing ranks
+            logger.warning("forge_obs: could not ask mesh %s to resend cut %s: %r", e.name, seq, ex)
+
+
 def _resolve(fut: asyncio.Future) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -180,18 +193,24 @@ def start_flush(step: Any, final: bool = False) -> FlushWait:
     live, stopped = LOCAL_MESHES.take_for_cut()
     ranks = {(e.mesh_id, r): e.label(r) for e in live for r in range(e.size)}
     stopping = {(e.mesh_id, r): e.label(r) for e in stopped for r in range(e.size)}
-    cut = pipeline.begin_cut(step, taken, ranks, stopping, final=final)
+    planner, mode, job_ranks = st.planner, st.aggregate, len(ranks)
+    casts = []
+    for e in live:
+        try:
+            casts.append((e, planner.plan_for(e.mesh_id, e.size, pipeline.lagging, pipeline.need_per_rank,
+                                              pipeline.flush_timeout_s, mode, job_ranks)))
+        except Exception as ex:  # noqa: BLE001 - a dead mesh is reported as missing ranks
+            logger.warning("forge_obs: could not plan mesh %s: %r", e.name, ex)
+    groups = planner.groups([e.mesh_id for e, _plan in casts])
+    cut = pipeline.begin_cut(step, taken, ranks, stopping, final=final, groups=groups)
     st.last_step = step
     _COLLECTOR.global_step = step + 1  # the controller's own raw values stream under the next step
     store_options({"last_step": step})  # fetchers spawned from now on predict from it
     from forge_obs.timeline.writer import now_us
 
     ctl_us = now_us()
-    planner, mode, job_ranks = st.planner, st.aggregate, len(ranks)
-    for e in live:
+    for e, plan in casts:
         try:
-            plan = planner.plan_for(e.mesh_id, e.size, pipeline.lagging, pipeline.need_per_rank,
-                                    pipeline.flush_timeout_s, mode, job_ranks)
             e.fetchers.cut.broadcast(cut.seq, step, e.actor_label, ctl_us, plan)
         except Exception as ex:  # noqa: BLE001 - a dead mesh is reported as missing ranks
             logger.warning("forge_obs: could not cut mesh %s: %r", e.name, ex)
@@ -295,7 +314,7 @@ def _take(msg: tuple) -> None:
             pipeline.ack_batch(msg[1], msg[2], msg[3])
         elif kind == BUNDLE:  # (seq, leader, version, ranks, identities, bytes)
             if _STATE.planner.current(msg[2], msg[3]):
-                pipeline.bundle(msg[1], msg[4], msg[6], msg[5])
+                pipeline.bundle(msg[1], msg[4], msg[6], msg[5], leader=msg[2])
             else:  # a replaced leader's: its members resent their states to the controller
                 pipeline.fenced_bundles += 1
         elif kind == RESENT:
@@ -413,6 +432,7 @@ class GlobalLoggingActor(Actor):
                                  shutdown_timeout_s=cfg.shutdown_timeout_s, queue_steps=cfg.backend_queue_steps)
         st.aggregate = cfg.aggregate
         pipeline.leader_of = st.planner.leader_of
+        pipeline.ask_resend = _ask_resend
         pipeline.start()
         streaming = any(LoggingMode.PER_RANK_NO_REDUCE in be.modes for be in backends.values())
         _COLLECTOR.set_streaming(streaming)

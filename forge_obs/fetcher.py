@@ -241,6 +241,14 @@ class LocalFetcherActor(Actor):
         except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
             logger.error("forge_obs: %s could not send its states (cut %s): %r", self.identity.label, seq, e)
 
+    @endpoint
+    async def resend(self, seq: int, ranks: list[int]) -> None:
+        """The controller did not get cut ``seq``'s bundle from the group leader of ``ranks``
+        in time: if this rank is one of them, what it sent that leader for the cut goes to the
+        controller directly (:meth:`forge_obs.aggregate.Route.resend_cut`)."""
+        if self.route is not None and self.rank in ranks:
+            self.route.resend_cut(seq)
+
     def _handle_undeliverable_message(self, message: Any) -> bool:
         """A message to a group leader whose process is gone: what this rank sent it goes to the
         controller instead (:meth:`forge_obs.aggregate.Route.undeliverable`)."""

@@ -35,7 +35,10 @@ thread of its own (:mod:`forge_obs.backend_worker`).
 Group leaders (``"aggregate"``, :mod:`forge_obs.aggregate`) answer for several ranks at once:
 ``ack_batch`` acknowledges each of them (and names those the leader gave up on), ``bundle``
 counts each as received and carries their states merged; ``states_resent`` takes a state a
-member resent after its leader failed, unless a bundle already brought it. Each cut keeps two
+member resent after its leader failed, unless a bundle already brought it. A cut that knows its
+groups (``begin_cut(groups=...)``) asks, through ``ask_resend``, the ranks of each group whose
+leader has not delivered its bundle ``BYPASS_FRACTION`` of ``flush_timeout_s`` after it began to
+resend directly, and drops that leader's bundles of the cut. Each cut keeps two
 counters (acks awaited, states awaited), adjusted on every change, so that an ack, a state or a
 batch costs O(its ranks), not O(the cut's ranks).
 
@@ -48,7 +51,9 @@ step that then takes the rank's states is not the predicted one, the step's
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -59,6 +64,7 @@ from forge_obs.backends.base import LoggerBackend
 from forge_obs.collector import MetricCollector, Taken
 from forge_obs.identity import rank_label
 from forge_obs.metric import LoggingMode, Metric
+from forge_obs.plan import BYPASS_FRACTION
 from forge_obs.record import RankViews, StepRecord
 from forge_obs.reduce import Reduce, merge_snapshots, reduce_snapshots
 from forge_obs.selfobs import CPU_PARTS, SELF_OBS, add_cpu
@@ -72,7 +78,8 @@ ChildMesh = tuple
 
 _COLLECTOR = MetricCollector()
 _COUNTERS = ("values_recorded", "dropped_values", "nonfinite_values", "stream_overflow", "stream_step_mismatch")
-#: cuts whose bundled ranks are remembered (a member keeps what it sent its leader for 32 cuts)
+#: cuts whose ranks taken from bundles and resends, and bypassed leaders, are remembered (a
+#: member keeps what it sent its leader for 32 cuts)
 BUNDLED_SEQS = 64
 #: how long the worker lets a flush that waited for a cut resume before merging its step
 RESUME_GRACE_S = 0.002
@@ -112,6 +119,9 @@ class Cut:
     blocked_s: float = 0.0  # from begin to close: how long an awaiting flush blocks
     bundles: list = field(default_factory=list)  # merged states of groups of ranks (forge_obs.bundle)
     given_up: set = field(default_factory=set)  # expected ranks an aggregator stopped waiting for
+    groups: dict = field(default_factory=dict)  # leader -> its group's ranks (the aggregated route's)
+    delivered: set = field(default_factory=set)  # leaders whose bundle of this cut was taken
+    bypass_at: float = math.inf  # then groups whose leader did not deliver are asked to resend directly
     # kept by every change of acked / received / lagging / expected / given_up, so that each
     # check is O(1): n_left = expected, not lagging, not acked, not given up (acks awaited);
     # n_due = acked, not lagging, not received (states awaited)
@@ -157,11 +167,18 @@ class FlushPipeline:
         self.assembled = 0  # cuts taken off the queue (a step handed to the backends, or none)
         self.steps_logged = 0  # steps handed to the backends
         self.late_states = 0
-        self.fenced_bundles = 0  # bundles from a replaced leader: dropped (its members resent their states)
+        self.fenced_bundles = 0  # bundles from a replaced or bypassed leader: dropped (its members resent their states)
         self.duplicates_dropped = 0  # resent states the controller already had
-        # cut seq -> ranks whose states came in a bundle, for the last BUNDLED_SEQS cuts: a state a
-        # member resends (its leader was replaced or is gone) is dropped if its bundle came
-        self._bundled: dict[int, set] = {}
+        # cut seq -> ranks whose states came in a bundle or were resent, for the last BUNDLED_SEQS
+        # cuts: a state a member resends (its leader was replaced, is gone, or was bypassed) is
+        # dropped if the controller already has it
+        self._taken: dict[int, set] = {}
+        # cut seq -> leaders bypassed for it (their members were asked to resend): their bundles
+        # of that cut are dropped, so each member's states count once, from its resend
+        self._bypassed: dict[int, set] = {}
+        #: ``ask_resend(seq, {mesh_id: [rank, ...]})``: ask those ranks to resend their answer to
+        #: cut ``seq`` directly (set by the controller; called on the worker thread, outside the lock)
+        self.ask_resend: Callable[[int, dict[str, list[int]]], None] | None = None
         #: rank -> the rank that leads its group on the aggregated route (forge_obs.plan)
         self.leader_of: dict[RankKey, RankKey] = {}
         self._worker = threading.Thread(target=self._work, name="forge_obs-backends", daemon=True)
@@ -240,10 +257,14 @@ class FlushPipeline:
         ranks: dict[RankKey, str] | None = None,
         stopping: dict[RankKey, str] | None = None,
         final: bool = False,
+        groups: dict[RankKey, list[RankKey]] | None = None,
     ) -> Cut:
         """Open the cut of ``step``. ``ranks``: the live ranks it is cast to (key -> label);
         ``stopping``: ranks of meshes stopped since the last cut, whose final states answer it.
-        The ranks their processes spawned (declared in earlier acks) are expected too."""
+        The ranks their processes spawned (declared in earlier acks) are expected too.
+        ``groups``: leader -> its group's ranks, for the ranks that answer through a leader (a
+        group whose leader has not delivered the cut's bundle ``BYPASS_FRACTION`` of
+        ``flush_timeout_s`` after it began is asked to resend directly)."""
         ranks = ranks or {}
         stopping = stopping or {}
         callbacks: list = []
@@ -251,6 +272,9 @@ class FlushPipeline:
             self._seq += 1
             now = time.monotonic()
             cut = Cut(seq=self._seq, step=step, deadline=now + self.flush_timeout_s, local=local, final=final, start=now)
+            if groups and self.ask_resend is not None:
+                cut.groups = groups
+                cut.bypass_at = now + BYPASS_FRACTION * self.flush_timeout_s
             self.labels.update(ranks)
             self.labels.update(stopping)
             # a stopped mesh's lagging (dead) ranks will hand nothing over: not waited for
@@ -312,25 +336,29 @@ class FlushPipeline:
         this rank's states of cut ``seq`` did not arrive yet, dropped (counted) otherwise."""
         rank_key = tuple(rank_key)
         with self._cv:
-            if rank_key in self._bundled.get(seq, ()):
+            taken = self._taken_of(seq)
+            if rank_key in taken:
                 self.duplicates_dropped += 1
                 return
+            taken.add(rank_key)
             cut = self._states(seq, rank_key, identity, snapshot)
             self._wake(cut)
 
-    def bundle(self, seq: int, ranks: Iterable[RankKey], bundle: Any, identities: dict | None = None) -> None:
+    def bundle(self, seq: int, ranks: Iterable[RankKey], bundle: Any, identities: dict | None = None,
+               leader: RankKey | None = None) -> None:
         """The merged states of the group ``ranks`` for cut ``seq`` (:mod:`forge_obs.bundle`;
-        pickled bytes are decoded by the worker): each rank counts as received; a bundle whose
-        step already left goes into the first cut still open after ``seq``, as late states do.
-        ``identities``: the ranks' identities that changed since their last bundle."""
+        pickled bytes are decoded by the worker), from ``leader``: each rank counts as received; a
+        bundle whose step already left goes into the first cut still open after ``seq``, as late
+        states do. A bundle of a leader bypassed for ``seq`` is dropped (``fenced_bundles``): its
+        ranks were asked to resend. ``identities``: the ranks' identities that changed since their
+        last bundle."""
         ranks = [tuple(k) for k in ranks]
+        leader = tuple(leader) if leader is not None else None
         with self._cv:
-            got = self._bundled.get(seq)
-            if got is None:
-                got = self._bundled[seq] = set()
-                while len(self._bundled) > BUNDLED_SEQS:
-                    del self._bundled[min(self._bundled)]
-            got.update(ranks)
+            if leader in self._bypassed.get(seq, ()):
+                self.fenced_bundles += 1
+                return
+            self._taken_of(seq).update(ranks)
             for key, ident in (identities or {}).items():
                 self._note_identity(tuple(key), ident)
             cut = self._find(seq)
@@ -338,6 +366,7 @@ class FlushPipeline:
                 for k in ranks:
                     self._mark_received(cut, k, _BUNDLED)
                 cut.bundles.append(bundle)
+                cut.delivered.add(leader)
             else:  # its step left (a late group): the first cut still open takes it
                 self.late_states += len(ranks)
                 for c in self._pending:
@@ -426,6 +455,27 @@ class FlushPipeline:
             return len(self.labels)
 
     # ------------------------------------------------------------ internals (under self._cv)
+    def _taken_of(self, seq: int) -> set:
+        """The ranks whose states of cut ``seq`` came in a bundle or a resend (the last
+        ``BUNDLED_SEQS`` cuts are remembered)."""
+        return _recent(self._taken, seq)
+
+    def _bypass(self, cut: Cut) -> dict[str, list[int]]:
+        """The groups of ``cut`` whose leader did not deliver its bundle while some of their ranks
+        are awaited: from now on that leader's bundles of the cut are dropped. Returns their
+        ranks (leader included) by mesh, to be asked to resend directly."""
+        cut.bypass_at = math.inf
+        out: dict[str, list[int]] = {}
+        lag, received, expected = self.lagging, cut.received, cut.expected
+        for lead, members in cut.groups.items():
+            if lead in cut.delivered:
+                continue
+            if all(m in received or m in lag or m not in expected for m in members):
+                continue
+            _recent(self._bypassed, cut.seq).add(lead)
+            out.setdefault(lead[0], []).extend(m[1] for m in members)
+        return out
+
     def _find(self, seq: int) -> Cut | None:
         for cut in self._pending:
             if cut.seq == seq:
@@ -577,55 +627,86 @@ class FlushPipeline:
 
     def _next_step(self) -> "tuple[Cut, list, list, int] | None":
         """Block until the oldest cut is closed and its states are in, or it is past its
-        deadline; None when closing."""
-        callbacks: list = []
-        try:
-            with self._cv:
-                while True:
-                    if not self._pending:
-                        if self._closing:
-                            return None
-                        self._cv.wait()
-                        continue
-                    cut = self._pending[0]
-                    timeout = cut.deadline - time.monotonic()
-                    if not cut.closed:
-                        if timeout > 0:
-                            self._cv.wait(timeout)
-                            continue
-                        self._close(cut, callbacks)
-                    if cut.n_due > 0 and timeout > 0:
-                        self._cv.wait(timeout)
-                        continue
-                    # let the flush that waited for this cut resume before merging (it needs
-                    # the GIL for microseconds; merging may hold it for milliseconds)
-                    grace = cut.start + cut.blocked_s + RESUME_GRACE_S - time.monotonic()
-                    if cut.awaited and not cut.resumed and grace > 0:
-                        self._cv.wait(grace)
-                        continue
-                    self._pending.pop(0)
-                    absent = cut.expected - cut.received.keys()
-                    newly = self._to_blame(absent - self.lagging)
-                    self.lagging.update(newly)
-                    self._lagged(newly)
-                    # held items that may go into this step (late states of earlier cuts)
-                    extra = list(cut.extra)
-                    keep = []
-                    for item in self._held:
-                        min_seq, key, ident, snap = item
-                        if min_seq > cut.seq:
-                            keep.append(item)
-                        elif key is _BUNDLE_KEY:
-                            cut.bundles.append(snap)
-                        else:
-                            extra.append((key, ident, snap))
-                    self._held = keep
-                    missing = [self.labels.get(k) or f"{k[0]}/r{k[1]}" for k in sorted(absent, key=str)]
-                    late = [self.labels.get(k) or f"{k[0]}/r{k[1]}" for k in cut.late]
-                    cut.extra = extra
-                    return cut, missing, late, len(self._pending)
-        finally:
-            _run(callbacks)
+        deadline; None when closing. Meanwhile, groups of any pending cut whose leader did not
+        deliver in time are asked to resend (:meth:`_bypass`)."""
+        while True:
+            callbacks: list = []
+            try:
+                with self._cv:
+                    item = self._await_step(callbacks)
+            finally:
+                _run(callbacks)
+            if item is not _AGAIN:
+                return item
+
+    def _await_step(self, callbacks: list) -> "tuple[Cut, list, list, int] | None | object":
+        """:meth:`_next_step` under the lock; ``_AGAIN`` when ``callbacks`` hold resend requests
+        to send first."""
+        while True:
+            if not self._pending:
+                if self._closing:
+                    return None
+                self._cv.wait()
+                continue
+            now = time.monotonic()
+            next_bypass = self._due_bypasses(now, callbacks)
+            if callbacks:
+                return _AGAIN
+            cut = self._pending[0]
+            timeout = cut.deadline - now
+            wait = min(timeout, next_bypass - now)
+            if not cut.closed:
+                if timeout > 0:
+                    self._cv.wait(wait)
+                    continue
+                self._close(cut, callbacks)
+            if cut.n_due > 0 and timeout > 0:
+                self._cv.wait(wait)
+                continue
+            # let the flush that waited for this cut resume before merging (it needs
+            # the GIL for microseconds; merging may hold it for milliseconds)
+            grace = cut.start + cut.blocked_s + RESUME_GRACE_S - now
+            if cut.awaited and not cut.resumed and grace > 0:
+                self._cv.wait(grace)
+                continue
+            return self._take_step()
+
+    def _due_bypasses(self, now: float, callbacks: list) -> float:
+        """Resend requests, into ``callbacks``, for the pending cuts past their bypass time;
+        returns the next bypass time."""
+        next_bypass = math.inf
+        for c in self._pending:
+            if c.bypass_at <= now:
+                ranks = self._bypass(c)
+                if ranks and self.ask_resend is not None:
+                    callbacks.append(functools.partial(self.ask_resend, c.seq, ranks))
+            else:
+                next_bypass = min(next_bypass, c.bypass_at)
+        return next_bypass
+
+    def _take_step(self) -> "tuple[Cut, list, list, int]":
+        """The oldest cut leaves: its absent ranks are blamed, held late states of earlier cuts
+        join it. Returns it with its missing and late labels and the cuts still pending."""
+        cut = self._pending.pop(0)
+        absent = cut.expected - cut.received.keys()
+        newly = self._to_blame(absent - self.lagging)
+        self.lagging.update(newly)
+        self._lagged(newly)
+        extra = list(cut.extra)
+        keep = []
+        for item in self._held:
+            min_seq, key, ident, snap = item
+            if min_seq > cut.seq:
+                keep.append(item)
+            elif key is _BUNDLE_KEY:
+                cut.bundles.append(snap)
+            else:
+                extra.append((key, ident, snap))
+        self._held = keep
+        missing = [self.labels.get(k) or f"{k[0]}/r{k[1]}" for k in sorted(absent, key=str)]
+        late = [self.labels.get(k) or f"{k[0]}/r{k[1]}" for k in cut.late]
+        cut.extra = extra
+        return cut, missing, late, len(self._pending)
 
     # ------------------------------------------------------------ worker thread
     def _work(self) -> None:
@@ -807,6 +888,8 @@ class FlushPipeline:
 
 #: ``received`` value of a rank whose states came merged in a bundle
 _BUNDLED = (None, None)
+#: what :meth:`FlushPipeline._await_step` returns when requests are to be sent before it waits on
+_AGAIN = object()
 #: key of a held bundle (its step left before it arrived)
 _BUNDLE_KEY = ("bundle",)
 
@@ -820,6 +903,16 @@ def _own_report(w: BackendWorker) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - meta.json is written anyway
         logger.error("forge_obs: backend %r: meta_report() failed: %r", w.name, e)
         return {}
+
+
+def _recent(by_seq: dict[int, set], seq: int) -> set:
+    """``by_seq[seq]``, created if needed; only the last ``BUNDLED_SEQS`` cuts are kept."""
+    got = by_seq.get(seq)
+    if got is None:
+        got = by_seq[seq] = set()
+        while len(by_seq) > BUNDLED_SEQS:
+            del by_seq[min(by_seq)]
+    return got
 
 
 def _count(drops: dict[str, int], reason: str, n: int) -> None:

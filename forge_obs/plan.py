@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Planner", "MIN_GROUP", "AUTO_MIN_RANKS", "ACK_WAIT_FRACTION", "STEP_WAIT_FRACTION", "MODES"]
+__all__ = ["Planner", "MIN_GROUP", "AUTO_MIN_RANKS", "ACK_WAIT_FRACTION", "STEP_WAIT_FRACTION", "BYPASS_FRACTION",
+           "MODES"]
 
 #: smallest group worth a leader (a lone rank answers directly)
 MIN_GROUP = 2
@@ -33,6 +34,10 @@ AUTO_MIN_RANKS = 32
 #: fractions of flush_timeout_s a leader waits for acks / states before forwarding what it has
 ACK_WAIT_FRACTION = 0.9
 STEP_WAIT_FRACTION = 0.95
+#: fraction of flush_timeout_s after which the controller asks the ranks of a group whose leader
+#: has not delivered the cut's bundle to resend their answers directly (the rest of the timeout
+#: is theirs to answer)
+BYPASS_FRACTION = 0.5
 MODES = ("auto", "on", "off")
 
 
@@ -54,6 +59,16 @@ class Planner:
     def current(self, leader_key: Any, version: int) -> bool:
         """Whether a bundle from ``leader_key`` made leader by plan ``version`` is to be taken."""
         return self._leads.get(tuple(leader_key)) == version
+
+    def groups(self, mesh_ids: list[str]) -> dict[tuple, list[tuple]]:
+        """The groups the current plans of ``mesh_ids`` aggregate: leader key -> its group's rank
+        keys (the leader's included)."""
+        out: dict[tuple, list[tuple]] = {}
+        for mesh_id in mesh_ids:
+            plan = self._plans.get(mesh_id, (None, None))[1]
+            if plan is not None:
+                out.update(((mesh_id, lead), members) for lead, members in plan["groups"].items())
+        return out
 
     def forget(self, mesh_id: str) -> None:
         self._plans.pop(mesh_id, None)

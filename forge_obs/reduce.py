@@ -19,8 +19,10 @@ Each built-in numeric reduction keeps its arithmetic in its accumulator class, o
 ``row_value`` (a row's reduced value). State dicts, packed rows, device values and per-rank
 views all go through those three.
 
-Arithmetic follows IEEE 754 and never raises: a SUM or MEAN beyond the float range is ``inf``, an
-``int`` beyond it is ``±inf``, ``inf - inf`` is NaN, and NaN sticks in MAX / MIN.
+Arithmetic follows IEEE 754 and never raises: a SUM, MEAN or STD beyond the float range is
+``inf``, an ``int`` beyond it is ``±inf``, ``inf - inf`` is NaN, and NaN sticks in MAX / MIN.
+Every merge gives the same bits in whatever order its states come: sums are exact (``_fsum``),
+MAX / MIN / LAST pick by a total order, STD merges its rows sorted (``_order_key``).
 
 Nothing here raises because of one key's data while reducing a step: :func:`reduce_snapshots`
 leaves that key out and reports it to ``on_drop(key, reason, n_states)``. The reasons, also the
@@ -53,6 +55,7 @@ import math
 import random
 import time
 from enum import Enum
+from fractions import Fraction
 from typing import Any, Callable
 
 from forge_obs._safe import safe_repr
@@ -130,15 +133,37 @@ def to_float(x: Any) -> float:
 
 
 def _fsum(xs: list) -> float:
-    """Exact sum (``math.fsum``); with IEEE semantics where fsum raises (an intermediate overflow:
-    ``inf``; ``inf`` and ``-inf``: NaN)."""
+    """The exact sum of ``xs`` correctly rounded (``math.fsum``), so the same in any order; with
+    IEEE semantics where fsum raises: ``±inf`` for an exact sum beyond the float range (even when
+    only a partial sum overflows, the total is exact), NaN for ``inf`` plus ``-inf``."""
     try:
         return math.fsum(xs)
     except (OverflowError, ValueError):
-        s = 0.0
-        for x in xs:
-            s += to_float(x)
-        return s
+        return _exact_sum(xs)
+
+
+def _exact_sum(xs: list) -> float:
+    """:func:`_fsum` where ``math.fsum`` raises: the finite values added exactly (an ``int``
+    beyond the float range counts as ``±inf``), then the infinities and NaNs."""
+    total = Fraction(0)
+    special = 0.0
+    for x in xs:
+        x = to_float(x)
+        if x - x:  # inf or NaN
+            special += x
+        else:
+            total += Fraction(x)
+    return special if special else to_float(total)
+
+
+def _order_key(x: Any) -> tuple:
+    """A key that sorts any row field (None, NaN, ``-0.0`` before ``0.0``, ints) into one order,
+    whatever order the rows came in."""
+    if x is None:
+        return (0, 0.0, 0.0)
+    if x != x:
+        return (2, 0.0, 0.0)
+    return (1, x, math.copysign(1.0, x) if type(x) is float else 1.0)
 
 
 def _now() -> float:
@@ -307,10 +332,15 @@ _TORCHFORGE_FIELDS: dict[str, Callable[[dict, Any], None]] = {
 
 
 def _nan_or(pick: Callable, rows: list) -> Any:
+    """``pick`` (max or min) of ``rows``, the same in any order: NaN sticks (a NaN loss is a
+    signal), and of ``0.0`` and ``-0.0`` max picks ``0.0``, min ``-0.0``."""
     for v in rows:
-        if v != v:  # NaN sticks (a NaN loss is a signal)
+        if v != v:
             return math.nan
-    return pick(rows)
+    best = pick(rows)
+    if best == 0 and type(best) is float:
+        return pick(rows, key=_order_key)
+    return best
 
 
 class SumAccumulator(RowAccumulator):
@@ -457,6 +487,8 @@ class StdAccumulator(RowAccumulator):
         n = self.count + 1
         delta = value - self.mean  # raises (nothing written) for an int beyond the float range
         mean = self.mean + delta / n
+        if mean - mean:
+            mean = _spread_mean(self.mean, self.count, value, 1, n)
         m2 = self.m2 + delta * (value - mean)
         self.m2 = m2
         self.mean = mean
@@ -480,16 +512,24 @@ class StdAccumulator(RowAccumulator):
 
     @classmethod
     def merge_rows(cls, rows):
-        """Chan et al.: exact, numerically stable."""
+        """Chan et al. (numerically stable), over the rows in one canonical order, so that the
+        result is the same, bit for bit, in whatever order the states come. Finite values whose
+        spread exceeds the float range give ``m2 = inf`` (never NaN)."""
         n, mean, m2 = 0, 0.0, 0.0
-        for nb, mb, m2b in rows:
+        for nb, mb, m2b in sorted(rows, key=_std_key):
             if not nb:
                 continue
-            delta = to_float(mb) - mean
+            mb = to_float(mb)
+            if not n:
+                n, mean, m2 = nb, mb, m2b
+                continue
+            delta = mb - mean
             tot = n + nb
-            mean += delta * nb / tot
+            new = mean + delta * nb / tot
+            if new - new:
+                new = _spread_mean(mean, n, mb, nb, tot)
             m2 += m2b + delta * delta * n * nb / tot
-            n = tot
+            mean, n = new, tot
         return (n, mean, m2)
 
     @classmethod
@@ -499,6 +539,17 @@ class StdAccumulator(RowAccumulator):
             return 0.0
         v = m2 / n
         return math.sqrt(v) if v >= 0 else (v if v != v else 0.0)  # NaN stays NaN
+
+
+def _std_key(row: tuple) -> tuple:
+    return (row[0], _order_key(row[1]), _order_key(row[2]))
+
+
+def _spread_mean(m1: float, n1: int, m2: float, n2: int, tot: int) -> float:
+    """The mean of two groups (``n1`` values of mean ``m1``, ``n2`` of mean ``m2``) when the
+    usual update overflowed: two finite means further apart than the float range still have a
+    finite weighted mean (an infinite or NaN one stays so)."""
+    return m1 * (n1 / tot) + m2 * (n2 / tot)
 
 
 class CountAccumulator(RowAccumulator):
@@ -546,11 +597,17 @@ class LastAccumulator(RowAccumulator):
 
     @classmethod
     def merge_rows(cls, rows):
-        return max(rows, key=lambda r: r[1])
+        """The latest write; of writes at the same time, the largest value (NaN above all), so
+        that the order the rows come in does not matter."""
+        return max(rows, key=_last_key)
 
     @classmethod
     def row_value(cls, row):
         return to_float(row[0]) if row[0] is not None else math.nan
+
+
+def _last_key(row: tuple) -> tuple:
+    return (row[1], _order_key(row[0]))
 
 
 class SampleAccumulator(MetricAccumulator):

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from forge_obs.reduce import MetricAccumulator, _fsum, _rt_of, register_reduction
+from forge_obs.reduce import MaxAccumulator, MetricAccumulator, MinAccumulator, _fsum, _rt_of, register_reduction
 
 __all__ = ["DistributionAccumulator", "DISTRIBUTION", "ALPHA", "MAX_BUCKETS", "quantile"]
 
@@ -144,8 +144,8 @@ class DistributionAccumulator(MetricAccumulator):
             "count": sum(s["count"] for s in states),
             "nan": sum(s.get("nan", 0) for s in states),
             "sum": _fsum([s["sum"] for s in states]),
-            "min": min(s["min"] for s in states),
-            "max": max(s["max"] for s in states),
+            "min": MinAccumulator.merge_rows([s["min"] for s in states]),
+            "max": MaxAccumulator.merge_rows([s["max"] for s in states]),
         }
 
     @classmethod

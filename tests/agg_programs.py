@@ -2,12 +2,17 @@
 
     python -m tests.agg_programs --hosts 2 --procs 3 --steps 4 --kill 4 --kill-at 2
     python -m tests.agg_programs --hosts 2 --procs 3 --steps 5 --hang 5 --hang-at 2 --hang-s 8 --aggregate off
+    python -m tests.agg_programs --hosts 2 --procs 3 --steps 6 --kill 5 --kill-at 2 --signal STOP --resume-after 3
 
 Every rank records, per step, ``check/sum`` (SUM of rank+1), ``check/mean`` (MEAN of the rank),
 ``check/max`` (MAX of the rank) and ``check/count`` (one SUM per rank), with ``init_backends(..., "aggregate": --aggregate)`` (``on``:
 one leader per (mesh, host), :mod:`forge_obs.aggregate`) and every logging mode on. ``--kill R --kill-at S``: rank R's process exits while
 recording step S; ``--hang R --hang-at S --hang-s T``: rank R's process holds its GIL for T
-seconds from step S (a C loop that never releases it). Each host's leader is its highest rank
+seconds from step S (a C loop that never releases it; step S + 1 begins once it answers again).
+``--signal KILL`` kills rank R with
+SIGKILL instead of exiting; ``--signal STOP`` stops it (SIGSTOP) and, with ``--resume-after K``,
+the controller continues it (SIGCONT) once step K is logged (it records nothing after it
+stopped). Each host's leader is its highest rank
 (rank 5 of 2 x 3). Prints one JSON line: per step the global values, the per-rank values, the raw
 values per rank, missing/late labels, the flush's blocking time and the inbox messages.
 Runs in its own process (it counts the inbox's messages by wrapping ``forge_obs.controller._take``).
@@ -37,6 +42,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--kill", type=int, default=-1)
     ap.add_argument("--kill-at", type=int, default=-1)
+    ap.add_argument("--signal", default="exit", choices=["exit", "KILL", "STOP"])
+    ap.add_argument("--resume-after", type=int, default=-1)
     ap.add_argument("--hang", type=int, default=-1)
     ap.add_argument("--hang-at", type=int, default=-1)
     ap.add_argument("--hang-s", type=float, default=8.0)
@@ -83,22 +90,33 @@ async def run(args: argparse.Namespace) -> dict:
 
     class Rec(Actor):
         @endpoint
-        async def record(self, step: int, kill: int, hang_s: float) -> None:
+        async def record(self, step: int, kill: int, hang_s: float, sig: str = "exit") -> int:
             r = context().actor_instance.rank.rank
             record_metric("check/sum", float(r + 1), Reduce.SUM)
             record_metric("check/mean", float(r), Reduce.MEAN)
             record_metric("check/max", float(r), Reduce.MAX)
             record_metric("check/count", 1, Reduce.SUM)
             if r == kill:
-                os._exit(1)
+                if sig == "exit":
+                    os._exit(1)
+                import signal
+
+                os.kill(os.getpid(), getattr(signal, f"SIG{sig}"))
             if hang_s > 0:
                 import threading
 
-                t0 = time.perf_counter()
-                sum(range(10**6))
-                per_s = 10**6 / (time.perf_counter() - t0)
+                per_s = 0.0
+                for _ in range(3):  # the fastest of three: a warm-up or a busy moment makes a hang short
+                    t0 = time.perf_counter()
+                    sum(range(10**6))
+                    per_s = max(per_s, 10**6 / (time.perf_counter() - t0))
                 # sum() over a range runs in C and never releases the GIL: the process is hung
                 threading.Thread(target=lambda: sum(range(int(per_s * hang_s))), daemon=True).start()
+            return os.getpid()
+
+        @endpoint
+        async def ping(self) -> None:
+            return None
 
     provisioner_hooks.install()
     out: dict = {"steps": {}, "blocked_s": {}, "messages": {}}
@@ -114,17 +132,22 @@ async def run(args: argparse.Namespace) -> dict:
         rec = pm.spawn("Rec", Rec)
         n = args.hosts * args.procs
         dead: set[int] = set()
+        pids: dict[int, int] = {}
         for step in range(args.steps):
             kill = args.kill if step == args.kill_at else -1
             # each live rank by itself: a mesh-wide call fails once one of its ranks is dead; a
             # hung rank answers when it resumes (its values then land in a later step)
             def call(r: int):
                 hang = r == args.hang and step == args.hang_at
+                stop = r == kill and args.signal == "STOP"
                 c = rec.slice(hosts=r // args.procs, procs=r % args.procs).record.call_one(
-                    step, kill, args.hang_s if hang else 0.0)
-                return asyncio.wait_for(c, timeout=0.5 if hang else 60.0)  # the flush runs while it hangs
+                    step, kill, args.hang_s if hang else 0.0, args.signal)
+                return asyncio.wait_for(c, timeout=0.5 if hang or stop else 60.0)  # the flush runs while it hangs
 
-            calls = [call(r) for r in range(n) if r not in dead]
+            async def pid_of(r: int):
+                pids[r] = await call(r)
+
+            calls = [pid_of(r) for r in range(n) if r not in dead]
             done = await asyncio.gather(*calls, return_exceptions=True)
             if kill >= 0:
                 dead.add(kill)
@@ -135,6 +158,12 @@ async def run(args: argparse.Namespace) -> dict:
             out["blocked_s"][step] = time.perf_counter() - t0
             await mlogger.wait_idle.call_one()
             out["messages"][step] = INBOX[0]
+            if step == args.hang_at:  # the next step begins once the hung rank answers again
+                await rec.slice(hosts=args.hang // args.procs, procs=args.hang % args.procs).ping.call_one()
+            if step == args.resume_after and args.kill in pids:
+                import signal
+
+                os.kill(pids[args.kill], signal.SIGCONT)
         await mlogger.shutdown.call_one()
     out["steps"] = records
     return out

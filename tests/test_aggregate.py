@@ -219,6 +219,88 @@ def test_a_late_bundle_goes_into_the_next_step_once():
     assert g1["n"] == 6.0 and g1["obs/late_states"] == 2.0 and not be.records[1].missing
 
 
+def test_a_group_whose_leader_does_not_deliver_is_asked_to_resend_within_the_cut():
+    """Two groups; group B's leader (m/r5) never answers cut 0. Half of flush_timeout_s after the
+    cut, the pipeline asks B's ranks (not A's, whose bundle came) to resend; the live ones do, and
+    step 0 has their values with only the leader late and missing. The leader's bundle of that
+    cut, arriving later, is dropped (its members' states came by their resends), so every value
+    counts once; its own states, resent too, land in the next step."""
+    import threading
+
+    be = _Keep({"logging_mode": "global_reduce"})
+    keys = [("m", r) for r in range(6)]
+    labels = {k: f"m/r{k[1]}" for k in keys}
+    groups = {("m", 2): keys[:3], ("m", 5): keys[3:]}
+    asked: list = []
+    got_ask = threading.Event()
+
+    def snap(r):
+        return pickle.dumps({"packed": {"sum": (["n"], [float(r + 1)])}, "states": {}})
+
+    def ident(k):
+        return {"label": labels[k], "mesh": "m", "rank": k[1]}
+
+    async def run():
+        pipe = FlushPipeline({"keep": be}, "t", flush_timeout_s=1.0)
+        pipe.ask_resend = lambda seq, ranks: (asked.append((seq, ranks)), got_ask.set())
+        pipe.start()
+        c0 = pipe.begin_cut(0, None, labels, groups=groups)
+        pipe.ack_batch(c0.seq, [(k, ()) for k in keys[:3]])
+        pipe.bundle(c0.seq, keys[:3], pickle.dumps(make_bundle({k: pickle.loads(snap(k[1])) for k in keys[:3]})),
+                    leader=("m", 2))
+        assert await asyncio.get_running_loop().run_in_executor(None, got_ask.wait, 5)
+        for k in keys[3:5]:  # the live members answer the request
+            pipe.ack(c0.seq, k, ())
+            pipe.states_resent(c0.seq, k, ident(k), snap(k[1]))
+        pipe.wait_cut(c0, 5) or pipe.close_cut(c0)
+        await pipe.drain()
+        # the stopped leader resumes: its bundle of cut 0 (fenced), then its own resend
+        pipe.bundle(c0.seq, keys[3:], pickle.dumps(make_bundle({k: pickle.loads(snap(k[1])) for k in keys[3:]})),
+                    leader=("m", 5))
+        pipe.ack(c0.seq, keys[5], ())
+        pipe.states_resent(c0.seq, keys[5], ident(keys[5]), snap(5))
+        pipe.states_resent(c0.seq, keys[4], ident(keys[4]), snap(4))  # a second resend: dropped
+        c1 = pipe.begin_cut(1, None, labels, groups=groups)
+        _feed_today(pipe, c1.seq, {k: {"packed": {"sum": (["n"], [1.0])}, "states": {}} for k in keys})
+        await pipe.drain()
+        await pipe.close()
+        return pipe
+
+    pipe = asyncio.run(run())
+    assert asked == [(1, {"m": [3, 4, 5]})]
+    g0, g1 = be.records[0].global_dict(), be.records[1].global_dict()
+    assert g0["n"] == 1 + 2 + 3 + 4 + 5 and be.records[0].missing == be.records[0].late == ["m/r5"]
+    assert g1["n"] == 6 + 6 and g1["obs/late_states"] == 1 and not be.records[1].missing
+    assert pipe.fenced_bundles == 1 and pipe.duplicates_dropped == 1
+
+
+def test_a_member_resends_a_cut_once_and_answers_a_cut_it_has_not_taken_directly():
+    """``Route.resend_cut``: what the rank sent its leader for that cut goes to the controller
+    (states as RESENT), once; a later resend of everything kept for that leader (a new plan) does
+    not repeat it; a cut the controller asked about before the rank took it is answered directly."""
+    from forge_obs.aggregate import RESENT, Route
+
+    class Port:
+        def __init__(self):
+            self.got = []
+
+        def send(self, msg):
+            self.got.append(msg)
+
+    ctl, leader = Port(), Port()
+    route = Route(("m", 0), ctl)
+    route.plan = {"leader": {0: 1}, "ports": {1: leader}}
+    for seq in (1, 2):
+        route.send(leader, ("ack", seq, ("m", 0), ()))
+        route.send(leader, ("states", seq, ("m", 0), {}, b"s%d" % seq))
+    route.resend_cut(2)
+    assert ctl.got == [("ack", 2, ("m", 0), ()), (RESENT, 2, ("m", 0), {}, b"s2")]
+    route.resend(next(iter(route.sent)))
+    assert [m[1] for m in ctl.got] == [2, 2, 1, 1]
+    route.resend_cut(4)
+    assert route.target(4, None) is ctl and route.target(5, None) is leader
+
+
 # ---------------------------------------------------------------- real Monarch, two hosts
 def _scenario(*args: str, timeout: float = 240, **env_extra: str) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
@@ -272,47 +354,87 @@ def test_two_monarch_hosts_are_exact_and_name_a_dead_rank(aggregate):
 
 def test_a_hung_leader_costs_one_timeout_and_its_group_loses_nothing():
     """Host 1's leader (rank 5) holds its GIL for 6 s from step 2: that flush costs
-    flush_timeout_s and names the group's three ranks late; the next cut goes around it (its
-    members answer directly) and, once it resumes, what it had queued arrives with the next step
-    assembled: every value of every rank is logged exactly once, none is lost."""
+    flush_timeout_s; its members, asked to resend directly, keep their values in step 2, and only
+    rank 5 is named late and missing. The next cut goes around it and, once it resumes, what it
+    took arrives with the next step assembled (its queued bundle is dropped: the members' values
+    came from their resends): every value of every rank is logged exactly once, none is lost."""
     timeout_s = 2.0
     out = _scenario("--hosts", "2", "--procs", "3", "--steps", "5", "--hang", "5", "--hang-at", "2",
                     "--hang-s", "6", "--flush-timeout", str(timeout_s))
     steps = {int(k): v for k, v in out["steps"].items()}
-    group = ["m/Rec/r3", "m/Rec/r4", "m/Rec/r5"]
-    assert steps[2]["late"] == group and steps[2]["missing"] == group
-    assert steps[2]["global"]["check/count"] == 3 and steps[2]["global"]["check/sum"] == 1 + 2 + 3
+    _assert_step_of(steps[2], list(range(5)))
+    assert steps[2]["late"] == ["m/Rec/r5"] and steps[2]["missing"] == ["m/Rec/r5"]
     assert out["blocked_s"]["2"] >= timeout_s * 0.9
-    # the group's step-2 values come late, once, with the next step assembled after they arrive
-    # (3, or 4 when the resumed leader's bundle is slower than step 3): per step 6 values, 21 summed
+    # step 3 begins once rank 5 answers again; its step-2 values come late, once, with the next
+    # step assembled after they arrive (3, or 4 when step 3 left first): per step 6 values, 21
+    # summed, plus rank 5's 1 and 6
     later = [steps[s]["global"] for s in (3, 4)]
-    assert all(g["check/count"] >= 6 for g in later)
-    assert sum(g["check/count"] for g in later) == 2 * 6 + 3
-    assert sum(g["check/sum"] for g in later) == 2 * 21 + (4 + 5 + 6)
-    assert later[1]["obs/late_states"] == 3
+    assert sum(g["check/count"] for g in later) == 2 * 6 + 1
+    assert sum(g["check/sum"] for g in later) == 2 * 21 + 6
+    assert later[1]["obs/late_states"] == 1
     assert sum(steps[s]["global"]["check/count"] for s in range(5)) == 5 * 6
     assert all(out["blocked_s"][str(s)] < timeout_s / 2 for s in (3, 4))
-    assert all(not steps[s]["missing"] for s in (3, 4))
+    assert all(set(steps[s]["missing"]) <= {"m/Rec/r5"} for s in (3, 4))
 
 
 def test_a_dead_leaders_members_resend_and_regroup():
-    """Host 1's leader (rank 5) dies while recording step 2. What its members sent it comes back
-    undeliverable and they resend it to the controller: their values are all logged once (in step
-    2, or late in a later one); from the next cut the group answers through a new leader; only the
-    dead rank is missing."""
+    """Host 1's leader (rank 5) exits while recording step 2. What its members sent it comes back
+    undeliverable (a 2 s delivery timeout) and they resend it to the controller, or the
+    controller asks them for it first: their values are all in step 2, only the dead rank is
+    late and missing; from the next cut the group answers through a new leader."""
     out = _scenario("--hosts", "2", "--procs", "3", "--steps", "6", "--kill", "5", "--kill-at", "2",
                     "--flush-timeout", "2", HYPERACTOR_MESSAGE_DELIVERY_TIMEOUT="2s")
     steps = {int(k): v for k, v in out["steps"].items()}
-    assert "m/Rec/r5" in steps[2]["late"] and set(steps[2]["late"]) <= {"m/Rec/r3", "m/Rec/r4", "m/Rec/r5"}
+    assert steps[2]["late"] == ["m/Rec/r5"] and steps[2]["missing"] == ["m/Rec/r5"]
+    for s in range(2, 6):
+        _assert_step_of(steps[s], list(range(5)))
     for s in (3, 4, 5):
         assert steps[s]["missing"] == ["m/Rec/r5"] and not steps[s]["late"]
-        assert sorted(steps[s]["per_rank"]) == [f"m/Rec/r{r}" for r in range(5)]
-    # rank 5's values of step 2 died with it; every other value is logged exactly once
-    assert sum(steps[s]["global"]["check/count"] for s in range(2, 6)) == 4 * 5
-    assert sum(steps[s]["global"]["check/sum"] for s in range(2, 6)) == 4 * (1 + 2 + 3 + 4 + 5)
     # both hosts aggregated again (the inbox may still see late resends of step 2's messages,
     # returned undeliverable after Monarch's delivery timeout, and drops them as duplicates)
     assert steps[5]["global"]["obs/bundles"] == 2.0 and steps[5]["global"]["obs/ranks_reported"] == 5
+
+
+def _assert_step_of(rec: dict, live: list) -> None:
+    """The step's values are exactly the live ranks' own: globally and per rank."""
+    g = rec["global"]
+    assert (g["check/count"], g["check/sum"], g["check/max"]) == (len(live), sum(r + 1 for r in live), max(live))
+    assert g["check/mean"] == sum(live) / len(live)
+    assert sorted(rec["per_rank"]) == [f"m/Rec/r{r}" for r in live]
+
+
+@pytest.mark.parametrize("signal", ["KILL", "STOP"])
+def test_a_leader_killed_or_stopped_costs_its_members_nothing(signal):
+    """Host 1's leader (rank 5) is killed (SIGKILL) or stopped (SIGSTOP) while recording step 2,
+    with Monarch's default delivery timeout (nothing comes back undeliverable in time). The
+    controller does not get the group's answer, asks the members to resend theirs directly,
+    within the same flush: step 2 has the values of every live rank, only rank 5 is late and
+    missing. Later steps go through a new leader without waiting for rank 5. A stopped leader
+    that is continued after step 3 brings its own step-2 values late, once."""
+    timeout_s = 3.0
+    extra = ("--resume-after", "3") if signal == "STOP" else ()
+    out = _scenario("--hosts", "2", "--procs", "3", "--steps", "6", "--kill", "5", "--kill-at", "2",
+                    "--signal", signal, *extra, "--flush-timeout", str(timeout_s))
+    steps = {int(k): v for k, v in out["steps"].items()}
+    for s in (0, 1):
+        _assert_step_of(steps[s], list(range(6)))
+    _assert_step_of(steps[2], list(range(5)))
+    assert steps[2]["missing"] == ["m/Rec/r5"] and steps[2]["late"] == ["m/Rec/r5"]
+    assert out["blocked_s"]["2"] < timeout_s * 1.5
+    _assert_step_of(steps[3], list(range(5)))
+    assert steps[3]["missing"] == ["m/Rec/r5"] and steps[3]["late"] == []
+    assert out["blocked_s"]["3"] < timeout_s / 2  # rank 5 is not waited for again
+    if signal == "KILL":
+        for s in (4, 5):
+            _assert_step_of(steps[s], list(range(5)))
+            assert steps[s]["missing"] == ["m/Rec/r5"] and steps[s]["late"] == []
+        assert steps[5]["global"]["obs/bundles"] == 2.0
+        return
+    # continued after step 3: its step-2 values come once, with a later step; it records no more
+    later = [steps[s]["global"] for s in (4, 5)]
+    assert sum(g["check/count"] for g in later) == 2 * 5 + 1
+    assert sum(g["check/sum"] for g in later) == 2 * 15 + 6
+    assert sum(g["obs/late_states"] for g in later) >= 1
 
 
 def test_module_examples_run():
