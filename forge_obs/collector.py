@@ -63,6 +63,8 @@ DEFAULT_RAW_CAP = 100_000
 _DROP = object()
 _SAMPLE = Reduce.SAMPLE  # module global: cheaper than the Enum attribute lookup per call
 _INF = math.inf
+#: strings (and their subclasses, e.g. NumPy's): never a number, whatever they spell
+_TEXT = (str, bytes, bytearray)
 #: accumulator classes whose ``append`` cannot raise for a finite float (cached tracer groups)
 _SAFE_FOR_FLOATS = frozenset(ROW_CLASSES.values()) | {DistributionAccumulator}
 
@@ -406,6 +408,8 @@ class MetricCollector:
                     return self._drop(key, "bad_value", f"Tensor could not be read as a scalar ({safe_repr(e)})")
             if type(value) is bool:
                 return float(value)
+            if isinstance(value, _TEXT) or value is None:  # np.str_ / np.bytes_ too: never parsed
+                return self._drop(key, "bad_value", f"value of type {_type_name(value)} is not a number")
             item = getattr(value, "item", None)
             if item is not None:
                 # torch tensors: ``is_cpu`` is far cheaper than ``.device.type``; others: ``.device``
@@ -419,8 +423,6 @@ class MetricCollector:
                     return self._drop(key, "bad_value", f"{_type_name(value)} could not be read as a scalar ({safe_repr(e)})")
             else:
                 try:
-                    if isinstance(value, (str, bytes)) or value is None:
-                        raise TypeError
                     v = to_float(value)
                 except Exception:  # noqa: BLE001
                     return self._drop(key, "bad_value", f"value of type {_type_name(value)} is not a number")
