@@ -50,6 +50,7 @@ from forge_obs.reduce import (
     MetricAccumulator,
     Reduce,
     overflowed_keys,
+    reserved_key,
     resolve_reduction,
     to_float,
 )
@@ -106,6 +107,10 @@ def _append(accs: dict, key: Any, value: Any, reduction: Any, sink: Any) -> "tup
     k = key if type(key) is str else _norm_key(key)
     if k is None:
         sink._sink_drop("bad_key", key, f"key must be a str, got {type(key).__name__}")
+        return None
+    why = reserved_key(k)
+    if why is not None:
+        sink._sink_drop("reserved_key", k, why)
         return None
     red = reduction if type(reduction) is Reduce else _lookup(reduction)
     if red is None:

@@ -30,6 +30,9 @@ the names of ``obs/dropped/<reason>``:
 =====================  ==========================================================================
 ``bad_value``          not a number (or a tensor of several elements) for a numeric reduction
 ``bad_key``            the key is not a ``str``
+``reserved_key``       the key is forge_obs's: under ``obs/`` (its own metrics; dropped where it is
+                       recorded), or a name another key of the step is flattened to (``lat/p50``
+                       beside a ``distribution`` or other dict-valued ``lat``; dropped at the merge)
 ``unknown_reduction``  the reduction is not registered (in the recording process, or in the
                        process that merges: a custom reduction registered only in the actors)
 ``reduction_mismatch`` the key was recorded with two reductions in one step (one rank, or across
@@ -81,6 +84,7 @@ logger = logging.getLogger("forge_obs")
 DROP_REASONS = (
     "bad_value",
     "bad_key",
+    "reserved_key",
     "unknown_reduction",
     "reduction_mismatch",
     "append_error",
@@ -93,6 +97,21 @@ DROP_REASONS = (
 )
 
 _INF = math.inf
+
+#: the prefix of forge_obs's own metrics (``obs/values_recorded``, ...): no user key may use it
+RESERVED_PREFIX = "obs/"
+
+
+def reserved_key(key: str) -> "str | None":
+    """Why ``key`` (a ``str``) cannot be recorded, or None: keys under :data:`RESERVED_PREFIX`
+    are forge_obs's own.
+
+        >>> reserved_key("obs/dropped_values") is not None, reserved_key("observed")
+        (True, None)
+    """
+    if key.startswith(RESERVED_PREFIX):
+        return f"keys under {RESERVED_PREFIX!r} are reserved for forge_obs's own metrics; rename it"
+    return None
 
 
 class DropCounts(dict):

@@ -32,3 +32,42 @@ def test_every_kind_of_string_is_kept_as_a_sample_row(fresh_collector):
     record_metric("rows", np.str_("2.5"), Reduce.SAMPLE)
     rows = fresh_collector.snapshot()["states"]["rows"]["rows"]
     assert rows == ["1.5", "2.5"] and all(isinstance(r, str) for r in rows)
+
+
+def test_keys_under_obs_are_reserved_and_dropped_with_a_counted_warning(fresh_collector, caplog):
+    with caplog.at_level(logging.WARNING, logger="forge_obs"):
+        record_metric("obs/dropped_values", 5.0, Reduce.SUM)
+        record_metric("obs/mine", 1.0)
+        record_metric("obs/mine", 2.0)
+        record_metric("observed", 3.0)  # only the "obs/" prefix is reserved
+    snap = fresh_collector.snapshot()
+    assert set(snap["states"]) == {"observed"}
+    assert _drops(snap) == {"reserved_key": 3} and snap["counters"]["dropped_values"] == 3
+    assert "'obs/mine'" in caplog.text and "reserved" in caplog.text
+
+
+async def test_a_user_key_under_obs_never_overwrites_forge_obs_own(tmp_path):
+    mlogger = await start_logger(tmp_path, {})
+    record_metric("obs/dropped_values", 100.0, Reduce.SUM)
+    record_metric("obs/values_recorded", 100.0, Reduce.SUM)
+    record_metric("x", 1.0, Reduce.SUM)
+    await mlogger.flush.call_one(0)
+    await mlogger.shutdown.call_one()
+    m = global_rows(tmp_path)[0]["metrics"]
+    assert m["x"] == 1.0
+    assert m["obs/values_recorded"] == 1.0  # forge_obs's own count: the one value recorded
+    assert m["obs/dropped_values"] == 2.0 and m["obs/dropped/reserved_key"] == 2.0
+
+
+def test_device_values_under_obs_are_reserved_too():
+    torch = pytest.importorskip("torch")
+    from forge_obs.collector import Taken
+    from forge_obs.device import DeviceValues
+
+    dv = DeviceValues()
+    assert not dv.record("obs/gpu", torch.tensor(1.0), Reduce.MEAN)
+    assert dv.record("gpu", torch.tensor(2.0), Reduce.MEAN)
+    accs, counters = {}, {"values_recorded": 0, "dropped_values": 0}
+    dv.swap().resolve_into(Taken(accs, None, counters, None))
+    assert {k: a.get_value() for k, a in accs.items()} == {"gpu": 2.0}
+    assert counters["dropped_by_reason"] == {"reserved_key": 1} and counters["dropped_values"] == 1
