@@ -297,18 +297,18 @@ class Aggregator:
 
     def _send_bundle(self, seq: int, states: dict, per_rank: bool) -> None:
         snaps, idents = {}, {}
-        undecodable = 0
+        undecodable = []
         for key, (ident, snap) in states.items():
             try:
                 snaps[key] = loads(snap)
             except Exception:  # noqa: BLE001 - counted; the others arrive
-                undecodable += 1
+                undecodable.append(key)
                 continue
             if ident and self.idents.get(key) != ident:
                 idents[key] = self.idents[key] = ident
         bundle = make_bundle(snaps, None, per_rank)
-        if undecodable:
-            bundle["drops"]["undecodable"] = bundle["drops"].get("undecodable", 0) + undecodable
+        for key in undecodable:
+            bundle["drops"].add(("states", key), "undecodable")
         self.ctl.send((BUNDLE, seq, self.own_key, self.version, list(states), idents, dumps(bundle)))
 
     def _expire(self) -> None:

@@ -11,7 +11,7 @@
 A *bundle* is the merge of several ranks' snapshots (one step's cut, one group of ranks):
 
 ``{"ranks": [rank_key, ...], "merged": snapshot, "conflicts": {key: [reductions]},
-"drops": {reason: n}, "per_rank": {rank_key: snapshot} | None, "raw": {rank_key: [...]},
+"drops": {reason: {key, ...}}, "per_rank": {rank_key: snapshot} | None, "raw": {rank_key: [...]},
 "identities": {rank_key: identity}, "streamed": [(values streamed early, their step), ...]}``
 
 ``merged`` is an ordinary packed snapshot, so the controller reduces bundles with the same
@@ -29,7 +29,8 @@ A *bundle* is the merge of several ranks' snapshots (one step's cut, one group o
   rank's late states meet its own).
 - A key recorded with different reductions is reported in ``conflicts`` and the controller
   drops it for the step, as it drops it today; a key whose states fail to merge is dropped and
-  counted in ``drops`` under the same reasons the controller uses.
+  named in ``drops`` under the same reasons the controller uses (each key counts once per step
+  and reason, however many groups dropped it: the same count as on the direct route).
 
 No Monarch, no torch: this runs on a leader's aggregator thread (:mod:`forge_obs.aggregate`).
 """
@@ -39,7 +40,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
-from forge_obs.reduce import ROW_CLASSES, ROW_FIELDS, _Grouper, accumulator_for
+from forge_obs.reduce import ROW_CLASSES, ROW_FIELDS, KeyDrops, _Grouper, accumulator_for
 from forge_obs.selfobs import add_cpu
 
 __all__ = ["exact_parts", "merge_packed", "make_bundle", "merge_bundles", "bundle_snapshot"]
@@ -86,12 +87,12 @@ def _nan_sticky(rows: list, pick: Any) -> float:
     return pick(rows)
 
 
-def merge_packed(snaps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, list], dict[str, int]]:
+def merge_packed(snaps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, list], KeyDrops]:
     """Merge decoded packed snapshots (ranks' or bundles' ``merged``) into one.
 
     Returns ``(merged, conflicts, drops)``: ``conflicts`` maps a key recorded with different
-    reductions to those reductions (the controller drops it for the step); ``drops`` counts values
-    whose states could not be merged, by reason."""
+    reductions to those reductions (the controller drops it for the step); ``drops`` names the
+    keys whose states could not be merged, by reason (:class:`~forge_obs.reduce.KeyDrops`)."""
     grouper = _Grouper()  # key -> [rt, items]; conflicting reductions and malformed states set aside
     counters: dict[str, Any] = {}
     self_cpu: dict[str, float] = {}  # forge_obs's own CPU (forge_obs.selfobs), summed
@@ -111,9 +112,9 @@ def merge_packed(snaps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str,
     conflicts = {k: c[0] for k, c in grouper.conflicts.items()}
     packed: dict[str, tuple[list, list]] = {}
     states: dict[str, Any] = {}
-    drops: dict[str, int] = {}
-    for reason, n, _err in grouper.bad.values():
-        drops[reason] = drops.get(reason, 0) + n
+    drops = KeyDrops()
+    for k, (reason, _n, _err) in grouper.bad.items():
+        drops.add(k, reason)
     for k, (rt, items) in groups.items():
         if k in conflicts:
             continue
@@ -156,7 +157,7 @@ def merge_packed(snaps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str,
             except Exception as e:  # noqa: BLE001 - one key never costs the others
                 reason = "unknown_reduction" if "unknown reduction" in str(e) else (
                     "overflow" if isinstance(e, OverflowError) else "merge_error")
-                drops[reason] = drops.get(reason, 0) + len(items)
+                drops.add(k, reason)
     merged = {"packed": packed, "states": states, "counters": counters, "self_cpu": self_cpu}
     return merged, {k: sorted(v) for k, v in conflicts.items()}, drops
 
@@ -185,8 +186,7 @@ def merge_bundles(bundles: list[dict[str, Any]]) -> dict[str, Any]:
     for b in bundles:
         for k, rts in b["conflicts"].items():
             conflicts[k] = sorted(set(conflicts.get(k, ())) | set(rts))
-        for reason, n in b["drops"].items():
-            drops[reason] = drops.get(reason, 0) + n
+        drops.merge(b["drops"])
     for k in conflicts:  # a key that conflicts anywhere is dropped everywhere
         for rt, (ks, rows) in list(merged["packed"].items()):
             if k in ks:

@@ -60,7 +60,7 @@ from forge_obs.collector import MetricCollector, Taken
 from forge_obs.identity import rank_label
 from forge_obs.metric import LoggingMode, Metric
 from forge_obs.record import RankViews, StepRecord
-from forge_obs.reduce import Reduce, merge_snapshots, reduce_snapshots
+from forge_obs.reduce import KeyDrops, Reduce, merge_snapshots, reduce_snapshots
 from forge_obs.selfobs import CPU_PARTS, SELF_OBS, add_cpu
 from forge_obs.snapshot import loads
 
@@ -648,19 +648,16 @@ class FlushPipeline:
                     self._cv.notify_all()
 
     def _build(self, p: Cut, missing: list, late: list, pending: int) -> StepRecord | None:
-        drops: dict[str, int] = {}  # reason -> values dropped here, on the controller
-
-        def on_drop(key: str, reason: str, n_states: int) -> None:
-            drops[reason] = drops.get(reason, 0) + n_states
-
+        drops = KeyDrops()  # keys left out after leaving their rank (here or on a leader)
+        on_drop = drops.add
         entries = self._decoded_entries(p, drops)
         bundles = []
-        for b in p.bundles:
+        for i, b in enumerate(p.bundles):
             try:
                 bundles.append(loads(b) if isinstance(b, (bytes, bytearray)) else b)
             except Exception as e:  # noqa: BLE001 - counted; the other groups arrive
                 logger.error("forge_obs: a bundle for step %s could not be decoded: %r", p.step, e)
-                _count(drops, "undecodable", 1)
+                drops.add(("bundle", i), "undecodable")
         # rank label -> list of snapshots (the step's own, plus late/final ones placed in it)
         by_label: dict[str, list[dict]] = {}
         sources: dict[str, dict] = {}
@@ -710,8 +707,7 @@ class FlushPipeline:
             add_counters(merged.get("counters") or {}, b.get("streamed", ()))
             add_cpu(own_cpu, merged.get("self_cpu"))
             conflict_keys.update(b["conflicts"])
-            for reason, n in b["drops"].items():
-                _count(drops, reason, n)
+            drops.merge(b["drops"])
             for key, vals in (b.get("raw") or {}).items():
                 key = tuple(key)
                 raw.setdefault(self.labels.get(key) or f"{key[0]}/r{key[1]}", []).extend(vals)
@@ -729,17 +725,18 @@ class FlushPipeline:
         global_metrics = reduce_snapshots(global_snaps, on_drop=on_drop, on_overflow=overflows.append)
         if conflict_keys:  # recorded with two reductions in some group: dropped everywhere, as within a rank
             global_metrics = [m for m in global_metrics if m.key not in conflict_keys]
-            _count(drops, "reduction_mismatch", len(conflict_keys))
+            for k in conflict_keys:
+                drops.add(k, "reduction_mismatch")
         # per-rank Metrics are built only if a backend reads them (JSONL reads plain values)
         per_rank = RankViews(rank_snaps) if self._need_per_rank else {}
         if p.final and not global_snaps and not raw:
             return None  # nothing was recorded after the last flush
         by_reason = dict(rank_drops)
-        for reason, n in drops.items():
+        for reason, n in drops.counts().items():
             by_reason[reason] = by_reason.get(reason, 0) + n
         obs = {
             "obs/values_recorded": counters["values_recorded"],
-            "obs/dropped_values": counters["dropped_values"] + sum(drops.values()),
+            "obs/dropped_values": counters["dropped_values"] + drops.total(),
             **{f"obs/dropped/{reason}": n for reason, n in sorted(by_reason.items()) if n},
             "obs/nonfinite_values": counters["nonfinite_values"] + len(overflows),
             "obs/stream_overflow": counters["stream_overflow"],
@@ -774,7 +771,7 @@ class FlushPipeline:
             late=late,
         )
 
-    def _decoded_entries(self, p: Cut, drops: dict[str, int]) -> list[tuple[dict, dict]]:
+    def _decoded_entries(self, p: Cut, drops: KeyDrops) -> list[tuple[dict, dict]]:
         """(identity, snapshot) of every rank in the step, decoded here (snapshots travel
         pickled); one that cannot be decoded is counted and left out, the others arrive."""
         raw_entries = []
@@ -784,7 +781,8 @@ class FlushPipeline:
                 local = _COLLECTOR.export(local, packed=True)
             except Exception as e:  # noqa: BLE001 - the controller's own values; the ranks' still arrive
                 logger.error("forge_obs: the controller's values of step %s could not be exported: %r", p.step, e)
-                drops["export_error"] = drops.get("export_error", 0) + max(1, len(local.accs))
+                for k in local.accs:
+                    drops.add(k, "export_error")
                 local = None
         if local is not None:
             raw_entries.append(({"label": self.process_name, "mesh": self.process_name, "rank": 0}, local))
@@ -798,17 +796,13 @@ class FlushPipeline:
             except Exception as e:  # noqa: BLE001
                 logger.error("forge_obs: states of %s for step %s could not be decoded: %r",
                              (ident or {}).get("label"), p.step, e)
-                drops["undecodable"] = drops.get("undecodable", 0) + 1
+                drops.add(("states", (ident or {}).get("label")), "undecodable")
         return entries
 
 #: ``received`` value of a rank whose states came merged in a bundle
 _BUNDLED = (None, None)
 #: key of a held bundle (its step left before it arrived)
 _BUNDLE_KEY = ("bundle",)
-
-
-def _count(drops: dict[str, int], reason: str, n: int) -> None:
-    drops[reason] = drops.get(reason, 0) + n
 
 
 def _run(callbacks: list) -> None:

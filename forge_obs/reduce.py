@@ -139,6 +139,35 @@ class DropCounts(dict):
         return sum(self.values())
 
 
+class KeyDrops(dict):
+    """``{reason: {key, ...}}``: the keys left out of a step while states are decoded or merged
+    (on a group leader or on the controller). A key counts once per reason and step, however
+    many ranks or groups held it and whichever process left it out, so that both routes count
+    the same. :meth:`add` is an ``on_drop(key, reason, n_states)`` callback.
+
+        >>> d = KeyDrops()
+        >>> d.add("lat", "merge_error", 3); d.add("lat", "merge_error", 1)
+        >>> d.merge({"merge_error": {"loss"}}); d.counts(), d.total()
+        ({'merge_error': 2}, 2)
+    """
+
+    def add(self, key: Any, reason: str, n_states: int = 1) -> None:
+        keys = self.get(reason)
+        if keys is None:
+            keys = self[reason] = set()
+        keys.add(key)
+
+    def merge(self, other: dict) -> None:
+        for reason, keys in other.items():
+            self.setdefault(reason, set()).update(keys)
+
+    def counts(self) -> dict[str, int]:
+        return {reason: len(keys) for reason, keys in self.items()}
+
+    def total(self) -> int:
+        return sum(len(keys) for keys in self.values())
+
+
 def to_float(x: Any) -> float:
     """``float(x)`` with IEEE overflow: an ``int`` (or any number) beyond the float range is
     ``±inf`` instead of an ``OverflowError``."""
