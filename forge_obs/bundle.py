@@ -38,12 +38,15 @@ No Monarch, no torch: this runs on a leader's aggregator thread (:mod:`forge_obs
 from __future__ import annotations
 
 import math
+import pickle
 from typing import Any, Iterable
 
 from forge_obs.reduce import ROW_CLASSES, ROW_FIELDS, KeyDrops, _Grouper, accumulator_for
 from forge_obs.selfobs import add_cpu
+from forge_obs.snapshot import OnDrop, decode, decode_raw, encode, encode_raw, pickle_value
 
-__all__ = ["exact_parts", "merge_packed", "make_bundle", "merge_bundles", "bundle_snapshot"]
+__all__ = ["exact_parts", "merge_packed", "make_bundle", "merge_bundles", "bundle_snapshot", "dumps_bundle",
+           "loads_bundle"]
 
 SUM_LIKE = ("sum", "mean")
 #: per-rank counters that do not add up (the step a rank streamed raw values under): kept per rank
@@ -214,3 +217,28 @@ def merge_bundles(bundles: list[dict[str, Any]]) -> dict[str, Any]:
 def bundle_snapshot(bundle: dict[str, Any]) -> dict[str, Any]:
     """The bundle's merged states as a snapshot for :func:`~forge_obs.reduce.reduce_snapshots`."""
     return bundle["merged"]
+
+
+def dumps_bundle(bundle: dict[str, Any]) -> bytes:
+    """A bundle as bytes, its snapshots encoded as a rank's are (states and raw values that are
+    not numbers pickled one by one: :func:`forge_obs.snapshot.encode`), so that one the
+    controller cannot decode costs that key only. What cannot be pickled is named in ``drops``."""
+    drops = bundle["drops"]
+    raw = {k: encode_raw(rows, drops.add) for k, rows in bundle["raw"].items()}
+    per_rank = bundle["per_rank"]
+    enc = dict(bundle, merged=encode(bundle["merged"], drops.add), raw={k: r for k, (r, _i) in raw.items()},
+               raw_pickled={k: i for k, (_r, i) in raw.items() if i},
+               per_rank=None if per_rank is None else {k: encode(s, drops.add) for k, s in per_rank.items()})
+    return pickle_value(enc)
+
+
+def loads_bundle(data: Any, on_drop: OnDrop | None = None) -> dict[str, Any]:
+    """The inverse of :func:`dumps_bundle` (bytes, or a bundle already in memory): what cannot be
+    decoded here is left out and reported to ``on_drop(key, "undecodable", 1)``."""
+    b = pickle.loads(data) if isinstance(data, (bytes, bytearray, memoryview)) else dict(data)
+    b["merged"] = decode(b["merged"], on_drop)
+    if b.get("per_rank") is not None:
+        b["per_rank"] = {k: decode(s, on_drop) for k, s in b["per_rank"].items()}
+    idx = b.pop("raw_pickled", None) or {}
+    b["raw"] = {k: decode_raw(rows, idx.get(k, ()), on_drop) for k, rows in b["raw"].items()}
+    return b

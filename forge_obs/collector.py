@@ -31,7 +31,6 @@ follows, at no cost to the enabled path): off by ``FORGE_DISABLE_METRICS=true`` 
 from __future__ import annotations
 
 import math
-import pickle
 import sys
 import threading
 import time
@@ -55,6 +54,7 @@ from forge_obs.reduce import (
     to_float,
 )
 from forge_obs.sketch import DistributionAccumulator  # importing sketch registers "distribution" in every process
+from forge_obs.snapshot import PICKLED, pickle_value
 
 __all__ = ["MetricCollector", "Taken", "record_metric", "set_enabled", "is_enabled", "DEFAULT_RAW_CAP"]
 
@@ -570,7 +570,8 @@ class MetricCollector:
         Returns ``{"states": {key: state}, "raw": [(key, value, ts)] | None, "counters": {...},
         "wall_time": t}``. With ``packed=True`` (what fetchers send), the built-in numeric
         reductions come as ``"packed": {reduction: (keys, rows)}`` (see
-        :data:`forge_obs.reduce.ROW_FIELDS`) and ``"states"`` holds the others (SAMPLE, custom).
+        :data:`forge_obs.reduce.ROW_FIELDS`) and ``"states"`` holds the others (SAMPLE, custom),
+        whose pickled bytes (made checking them) are in ``snapshot.PICKLED``: what they travel as.
 
         Never raises: a key whose state cannot be exported (its ``get_state`` raises) or
         pickled (a SAMPLE row holding a lock) is left out, counted in ``dropped_values`` and
@@ -614,13 +615,14 @@ class MetricCollector:
                 odd = []
             odd.append(k)
         if odd is not None:
-            dumps = _pickler()
+            pickled: dict[str, bytes] = {}  # the check's bytes: what the states travel as
             for k in odd:
-                st = _export_state(k, accs[k], taken, dumps)
+                st = _export_state(k, accs[k], taken, pickled)
                 if st is not None:
                     states[k] = st
+            out[PICKLED] = pickled
             if taken.raw:
-                out["raw"] = _picklable_raw(taken.raw, set(odd), taken, dumps)
+                out["raw"] = _picklable_raw(taken.raw, set(odd), taken)
         over = taken.nonfinite_keys
         n = 0
         if packed:
@@ -677,17 +679,9 @@ def _values_in(acc: Any) -> int:
     return 1
 
 
-def _pickler() -> Any:
-    """What states travel with: Monarch pickles with cloudpickle (when it is there)."""
-    try:
-        import cloudpickle
-
-        return cloudpickle.dumps
-    except ImportError:
-        return pickle.dumps
-
-
-def _export_state(key: str, acc: Any, taken: Taken, dumps: Any) -> dict | None:
+def _export_state(key: str, acc: Any, taken: Taken, pickled: dict[str, bytes]) -> dict | None:
+    """``acc``'s state, its bytes put in ``pickled``; None when it cannot be exported or pickled
+    (counted)."""
     try:
         st = acc.get_state()
         if not isinstance(st, dict) or "reduction_type" not in st:
@@ -696,20 +690,20 @@ def _export_state(key: str, acc: Any, taken: Taken, dumps: Any) -> dict | None:
         taken.drop("export_error", _values_in(acc), key, f"{type(acc).__name__}.get_state failed: {safe_repr(e)}")
         return None
     try:
-        dumps(st)
+        pickled[key] = pickle_value(st)
     except Exception as e:  # noqa: BLE001 - e.g. a SAMPLE row holding a lock
         taken.drop("unpicklable", _values_in(acc), key, f"its state cannot be pickled ({safe_repr(e)})")
         return None
     return st
 
 
-def _picklable_raw(raw: list, keys: set, taken: Taken, dumps: Any) -> list:
+def _picklable_raw(raw: list, keys: set, taken: Taken) -> list:
     """``raw`` without the values of ``keys`` (SAMPLE / custom) that cannot be pickled."""
     out = []
     for item in raw:
         if item[0] in keys and type(item[1]) is not float and type(item[1]) is not int:
             try:
-                dumps(item[1])
+                pickle_value(item[1])
             except Exception as e:  # noqa: BLE001
                 taken.drop("unpicklable", 1, item[0], f"a raw value cannot be pickled ({safe_repr(e)})")
                 continue

@@ -62,7 +62,8 @@ from forge_obs.metric import LoggingMode, Metric
 from forge_obs.record import RankViews, StepRecord
 from forge_obs.reduce import KeyDrops, Reduce, merge_snapshots, reduce_snapshots
 from forge_obs.selfobs import CPU_PARTS, SELF_OBS, add_cpu
-from forge_obs.snapshot import loads
+from forge_obs.bundle import loads_bundle
+from forge_obs.snapshot import decode_raw, loads
 
 logger = logging.getLogger("forge_obs")
 
@@ -158,6 +159,8 @@ class FlushPipeline:
         self.late_states = 0
         self.fenced_bundles = 0  # bundles from a replaced leader: dropped (its members resent their states)
         self.duplicates_dropped = 0  # resent states the controller already had
+        #: streamed values that could not be decoded, counted with the next step assembled
+        self._stream_drops = KeyDrops()
         # cut seq -> ranks whose states came in a bundle, for the last BUNDLED_SEQS cuts: a state a
         # member resends (its leader was replaced or is gone) is dropped if its bundle came
         self._bundled: dict[int, set] = {}
@@ -345,11 +348,16 @@ class FlushPipeline:
                     self._held.append((seq + 1, _BUNDLE_KEY, {}, bundle))
             self._wake(cut)
 
-    def stream(self, rank_key: RankKey | None, label: str, step: int, rows: list) -> None:
+    def stream(self, rank_key: RankKey | None, label: str, step: int, rows: list, pickled: list = ()) -> None:
         """Raw values a rank streamed between flushes (``per_rank_no_reduce``), under its predicted
-        step: handed to the streaming backends' queues at once, in arrival order."""
+        step: handed to the streaming backends' queues at once, in arrival order. ``pickled``: the
+        indices of values pickled one by one (:func:`forge_obs.snapshot.encode_raw`); one that
+        cannot be decoded here is left out, counted with the next step assembled."""
         if not rows or not self._stream_workers:
             return
+        if pickled:
+            with self._cv:
+                rows = decode_raw(rows, pickled, self._stream_drops.add)
         ident = (self.identities.get(tuple(rank_key)) if rank_key is not None else None) or {}
         ident = dict(ident, label=label)
         entries = [(label, step, rows)]
@@ -649,12 +657,15 @@ class FlushPipeline:
 
     def _build(self, p: Cut, missing: list, late: list, pending: int) -> StepRecord | None:
         drops = KeyDrops()  # keys left out after leaving their rank (here or on a leader)
+        with self._cv:
+            drops.merge(self._stream_drops)
+            self._stream_drops.clear()
         on_drop = drops.add
         entries = self._decoded_entries(p, drops)
         bundles = []
         for i, b in enumerate(p.bundles):
             try:
-                bundles.append(loads(b) if isinstance(b, (bytes, bytearray)) else b)
+                bundles.append(loads_bundle(b, on_drop))
             except Exception as e:  # noqa: BLE001 - counted; the other groups arrive
                 logger.error("forge_obs: a bundle for step %s could not be decoded: %r", p.step, e)
                 drops.add(("bundle", i), "undecodable")
@@ -792,7 +803,7 @@ class FlushPipeline:
         entries = []
         for ident, snap in raw_entries:
             try:
-                entries.append((ident or {}, loads(snap)))
+                entries.append((ident or {}, loads(snap, drops.add)))
             except Exception as e:  # noqa: BLE001
                 logger.error("forge_obs: states of %s for step %s could not be decoded: %r",
                              (ident or {}).get("label"), p.step, e)

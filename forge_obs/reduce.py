@@ -40,6 +40,8 @@ the names of ``obs/dropped/<reason>``:
 ``append_error``       a (custom) accumulator raised on ``append``
 ``export_error``       a (custom) accumulator's ``get_state`` raised or did not return a state dict
 ``unpicklable``        a state (SAMPLE rows, custom) or a streamed raw value cannot be pickled
+``undecodable``        a state or raw value cannot be unpickled where it arrives (a group leader,
+                       the controller): e.g. a SAMPLE row whose class only the rank can import
 ``bad_state``          a state that is not a dict, has no ``reduction_type`` or lacks its
                        reduction's fields
 ``merge_error``        merging or reducing the key's states raised
@@ -90,6 +92,7 @@ DROP_REASONS = (
     "append_error",
     "export_error",
     "unpicklable",
+    "undecodable",
     "bad_state",
     "merge_error",
     "device_error",
