@@ -38,6 +38,7 @@ import types
 from typing import Any
 
 from forge_obs._env import METRICS_DISABLED, env_flag
+from forge_obs._plain import BadRow, plain
 from forge_obs._safe import safe_repr
 from forge_obs._warn import WARNER
 from forge_obs.metric import Metric
@@ -397,11 +398,13 @@ class MetricCollector:
         as SAMPLE); _DROP if it cannot be (counted). Never raises."""
         try:
             if reduction is _SAMPLE:
-                return value
+                return self._row(key, value)
             if type(reduction) is not Reduce:
                 red = _lookup(reduction)
                 if red is None:
                     return value  # dropped as unknown_reduction under the lock
+                if red is _SAMPLE:
+                    return self._row(key, value)
                 if not _REGISTRY[red.value if type(red) is Reduce else red].numeric:
                     return value
             if type(value) is (_TENSOR or _tensor_type()):  # plain torch.Tensor: the common case, fast
@@ -434,6 +437,14 @@ class MetricCollector:
             return v
         except Exception as e:  # noqa: BLE001 - an .item property, __getattr__, __float__ that raises
             return self._drop(key, "bad_value", f"{_type_name(value)} value could not be read ({safe_repr(e)})")
+
+    def _row(self, key: Any, value: Any) -> Any:
+        """A SAMPLE row as backends write it (:func:`forge_obs._plain.plain`: keys as ``str``);
+        _DROP, counted as ``bad_row``, for a row that contains itself."""
+        try:
+            return plain(value)
+        except BadRow as e:
+            return self._drop(key, "bad_row", f"a SAMPLE row {e}")
 
     def _device_record(self, key: Any, value: Any, reduction: Any) -> Any:
         """GPU tensors: accumulated on the device by :mod:`forge_obs.device` when available."""

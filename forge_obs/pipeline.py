@@ -227,9 +227,11 @@ class FlushPipeline:
         return sum(w.errors for w in self.workers)
 
     def backend_report(self) -> dict[str, dict[str, Any]]:
-        """Per backend: steps logged, dropped (queue full), errors (for ``meta.json``)."""
+        """Per backend: steps logged, dropped (queue full), errors, values it could not write
+        (for ``meta.json``)."""
         return {w.name: {"steps": w.done_steps, "dropped_steps": w.dropped_steps, "errors": w.errors,
                          **({"dropped_stream_values": w.dropped_stream_values} if w.dropped_stream_values else {}),
+                         **({"skipped_values": n} if (n := getattr(w.backend, "skipped_values", 0)) else {}),
                          **({"finish_error": w.finish_error} if w.finish_error else {})} for w in self.workers}
 
     # ------------------------------------------------------------ cuts

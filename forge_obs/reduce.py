@@ -38,6 +38,9 @@ the names of ``obs/dropped/<reason>``:
 ``reduction_mismatch`` the key was recorded with two reductions in one step (one rank, or across
                        ranks)
 ``append_error``       a (custom) accumulator raised on ``append``
+``bad_row``            a SAMPLE row that contains itself (a cycle), nests deeper than Python can
+                       follow, or whose keys collide once converted to ``str`` (other keys are
+                       converted: ``{("a", "b"): 1}`` is kept as ``{"('a', 'b')": 1}``)
 ``export_error``       a (custom) accumulator's ``get_state`` raised or did not return a state dict
 ``unpicklable``        a state (SAMPLE rows, custom) or a streamed raw value cannot be pickled
 ``undecodable``        a state or raw value cannot be unpickled where it arrives (a group leader,
@@ -90,6 +93,7 @@ DROP_REASONS = (
     "unknown_reduction",
     "reduction_mismatch",
     "append_error",
+    "bad_row",
     "export_error",
     "unpicklable",
     "undecodable",

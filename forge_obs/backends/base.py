@@ -37,8 +37,10 @@ import importlib
 import inspect
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
+from forge_obs._safe import safe_repr
+from forge_obs._warn import WARNER
 from forge_obs.metric import LoggingMode, Metric
 from forge_obs.record import RunContext, StepRecord
 
@@ -51,6 +53,7 @@ __all__ = [
     "call_hook",
     "instantiate_backend",
     "scalar_metrics",
+    "write_each",
 ]
 
 
@@ -154,6 +157,9 @@ class LoggerBackend:
     default_values = "scalar"
     #: whether ``log_batch`` receives forge_obs's ``obs/…`` self-metrics. Config key ``show_obs``.
     default_show_obs = True
+    #: values this backend could not write and left out of their step (:func:`write_each`);
+    #: ``meta.json`` reports them per backend
+    skipped_values = 0
 
     def log_step(self, record: StepRecord) -> None:
         for mode in self.modes:
@@ -210,6 +216,21 @@ class LoggerBackend:
         """torchforge's hook for per-rank backends sharing the controller's run. forge_obs runs
         every backend on the controller, so there is nothing to share: None."""
         return None
+
+
+def write_each(backend: LoggerBackend, metrics: Iterable[Metric], write: Callable[[Metric], None]) -> None:
+    """``write(m)`` for each metric, so that a value the backend cannot write (e.g. a custom
+    reduction's value that contains itself) costs that key only: it is left out of this
+    backend's step, counted in ``backend.skipped_values`` with a rate-limited warning, and every
+    other key is written. ``write`` should write nothing of a key before it can raise."""
+    for m in metrics:
+        try:
+            write(m)
+        except Exception as e:  # noqa: BLE001 - this key only
+            backend.skipped_values += 1
+            name = type(backend).__name__
+            WARNER.warn("backend_skipped", f"{name}:{m.key}", f"{name} could not write {m.key!r} ({safe_repr(e)}); "
+                        "left out of its step for this backend (counted in meta.json's backends)")
 
 
 def scalar_metrics(m: Metric) -> list[Metric]:
