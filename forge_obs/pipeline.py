@@ -54,15 +54,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from forge_obs._warn import WARNER
 from forge_obs.backend_worker import DEFAULT_QUEUE_STEPS, BackendWorker
-from forge_obs.backends.base import LoggerBackend
+from forge_obs.backends.base import LoggerBackend, flattened_clashes
+from forge_obs.bundle import loads_bundle
 from forge_obs.collector import MetricCollector, Taken
 from forge_obs.identity import rank_label
 from forge_obs.metric import LoggingMode, Metric
 from forge_obs.record import RankViews, StepRecord
-from forge_obs.reduce import KeyDrops, Reduce, merge_snapshots, reduce_snapshots
+from forge_obs.reduce import KeyDrops, Reduce, merge_snapshots, reduce_snapshots, without_keys
 from forge_obs.selfobs import CPU_PARTS, SELF_OBS, add_cpu
-from forge_obs.bundle import loads_bundle
 from forge_obs.snapshot import decode_raw, loads
 
 logger = logging.getLogger("forge_obs")
@@ -740,6 +741,9 @@ class FlushPipeline:
             global_metrics = [m for m in global_metrics if m.key not in conflict_keys]
             for k in conflict_keys:
                 drops.add(k, "reduction_mismatch")
+        clashes = flattened_clashes(global_metrics)
+        if clashes:
+            global_metrics, rank_snaps = _without_clashes(clashes, global_metrics, rank_snaps, drops)
         # per-rank Metrics are built only if a backend reads them (JSONL reads plain values)
         per_rank = RankViews(rank_snaps) if self._need_per_rank else {}
         if p.final and not global_snaps and not raw:
@@ -816,6 +820,18 @@ class FlushPipeline:
 _BUNDLED = (None, None)
 #: key of a held bundle (its step left before it arrived)
 _BUNDLE_KEY = ("bundle",)
+
+
+def _without_clashes(clashes: dict[str, str], metrics: list, rank_snaps: dict, drops: KeyDrops) -> tuple[list, dict]:
+    """The step without the keys equal to a name another key is flattened to (``lat/p50``
+    beside a distribution ``lat``): reserved, so that no backend writes two values under one
+    name. Each is counted once (``reserved_key``), with a rate-limited warning."""
+    for key, parent in clashes.items():
+        drops.add(key, "reserved_key")
+        WARNER.warn("reserved_key", key, f"{key!r} is a name {parent!r} is written under ({parent!r} is a dict, e.g. a "
+                    f"distribution: {parent}/<field>); dropped from the step (counted in obs/dropped_values): rename it")
+    metrics = [m for m in metrics if m.key not in clashes]
+    return metrics, {label: without_keys(snap, clashes) for label, snap in rank_snaps.items()}
 
 
 def _run(callbacks: list) -> None:

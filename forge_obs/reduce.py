@@ -988,6 +988,16 @@ def merge_snapshots(
     return {"states": states}
 
 
+def without_keys(snapshot: dict[str, Any], keys: Any) -> dict[str, Any]:
+    """``snapshot`` (packed and/or states) without the values of ``keys``."""
+    packed = {}
+    for rt, (ks, rows) in (snapshot.get("packed") or {}).items():
+        kept = [(k, r) for k, r in zip(ks, rows) if k not in keys]
+        packed[rt] = ([k for k, _r in kept], [r for _k, r in kept])
+    states = {k: st for k, st in (snapshot.get("states") or {}).items() if k not in keys}
+    return dict(snapshot, packed=packed, states=states)
+
+
 def snapshot_values(
     snapshot: dict[str, Any], on_drop: Callable[[str, str, int], None] | None = None
 ) -> tuple[dict[str, Any], dict[str, str]]:

@@ -53,6 +53,7 @@ __all__ = [
     "call_hook",
     "instantiate_backend",
     "scalar_metrics",
+    "flattened_clashes",
     "write_each",
 ]
 
@@ -257,6 +258,20 @@ def scalar_metrics(m: Metric) -> list[Metric]:
         except Exception:  # noqa: BLE001 - not a scalar: left out
             return []
     return []
+
+
+def flattened_clashes(metrics: list[Metric]) -> dict[str, str]:
+    """The keys of ``metrics`` equal to a name another of them is flattened to (a dict value,
+    e.g. a distribution's, is written as ``key/<field>``: :func:`scalar_metrics`, W&B,
+    TensorBoard), each mapped to that other key: they would write two values under one name.
+
+        >>> flattened_clashes([Metric("lat", {"p50": 1.0, "count": 3}), Metric("lat/p50", 9.0), Metric("lat/n", 1.0)])
+        {'lat/p50': 'lat'}
+    """
+    names = {f"{m.key}/{f}": m.key for m in metrics if isinstance(m.value, dict) for f in m.value}
+    if not names:
+        return {}
+    return {m.key: names[m.key] for m in metrics if m.key in names}
 
 
 def instantiate_backend(cls: type, name: str, config: dict[str, Any]) -> "LoggerBackend":
