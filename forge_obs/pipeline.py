@@ -359,8 +359,11 @@ class FlushPipeline:
         if not rows or not self._stream_workers:
             return
         if pickled:
-            with self._cv:
-                rows = decode_raw(rows, pickled, self._stream_drops.add)
+            lost = KeyDrops()
+            rows = decode_raw(rows, pickled, lost.add)
+            if lost:
+                with self._cv:
+                    self._stream_drops.merge(lost)
         ident = (self.identities.get(tuple(rank_key)) if rank_key is not None else None) or {}
         ident = dict(ident, label=label)
         entries = [(label, step, rows)]
