@@ -217,8 +217,8 @@ async def _calibrate(n_msgs: int, keys: int) -> None:
     from monarch.actor import Actor, Channel, endpoint, this_host
 
     from forge_obs.aggregate import ACKB, BUNDLE
-    from forge_obs.bundle import make_bundle
-    from forge_obs.snapshot import dumps, loads
+    from forge_obs.bundle import dumps_bundle, make_bundle
+    from forge_obs.snapshot import loads
 
     class Sender(Actor):
         @endpoint
@@ -235,7 +235,7 @@ async def _calibrate(n_msgs: int, keys: int) -> None:
         "ack": ack,
         "states": states,
         "ack_batch": (ACKB, 1, [(("m", r), ()) for r in range(PROCS_PER_HOST)], []),
-        "bundle": (BUNDLE, 1, ("m", 0), 1, [("m", r) for r in range(PROCS_PER_HOST)], {}, dumps(bundle8)),
+        "bundle": (BUNDLE, 1, ("m", 0), 1, [("m", r) for r in range(PROCS_PER_HOST)], {}, dumps_bundle(bundle8)),
     }
     pm = this_host().spawn_procs(per_host={"procs": 1}, name="calibrate")
     sender = pm.spawn("Sender", Sender)
@@ -302,10 +302,10 @@ def simulate(ranks: int, design: str, keys: int, group: int, fanin: int, steps: 
 
     from forge_obs.aggregate import ACKB, BUNDLE
     from forge_obs.backends.base import LoggerBackend
-    from forge_obs.bundle import make_bundle, merge_bundles
+    from forge_obs.bundle import dumps_bundle, make_bundle, merge_bundles
     from forge_obs.fetcher import ACK, STATES
     from forge_obs.pipeline import FlushPipeline
-    from forge_obs.snapshot import dumps, loads
+    from forge_obs.snapshot import loads
 
     done = threading.Event()
     seen = {}
@@ -337,12 +337,12 @@ def simulate(ranks: int, design: str, keys: int, group: int, fanin: int, steps: 
                 members = keys_r[h0:h0 + group]
                 c0 = time.process_time()
                 b1 = make_bundle({k: loads(templates[k[1] % len(templates)]) for k in members})
-                pickle.dumps(b1, protocol=pickle.HIGHEST_PROTOCOL)
+                dumps_bundle(b1)
                 level1.append(time.process_time() - c0)
                 bundles.append(b1)
             c0 = time.process_time()
             b = bundles[0] if len(bundles) == 1 else merge_bundles(bundles)
-            payload = dumps(b)
+            payload = dumps_bundle(b)
             if len(bundles) > 1:
                 level2.append(time.process_time() - c0)
             members = keys_r[g0:g0 + per]

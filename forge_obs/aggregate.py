@@ -33,9 +33,10 @@ import time
 from typing import Any, Callable, Iterable
 
 from forge_obs._threads import STOP, stop_port_thread
-from forge_obs.bundle import make_bundle
+from forge_obs.bundle import dumps_bundle, make_bundle
+from forge_obs.reduce import KeyDrops
 from forge_obs.selfobs import SELF_OBS
-from forge_obs.snapshot import dumps, loads
+from forge_obs.snapshot import loads
 
 logger = logging.getLogger("forge_obs")
 
@@ -316,19 +317,18 @@ class Aggregator:
 
     def _send_bundle(self, seq: int, states: dict, per_rank: bool) -> None:
         snaps, idents = {}, {}
-        undecodable = 0
+        lost = KeyDrops()  # what cannot be decoded here: keys, or a member's whole snapshot
         for key, (ident, snap) in states.items():
             try:
-                snaps[key] = loads(snap)
+                snaps[key] = loads(snap, lost.add)
             except Exception:  # noqa: BLE001 - counted; the others arrive
-                undecodable += 1
+                lost.add(("states", key), "undecodable")
                 continue
             if ident and self.idents.get(key) != ident:
                 idents[key] = self.idents[key] = ident
         bundle = make_bundle(snaps, None, per_rank)
-        if undecodable:
-            bundle["drops"]["undecodable"] = bundle["drops"].get("undecodable", 0) + undecodable
-        self.ctl.send((BUNDLE, seq, self.own_key, self.version, list(states), idents, dumps(bundle)))
+        bundle["drops"].merge(lost)
+        self.ctl.send((BUNDLE, seq, self.own_key, self.version, list(states), idents, dumps_bundle(bundle)))
 
     def _expire(self) -> None:
         now = time.monotonic()

@@ -11,7 +11,7 @@
 A *bundle* is the merge of several ranks' snapshots (one step's cut, one group of ranks):
 
 ``{"ranks": [rank_key, ...], "merged": snapshot, "conflicts": {key: [reductions]},
-"drops": {reason: n}, "per_rank": {rank_key: snapshot} | None, "raw": {rank_key: [...]},
+"drops": {reason: {key, ...}}, "per_rank": {rank_key: snapshot} | None, "raw": {rank_key: [...]},
 "identities": {rank_key: identity}, "streamed": [(values streamed early, their step), ...]}``
 
 ``merged`` is an ordinary packed snapshot, so the controller reduces bundles with the same
@@ -30,7 +30,8 @@ A *bundle* is the merge of several ranks' snapshots (one step's cut, one group o
   rank's late states meet its own).
 - A key recorded with different reductions is reported in ``conflicts`` and the controller
   drops it for the step, as it drops it today; a key whose states fail to merge is dropped and
-  counted in ``drops`` under the same reasons the controller uses.
+  named in ``drops`` under the same reasons the controller uses (each key counts once per step
+  and reason, however many groups dropped it: the same count as on the direct route).
 
 No Monarch, no torch: this runs on a leader's aggregator thread (:mod:`forge_obs.aggregate`).
 """
@@ -38,12 +39,15 @@ No Monarch, no torch: this runs on a leader's aggregator thread (:mod:`forge_obs
 from __future__ import annotations
 
 import math
+import pickle
 from typing import Any, Iterable
 
-from forge_obs.reduce import ROW_CLASSES, ROW_FIELDS, _Grouper, accumulator_for
+from forge_obs.reduce import ROW_CLASSES, ROW_FIELDS, KeyDrops, _Grouper, accumulator_for
 from forge_obs.selfobs import add_cpu
+from forge_obs.snapshot import OnDrop, decode, decode_raw, encode, encode_raw, pickle_value
 
-__all__ = ["exact_parts", "merge_packed", "make_bundle", "merge_bundles", "bundle_snapshot"]
+__all__ = ["exact_parts", "merge_packed", "make_bundle", "merge_bundles", "bundle_snapshot", "dumps_bundle",
+           "loads_bundle"]
 
 SUM_LIKE = ("sum", "mean")
 #: per-rank counters that do not add up (the step a rank streamed raw values under): kept per rank
@@ -80,12 +84,12 @@ def exact_parts(values: Iterable[float]) -> list[float]:
     return partials + special
 
 
-def merge_packed(snaps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, list], dict[str, int]]:
+def merge_packed(snaps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, list], KeyDrops]:
     """Merge decoded packed snapshots (ranks' or bundles' ``merged``) into one.
 
     Returns ``(merged, conflicts, drops)``: ``conflicts`` maps a key recorded with different
-    reductions to those reductions (the controller drops it for the step); ``drops`` counts values
-    whose states could not be merged, by reason."""
+    reductions to those reductions (the controller drops it for the step); ``drops`` names the
+    keys whose states could not be merged, by reason (:class:`~forge_obs.reduce.KeyDrops`)."""
     grouper = _Grouper()  # key -> [rt, items]; conflicting reductions and malformed states set aside
     counters: dict[str, Any] = {}
     self_cpu: dict[str, float] = {}  # forge_obs's own CPU (forge_obs.selfobs), summed
@@ -105,9 +109,9 @@ def merge_packed(snaps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str,
     conflicts = {k: c[0] for k, c in grouper.conflicts.items()}
     packed: dict[str, tuple[list, list]] = {}
     states: dict[str, Any] = {}
-    drops: dict[str, int] = {}
-    for reason, n, _err in grouper.bad.values():
-        drops[reason] = drops.get(reason, 0) + n
+    drops = KeyDrops()
+    for k, (reason, _n, _err) in grouper.bad.items():
+        drops.add(k, reason)
     for k, (rt, items) in groups.items():
         if k in conflicts:
             continue
@@ -135,7 +139,7 @@ def merge_packed(snaps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str,
             except Exception as e:  # noqa: BLE001 - one key never costs the others
                 reason = "unknown_reduction" if "unknown reduction" in str(e) else (
                     "overflow" if isinstance(e, OverflowError) else "merge_error")
-                drops[reason] = drops.get(reason, 0) + len(items)
+                drops.add(k, reason)
     merged = {"packed": packed, "states": states, "counters": counters, "self_cpu": self_cpu}
     return merged, {k: sorted(v) for k, v in conflicts.items()}, drops
 
@@ -164,8 +168,7 @@ def merge_bundles(bundles: list[dict[str, Any]]) -> dict[str, Any]:
     for b in bundles:
         for k, rts in b["conflicts"].items():
             conflicts[k] = sorted(set(conflicts.get(k, ())) | set(rts))
-        for reason, n in b["drops"].items():
-            drops[reason] = drops.get(reason, 0) + n
+        drops.merge(b["drops"])
     for k in conflicts:  # a key that conflicts anywhere is dropped everywhere
         for rt, (ks, rows) in list(merged["packed"].items()):
             if k in ks:
@@ -193,3 +196,28 @@ def merge_bundles(bundles: list[dict[str, Any]]) -> dict[str, Any]:
 def bundle_snapshot(bundle: dict[str, Any]) -> dict[str, Any]:
     """The bundle's merged states as a snapshot for :func:`~forge_obs.reduce.reduce_snapshots`."""
     return bundle["merged"]
+
+
+def dumps_bundle(bundle: dict[str, Any]) -> bytes:
+    """A bundle as bytes, its snapshots encoded as a rank's are (states and raw values that are
+    not numbers pickled one by one: :func:`forge_obs.snapshot.encode`), so that one the
+    controller cannot decode costs that key only. What cannot be pickled is named in ``drops``."""
+    drops = bundle["drops"]
+    raw = {k: encode_raw(rows, drops.add) for k, rows in bundle["raw"].items()}
+    per_rank = bundle["per_rank"]
+    enc = dict(bundle, merged=encode(bundle["merged"], drops.add), raw={k: r for k, (r, _i) in raw.items()},
+               raw_pickled={k: i for k, (_r, i) in raw.items() if i},
+               per_rank=None if per_rank is None else {k: encode(s, drops.add) for k, s in per_rank.items()})
+    return pickle_value(enc)
+
+
+def loads_bundle(data: Any, on_drop: OnDrop | None = None) -> dict[str, Any]:
+    """The inverse of :func:`dumps_bundle` (bytes, or a bundle already in memory): what cannot be
+    decoded here is left out and reported to ``on_drop(key, "undecodable", 1)``."""
+    b = pickle.loads(data) if isinstance(data, (bytes, bytearray, memoryview)) else dict(data)
+    b["merged"] = decode(b["merged"], on_drop)
+    if b.get("per_rank") is not None:
+        b["per_rank"] = {k: decode(s, on_drop) for k, s in b["per_rank"].items()}
+    idx = b.pop("raw_pickled", None) or {}
+    b["raw"] = {k: decode_raw(rows, idx.get(k, ()), on_drop) for k, rows in b["raw"].items()}
+    return b

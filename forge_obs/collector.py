@@ -31,7 +31,6 @@ follows, at no cost to the enabled path): off by ``FORGE_DISABLE_METRICS=true`` 
 from __future__ import annotations
 
 import math
-import pickle
 import sys
 import threading
 import time
@@ -39,6 +38,7 @@ import types
 from typing import Any
 
 from forge_obs._env import METRICS_DISABLED, env_flag
+from forge_obs._plain import BadRow, plain
 from forge_obs._safe import safe_repr
 from forge_obs._warn import WARNER
 from forge_obs.metric import Metric
@@ -50,10 +50,12 @@ from forge_obs.reduce import (
     MetricAccumulator,
     Reduce,
     overflowed_keys,
+    reserved_key,
     resolve_reduction,
     to_float,
 )
 from forge_obs.sketch import DistributionAccumulator  # importing sketch registers "distribution" in every process
+from forge_obs.snapshot import PICKLED, pickle_value
 
 __all__ = ["MetricCollector", "Taken", "record_metric", "set_enabled", "is_enabled", "DEFAULT_RAW_CAP"]
 
@@ -63,6 +65,8 @@ DEFAULT_RAW_CAP = 100_000
 _DROP = object()
 _SAMPLE = Reduce.SAMPLE  # module global: cheaper than the Enum attribute lookup per call
 _INF = math.inf
+#: strings (and their subclasses, e.g. NumPy's): never a number, whatever they spell
+_TEXT = (str, bytes, bytearray)
 #: accumulator classes whose ``append`` cannot raise for a finite float (cached tracer groups)
 _SAFE_FOR_FLOATS = frozenset(ROW_CLASSES.values()) | {DistributionAccumulator}
 
@@ -104,6 +108,10 @@ def _append(accs: dict, key: Any, value: Any, reduction: Any, sink: Any) -> "tup
     k = key if type(key) is str else _norm_key(key)
     if k is None:
         sink._sink_drop("bad_key", key, f"key must be a str, got {type(key).__name__}")
+        return None
+    why = reserved_key(k)
+    if why is not None:
+        sink._sink_drop("reserved_key", k, why)
         return None
     red = reduction if type(reduction) is Reduce else _lookup(reduction)
     if red is None:
@@ -390,11 +398,13 @@ class MetricCollector:
         as SAMPLE); _DROP if it cannot be (counted). Never raises."""
         try:
             if reduction is _SAMPLE:
-                return value
+                return self._row(key, value)
             if type(reduction) is not Reduce:
                 red = _lookup(reduction)
                 if red is None:
                     return value  # dropped as unknown_reduction under the lock
+                if red is _SAMPLE:
+                    return self._row(key, value)
                 if not _REGISTRY[red.value if type(red) is Reduce else red].numeric:
                     return value
             if type(value) is (_TENSOR or _tensor_type()):  # plain torch.Tensor: the common case, fast
@@ -406,6 +416,8 @@ class MetricCollector:
                     return self._drop(key, "bad_value", f"Tensor could not be read as a scalar ({safe_repr(e)})")
             if type(value) is bool:
                 return float(value)
+            if isinstance(value, _TEXT) or value is None:  # np.str_ / np.bytes_ too: never parsed
+                return self._drop(key, "bad_value", f"value of type {_type_name(value)} is not a number")
             item = getattr(value, "item", None)
             if item is not None:
                 # torch tensors: ``is_cpu`` is far cheaper than ``.device.type``; others: ``.device``
@@ -419,14 +431,20 @@ class MetricCollector:
                     return self._drop(key, "bad_value", f"{_type_name(value)} could not be read as a scalar ({safe_repr(e)})")
             else:
                 try:
-                    if isinstance(value, (str, bytes)) or value is None:
-                        raise TypeError
                     v = to_float(value)
                 except Exception:  # noqa: BLE001
                     return self._drop(key, "bad_value", f"value of type {_type_name(value)} is not a number")
             return v
         except Exception as e:  # noqa: BLE001 - an .item property, __getattr__, __float__ that raises
             return self._drop(key, "bad_value", f"{_type_name(value)} value could not be read ({safe_repr(e)})")
+
+    def _row(self, key: Any, value: Any) -> Any:
+        """A SAMPLE row as backends write it (:func:`forge_obs._plain.plain`: keys as ``str``);
+        _DROP, counted as ``bad_row``, for a row that contains itself."""
+        try:
+            return plain(value)
+        except BadRow as e:
+            return self._drop(key, "bad_row", f"a SAMPLE row {e}")
 
     def _device_record(self, key: Any, value: Any, reduction: Any) -> Any:
         """GPU tensors: accumulated on the device by :mod:`forge_obs.device` when available."""
@@ -563,7 +581,8 @@ class MetricCollector:
         Returns ``{"states": {key: state}, "raw": [(key, value, ts)] | None, "counters": {...},
         "wall_time": t}``. With ``packed=True`` (what fetchers send), the built-in numeric
         reductions come as ``"packed": {reduction: (keys, rows)}`` (see
-        :data:`forge_obs.reduce.ROW_FIELDS`) and ``"states"`` holds the others (SAMPLE, custom).
+        :data:`forge_obs.reduce.ROW_FIELDS`) and ``"states"`` holds the others (SAMPLE, custom),
+        whose pickled bytes (made checking them) are in ``snapshot.PICKLED``: what they travel as.
 
         Never raises: a key whose state cannot be exported (its ``get_state`` raises) or
         pickled (a SAMPLE row holding a lock) is left out, counted in ``dropped_values`` and
@@ -607,13 +626,14 @@ class MetricCollector:
                 odd = []
             odd.append(k)
         if odd is not None:
-            dumps = _pickler()
+            pickled: dict[str, bytes] = {}  # the check's bytes: what the states travel as
             for k in odd:
-                st = _export_state(k, accs[k], taken, dumps)
+                st = _export_state(k, accs[k], taken, pickled)
                 if st is not None:
                     states[k] = st
+            out[PICKLED] = pickled
             if taken.raw:
-                out["raw"] = _picklable_raw(taken.raw, set(odd), taken, dumps)
+                out["raw"] = _picklable_raw(taken.raw, set(odd), taken)
         over = taken.nonfinite_keys
         n = 0
         if packed:
@@ -670,17 +690,9 @@ def _values_in(acc: Any) -> int:
     return 1
 
 
-def _pickler() -> Any:
-    """What states travel with: Monarch pickles with cloudpickle (when it is there)."""
-    try:
-        import cloudpickle
-
-        return cloudpickle.dumps
-    except ImportError:
-        return pickle.dumps
-
-
-def _export_state(key: str, acc: Any, taken: Taken, dumps: Any) -> dict | None:
+def _export_state(key: str, acc: Any, taken: Taken, pickled: dict[str, bytes]) -> dict | None:
+    """``acc``'s state, its bytes put in ``pickled``; None when it cannot be exported or pickled
+    (counted)."""
     try:
         st = acc.get_state()
         if not isinstance(st, dict) or "reduction_type" not in st:
@@ -689,20 +701,20 @@ def _export_state(key: str, acc: Any, taken: Taken, dumps: Any) -> dict | None:
         taken.drop("export_error", _values_in(acc), key, f"{type(acc).__name__}.get_state failed: {safe_repr(e)}")
         return None
     try:
-        dumps(st)
+        pickled[key] = pickle_value(st)
     except Exception as e:  # noqa: BLE001 - e.g. a SAMPLE row holding a lock
         taken.drop("unpicklable", _values_in(acc), key, f"its state cannot be pickled ({safe_repr(e)})")
         return None
     return st
 
 
-def _picklable_raw(raw: list, keys: set, taken: Taken, dumps: Any) -> list:
+def _picklable_raw(raw: list, keys: set, taken: Taken) -> list:
     """``raw`` without the values of ``keys`` (SAMPLE / custom) that cannot be pickled."""
     out = []
     for item in raw:
         if item[0] in keys and type(item[1]) is not float and type(item[1]) is not int:
             try:
-                dumps(item[1])
+                pickle_value(item[1])
             except Exception as e:  # noqa: BLE001
                 taken.drop("unpicklable", 1, item[0], f"a raw value cannot be pickled ({safe_repr(e)})")
                 continue

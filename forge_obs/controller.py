@@ -305,7 +305,7 @@ def _take(msg: tuple) -> None:
         if kind == ACK:
             pipeline.ack(msg[1], msg[2], msg[3])
         elif kind == STREAM:
-            pipeline.stream(msg[1], _stream_label(msg[1], msg[2]), msg[3], msg[4])
+            pipeline.stream(msg[1], _stream_label(msg[1], msg[2]), msg[3], msg[4], msg[5])
         elif kind == STATES:
             pipeline.states(*msg[1:])
         elif kind == FINAL:

@@ -43,7 +43,7 @@ from typing import Any
 
 from forge_obs._safe import safe_repr
 from forge_obs._warn import WARNER
-from forge_obs.reduce import _REGISTRY, Reduce, resolve_reduction
+from forge_obs.reduce import _REGISTRY, Reduce, reserved_key, resolve_reduction
 
 __all__ = ["DeviceValues", "DeviceTake", "record_device_value", "RAW_CAP"]
 
@@ -179,6 +179,11 @@ class DeviceValues:
         name / differing from the step's first one."""
         import torch
 
+        why = reserved_key(key)
+        if why is not None:
+            self._count_drop("reserved_key")
+            WARNER.warn("reserved_key", key, f"record_metric({key!r}): {why}; dropped (counted in obs/dropped_values)")
+            return None
         try:
             red = resolve_reduction(reduction)
         except ValueError as e:

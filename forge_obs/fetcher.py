@@ -40,7 +40,7 @@ from forge_obs.identity import set_identity
 from forge_obs.reduce import adopt_reductions, user_reductions
 from forge_obs.registry import LOCAL_MESHES
 from forge_obs.selfobs import SELF_OBS
-from forge_obs.snapshot import dumps
+from forge_obs.snapshot import dumps, encode_raw
 from forge_obs.timeline import follow_cut
 
 logger = logging.getLogger("forge_obs")
@@ -237,7 +237,8 @@ class LocalFetcherActor(Actor):
             # happens on its pipeline thread, after the flush that waits for acks resumed
             snap = _COLLECTOR.export(taken, packed=True)
             snap["self_cpu"] = SELF_OBS.take()  # forge_obs's own cost here: apart from the user's values
-            self._post(target or self.port, (kind, seq, self.key, self.identity.to_dict(), dumps(snap)))
+            data = dumps(snap, lambda key, reason, n: taken.drop(reason, n))  # counted in snap's counters
+            self._post(target or self.port, (kind, seq, self.key, self.identity.to_dict(), data))
         except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
             logger.error("forge_obs: %s could not send its states (cut %s): %r", self.identity.label, seq, e)
 
@@ -282,8 +283,10 @@ class LocalFetcherActor(Actor):
         rows = _COLLECTOR.take_raw(step)
         if not rows:
             return 0
-        rows = _picklable_rows(rows)
-        self.port.send((STREAM, self.key, self.identity.label, step, rows))
+        # values that are not numbers travel pickled one by one: one the controller cannot
+        # unpickle costs that value only (counted there), never the message
+        rows, pickled = encode_raw(rows, lambda key, reason, n: _COLLECTOR.count_drop(reason, n))
+        self.port.send((STREAM, self.key, self.identity.label, step, rows, pickled))
         return len(rows)
 
     # ------------------------------------------------------------ configuration, torchforge's endpoints
@@ -350,23 +353,6 @@ class LocalFetcherActor(Actor):
             close()
         except Exception:  # noqa: BLE001
             pass
-
-
-def _picklable_rows(rows: list) -> list:
-    """``rows`` without the values that cannot be pickled (SAMPLE rows holding a lock, ...),
-    which are dropped and counted; numbers are always kept."""
-    bad = None
-    for i, item in enumerate(rows):
-        v = item[1]
-        if type(v) is float or type(v) is int:
-            continue
-        try:
-            dumps(v)
-        except Exception as e:  # noqa: BLE001
-            _COLLECTOR.count_drop("unpicklable", 1, item[0], f"a raw value cannot be pickled ({e!r})")
-            bad = bad or set()
-            bad.add(i)
-    return rows if bad is None else [r for i, r in enumerate(rows) if i not in bad]
 
 
 async def configure_all(entries: list, options: dict[str, Any], timeout_s: float) -> None:

@@ -59,16 +59,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from forge_obs._warn import WARNER
 from forge_obs.backend_worker import DEFAULT_QUEUE_STEPS, BackendWorker
-from forge_obs.backends.base import LoggerBackend
+from forge_obs.backends.base import LoggerBackend, flattened_clashes
+from forge_obs.bundle import loads_bundle
 from forge_obs.collector import MetricCollector, Taken
 from forge_obs.identity import rank_label
 from forge_obs.metric import LoggingMode, Metric
 from forge_obs.plan import BYPASS_FRACTION
 from forge_obs.record import RankViews, StepRecord
-from forge_obs.reduce import Reduce, merge_snapshots, reduce_snapshots
+from forge_obs.reduce import KeyDrops, Reduce, merge_snapshots, reduce_snapshots, without_keys
 from forge_obs.selfobs import CPU_PARTS, SELF_OBS, add_cpu
-from forge_obs.snapshot import loads
+from forge_obs.snapshot import decode_raw, loads
 
 logger = logging.getLogger("forge_obs")
 
@@ -179,6 +181,8 @@ class FlushPipeline:
         #: ``ask_resend(seq, {mesh_id: [rank, ...]})``: ask those ranks to resend their answer to
         #: cut ``seq`` directly (set by the controller; called on the worker thread, outside the lock)
         self.ask_resend: Callable[[int, dict[str, list[int]]], None] | None = None
+        #: streamed values that could not be decoded, counted with the next step assembled
+        self._stream_drops = KeyDrops()
         #: rank -> the rank that leads its group on the aggregated route (forge_obs.plan)
         self.leader_of: dict[RankKey, RankKey] = {}
         self._worker = threading.Thread(target=self._work, name="forge_obs-backends", daemon=True)
@@ -242,10 +246,11 @@ class FlushPipeline:
         return sum(w.errors for w in self.workers)
 
     def backend_report(self) -> dict[str, dict[str, Any]]:
-        """Per backend: steps logged, dropped (queue full), errors, and the backend's own
-        :meth:`~forge_obs.backends.base.LoggerBackend.meta_report` (for ``meta.json``)."""
+        """Per backend: steps logged, dropped (queue full), errors, values it could not write, and
+        the backend's own :meth:`~forge_obs.backends.base.LoggerBackend.meta_report` (for ``meta.json``)."""
         return {w.name: {"steps": w.done_steps, "dropped_steps": w.dropped_steps, "errors": w.errors,
                          **({"dropped_stream_values": w.dropped_stream_values} if w.dropped_stream_values else {}),
+                         **({"skipped_values": n} if (n := getattr(w.backend, "skipped_values", 0)) else {}),
                          **({"finish_error": w.finish_error} if w.finish_error else {}),
                          **_own_report(w)} for w in self.workers}
 
@@ -377,11 +382,19 @@ class FlushPipeline:
                     self._held.append((seq + 1, _BUNDLE_KEY, {}, bundle))
             self._wake(cut)
 
-    def stream(self, rank_key: RankKey | None, label: str, step: int, rows: list) -> None:
+    def stream(self, rank_key: RankKey | None, label: str, step: int, rows: list, pickled: list = ()) -> None:
         """Raw values a rank streamed between flushes (``per_rank_no_reduce``), under its predicted
-        step: handed to the streaming backends' queues at once, in arrival order."""
+        step: handed to the streaming backends' queues at once, in arrival order. ``pickled``: the
+        indices of values pickled one by one (:func:`forge_obs.snapshot.encode_raw`); one that
+        cannot be decoded here is left out, counted with the next step assembled."""
         if not rows or not self._stream_workers:
             return
+        if pickled:
+            lost = KeyDrops()
+            rows = decode_raw(rows, pickled, lost.add)
+            if lost:
+                with self._cv:
+                    self._stream_drops.merge(lost)
         ident = (self.identities.get(tuple(rank_key)) if rank_key is not None else None) or {}
         ident = dict(ident, label=label)
         entries = [(label, step, rows)]
@@ -733,19 +746,19 @@ class FlushPipeline:
                     self._cv.notify_all()
 
     def _build(self, p: Cut, missing: list, late: list, pending: int) -> StepRecord | None:
-        drops: dict[str, int] = {}  # reason -> values dropped here, on the controller
-
-        def on_drop(key: str, reason: str, n_states: int) -> None:
-            drops[reason] = drops.get(reason, 0) + n_states
-
+        drops = KeyDrops()  # keys left out after leaving their rank (here or on a leader)
+        with self._cv:
+            drops.merge(self._stream_drops)
+            self._stream_drops.clear()
+        on_drop = drops.add
         entries = self._decoded_entries(p, drops)
         bundles = []
-        for b in p.bundles:
+        for i, b in enumerate(p.bundles):
             try:
-                bundles.append(loads(b) if isinstance(b, (bytes, bytearray)) else b)
+                bundles.append(loads_bundle(b, on_drop))
             except Exception as e:  # noqa: BLE001 - counted; the other groups arrive
                 logger.error("forge_obs: a bundle for step %s could not be decoded: %r", p.step, e)
-                _count(drops, "undecodable", 1)
+                drops.add(("bundle", i), "undecodable")
         # rank label -> list of snapshots (the step's own, plus late/final ones placed in it)
         by_label: dict[str, list[dict]] = {}
         sources: dict[str, dict] = {}
@@ -795,8 +808,7 @@ class FlushPipeline:
             add_counters(merged.get("counters") or {}, b.get("streamed", ()))
             add_cpu(own_cpu, merged.get("self_cpu"))
             conflict_keys.update(b["conflicts"])
-            for reason, n in b["drops"].items():
-                _count(drops, reason, n)
+            drops.merge(b["drops"])
             for key, vals in (b.get("raw") or {}).items():
                 key = tuple(key)
                 raw.setdefault(self.labels.get(key) or f"{key[0]}/r{key[1]}", []).extend(vals)
@@ -814,17 +826,21 @@ class FlushPipeline:
         global_metrics = reduce_snapshots(global_snaps, on_drop=on_drop, on_overflow=overflows.append)
         if conflict_keys:  # recorded with two reductions in some group: dropped everywhere, as within a rank
             global_metrics = [m for m in global_metrics if m.key not in conflict_keys]
-            _count(drops, "reduction_mismatch", len(conflict_keys))
+            for k in conflict_keys:
+                drops.add(k, "reduction_mismatch")
+        clashes = flattened_clashes(global_metrics)
+        if clashes:
+            global_metrics, rank_snaps = _without_clashes(clashes, global_metrics, rank_snaps, drops)
         # per-rank Metrics are built only if a backend reads them (JSONL reads plain values)
         per_rank = RankViews(rank_snaps) if self._need_per_rank else {}
         if p.final and not global_snaps and not raw:
             return None  # nothing was recorded after the last flush
         by_reason = dict(rank_drops)
-        for reason, n in drops.items():
+        for reason, n in drops.counts().items():
             by_reason[reason] = by_reason.get(reason, 0) + n
         obs = {
             "obs/values_recorded": counters["values_recorded"],
-            "obs/dropped_values": counters["dropped_values"] + sum(drops.values()),
+            "obs/dropped_values": counters["dropped_values"] + drops.total(),
             **{f"obs/dropped/{reason}": n for reason, n in sorted(by_reason.items()) if n},
             "obs/nonfinite_values": counters["nonfinite_values"] + len(overflows),
             "obs/stream_overflow": counters["stream_overflow"],
@@ -859,7 +875,7 @@ class FlushPipeline:
             late=late,
         )
 
-    def _decoded_entries(self, p: Cut, drops: dict[str, int]) -> list[tuple[dict, dict]]:
+    def _decoded_entries(self, p: Cut, drops: KeyDrops) -> list[tuple[dict, dict]]:
         """(identity, snapshot) of every rank in the step, decoded here (snapshots travel
         pickled); one that cannot be decoded is counted and left out, the others arrive."""
         raw_entries = []
@@ -869,7 +885,8 @@ class FlushPipeline:
                 local = _COLLECTOR.export(local, packed=True)
             except Exception as e:  # noqa: BLE001 - the controller's own values; the ranks' still arrive
                 logger.error("forge_obs: the controller's values of step %s could not be exported: %r", p.step, e)
-                drops["export_error"] = drops.get("export_error", 0) + max(1, len(local.accs))
+                for k in local.accs:
+                    drops.add(k, "export_error")
                 local = None
         if local is not None:
             raw_entries.append(({"label": self.process_name, "mesh": self.process_name, "rank": 0}, local))
@@ -879,11 +896,11 @@ class FlushPipeline:
         entries = []
         for ident, snap in raw_entries:
             try:
-                entries.append((ident or {}, loads(snap)))
+                entries.append((ident or {}, loads(snap, drops.add)))
             except Exception as e:  # noqa: BLE001
                 logger.error("forge_obs: states of %s for step %s could not be decoded: %r",
                              (ident or {}).get("label"), p.step, e)
-                drops["undecodable"] = drops.get("undecodable", 0) + 1
+                drops.add(("states", (ident or {}).get("label")), "undecodable")
         return entries
 
 #: ``received`` value of a rank whose states came merged in a bundle
@@ -915,8 +932,16 @@ def _recent(by_seq: dict[int, set], seq: int) -> set:
     return got
 
 
-def _count(drops: dict[str, int], reason: str, n: int) -> None:
-    drops[reason] = drops.get(reason, 0) + n
+def _without_clashes(clashes: dict[str, str], metrics: list, rank_snaps: dict, drops: KeyDrops) -> tuple[list, dict]:
+    """The step without the keys equal to a name another key is flattened to (``lat/p50``
+    beside a distribution ``lat``): reserved, so that no backend writes two values under one
+    name. Each is counted once (``reserved_key``), with a rate-limited warning."""
+    for key, parent in clashes.items():
+        drops.add(key, "reserved_key")
+        WARNER.warn("reserved_key", key, f"{key!r} is a name {parent!r} is written under ({parent!r} is a dict, e.g. a "
+                    f"distribution: {parent}/<field>); dropped from the step (counted in obs/dropped_values): rename it")
+    metrics = [m for m in metrics if m.key not in clashes]
+    return metrics, {label: without_keys(snap, clashes) for label, snap in rank_snaps.items()}
 
 
 def _run(callbacks: list) -> None:

@@ -32,13 +32,21 @@ the names of ``obs/dropped/<reason>``:
 =====================  ==========================================================================
 ``bad_value``          not a number (or a tensor of several elements) for a numeric reduction
 ``bad_key``            the key is not a ``str``
+``reserved_key``       the key is forge_obs's: under ``obs/`` (its own metrics; dropped where it is
+                       recorded), or a name another key of the step is flattened to (``lat/p50``
+                       beside a ``distribution`` or other dict-valued ``lat``; dropped at the merge)
 ``unknown_reduction``  the reduction is not registered (in the recording process, or in the
                        process that merges: a custom reduction registered only in the actors)
 ``reduction_mismatch`` the key was recorded with two reductions in one step (one rank, or across
                        ranks)
 ``append_error``       a (custom) accumulator raised on ``append``
+``bad_row``            a SAMPLE row that contains itself (a cycle), nests deeper than Python can
+                       follow, or whose keys collide once converted to ``str`` (other keys are
+                       converted: ``{("a", "b"): 1}`` is kept as ``{"('a', 'b')": 1}``)
 ``export_error``       a (custom) accumulator's ``get_state`` raised or did not return a state dict
 ``unpicklable``        a state (SAMPLE rows, custom) or a streamed raw value cannot be pickled
+``undecodable``        a state or raw value cannot be unpickled where it arrives (a group leader,
+                       the controller): e.g. a SAMPLE row whose class only the rank can import
 ``bad_state``          a state that is not a dict, has no ``reduction_type`` or lacks its
                        reduction's fields
 ``merge_error``        merging or reducing the key's states raised
@@ -84,11 +92,14 @@ logger = logging.getLogger("forge_obs")
 DROP_REASONS = (
     "bad_value",
     "bad_key",
+    "reserved_key",
     "unknown_reduction",
     "reduction_mismatch",
     "append_error",
+    "bad_row",
     "export_error",
     "unpicklable",
+    "undecodable",
     "bad_state",
     "merge_error",
     "device_error",
@@ -96,6 +107,21 @@ DROP_REASONS = (
 )
 
 _INF = math.inf
+
+#: the prefix of forge_obs's own metrics (``obs/values_recorded``, ...): no user key may use it
+RESERVED_PREFIX = "obs/"
+
+
+def reserved_key(key: str) -> "str | None":
+    """Why ``key`` (a ``str``) cannot be recorded, or None: keys under :data:`RESERVED_PREFIX`
+    are forge_obs's own.
+
+        >>> reserved_key("obs/dropped_values") is not None, reserved_key("observed")
+        (True, None)
+    """
+    if key.startswith(RESERVED_PREFIX):
+        return f"keys under {RESERVED_PREFIX!r} are reserved for forge_obs's own metrics; rename it"
+    return None
 
 
 class DropCounts(dict):
@@ -121,6 +147,35 @@ class DropCounts(dict):
 
     def total(self) -> int:
         return sum(self.values())
+
+
+class KeyDrops(dict):
+    """``{reason: {key, ...}}``: the keys left out of a step while states are decoded or merged
+    (on a group leader or on the controller). A key counts once per reason and step, however
+    many ranks or groups held it and whichever process left it out, so that both routes count
+    the same. :meth:`add` is an ``on_drop(key, reason, n_states)`` callback.
+
+        >>> d = KeyDrops()
+        >>> d.add("lat", "merge_error", 3); d.add("lat", "merge_error", 1)
+        >>> d.merge({"merge_error": {"loss"}}); d.counts(), d.total()
+        ({'merge_error': 2}, 2)
+    """
+
+    def add(self, key: Any, reason: str, n_states: int = 1) -> None:
+        keys = self.get(reason)
+        if keys is None:
+            keys = self[reason] = set()
+        keys.add(key)
+
+    def merge(self, other: dict) -> None:
+        for reason, keys in other.items():
+            self.setdefault(reason, set()).update(keys)
+
+    def counts(self) -> dict[str, int]:
+        return {reason: len(keys) for reason, keys in self.items()}
+
+    def total(self) -> int:
+        return sum(len(keys) for keys in self.values())
 
 
 def to_float(x: Any) -> float:
@@ -1041,6 +1096,16 @@ def merge_snapshots(
             _warn_drop(key, reason, e)
             _call(on_drop, key, reason, len(items))
     return {"states": states}
+
+
+def without_keys(snapshot: dict[str, Any], keys: Any) -> dict[str, Any]:
+    """``snapshot`` (packed and/or states) without the values of ``keys``."""
+    packed = {}
+    for rt, (ks, rows) in (snapshot.get("packed") or {}).items():
+        kept = [(k, r) for k, r in zip(ks, rows) if k not in keys]
+        packed[rt] = ([k for k, _r in kept], [r for _k, r in kept])
+    states = {k: st for k, st in (snapshot.get("states") or {}).items() if k not in keys}
+    return dict(snapshot, packed=packed, states=states)
 
 
 def snapshot_values(

@@ -545,5 +545,5 @@ def test_a_malformed_state_in_a_group_costs_only_its_key():
     merged, conflicts, drops = merge_packed([good, bad])
     assert merged["packed"]["sum"] == (["n"], [5.0])
     assert "s" not in merged["states"] and not conflicts
-    assert drops == {"bad_state": 1}
+    assert drops == {"bad_state": {"s"}}  # the key, counted once per step
     assert merged["counters"]["values_recorded"] == 3

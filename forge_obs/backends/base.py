@@ -38,8 +38,10 @@ import importlib
 import inspect
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
+from forge_obs._safe import safe_repr
+from forge_obs._warn import WARNER
 from forge_obs.metric import LoggingMode, Metric
 from forge_obs.record import RunContext, StepRecord
 
@@ -52,6 +54,8 @@ __all__ = [
     "call_hook",
     "instantiate_backend",
     "scalar_metrics",
+    "flattened_clashes",
+    "write_each",
 ]
 
 
@@ -155,6 +159,9 @@ class LoggerBackend:
     default_values = "scalar"
     #: whether ``log_batch`` receives forge_obs's ``obs/…`` self-metrics. Config key ``show_obs``.
     default_show_obs = True
+    #: values this backend could not write and left out of their step (:func:`write_each`);
+    #: ``meta.json`` reports them per backend
+    skipped_values = 0
 
     def log_step(self, record: StepRecord) -> None:
         for mode in self.modes:
@@ -218,6 +225,21 @@ class LoggerBackend:
         return None
 
 
+def write_each(backend: LoggerBackend, metrics: Iterable[Metric], write: Callable[[Metric], None]) -> None:
+    """``write(m)`` for each metric, so that a value the backend cannot write (e.g. a custom
+    reduction's value that contains itself) costs that key only: it is left out of this
+    backend's step, counted in ``backend.skipped_values`` with a rate-limited warning, and every
+    other key is written. ``write`` should write nothing of a key before it can raise."""
+    for m in metrics:
+        try:
+            write(m)
+        except Exception as e:  # noqa: BLE001 - this key only
+            backend.skipped_values += 1
+            name = type(backend).__name__
+            WARNER.warn("backend_skipped", f"{name}:{m.key}", f"{name} could not write {m.key!r} ({safe_repr(e)}); "
+                        "left out of its step for this backend (counted in meta.json's backends)")
+
+
 def scalar_metrics(m: Metric) -> list[Metric]:
     """``m`` as plain-number Metrics: a number as itself (a bool or a 0-d tensor as a float), a
     dict of numbers (a distribution: p50/p90/p99/count) as ``key/<field>`` Metrics, anything
@@ -242,6 +264,20 @@ def scalar_metrics(m: Metric) -> list[Metric]:
         except Exception:  # noqa: BLE001 - not a scalar: left out
             return []
     return []
+
+
+def flattened_clashes(metrics: list[Metric]) -> dict[str, str]:
+    """The keys of ``metrics`` equal to a name another of them is flattened to (a dict value,
+    e.g. a distribution's, is written as ``key/<field>``: :func:`scalar_metrics`, W&B,
+    TensorBoard), each mapped to that other key: they would write two values under one name.
+
+        >>> flattened_clashes([Metric("lat", {"p50": 1.0, "count": 3}), Metric("lat/p50", 9.0), Metric("lat/n", 1.0)])
+        {'lat/p50': 'lat'}
+    """
+    names = {f"{m.key}/{f}": m.key for m in metrics if isinstance(m.value, dict) for f in m.value}
+    if not names:
+        return {}
+    return {m.key: names[m.key] for m in metrics if m.key in names}
 
 
 def instantiate_backend(cls: type, name: str, config: dict[str, Any]) -> "LoggerBackend":

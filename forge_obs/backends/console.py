@@ -66,7 +66,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from forge_obs._safe import printable, safe_str
+from forge_obs._safe import printable, safe_repr, safe_str
 from forge_obs.backends.base import LoggerBackend, awaitable
 from forge_obs.config import parse_options
 from forge_obs.metric import Metric
@@ -181,7 +181,16 @@ def _with_unit(v: float, unit: str, sep: str = " ", digits: int = 4) -> str:
 
 
 def format_value(v: Any, unit: str = "", sep: str = " ") -> str:
-    """A value for humans: ``6``, ``0.25``, ``1.5 s``, ``3 GiB``, ``p50=1.2 ms p90=… n=100``."""
+    """A value for humans: ``6``, ``0.25``, ``1.5 s``, ``3 GiB``, ``p50=1.2 ms p90=… n=100``.
+    Never raises: a value that cannot be formatted (a dict that contains itself, a ``__str__``
+    that raises) prints as its ``repr``, or ``<TypeName>``."""
+    try:
+        return _format(v, unit, sep)
+    except Exception:  # noqa: BLE001 - one key's value never costs the step's others
+        return safe_repr(v)
+
+
+def _format(v: Any, unit: str, sep: str) -> str:
     if isinstance(v, bool):
         return str(v)
     if isinstance(v, (int, float)):
@@ -191,11 +200,11 @@ def format_value(v: Any, unit: str = "", sep: str = " ") -> str:
         parts = []
         for k, x in v.items():
             if k == "count":
-                parts.append(f"n={format_value(x)}")
+                parts.append(f"n={_format(x, '', ' ')}")
             elif quantiles and isinstance(x, (int, float)) and not isinstance(x, bool) and k.startswith("p"):
                 parts.append(f"{k}={_with_unit(float(x), unit, '', 3) if unit else _quantile(float(x))}")
             else:
-                parts.append(f"{printable(safe_str(k))}={format_value(x, unit if k != 'nan' else '', '')}")
+                parts.append(f"{printable(safe_str(k))}={_format(x, unit if k != 'nan' else '', '')}")
         return " ".join(parts)
     if isinstance(v, list):
         if v and all(isinstance(r, dict) for r in v):
@@ -204,7 +213,7 @@ def format_value(v: Any, unit: str = "", sep: str = " ") -> str:
     item = getattr(v, "item", None)
     if callable(item):
         try:
-            return format_value(item(), unit, sep)
+            return _format(item(), unit, sep)
         except Exception:  # noqa: BLE001
             pass
     return printable(safe_str(v))

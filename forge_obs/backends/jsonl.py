@@ -31,6 +31,9 @@ import os
 from collections import deque
 from typing import Any
 
+from forge_obs._plain import plain
+from forge_obs._safe import safe_repr, safe_str
+from forge_obs._warn import WARNER
 from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable
 from forge_obs.metric import LoggingMode
 from forge_obs.record import StepRecord
@@ -45,7 +48,37 @@ def _default(o: Any) -> Any:
             return item()
         except Exception:  # noqa: BLE001
             pass
-    return str(o)
+    return safe_str(o)
+
+
+def _line(row: dict[str, Any]) -> str:
+    """``row`` as one JSON line. Every key is written: a value JSON cannot encode as it is (a
+    custom reduction's dict with a tuple key, or that contains itself) is written with its keys
+    as strings (:func:`forge_obs._plain.plain`), or else as its text."""
+    try:
+        return json.dumps(row, default=_default) + "\n"
+    except (TypeError, ValueError, RecursionError):
+        pass
+    row = dict(row)
+    if isinstance(row.get("metrics"), dict):
+        row["metrics"] = {k: _writable(k, v) for k, v in row["metrics"].items()}
+    if isinstance(row.get("values"), list):
+        row["values"] = [[r[0], _writable(r[0], r[1]), *r[2:]] for r in row["values"]]
+    return json.dumps(row, default=_default) + "\n"
+
+
+def _writable(key: str, v: Any) -> Any:
+    """``v`` if JSON encodes it, else ``v`` with its keys as strings, else its text (warned)."""
+    for make in (lambda: v, lambda: plain(v)):
+        try:
+            out = make()
+            json.dumps(out, default=_default)
+            return out
+        except (TypeError, ValueError, RecursionError):  # BadRow is a ValueError
+            continue
+    WARNER.warn("jsonl_text", safe_str(key), f"metrics.jsonl: the value of {safe_str(key)!r} is not JSON "
+                "(it contains itself): written as its text")
+    return safe_repr(v, 10_000)
 
 
 #: ``retry_buffer_mb`` default: MiB of rows held in memory while the disk refuses them
@@ -120,7 +153,7 @@ class JsonlBackend(LoggerBackend):
         if not lines:
             return
         ready = not self._held or self._drain()  # the rows waiting go first (one try per call)
-        held = self._hold(steps, "".join(json.dumps(r, default=_default) + "\n" for r in lines).encode("utf-8"))
+        held = self._hold(steps, "".join(_line(r) for r in lines).encode("utf-8"))
         if not (ready and self._drain()) and held:
             self._delayed.update(steps)
 

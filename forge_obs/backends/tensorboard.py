@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from forge_obs._safe import is_number
-from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable
+from forge_obs._plain import plain
+from forge_obs._safe import is_number, safe_str
+from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable, write_each
 from forge_obs.backends.wandb import rank_key
 from forge_obs.config import parse_options
 from forge_obs.metric import LoggingMode
@@ -77,7 +78,7 @@ def _md_table(rows: list[dict[str, Any]]) -> str:
                 cols.append(c)
 
     def cell(v: Any) -> str:
-        return str(v).replace("|", "\\|").replace("\n", " ")
+        return safe_str(v).replace("|", "\\|").replace("\n", " ")
 
     lines = ["| " + " | ".join(cell(c) for c in cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(cell(r.get(c, "")) for c in cols) + " |" for r in rows]
@@ -131,7 +132,7 @@ class TensorBoardBackend(LoggerBackend):
         if is_number(value):
             w.add_scalar(tag, float(value), step, walltime=wall)
         elif isinstance(value, dict):
-            for k, v in value.items():
+            for k, v in plain(value).items():  # a dict that contains itself raises before any write
                 self._put(f"{tag}/{k}", v, step, wall, texts)
         elif isinstance(value, list) and value:
             if all(isinstance(r, dict) for r in value):
@@ -152,13 +153,12 @@ class TensorBoardBackend(LoggerBackend):
         wall = record.wall_time
         if LoggingMode.GLOBAL_REDUCE in self.modes:
             show_obs = self.options.show_obs
-            for m in record.global_metrics:
-                if show_obs or not m.key.startswith("obs/"):
-                    self._put(m.key, m.value, self._step_for(m.key, record, glob), wall)
+            write_each(self, [m for m in record.global_metrics if show_obs or not m.key.startswith("obs/")],
+                       lambda m: self._put(m.key, m.value, self._step_for(m.key, record, glob), wall))
         if LoggingMode.PER_RANK_REDUCE in self.modes:
             for label, metrics in record.per_rank.items():
-                for m in metrics:
-                    self._put(rank_key(label, m.key), m.value, self._step_for(m.key, record, glob), wall, texts=False)
+                write_each(self, metrics, lambda m: self._put(rank_key(label, m.key), m.value,
+                                                              self._step_for(m.key, record, glob), wall, texts=False))
         if LoggingMode.PER_RANK_NO_REDUCE in self.modes and record.raw:
             import numpy as np
 

@@ -50,8 +50,9 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from forge_obs._safe import is_number
-from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable
+from forge_obs._plain import plain
+from forge_obs._safe import is_number, safe_str
+from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable, write_each
 from forge_obs.config import parse_options
 from forge_obs.metric import BackendRole, LoggingMode
 from forge_obs.record import StepRecord
@@ -127,9 +128,9 @@ def _cell(v: Any) -> Any:
     if v is None or isinstance(v, (str, int, float, bool)):
         return v
     try:
-        return json.dumps(v, default=str)
+        return json.dumps(v, default=safe_str)
     except Exception:  # noqa: BLE001
-        return str(v)
+        return safe_str(v)
 
 
 class WandbBackend(LoggerBackend):
@@ -299,10 +300,21 @@ class WandbBackend(LoggerBackend):
                     row[key] = wandb.Histogram(finite)
             # empty lists (no samples this step) are skipped
         elif isinstance(value, dict):
-            for k, v in value.items():
+            for k, v in plain(value).items():  # a dict that contains itself raises before any write
                 self._put(row, f"{key}/{k}", v, tables)
         elif isinstance(value, str):
             row[key] = value
+
+    def _put_each(self, row: dict[str, Any], metrics: list, label: str | None = None, tables: bool | None = None) -> None:
+        """Each metric into ``row`` (under ``rank_key(label, key)`` when ``label``): one that
+        cannot be written costs that key only (:func:`~forge_obs.backends.base.write_each`)."""
+        def put(m: Any) -> None:
+            part: dict[str, Any] = {}
+            self._put(part, m.key if label is None else rank_key(label, m.key), m.value,
+                      label is None if tables is None else tables)
+            row.update(part)
+
+        write_each(self, metrics, put)
 
     def _next_step(self, step: int, run_name: str = "") -> int:
         last = self._last_step.get(run_name)
@@ -326,20 +338,16 @@ class WandbBackend(LoggerBackend):
         row: dict[str, Any] = {}
         if LoggingMode.GLOBAL_REDUCE in self.modes:
             show_obs = self.options.show_obs
-            for m in record.global_metrics:
-                if show_obs or not m.key.startswith("obs/"):
-                    self._put(row, m.key, m.value)
+            self._put_each(row, [m for m in record.global_metrics if show_obs or not m.key.startswith("obs/")])
         if LoggingMode.PER_RANK_REDUCE in self.modes:
             for label, metrics in record.per_rank.items():
                 if self.per_rank_include:
                     metrics = [m for m in metrics if any(m.key.startswith(p) for p in self.per_rank_include)]
                 if self.per_rank == "keys":
-                    for m in metrics:
-                        self._put(row, rank_key(label, m.key), m.value, tables=False)
+                    self._put_each(row, metrics, label)
                 else:
                     rrow: dict[str, Any] = {}
-                    for m in metrics:
-                        self._put(rrow, m.key, m.value, tables=False)
+                    self._put_each(rrow, metrics, None, tables=False)
                     if rrow:
                         # the step's axis values (e.g. policy_version) so per-rank charts can use them
                         for axis in set(self.step_metrics.values()):
