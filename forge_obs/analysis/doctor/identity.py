@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from forge_obs.identity import DEFAULT_MESH_NAME
+
 _REPLICA = re.compile(r"^(.*?)[_-](\d+)$")
 
 GLOBAL = {"mesh": "global", "actor": None, "rank": None, "replica": None, "where": "global"}
@@ -71,13 +73,17 @@ class Identities:
             self._labels.clear()
 
     def replica(self, mesh: str) -> int | None:
-        """The replica index of ``mesh`` when meshes of the same base name run the same actor:
-        ``generator`` (0), ``generator_1`` (1), ... as forge_obs names meshes spawned with one
-        name, or ``generator_0``, ``generator_1`` as a user may name them."""
+        """The replica index of ``mesh``: ``generator_0``, ``generator_1``, ... as a user names
+        replicas; ``generator`` (0), ``generator_1`` (1), ... as forge_obs names meshes spawned
+        with one name, when they run the same actor. Meshes spawned without a name (``mesh``,
+        ``mesh_1``) are replicas only when they run the same actor."""
         base, index = _split(mesh or "")
-        actor = self.actors.get(mesh)
-        peers = [m for m in self.bases.get(base, ()) if self.actors.get(m) == actor]
-        return index if len(peers) >= 2 else None
+        family = self.bases.get(base, set())
+        numbered = [m for m in family if m != base]
+        same = [m for m in family if self.actors.get(m) == self.actors.get(mesh)]
+        if base == DEFAULT_MESH_NAME or mesh == base:
+            return index if len(same) >= 2 else None
+        return index if len(numbered) >= 2 or len(same) >= 2 else None
 
     def of(self, mesh: str, rank: int | None, actor: str | None = None) -> dict:
         if not actor:
