@@ -6,6 +6,8 @@
     (0.0, 0.3, 0.0)
     >>> f.nan_at(6), f.nan_at(7)
     (True, False)
+    >>> f.nan_loss_if_due(1.5, step=6), f.nan_loss_if_due(1.5, step=7)
+    (nan, 1.5)
 
 Each fault is reported by ``forge-obs doctor`` after the run and by a live alert while it runs
 (docs/grpo.md, "Faults"). The actors receive their part as a dataclass (picklable), the
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +79,16 @@ class TrainerFaults:
 
     def nan_at(self, step: int) -> bool:
         return self.nan_step == step
+
+    def sleep_if_slow(self, rank: int, step: int) -> None:
+        """Blocks rank ``rank`` for :meth:`slow_s_for` seconds at ``step``, as slow compute would."""
+        slow_s = self.slow_s_for(rank, step)
+        if slow_s:
+            time.sleep(slow_s)
+
+    def nan_loss_if_due(self, loss, step: int):
+        """``loss`` times NaN at ``nan_step`` (the trainer then skips the update), else ``loss``."""
+        return loss * float("nan") if self.nan_at(step) else loss
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,101 @@
+"""The end of a GRPO run: ``grpo_summary.json`` and ``report.html`` in its run directory, the
+reward trend and the commands that look at the run, printed as they work in the shell that
+started it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import statistics
+import sys
+from dataclasses import dataclass, field
+
+from forge_obs.store import read_metrics
+
+
+@dataclass
+class StepLog:
+    """The controller's clock over the training steps, for the summary."""
+
+    durations_s: list = field(default_factory=list)  # the controller's time per step
+    end_wall: list = field(default_factory=list)  # wall clock at the end of each step
+
+
+def write_summary(args: argparse.Namespace, run_dir: str, steps: StepLog, wall_s: float, gen_kind: str) -> dict:
+    """``grpo_summary.json`` and ``report.html`` in the run directory; prints the reward trend and
+    the commands that look at the run. Returns the summary."""
+    summary = summarize(run_dir, steps.durations_s, wall_s, gen_kind)
+    summary["step_end_wall"] = steps.end_wall
+    if not args.no_report:
+        from forge_obs.analysis.report import write_report
+
+        summary["report"] = str(write_report(run_dir))
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "grpo_summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    k = summary["reward_window"]
+    print(f"\n[grpo] reward: first {k} steps {summary['reward_first10']:.3f} -> last {k} steps "
+          f"{summary['reward_last10']:.3f}   ({summary['steps']} steps, {summary['wall_s']:.0f}s)")
+    print(end_text(run_dir, with_report="report" in summary, with_alerts=not args.no_alerts), end="")
+    return summary
+
+
+def forge_obs_command() -> str:
+    """How to call ``forge-obs`` from the shell that started this run, exactly: ``forge-obs`` when
+    the one on PATH is this environment's, else the path of this environment's script (e.g.
+    ``.venv/bin/forge-obs`` from the repository, venv not activated), else ``python -m forge_obs.cli``."""
+    bindir = os.path.dirname(os.path.abspath(sys.executable))
+    on_path = shutil.which("forge-obs")
+    if on_path and os.path.dirname(os.path.abspath(on_path)) == bindir:
+        return "forge-obs"
+    script = os.path.join(bindir, "forge-obs")
+    if os.path.isfile(script) and os.access(script, os.X_OK):
+        return _shell_path(script)
+    return f"{_shell_path(sys.executable)} -m forge_obs.cli"
+
+
+def _shell_path(path: str) -> str:
+    """``path`` relative to the working directory when it is under it, else absolute."""
+    rel = os.path.relpath(path)
+    return rel if not rel.startswith("..") else os.path.abspath(path)
+
+
+def end_text(run_dir: str, with_report: bool, with_alerts: bool = False) -> str:
+    """The lines printed after a run: where it is and the commands that look at it (each works
+    as printed, in the shell that started the run)."""
+    fo = forge_obs_command()
+    d = shlex.quote(str(run_dir))
+    report = f"   report: {os.path.join(str(run_dir), 'report.html')}" if with_report else ""
+    lines = [
+        f"[grpo] run directory: {run_dir}{report}",
+        f"  {fo} doctor {d}           # findings: stragglers, hangs, stalls, NaNs, missing ranks",
+        f"  {fo} trace {d} --open     # the timeline in the Perfetto UI (offline, 127.0.0.1)",
+        f"  {fo} report {d}           # (re)write report.html",
+        f"  {fo} sql {d} \"SELECT name, count(*) AS n, median(dur_ms) AS median_ms FROM spans GROUP BY name ORDER BY n DESC\"",
+    ]
+    if with_alerts:
+        lines.append(f"  cat {shlex.quote(os.path.join(str(run_dir), 'alerts.jsonl'))}   # the live alerts of this run")
+    return "\n".join(lines) + "\n"
+
+
+def summarize(run_dir: str, step_times: list, wall_s: float, gen_kind: str) -> dict:
+    """The run's summary: its reward per step (``trainer/reward_mean``, from the store), the mean
+    reward of the first and of the last steps, and the controller's step times."""
+    try:
+        rows = sorted(read_metrics(run_dir, "global_reduce"), key=lambda r: r["step"])
+    except FileNotFoundError:  # FORGE_DISABLE_METRICS=true: no store
+        rows = []
+    rewards = [r["metrics"]["trainer/reward_mean"] for r in rows if "trainer/reward_mean" in r.get("metrics", {})]
+    n = min(10, max(1, len(rewards) // 2))
+    return {
+        "run_dir": run_dir, "generator": gen_kind, "steps": len(step_times), "wall_s": wall_s,
+        "step_s_median": statistics.median(step_times) if step_times else None,
+        "reward_window": n,  # steps averaged at each end: 10, fewer for a short run
+        "reward_first10": statistics.fmean(rewards[:n]) if rewards else float("nan"),
+        "reward_last10": statistics.fmean(rewards[-n:]) if rewards else float("nan"),
+        "rewards": rewards,
+        "step_s": step_times,
+    }
