@@ -59,7 +59,7 @@ from monarch.actor import Actor, endpoint, this_host  # noqa: E402
 
 import provisioner_hooks  # noqa: E402
 from forge_obs import LoggerBackend, Reduce, get_or_create_metric_logger, record_metric, register_backend  # noqa: E402
-from forge_obs.collector import MetricCollector  # noqa: E402
+from forge_obs.recording.collector import MetricCollector  # noqa: E402
 
 ARRIVALS: dict[int, float] = {}
 _WAITERS: dict[int, tuple] = {}  # step -> (loop, asyncio.Event) of the benchmark

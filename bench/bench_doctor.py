@@ -95,7 +95,7 @@ def run_grpo(args: argparse.Namespace, root: str) -> tuple[Path, dict, ProcCpu]:
 def floor_s(run_dir: Path) -> float:
     """One pass of the timeline reader plus parsing metrics.jsonl: what any doctor pays."""
     from forge_obs.analysis import reader
-    from forge_obs.store import read_jsonl
+    from forge_obs.analysis.store import read_jsonl
 
     t0 = time.perf_counter()
     run = reader.scan(run_dir)
@@ -115,7 +115,7 @@ def doctor_s(run_dir: Path) -> tuple[float, list]:
 
 
 def alerts_cost(run_dir: Path, summary: dict, cpu: ProcCpu | None, warmup: int) -> dict:
-    from forge_obs.store import read_metrics
+    from forge_obs.analysis.store import read_metrics
 
     rows = {r["step"]: r["metrics"] for r in read_metrics(run_dir, "global_reduce")}
     steps = sorted(s for s in rows if warmup <= s < summary["steps"])

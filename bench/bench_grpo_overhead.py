@@ -38,7 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from forge_obs.selfobs import CPU_PARTS  # noqa: E402
+from forge_obs.core.selfobs import CPU_PARTS  # noqa: E402
 os.environ.setdefault("MONARCH_FILE_LOG", "error")
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
@@ -111,7 +111,7 @@ def run_counts(run_dir: Path, warmup: int) -> dict:
     """Per-step means, after the warm-up, of what forge_obs did in this run (its own metrics and
     timeline)."""
     from forge_obs.analysis import reader
-    from forge_obs.store import read_metrics
+    from forge_obs.analysis.store import read_metrics
 
     rows = [r["metrics"] for r in read_metrics(run_dir, "global_reduce") if r["step"] >= warmup]
     mean = lambda k: statistics.fmean(m.get(k, 0.0) for m in rows)  # noqa: E731
@@ -141,7 +141,7 @@ def unit_costs() -> dict:
 
     with tempfile.TemporaryDirectory() as d:
         tl.configure(d, flush_interval_s=3600.0)  # the writer's own work is in obs/cpu_timeline_s
-        span_setup = "from forge_obs.timeline import record_span"
+        span_setup = "from forge_obs.recording.timeline import record_span"
         stmt = "with record_span('generate', flow='episode-1', replica=0):\n    pass"
         span = min(timeit.repeat(stmt, setup=span_setup, number=20_000, repeat=5)) / 20_000
         tl.close()

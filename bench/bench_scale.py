@@ -1,6 +1,6 @@
 """Scaling: the controller's CPU and the step's latency as ranks grow, on the library's two answer
 routes (``"aggregate": "off"``: every rank answers the controller; ``"on"``: one leader per
-(mesh, host) answers for its group, :mod:`forge_obs.aggregate`); and a simulation to thousands of
+(mesh, host) answers for its group, :mod:`forge_obs.controller.aggregate`); and a simulation to thousands of
 ranks that runs the library's real pipeline code.
 
     python bench/bench_scale.py                      # 4..64 procs, both routes, + simulation (~8 min, 2 cores)
@@ -20,7 +20,7 @@ reached the backends, and that latency ("step at backends"). Designs (``"aggrega
 Target: controller CPU per step at 32 procs <= 2x that at 4 procs (same design, same run, one
 host). The simulation (``--sim-ranks``) runs the library's controller code for states
 (FlushPipeline, fed as the inbox feeds it: real snapshots exported by the collector, pickled as
-sent, decoded and merged; real bundles made by forge_obs.bundle) with many logical ranks in one
+sent, decoded and merged; real bundles made by forge_obs.wire.bundle) with many logical ranks in one
 process, and adds the controller's CPU to receive each message, measured on a real proc
 (``--calibrate``). Latency is projected from the residual measured at the largest real size
 (latency minus controller CPU) plus the projected controller CPU and the leaders' merge. Prints
@@ -70,7 +70,7 @@ INBOX = [0]  # messages taken by the controller's inbox
 
 def worker_main(design: str, procs: int, per_host: int, steps: int, warmup: int, keys: int, library_config: dict) -> None:
     """One (design, procs) run in this process; prints one JSON line."""
-    import forge_obs.controller as ctl
+    import forge_obs.controller.logger as ctl
 
     take = ctl._take
 
@@ -216,9 +216,9 @@ async def _calibrate(n_msgs: int, keys: int) -> None:
 
     from monarch.actor import Actor, Channel, endpoint, this_host
 
-    from forge_obs.aggregate import ACKB, BUNDLE
-    from forge_obs.bundle import dumps_bundle, make_bundle
-    from forge_obs.snapshot import loads
+    from forge_obs.controller.aggregate import ACKB, BUNDLE
+    from forge_obs.wire.bundle import dumps_bundle, make_bundle
+    from forge_obs.wire.snapshot import loads
 
     class Sender(Actor):
         @endpoint
@@ -276,9 +276,9 @@ def calibrate(keys: int, timeout_s: float) -> dict[str, float]:
 # ============================================================================ simulation
 def _templates(keys: int, n: int = 16) -> list[bytes]:
     """Real rank snapshots (the collector's packed export, pickled as a fetcher sends it)."""
-    from forge_obs.collector import MetricCollector, record_metric
-    from forge_obs.snapshot import dumps
-    from forge_obs.reduce import Reduce
+    from forge_obs.recording.collector import MetricCollector, record_metric
+    from forge_obs.wire.snapshot import dumps
+    from forge_obs.recording.reduce import Reduce
 
     c = MetricCollector()
     c.reset()
@@ -295,17 +295,17 @@ def simulate(ranks: int, design: str, keys: int, group: int, fanin: int, steps: 
 
     ``off``: one ack and one states message per rank (each message pickled and unpickled as the
     port does). ``on``: one ack batch and one bundle per group of ``group`` ranks (bundles made by
-    forge_obs.bundle from real snapshots); with ``fanin`` > 1, groups' bundles are merged again by
+    forge_obs.wire.bundle from real snapshots); with ``fanin`` > 1, groups' bundles are merged again by
     ``fanin`` (a second level of aggregators, not in the library), so the controller gets
     ranks/(group*fanin)."""
     import threading
 
-    from forge_obs.aggregate import ACKB, BUNDLE
+    from forge_obs.controller.aggregate import ACKB, BUNDLE
     from forge_obs.backends.base import LoggerBackend
-    from forge_obs.bundle import dumps_bundle, make_bundle, merge_bundles
-    from forge_obs.fetcher import ACK, STATES
-    from forge_obs.pipeline import FlushPipeline
-    from forge_obs.snapshot import loads
+    from forge_obs.wire.bundle import dumps_bundle, make_bundle, merge_bundles
+    from forge_obs.controller.fetcher import ACK, STATES
+    from forge_obs.controller.pipeline import FlushPipeline
+    from forge_obs.wire.snapshot import loads
 
     done = threading.Event()
     seen = {}

@@ -141,8 +141,8 @@ def make_dataset(root: Path, ranks: int, steps: int) -> int:
     """Rank 0 written by the real writer (13 records/step: step + 10 nested spans + event + tag),
     then cloned per rank with its own header (identity, session). Returns records written."""
     from forge_obs import timeline as tl
-    from forge_obs.identity import current_identity
-    from forge_obs.timeline import writer
+    from forge_obs.core.identity import current_identity
+    from forge_obs.recording.timeline import writer
 
     tl.close()
     ident = current_identity()

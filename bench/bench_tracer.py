@@ -28,8 +28,8 @@ from pathlib import Path
 import _timing
 from _timing import tracer_cycle
 from forge_obs import Reduce, record_metric
-from forge_obs.collector import MetricCollector
-from forge_obs.tracer import Tracer, trace
+from forge_obs.recording.collector import MetricCollector
+from forge_obs.recording.tracer import Tracer, trace
 
 C = MetricCollector()
 N = 10_000

@@ -91,8 +91,8 @@ def f(x):
 def main() -> int:
     os.environ.pop("FORGE_DISABLE_METRICS", None)
     import forge_obs
-    from forge_obs.collector import MetricCollector
-    from forge_obs.tracer import Tracer, trace
+    from forge_obs.recording.collector import MetricCollector
+    from forge_obs.recording.tracer import Tracer, trace
 
     with tempfile.TemporaryDirectory() as d:
         tf, rev = load_torchforge(Path(d))

@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 
 from forge_obs import Reduce, record_metric
-from forge_obs.collector import MetricCollector
-from forge_obs.reduce import reduce_metrics_states
-from forge_obs.tracer import Tracer, _GPU
+from forge_obs.recording.collector import MetricCollector
+from forge_obs.recording.reduce import reduce_metrics_states
+from forge_obs.recording.tracer import Tracer, _GPU
 
 C = MetricCollector()
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 from typing import Any
 
 from forge_obs.backends.base import LoggerBackend, get_logger_backend_class, register_backend
-from forge_obs.collector import MetricCollector, is_enabled, record_metric, set_enabled
-from forge_obs.metric import BackendRole, LoggingMode, Metric
-from forge_obs.record import RunContext, StepRecord
-from forge_obs.reduce import (
+from forge_obs.recording.collector import MetricCollector, is_enabled, record_metric, set_enabled
+from forge_obs.core.types import BackendRole, LoggingMode, Metric
+from forge_obs.backends.record import RunContext, StepRecord
+from forge_obs.recording.reduce import (
     MaxAccumulator,
     MeanAccumulator,
     MetricAccumulator,
@@ -38,24 +38,24 @@ __version__ = "0.1.0"
 #: names loaded on first use (the actor API needs Monarch; the tracer and the timeline are not
 #: needed by every process): name -> module
 _LAZY = {
-    "get_or_create_metric_logger": "forge_obs.client",
-    "GlobalLoggingActor": "forge_obs.controller",
-    "LocalFetcherActor": "forge_obs.fetcher",
+    "get_or_create_metric_logger": "forge_obs.controller.client",
+    "GlobalLoggingActor": "forge_obs.controller.logger",
+    "LocalFetcherActor": "forge_obs.controller.fetcher",
     "ConsoleBackend": "forge_obs.backends.console",
     "WandbBackend": "forge_obs.backends.wandb",
-    "Tracer": "forge_obs.tracer",
-    "trace": "forge_obs.tracer",
-    "record_span": "forge_obs.timeline",
-    "record_event": "forge_obs.timeline",
-    "set_step": "forge_obs.timeline",
-    "add_step_tag": "forge_obs.timeline",
+    "Tracer": "forge_obs.recording.tracer",
+    "trace": "forge_obs.recording.tracer",
+    "record_span": "forge_obs.recording.timeline",
+    "record_event": "forge_obs.recording.timeline",
+    "set_step": "forge_obs.recording.timeline",
+    "add_step_tag": "forge_obs.recording.timeline",
     "get_proc_name_with_rank": "forge_obs.utils",
     # importable from here for existing code, documented in their own modules
     "JsonlBackend": "forge_obs.backends.jsonl",
     "TensorBoardBackend": "forge_obs.backends.tensorboard",
-    "CountAccumulator": "forge_obs.reduce",
-    "LastAccumulator": "forge_obs.reduce",
-    "SampleAccumulator": "forge_obs.reduce",
+    "CountAccumulator": "forge_obs.recording.reduce",
+    "LastAccumulator": "forge_obs.recording.reduce",
+    "SampleAccumulator": "forge_obs.recording.reduce",
 }
 
 

@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from forge_obs._env import parse_flag
+from forge_obs.core.env import parse_flag
 
 __all__ = ["EnvVar", "DISABLE_PERF_METRICS", "METRIC_TIMER_USES_GPU", "FORGE_DISABLE_METRICS", "all_env_vars"]
 
@@ -38,7 +38,7 @@ class EnvVar:
 
     def get_value(self) -> Any:
         """The variable's current value, converted to the type of ``default`` (a flag is read by
-        :func:`forge_obs._env.parse_flag`, as forge_obs itself reads it); ``default`` when unset."""
+        :func:`forge_obs.core.env.parse_flag`, as forge_obs itself reads it); ``default`` when unset."""
         raw = os.environ.get(self.name)
         if raw is None:
             return self.default

@@ -2,7 +2,7 @@
 
     from forge_obs.metric_actors import get_or_create_metric_logger   # was: forge.observability.metric_actors
 
-The actors are :mod:`forge_obs.controller`'s and :mod:`forge_obs.fetcher`'s; ``logger`` is the
+The actors are :mod:`forge_obs.controller.logger`'s and :mod:`forge_obs.controller.fetcher`'s; ``logger`` is the
 ``"forge_obs"`` logger they write to.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 
-from forge_obs.client import get_or_create_metric_logger
-from forge_obs.controller import GlobalLoggingActor
-from forge_obs.fetcher import LocalFetcherActor
+from forge_obs.controller.client import get_or_create_metric_logger
+from forge_obs.controller.logger import GlobalLoggingActor
+from forge_obs.controller.fetcher import LocalFetcherActor
 from forge_obs.metrics import (
     BackendRole,
     LoggerBackend,
@@ -35,5 +35,5 @@ __all__ = [
 ]
 
 logger = logging.getLogger("forge_obs")
-#: torchforge's module-level cache of the logger handle (forge_obs caches in forge_obs.client)
+#: torchforge's module-level cache of the logger handle (forge_obs caches in forge_obs.controller.client)
 _global_logger = None

@@ -24,9 +24,9 @@ from typing import Any
 from forge_obs.backends.base import LoggerBackend, get_logger_backend_class
 from forge_obs.backends.console import ConsoleBackend
 from forge_obs.backends.wandb import WandbBackend
-from forge_obs.collector import MetricCollector, _set_patched_collector, record_metric
-from forge_obs.metric import BackendRole, LoggingMode, Metric
-from forge_obs.reduce import (
+from forge_obs.recording.collector import MetricCollector, _set_patched_collector, record_metric
+from forge_obs.core.types import BackendRole, LoggingMode, Metric
+from forge_obs.recording.reduce import (
     CountAccumulator,
     LastAccumulator,
     MaxAccumulator,

@@ -1,11 +1,11 @@
-"""torchforge's ``forge.observability.perf_tracker``, over :mod:`forge_obs.tracer`.
+"""torchforge's ``forge.observability.perf_tracker``, over :mod:`forge_obs.recording.tracer`.
 
     from forge_obs.perf_tracker import Tracer, trace      # was: forge.observability.perf_tracker
 
 Also ``_TimerCPU`` / ``_TimerCUDA`` (torchforge's timer classes) and the names its tests patch:
 replacing ``forge_obs.perf_tracker.record_metric`` (``monkeypatch.setattr`` / ``mock.patch``)
 routes every Tracer's and ``@trace``'s values through the replacement, one call per value as
-torchforge's Tracer makes them (``forge_obs.tracer.set_record_hook``); forge_obs's extra
+torchforge's Tracer makes them (``forge_obs.recording.tracer.set_record_hook``); forge_obs's extra
 ``…_dist_s`` keys still go to the collector. Restoring the original restores the fast path.
 """
 
@@ -15,10 +15,10 @@ import sys
 import types
 from typing import Any
 
-from forge_obs.collector import record_metric
+from forge_obs.recording.collector import record_metric
 from forge_obs.env import DISABLE_PERF_METRICS, FORGE_DISABLE_METRICS, METRIC_TIMER_USES_GPU
-from forge_obs.reduce import Reduce
-from forge_obs.tracer import Tracer, _TimerCPU, _TimerCUDA, set_record_hook, trace
+from forge_obs.recording.reduce import Reduce
+from forge_obs.recording.tracer import Tracer, _TimerCPU, _TimerCUDA, set_record_hook, trace
 
 __all__ = ["Tracer", "trace", "record_metric", "Reduce", "_TimerCPU", "_TimerCUDA", "DISABLE_PERF_METRICS",
            "FORGE_DISABLE_METRICS", "METRIC_TIMER_USES_GPU"]

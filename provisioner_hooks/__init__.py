@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from provisioner_hooks import _monarch_spawn
+from forge_obs.controller import monarch_internals as _monarch_spawn
 
 logger = logging.getLogger("forge_obs")
 
@@ -25,7 +25,7 @@ _installed = False
 
 
 def _on_spawn(proc_mesh: Any, mesh_name: str | None) -> None:
-    from forge_obs.client import attach_fetcher, spawn_handles_blocking
+    from forge_obs.controller.client import attach_fetcher, spawn_handles_blocking
 
     attach_fetcher(proc_mesh, spawn_handles_blocking(), mesh_name)
 
@@ -40,8 +40,8 @@ class _ChildInstall:
         self.options = options
 
     def __call__(self) -> None:
-        from forge_obs.fetcher import apply_options, expect_fetcher
-        from forge_obs.client import cached_handles, set_cached_handles
+        from forge_obs.controller.fetcher import apply_options, expect_fetcher
+        from forge_obs.controller.client import cached_handles, set_cached_handles
 
         if cached_handles() is None and self.handles is not None:
             set_cached_handles(self.handles)
@@ -54,8 +54,8 @@ def _make_child_install() -> Any:
     if not _installed:
         return None
     try:
-        from forge_obs.client import spawn_handles_blocking
-        from forge_obs.fetcher import current_options
+        from forge_obs.controller.client import spawn_handles_blocking
+        from forge_obs.controller.fetcher import current_options
 
         return _ChildInstall(spawn_handles_blocking(), current_options())
     except Exception as e:  # noqa: BLE001

@@ -6,7 +6,7 @@
 
 Every rank records, per step, ``check/sum`` (SUM of rank+1), ``check/mean`` (MEAN of the rank),
 ``check/max`` (MAX of the rank) and ``check/count`` (one SUM per rank), with ``init_backends(..., "aggregate": --aggregate)`` (``on``:
-one leader per (mesh, host), :mod:`forge_obs.aggregate`) and every logging mode on. ``--kill R --kill-at S``: rank R's process exits while
+one leader per (mesh, host), :mod:`forge_obs.controller.aggregate`) and every logging mode on. ``--kill R --kill-at S``: rank R's process exits while
 recording step S; ``--hang R --hang-at S --hang-s T``: rank R's process holds its GIL for T
 seconds from step S (a C loop that never releases it; step S + 1 begins once it answers again).
 ``--signal KILL`` kills rank R with
@@ -15,7 +15,7 @@ the controller continues it (SIGCONT) once step K is logged (it records nothing 
 stopped). Each host's leader is its highest rank
 (rank 5 of 2 x 3). Prints one JSON line: per step the global values, the per-rank values, the raw
 values per rank, missing/late labels, the flush's blocking time and the inbox messages.
-Runs in its own process (it counts the inbox's messages by wrapping ``forge_obs.controller._take``).
+Runs in its own process (it counts the inbox's messages by wrapping ``forge_obs.controller.logger._take``).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def main() -> None:
     import monarch.actor
 
     monarch.actor.unhandled_fault_hook = lambda failure: None  # a killed rank must not end this run
-    import forge_obs.controller as ctl
+    import forge_obs.controller.logger as ctl
 
     take = ctl._take
 

@@ -30,7 +30,7 @@ def _monarch_fault_hook():
 @pytest.fixture
 def fresh_collector():
     """The process's collector, emptied before and after the test."""
-    from forge_obs.collector import MetricCollector
+    from forge_obs.recording.collector import MetricCollector
 
     c = MetricCollector()
     c.reset()

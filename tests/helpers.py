@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from forge_obs.reduce import MetricAccumulator
-from forge_obs.store import read_metrics
+from forge_obs.recording.reduce import MetricAccumulator
+from forge_obs.analysis.store import read_metrics
 
 
 class RangeAccumulator(MetricAccumulator):
@@ -60,7 +60,7 @@ async def start_logger(tmp_path: Path, config: dict[str, Any] | None = None, run
     """A fresh GlobalLoggingActor session writing to ``tmp_path/<run_id>``."""
     import provisioner_hooks
     from forge_obs import get_or_create_metric_logger
-    from forge_obs.collector import MetricCollector
+    from forge_obs.recording.collector import MetricCollector
 
     provisioner_hooks.install()
     MetricCollector().reset()

@@ -253,7 +253,7 @@ async def test_hung_rank_is_reported_and_its_values_arrive_late_not_lost(tmp_pat
 
 async def test_values_recorded_before_init_backends_are_kept(tmp_path):
     provisioner_hooks.install()
-    from forge_obs.collector import MetricCollector
+    from forge_obs.recording.collector import MetricCollector
 
     MetricCollector().reset()
     mlogger = await get_or_create_metric_logger(process_name="Controller")

@@ -1,4 +1,4 @@
-"""Reduce on the way up (forge_obs.bundle, forge_obs.aggregate, forge_obs.plan): exact merges, the
+"""Reduce on the way up (forge_obs.wire.bundle, forge_obs.controller.aggregate, forge_obs.wire.plan): exact merges, the
 same step records on the aggregated route as on the direct one, and the aggregated route on two
 real localhost Monarch hosts (a dead member, a hung leader, a dead leader)."""
 
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from forge_obs.bundle import bundle_snapshot, exact_parts, make_bundle, merge_bundles
+from forge_obs.wire.bundle import bundle_snapshot, exact_parts, make_bundle, merge_bundles
 from forge_obs.backends.base import LoggerBackend
-from forge_obs.pipeline import FlushPipeline
-from forge_obs.reduce import reduce_snapshots
+from forge_obs.controller.pipeline import FlushPipeline
+from forge_obs.recording.reduce import reduce_snapshots
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -278,7 +278,7 @@ def test_a_member_resends_a_cut_once_and_answers_a_cut_it_has_not_taken_directly
     """``Route.resend_cut``: what the rank sent its leader for that cut goes to the controller
     (states as RESENT), once; a later resend of everything kept for that leader (a new plan) does
     not repeat it; a cut the controller asked about before the rank took it is answered directly."""
-    from forge_obs.aggregate import RESENT, Route
+    from forge_obs.controller.aggregate import RESENT, Route
 
     class Port:
         def __init__(self):
@@ -438,16 +438,16 @@ def test_a_leader_killed_or_stopped_costs_its_members_nothing(signal):
 
 
 def test_module_examples_run():
-    import forge_obs.bundle
-    import forge_obs.plan
+    import forge_obs.wire.bundle
+    import forge_obs.wire.plan
 
-    for mod in (forge_obs.bundle, forge_obs.plan):
+    for mod in (forge_obs.wire.bundle, forge_obs.wire.plan):
         res = doctest.testmod(mod)
         assert res.attempted > 0 and res.failed == 0, mod.__name__
 
 
 def test_the_plan_leads_each_host_group_by_its_highest_live_rank_and_fences_replaced_leaders():
-    from forge_obs.plan import AUTO_MIN_RANKS, Planner
+    from forge_obs.wire.plan import AUTO_MIN_RANKS, Planner
 
     p = Planner()
     for r in range(6):
@@ -480,7 +480,7 @@ def test_the_aggregator_receives_with_a_timeout_on_either_monarch_api(public_onl
     fallback; a timeout returns None and loses no message."""
     from monarch.actor import Channel
 
-    from forge_obs.aggregate import receiver_with_timeout
+    from forge_obs.controller.aggregate import receiver_with_timeout
 
     port, rx = Channel.open()
     recv = receiver_with_timeout(rx, public_only=public_only)
@@ -495,7 +495,7 @@ def test_the_aggregator_receives_with_a_timeout_on_either_monarch_api(public_onl
 
 
 def test_config_checks_the_aggregate_mode(monkeypatch):
-    from forge_obs.config import LoggerConfig
+    from forge_obs.controller.config import LoggerConfig
 
     monkeypatch.delenv("FORGE_OBS_AGGREGATE", raising=False)
     assert LoggerConfig.parse({"jsonl": None}).aggregate == "auto"
@@ -538,7 +538,7 @@ def test_streamed_values_and_drops_are_counted_per_rank_through_bundles():
 def test_a_malformed_state_in_a_group_costs_only_its_key():
     """A state without its reduction type is set aside and counted; the group's other keys and
     the same key's well-formed states of other ranks still merge exactly."""
-    from forge_obs.bundle import merge_packed
+    from forge_obs.wire.bundle import merge_packed
 
     good = {"packed": {"sum": (["n"], [2.0])}, "states": {}, "counters": {"values_recorded": 1}}
     bad = {"packed": {"sum": (["n"], [3.0])}, "states": {"s": {"no_type": 1}}, "counters": {"values_recorded": 2}}

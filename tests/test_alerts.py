@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from forge_obs.alerts import AlertsBackend
-from forge_obs.metric import Metric
-from forge_obs.record import RunContext, StepRecord
+from forge_obs.core.types import Metric
+from forge_obs.backends.record import RunContext, StepRecord
 from tests.doctor_runs import source
 
 

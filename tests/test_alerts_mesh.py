@@ -15,7 +15,7 @@ from monarch.actor import Actor, context, endpoint, this_host
 import provisioner_hooks
 from forge_obs import Reduce, get_or_create_metric_logger, record_metric
 from forge_obs.analysis.doctor import diagnose_run
-from forge_obs.timeline import record_span, set_step
+from forge_obs.recording.timeline import record_span, set_step
 
 
 class Worker(Actor):

@@ -10,9 +10,9 @@ import pytest
 
 from forge_obs.backends.base import LoggerBackend
 from forge_obs.backends.console import ConsoleBackend, format_value, unit_for
-from forge_obs.metric import LoggingMode, Metric
-from forge_obs.pipeline import FlushPipeline
-from forge_obs.record import StepRecord
+from forge_obs.core.types import LoggingMode, Metric
+from forge_obs.controller.pipeline import FlushPipeline
+from forge_obs.backends.record import StepRecord
 
 
 def _rec(step, glob, per_rank=None, missing=None, sources=None):
@@ -239,7 +239,7 @@ def test_control_characters_in_keys_labels_and_values_print_escaped(capsys, comp
 
 
 def test_printable_keeps_printable_text_as_it_is():
-    from forge_obs._safe import printable
+    from forge_obs.core.safe import printable
 
     assert printable("trainer/loss é 日本") == "trainer/loss é 日本"
     assert printable(BAD_KEY) == SHOWN

@@ -9,8 +9,8 @@ pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 from forge_obs.backends.tensorboard import TensorBoardBackend  # noqa: E402
-from forge_obs.metric import Metric  # noqa: E402
-from forge_obs.record import RunContext, StepRecord  # noqa: E402
+from forge_obs.core.types import Metric  # noqa: E402
+from forge_obs.backends.record import RunContext, StepRecord  # noqa: E402
 
 
 def _read(log_dir):

@@ -11,8 +11,8 @@ pytest.importorskip("wandb")
 from tests.wandb_reader import find_run_file, find_run_files, read_run  # noqa: E402
 
 from forge_obs.backends.wandb import WandbBackend, rank_key  # noqa: E402
-from forge_obs.metric import Metric  # noqa: E402
-from forge_obs.record import RunContext, StepRecord  # noqa: E402
+from forge_obs.core.types import Metric  # noqa: E402
+from forge_obs.backends.record import RunContext, StepRecord  # noqa: E402
 
 FAKE_KEY = "fakekey0123456789abcdef0123456789abcdef01"
 

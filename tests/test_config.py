@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from forge_obs.config import LoggerConfig
+from forge_obs.controller.config import LoggerConfig
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ import pytest
 from monarch.actor import Actor, endpoint, this_host
 
 from forge_obs import Reduce, record_metric
-from forge_obs.store import read_metrics
+from forge_obs.analysis.store import read_metrics
 from tests.helpers import aggregating, global_rows, start_logger
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from forge_obs.reduce import Reduce, accumulator_for, reduce_metrics_states, register_reduction
+from forge_obs.recording.reduce import Reduce, accumulator_for, reduce_metrics_states, register_reduction
 from tests.helpers import RangeAccumulator
-from forge_obs.sketch import ALPHA, DISTRIBUTION, DistributionAccumulator, quantile
+from forge_obs.recording.sketch import ALPHA, DISTRIBUTION, DistributionAccumulator, quantile
 
 torch = pytest.importorskip("torch")
 
@@ -63,7 +63,7 @@ def test_sketch_nan_counted_not_bucketed_and_empty_state():
 
 
 def test_sketch_bucket_cap_keeps_the_tail(monkeypatch):
-    import forge_obs.sketch as sk
+    import forge_obs.recording.sketch as sk
 
     monkeypatch.setattr(sk, "MAX_BUCKETS", 64)
     xs = [10 ** (i / 50) for i in range(-300, 300)]  # 12 decades: ~1,400 buckets uncapped
@@ -87,11 +87,11 @@ def test_distribution_is_a_registered_reduction_usable_by_name(fresh_collector):
 
 
 # ------------------------------------------------------------------ device accumulators
-from forge_obs.device import DeviceValues  # noqa: E402
+from forge_obs.recording.device import DeviceValues  # noqa: E402
 
 
 def drain(dv, accs=None):
-    from forge_obs.collector import Taken
+    from forge_obs.recording.collector import Taken
 
     accs = {} if accs is None else accs
     counters = {"values_recorded": 0, "dropped_values": 0, "nonfinite_values": 0}
@@ -120,7 +120,7 @@ def test_device_accumulators_match_cpu_reductions():
 
 
 def test_device_values_merge_with_cpu_values_of_the_same_key():
-    from forge_obs.reduce import MeanAccumulator, StdAccumulator
+    from forge_obs.recording.reduce import MeanAccumulator, StdAccumulator
 
     dv = DeviceValues()
     cpu_mean, cpu_std = MeanAccumulator(Reduce.MEAN), StdAccumulator(Reduce.STD)
@@ -139,7 +139,7 @@ def test_device_values_merge_with_cpu_values_of_the_same_key():
 
 
 def test_device_bad_input_is_dropped_and_counted():
-    from forge_obs.reduce import SumAccumulator
+    from forge_obs.recording.reduce import SumAccumulator
 
     dv = DeviceValues()
     assert not dv.record("dev/v", torch.ones(3), Reduce.MEAN)  # not a scalar
@@ -205,7 +205,7 @@ def test_device_records_from_many_threads_are_exact():
 
 def test_collector_snapshot_drains_device_values(fresh_collector):
     """Device values taken at the collector's swap are read at its export."""
-    from forge_obs.device import device_values
+    from forge_obs.recording.device import device_values
     from forge_obs import record_metric
 
     dv = device_values(fresh_collector)
@@ -227,7 +227,7 @@ def test_cpu_tensor_record_metric_reads_the_value(fresh_collector):
 
 
 def test_record_metric_routes_non_cpu_tensors_to_the_device_path(fresh_collector):
-    """A non-CPU tensor never reaches .item(): it goes to forge_obs.device (here a 'meta' tensor,
+    """A non-CPU tensor never reaches .item(): it goes to forge_obs.recording.device (here a 'meta' tensor,
     which has no data: the flush cannot read it and drops it, counted, without failing)."""
     from forge_obs import record_metric
 
@@ -241,7 +241,7 @@ def test_record_metric_routes_non_cpu_tensors_to_the_device_path(fresh_collector
 
 
 def test_device_values_without_device_state_are_capped_per_step(monkeypatch):
-    import forge_obs.device as device
+    import forge_obs.recording.device as device
 
     monkeypatch.setattr(device, "RAW_CAP", 3)
     dv = DeviceValues()
@@ -255,8 +255,8 @@ def test_device_values_without_device_state_are_capped_per_step(monkeypatch):
 def test_gpu_timings_enter_the_cut_through_the_collector():
     """The GPU tracer's pending timings (taken at the cut by a device hook) are added at export
     through ``Taken.add``. CUDA events cannot run here: stand-ins with CUDA's event API."""
-    from forge_obs.collector import Taken
-    from forge_obs.tracer import _GpuTimings
+    from forge_obs.recording.collector import Taken
+    from forge_obs.recording.tracer import _GpuTimings
 
     class Event:
         def __init__(self, t_ms):

@@ -70,6 +70,6 @@ def test_module_examples_run(module: str, results: dict) -> None:
 
 def test_examples_are_found() -> None:
     """The walk sees the whole package: the recording side, the analysis side and the hot path."""
-    for name in ("forge_obs", "forge_obs.collector", "forge_obs.timeline", "forge_obs.analysis.trace",
-                 "forge_obs.analysis.doctor.rules", "forge_obs._safe"):
+    for name in ("forge_obs", "forge_obs.recording.collector", "forge_obs.recording.timeline", "forge_obs.analysis.trace",
+                 "forge_obs.analysis.doctor.rules", "forge_obs.core.safe"):
         assert name in MODULES

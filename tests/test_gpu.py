@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 from forge_obs import Reduce, record_metric  # noqa: E402
-from forge_obs.reduce import reduce_metrics_states  # noqa: E402
-from forge_obs.tracer import Tracer, _GPU, trace  # noqa: E402
+from forge_obs.recording.reduce import reduce_metrics_states  # noqa: E402
+from forge_obs.recording.tracer import Tracer, _GPU, trace  # noqa: E402
 
 
 def values(collector):

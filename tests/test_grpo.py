@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from forge_obs.store import read_metrics
+from forge_obs.analysis.store import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 

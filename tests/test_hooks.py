@@ -9,7 +9,7 @@ from monarch.actor import Actor, endpoint, this_host
 import provisioner_hooks
 from forge_obs import Reduce, get_or_create_metric_logger, record_metric
 from forge_obs.backends.base import get_logger_backend_class
-from provisioner_hooks import _monarch_spawn
+from forge_obs.controller import monarch_internals as _monarch_spawn
 from tests.helpers import global_rows, start_logger
 
 
@@ -51,7 +51,7 @@ async def test_fallback_wrapper_attaches_when_the_private_callback_is_unavailabl
 
 
 async def test_attach_failure_never_reaches_spawn_procs(tmp_path, monkeypatch, caplog):
-    import forge_obs.client as la
+    import forge_obs.controller.client as la
 
     mlogger = await start_logger(tmp_path, {})
 
@@ -91,4 +91,4 @@ def test_backend_by_import_path_and_bad_paths():
     with pytest.raises(ValueError, match="cannot import"):
         get_logger_backend_class("nope.module:Thing")
     with pytest.raises(ValueError, match="not a forge_obs.LoggerBackend"):
-        get_logger_backend_class("forge_obs.metric:Metric")
+        get_logger_backend_class("forge_obs.core.types:Metric")

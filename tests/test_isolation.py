@@ -55,7 +55,7 @@ class Bad(Actor):
         if what == "overflow":
             record_metric("iso/big", 1e308, Reduce.SUM)
         elif what == "unknown_reduction":
-            from forge_obs.reduce import reduction_names
+            from forge_obs.recording.reduce import reduction_names
 
             if "actor_only_range" not in reduction_names():
                 register_reduction("actor_only_range", ActorOnlyRange)

@@ -61,8 +61,8 @@ async def test_a_user_key_under_obs_never_overwrites_forge_obs_own(tmp_path):
 
 def test_device_values_under_obs_are_reserved_too():
     torch = pytest.importorskip("torch")
-    from forge_obs.collector import Taken
-    from forge_obs.device import DeviceValues
+    from forge_obs.recording.collector import Taken
+    from forge_obs.recording.device import DeviceValues
 
     dv = DeviceValues()
     assert not dv.record("obs/gpu", torch.tensor(1.0), Reduce.MEAN)

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from forge_obs import Reduce, record_metric, register_reduction
-from forge_obs.reduce import (
+from forge_obs.recording.reduce import (
     reduce_metrics_states,
     reduce_snapshots,
     snapshot_states,
@@ -203,8 +203,8 @@ def test_an_accumulator_that_raises_on_append_drops_only_that_value(fresh_collec
 
 
 def test_warnings_never_fail_on_keys_that_cannot_be_printed(fresh_collector, caplog, monkeypatch):
-    import forge_obs.collector as collector
-    from forge_obs._warn import RateLimitedWarner
+    import forge_obs.recording.collector as collector
+    from forge_obs.core.warn import RateLimitedWarner
 
     monkeypatch.setattr(collector, "WARNER", RateLimitedWarner())  # not rate-limited by earlier tests
     with caplog.at_level(logging.WARNING, logger="forge_obs"):
@@ -365,7 +365,7 @@ def test_per_rank_values_are_isolated_by_key_too():
 
 
 def test_drop_counts_merge_like_numbers():
-    from forge_obs.reduce import DropCounts
+    from forge_obs.recording.reduce import DropCounts
 
     a, b = DropCounts(bad_key=1), DropCounts(bad_key=2, unpicklable=1)
     assert 0 + a == {"bad_key": 1} and a + b == {"bad_key": 3, "unpicklable": 1}
@@ -402,8 +402,8 @@ def test_tracer_and_device_write_through_the_collector_only():
     device module enter values through the collector."""
     import inspect
 
-    import forge_obs.device as device
-    import forge_obs.tracer as tracer
+    import forge_obs.recording.device as device
+    import forge_obs.recording.tracer as tracer
 
     for mod in (tracer, device):
         src = inspect.getsource(mod)
@@ -420,7 +420,7 @@ class BadInt:
 
 
 def test_tracer_and_trace_never_raise_for_any_name(fresh_collector):
-    from forge_obs.tracer import Tracer, trace
+    from forge_obs.recording.tracer import Tracer, trace
 
     t = Tracer(NoStr())
     t.start()

@@ -13,7 +13,7 @@ import pytest
 from monarch.actor import Actor, current_rank, endpoint, this_host
 
 from forge_obs import Reduce, record_metric, register_reduction
-from forge_obs.store import read_metrics
+from forge_obs.analysis.store import read_metrics
 from tests.helpers import RangeAccumulator, global_rows, rank_rows, start_logger
 
 

@@ -12,8 +12,8 @@ from monarch.actor import Actor, current_rank, endpoint, this_host
 
 from forge_obs import LoggerBackend, Reduce, record_metric
 from forge_obs.backends.base import get_logger_backend_class
-from forge_obs.metric import Metric
-from forge_obs.record import RunContext, StepRecord
+from forge_obs.core.types import Metric
+from forge_obs.backends.record import RunContext, StepRecord
 from tests.helpers import global_rows, rank_rows, start_logger
 
 FAKE_KEY = "fakekey0123456789abcdef0123456789abcdef01"
@@ -167,7 +167,7 @@ def test_values_a_backend_left_out_are_in_its_report(fresh_collector):
     import asyncio
 
     from forge_obs.backends.base import write_each
-    from forge_obs.pipeline import FlushPipeline
+    from forge_obs.controller.pipeline import FlushPipeline
 
     class Picky(LoggerBackend):
         def log_step(self, record):

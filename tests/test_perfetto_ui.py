@@ -18,7 +18,7 @@ import pytest
 
 from forge_obs import timeline as tl
 from forge_obs.analysis.trace import export_trace
-from forge_obs.timeline.writer import current_writer
+from forge_obs.recording.timeline.writer import current_writer
 from tests.browser import Browser
 
 OUT_DIR = Path(os.environ.get("FORGE_OBS_TEST_OUT", Path(__file__).resolve().parents[1] / "build" / "test-output"))

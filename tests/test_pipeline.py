@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from forge_obs.backends.base import LoggerBackend
-from forge_obs.pipeline import FlushPipeline
+from forge_obs.controller.pipeline import FlushPipeline
 
 
 def _snap(**sums):

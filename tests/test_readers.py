@@ -16,9 +16,9 @@ import pytest
 from forge_obs import timeline as tl
 from forge_obs.analysis import reader
 from forge_obs.backends.jsonl import JsonlBackend
-from forge_obs.metric import Metric
-from forge_obs.record import RunContext, StepRecord
-from forge_obs.store import read_jsonl, read_metrics
+from forge_obs.core.types import Metric
+from forge_obs.backends.record import RunContext, StepRecord
+from forge_obs.analysis.store import read_jsonl, read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -81,7 +81,7 @@ def test_python_block(block, tmp_path):
                          timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     if "get_or_create_metric_logger" in block["body"]:  # the Use example: its steps reached the store
-        from forge_obs.store import read_metrics
+        from forge_obs.analysis.store import read_metrics
 
         (run_dir,) = list((tmp_path / "runs").iterdir())
         rows = read_metrics(run_dir)

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from forge_obs.run import MASK, is_secret_name, redact, redact_text, write_meta
+from forge_obs.core.run import MASK, is_secret_name, redact, redact_text, write_meta
 
 # every name of the issue, each with its own secret value so a leak names the culprit
 SECRETS = {
@@ -133,7 +133,7 @@ def test_wandb_config_debug_log_and_meta_json_hold_no_secret(tmp_path, monkeypat
     from tests.wandb_reader import find_run_file, read_run
 
     from forge_obs.backends.wandb import WandbBackend
-    from forge_obs.record import RunContext, StepRecord
+    from forge_obs.backends.record import RunContext, StepRecord
 
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -164,7 +164,7 @@ def test_wandb_uses_the_one_redaction_function():
 
     src = inspect.getsource(wandb_backend)
     assert "_SECRET_KEY" not in src and "def redact_secrets" not in src
-    assert "from forge_obs.run import redact" in src
+    assert "from forge_obs.core.run import redact" in src
 
 
 # ------------------------------------------------------------------ a `tokens` suffix, JSON in strings

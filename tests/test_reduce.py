@@ -7,7 +7,7 @@ import statistics
 import pytest
 
 from forge_obs import Reduce, reduce_metrics_states, register_reduction
-from forge_obs.reduce import merge_states, resolve_reduction
+from forge_obs.recording.reduce import merge_states, resolve_reduction
 from tests.helpers import RangeAccumulator
 
 
@@ -110,7 +110,7 @@ def test_packed_snapshots_reduce_exactly_like_state_dicts(fresh_collector):
     """What fetchers send (built-in reductions packed as (keys, rows), the others as state dicts)
     reduces to the same values as the state dicts, across ranks and per rank, NaN included."""
     from forge_obs import record_metric
-    from forge_obs.reduce import reduce_snapshots, snapshot_states, snapshot_values
+    from forge_obs.recording.reduce import reduce_snapshots, snapshot_states, snapshot_values
 
     register_reduction("range_packed_test", RangeAccumulator)
     rng = random.Random(7)
@@ -165,7 +165,7 @@ def _bits(v):
 
 
 def _states_of(reduction, ranks):
-    from forge_obs.reduce import accumulator_for
+    from forge_obs.recording.reduce import accumulator_for
 
     out = []
     for vs in ranks:
@@ -197,11 +197,11 @@ _ORDER_FREE = ["mean", "sum", "max", "min", "std", "count", "distribution"]
 def test_every_reduction_is_independent_of_merge_order(ranks, reduction, rnd):
     """The merged state and value of every built-in reduction are the same, bit for bit, in
     whatever order the ranks' states are merged: as state dicts, as packed rows at the controller,
-    and inside a group bundle (forge_obs.bundle) reduced at the controller. Overflow, infinities,
+    and inside a group bundle (forge_obs.wire.bundle) reduced at the controller. Overflow, infinities,
     NaN and signed zeros included (the STD and SUM of values beyond the float range are inf)."""
-    import forge_obs.sketch  # noqa: F401 - registers "distribution"
-    from forge_obs.bundle import bundle_snapshot, make_bundle
-    from forge_obs.reduce import reduce_snapshots
+    import forge_obs.recording.sketch  # noqa: F401 - registers "distribution"
+    from forge_obs.wire.bundle import bundle_snapshot, make_bundle
+    from forge_obs.recording.reduce import reduce_snapshots
 
     states = _states_of(reduction, ranks)
     snaps = [{"states": {"k": s}} for s in states]
@@ -218,7 +218,7 @@ def test_every_reduction_is_independent_of_merge_order(ranks, reduction, rnd):
 
 
 def _reduce_states(states):
-    from forge_obs.reduce import reduce_snapshots, snapshot_states  # noqa: F401
+    from forge_obs.recording.reduce import reduce_snapshots, snapshot_states  # noqa: F401
 
     (m,) = reduce_metrics_states([{"k": s} for s in states])
     return m.value
@@ -266,8 +266,8 @@ def test_sum_whose_partial_sums_overflow_is_the_exact_sum_in_any_order():
 def test_signed_zeros_merge_the_same_in_any_order(rt, want):
     """Rows not made by a collector (a device's, another library's) may hold -0.0: MAX of 0.0
     and -0.0 is 0.0, MIN is -0.0, in either order, directly and through a group bundle."""
-    from forge_obs.bundle import bundle_snapshot, make_bundle
-    from forge_obs.reduce import reduce_snapshots
+    from forge_obs.wire.bundle import bundle_snapshot, make_bundle
+    from forge_obs.recording.reduce import reduce_snapshots
 
     a, b = {"packed": {rt: (["k"], [0.0])}}, {"packed": {rt: (["k"], [-0.0])}}
     for order in ([a, b], [b, a]):

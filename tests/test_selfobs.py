@@ -1,11 +1,11 @@
-"""forge_obs's own cost travels on its own path (forge_obs.selfobs), never through the user's
+"""forge_obs's own cost travels on its own path (forge_obs.core.selfobs), never through the user's
 collector, and the controller's parts land in the step being assembled."""
 
 from monarch.actor import Actor, endpoint, this_host
 
 from forge_obs import Reduce, record_metric
-from forge_obs.collector import MetricCollector
-from forge_obs.selfobs import CPU_PARTS, SELF_OBS
+from forge_obs.recording.collector import MetricCollector
+from forge_obs.core.selfobs import CPU_PARTS, SELF_OBS
 from tests.helpers import global_rows, start_logger
 
 

@@ -8,10 +8,10 @@ import math
 import pytest
 
 from forge_obs.backends.jsonl import JsonlBackend
-from forge_obs.metric import Metric
-from forge_obs.record import RunContext, StepRecord
-from forge_obs.run import RunConfig, redact, write_meta
-from forge_obs.store import read_jsonl, read_metrics
+from forge_obs.core.types import Metric
+from forge_obs.backends.record import RunContext, StepRecord
+from forge_obs.core.run import RunConfig, redact, write_meta
+from forge_obs.analysis.store import read_jsonl, read_metrics
 
 
 def _record(step):
@@ -154,7 +154,7 @@ def test_meta_write_beyond_the_file_size_limit_reports_and_does_not_raise(tmp_pa
     code = (
         "import resource, signal, sys\n"
         "from pathlib import Path\n"
-        "from forge_obs.run import write_meta\n"
+        "from forge_obs.core.run import write_meta\n"
         "d = Path(sys.argv[1])\n"
         "assert write_meta(d, status='running') is not None\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
@@ -174,8 +174,8 @@ _STORE_PROGRAM = r"""
 import json, resource, signal, sys
 from pathlib import Path
 from forge_obs.backends.jsonl import JsonlBackend
-from forge_obs.metric import Metric
-from forge_obs.record import RunContext, StepRecord
+from forge_obs.core.types import Metric
+from forge_obs.backends.record import RunContext, StepRecord
 
 root, buffer_rows = Path(sys.argv[1]), float(sys.argv[2])
 rec = lambda s: StepRecord(step=s, run_id="r", wall_time=1.0, global_metrics=[Metric("x", float(s)), Metric("pad", "y" * 1000)])
@@ -330,8 +330,8 @@ def test_the_final_status_uses_the_space_kept_for_it(tmp_path, monkeypatch, capl
     it for real): meta.json's replacement fails with ENOSPC while the 64 KiB reserve exists, as
     on a disk whose only free blocks would be the reserve's. write_meta frees the reserve and
     records the status; with no reserve left, it logs which status it could not record."""
-    import forge_obs.run as run_mod
-    from forge_obs.run import META_RESERVE_BYTES, reserve_meta_space
+    import forge_obs.core.run as run_mod
+    from forge_obs.core.run import META_RESERVE_BYTES, reserve_meta_space
 
     d = tmp_path / "r"
     assert write_meta(d, status="running") is not None

@@ -4,8 +4,8 @@ import threading
 
 from monarch.actor import Channel
 
-import forge_obs.controller as controller
-from forge_obs.tracer import _GpuTimings
+import forge_obs.controller.logger as controller
+from forge_obs.recording.tracer import _GpuTimings
 from tests.helpers import start_logger
 
 

@@ -13,8 +13,8 @@ import pytest
 from forge_obs import timeline as tl
 from forge_obs.analysis import reader
 from forge_obs.analysis.trace import export_trace
-from forge_obs.identity import current_identity
-from forge_obs.timeline import schema
+from forge_obs.core.identity import current_identity
+from forge_obs.recording.timeline import schema
 from tests.trace_validate import load
 
 
@@ -220,7 +220,7 @@ def _fake_run(root: Path, ranks: int, steps: int, slow_rank=None, hang_rank=None
     also spends that long in 'weights_load' each step): no dependence on machine load."""
     import time
 
-    from forge_obs.timeline import writer
+    from forge_obs.recording.timeline import writer
 
     start = time.perf_counter_ns()
     clock = [start]
@@ -293,7 +293,7 @@ def test_sql_views(tmp_path):
 
 def test_hot_path_imports_neither_monarch_nor_torch():
     code = ("import sys; import forge_obs; from forge_obs import record_span, set_step\n"
-            "from forge_obs.timeline import writer\n"
+            "from forge_obs.recording.timeline import writer\n"
             "print(sorted(m for m in ('torch', 'monarch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -350,7 +350,7 @@ def test_trace_ranks_take_the_timeline_rank_spec(tmp_path):
 
 def test_resumed_run_keeps_attempts_apart(tdir):
     from forge_obs.analysis.sql import connect
-    from forge_obs.timeline import writer
+    from forge_obs.recording.timeline import writer
 
     saved = writer.SESSION
     try:

@@ -13,7 +13,7 @@ import provisioner_hooks
 from forge_obs import Reduce, get_or_create_metric_logger, record_metric
 from forge_obs.analysis.doctor import diagnose
 from forge_obs.analysis.trace import export_trace
-from forge_obs.timeline import record_event, record_span, set_step
+from forge_obs.recording.timeline import record_event, record_span, set_step
 from tests.trace_validate import load, perfetto_shell
 
 GEN_STEPS = 5  # the generator hangs in the last one (run 1)

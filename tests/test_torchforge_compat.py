@@ -23,8 +23,8 @@ from monarch.actor import Actor, endpoint, this_host
 
 import provisioner_hooks
 from forge_obs import LoggerBackend, Reduce, record_metric, register_backend
-from forge_obs.collector import MetricCollector
-from forge_obs.store import read_metrics
+from forge_obs.recording.collector import MetricCollector
+from forge_obs.analysis.store import read_metrics
 from tests.helpers import global_rows, start_logger
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,8 +64,8 @@ def test_compat_modules_are_our_implementation_and_import_no_monarch():
     importing them (the recording side) pulls in neither Monarch nor torch."""
     code = (
         "import sys, forge_obs, forge_obs.metrics as m, forge_obs.perf_tracker as pt, forge_obs.utils, forge_obs.env\n"
-        "from forge_obs.collector import record_metric\n"
-        "from forge_obs.tracer import Tracer\n"
+        "from forge_obs.recording.collector import record_metric\n"
+        "from forge_obs.recording.tracer import Tracer\n"
         "assert m.record_metric is forge_obs.record_metric is record_metric\n"
         "assert pt.Tracer is Tracer and m.MetricCollector is forge_obs.MetricCollector\n"
         "print(sorted(k for k in ('monarch', 'torch') if k in sys.modules))\n"

@@ -12,7 +12,7 @@ import pytest
 
 from forge_obs import Tracer, trace
 from forge_obs import tracer as tracer_mod
-from forge_obs.reduce import reduce_metrics_states
+from forge_obs.recording.reduce import reduce_metrics_states
 
 
 def values(collector):
@@ -338,7 +338,7 @@ async def test_concurrent_tasks_do_not_corrupt_each_others_tracking(fresh_collec
 _ENV_SCRIPT = """
 import json
 from forge_obs import Tracer, trace, record_metric
-from forge_obs.collector import MetricCollector
+from forge_obs.recording.collector import MetricCollector
 t = Tracer("t"); t.start(); t.step("s"); t.stop()
 @trace("f")
 def f(): return 1
@@ -393,7 +393,7 @@ class TracedActor(_Actor):
 
     @_endpoint
     async def states(self) -> dict:
-        from forge_obs.collector import MetricCollector
+        from forge_obs.recording.collector import MetricCollector
 
         return MetricCollector().snapshot()["states"]
 
@@ -419,8 +419,8 @@ async def test_trace_in_child_process_reaches_the_jsonl_store(tmp_path):
     distribution sketch -> metrics.jsonl."""
     import provisioner_hooks
     from forge_obs import get_or_create_metric_logger
-    from forge_obs.collector import MetricCollector
-    from forge_obs.store import read_metrics
+    from forge_obs.recording.collector import MetricCollector
+    from forge_obs.analysis.store import read_metrics
 
     provisioner_hooks.install()
     MetricCollector().reset()

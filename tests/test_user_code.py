@@ -12,7 +12,7 @@ import pytest
 
 from forge_obs import MetricAccumulator, Reduce, Tracer, record_span, trace
 from forge_obs.analysis.doctor.identity import Identities
-from forge_obs.identity import unique_mesh_name
+from forge_obs.core.identity import unique_mesh_name
 
 
 @pytest.mark.parametrize("kw", [{}, {"timer": "gpu"}, {"track_memory": True}, {"timer": "gpu", "track_memory": True}])
@@ -37,7 +37,7 @@ def test_trace_wrappers_pickle_by_value(kw):
                                        ("junk", False), ("", False)])
 def test_one_parser_for_every_flag(raw, want):
     """FORGE_DISABLE_METRICS as recording reads it, as forge_obs.env reads it, in a fresh process."""
-    code = ("import forge_obs._env as e, forge_obs.env as v, forge_obs.tracer as t; "
+    code = ("import forge_obs.core.env as e, forge_obs.env as v, forge_obs.recording.tracer as t; "
             "print(e.METRICS_DISABLED, v.FORGE_DISABLE_METRICS.get_value(), v.METRIC_TIMER_USES_GPU.get_value(), "
             "e.timer_uses_gpu(), t.perf_metrics_disabled())")
     env = {"FORGE_DISABLE_METRICS": raw, "METRIC_TIMER_USES_GPU": raw, "PATH": "/usr/bin:/bin"}

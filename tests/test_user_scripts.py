@@ -119,7 +119,7 @@ def test_rl_loop_from_the_docs(tmp_path):
     alert rule fires and resolves, and trainer rank 1 (slowed on purpose) is the one straggler
     named, live and by the doctor."""
     from forge_obs.backends.wandb import rank_key
-    from forge_obs.store import read_metrics
+    from forge_obs.analysis.store import read_metrics
     from tests.wandb_reader import find_run_file, read_run
 
     out = run_script("rl_loop.py", tmp_path, str(tmp_path / "runs"))

@@ -15,7 +15,7 @@ from monarch.actor import Actor, endpoint
 from apps.grpo.common import Idle, device, setup_process
 from apps.grpo.faults import ReplicaFaults
 from forge_obs import Reduce, record_metric
-from forge_obs.sketch import DISTRIBUTION
+from forge_obs.recording.sketch import DISTRIBUTION
 from forge_obs.timeline import record_event, record_span
 
 

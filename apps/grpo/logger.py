@@ -9,7 +9,7 @@ from pathlib import Path
 
 import provisioner_hooks
 from forge_obs import get_or_create_metric_logger
-from forge_obs.run import write_meta
+from forge_obs.core.run import write_meta
 
 
 async def start_logging(args: argparse.Namespace, gen_kind: str, model_dir: str) -> tuple:

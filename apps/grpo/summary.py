@@ -13,7 +13,7 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 
-from forge_obs.store import read_metrics
+from forge_obs.analysis.store import read_metrics
 
 
 @dataclass

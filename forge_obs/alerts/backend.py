@@ -4,7 +4,7 @@
         "alerts": {"rules": ["trainer/loss > 10"], "webhook": "http://127.0.0.1:9000/hook"},
     })
 
-Each step's :class:`~forge_obs.record.StepRecord` (global values, per-rank values, ``missing``,
+Each step's :class:`~forge_obs.backends.record.StepRecord` (global values, per-rank values, ``missing``,
 ``sources``) goes through :func:`forge_obs.analysis.doctor.rules.build_rules`' objects on the
 logger's backend thread; a watchdog thread reports a loop that stopped flushing (``stall``). Every
 alert fires once when its condition starts and once when it clears, to the console (stderr),
@@ -27,11 +27,11 @@ from forge_obs.alerts.sinks import Dispatcher, FileSink, console_sink, find_wand
 from forge_obs.analysis.doctor.identity import Identities
 from forge_obs.analysis.doctor.rules import Event, StepView, build_rules
 from forge_obs.backends.base import LoggerBackend
-from forge_obs.collector import record_metric
-from forge_obs.metric import LoggingMode
-from forge_obs.record import StepRecord
-from forge_obs.reduce import Reduce
-from forge_obs.selfobs import SELF_OBS
+from forge_obs.recording.collector import record_metric
+from forge_obs.core.types import LoggingMode
+from forge_obs.backends.record import StepRecord
+from forge_obs.recording.reduce import Reduce
+from forge_obs.core.selfobs import SELF_OBS
 
 logger = logging.getLogger("forge_obs")
 

@@ -58,7 +58,7 @@ class AlertsConfig:
     @classmethod
     def from_dict(cls, cfg: dict[str, Any] | None) -> "AlertsConfig":
         cfg = dict(cfg or {})
-        from forge_obs.config import check_keys
+        from forge_obs.controller.config import check_keys
 
         check_keys("alerts", cfg, cls.valid_keys())
         out = cls()

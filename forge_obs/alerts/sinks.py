@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
-from forge_obs._warn import RateLimitedWarner
+from forge_obs.core.warn import RateLimitedWarner
 
 logger = logging.getLogger("forge_obs")
 WARNER = RateLimitedWarner(interval_s=60.0)

@@ -6,7 +6,7 @@
 
 One module per view, each runnable on its own (no Monarch, no GPU):
 
-- :mod:`~forge_obs.analysis.store`: ``metrics.jsonl`` rows (``forge_obs.store`` re-exports
+- :mod:`~forge_obs.analysis.store`: ``metrics.jsonl`` rows (``forge_obs.analysis.store`` re-exports
   ``read_metrics``), and :func:`~forge_obs.analysis.store.read_jsonl`, the one JSONL reader that
   skips a torn last line.
 - :mod:`~forge_obs.analysis.reader`: the per-rank timeline files under ``events/`` as one stream.
@@ -17,5 +17,5 @@ One module per view, each runnable on its own (no Monarch, no GPU):
 - :mod:`~forge_obs.analysis.report`: a self-contained HTML report.
 - :mod:`~forge_obs.analysis.cli`: the ``forge-obs`` subcommands over these views.
 
-The recording side (``record_span``, the timeline writer and its schema) is :mod:`forge_obs.timeline`.
+The recording side (``record_span``, the timeline writer and its schema) is :mod:`forge_obs.recording.timeline`.
 """

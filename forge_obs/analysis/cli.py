@@ -102,7 +102,7 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
 @command("trace", "export the run's timeline to a Perfetto / Chrome JSON trace", _trace_args)
 def _trace(args: argparse.Namespace) -> int:
     from forge_obs.analysis.trace import export_trace, parse_names, parse_steps
-    from forge_obs.timeline.schema import parse_ranks
+    from forge_obs.recording.timeline.schema import parse_ranks
 
     if not _check_run_dir(args.run_dir, "trace"):
         return 2

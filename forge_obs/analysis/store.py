@@ -11,7 +11,7 @@ Only well-formed rows come out, so every reader (``forge-obs show`` / ``sql`` / 
 object whose fields have the wrong types (see :func:`metric_row_problem`) is skipped and counted,
 with one warning per file read; a torn last line (a writer died mid-line) is skipped silently.
 Lines are read by :func:`forge_obs.analysis.jsonl.json_lines`, the timeline reader's line reader too.
-The public names are importable as ``forge_obs.store`` (``read_metrics``, ``read_jsonl``).
+The public names are importable as ``forge_obs.analysis.store`` (``read_metrics``, ``read_jsonl``).
 """
 
 from __future__ import annotations

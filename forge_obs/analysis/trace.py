@@ -26,8 +26,8 @@ from typing import Any, Callable, Iterator
 
 from forge_obs.analysis import reader
 from forge_obs.analysis.reader import END, INSTANT, OPEN, SPAN, STEP, TAG
-from forge_obs.identity import mesh_selected
-from forge_obs.timeline.schema import parse_ranks, rank_selected
+from forge_obs.core.identity import mesh_selected
+from forge_obs.recording.timeline.schema import parse_ranks, rank_selected
 
 _dumps = json.dumps
 
@@ -63,7 +63,7 @@ def parse_names(spec: str | None) -> set[str] | None:
 
 def make_keep(ranks: Any, meshes: set | None) -> Callable[[dict], bool] | None:
     """The stream filter of :func:`reader.scan`: ``ranks`` is a rank spec of
-    :func:`~forge_obs.timeline.schema.parse_ranks` (``"0,3"``, ``"0-7"``, ``"every:4"``, a set)."""
+    :func:`~forge_obs.recording.timeline.schema.parse_ranks` (``"0,3"``, ``"0-7"``, ``"every:4"``, a set)."""
     if ranks is not None:
         parse_ranks(ranks)  # raises ValueError on a bad spec, before any file is read
     if ranks is None and meshes is None:
@@ -99,7 +99,7 @@ def export_trace(
         trace.emit(_flow_events(trace))
         trace.emit(_metadata_events(trace, run))
         other = {"run_dir": str(run.run_dir), "clock_offsets_us": run.offsets, "attempts": run.attempts,
-                 "generator": "forge_obs.timeline"}
+                 "generator": "forge_obs.recording.timeline"}
         f.write(f'\n],"displayTimeUnit":"ms","otherData":{_dumps(other, default=str)}}}\n')
     tmp.replace(out)
     return trace.stats

@@ -14,7 +14,7 @@ logger's backend threads (one per backend): never on the training path. Methods 
 Hooks, all optional:
 - ``init(run=RunContext, role=BackendRole.GLOBAL, process_name=...)``: open files/runs. Raising
   fails ``init_backends``.
-- ``log_step(record)``: the whole :class:`~forge_obs.record.StepRecord`; the default calls
+- ``log_step(record)``: the whole :class:`~forge_obs.backends.record.StepRecord`; the default calls
   ``log_batch`` (reduced modes) and ``log_raw`` (``per_rank_no_reduce``) per the backend's modes.
 - ``log_batch(metrics, global_step, source=None)``: plain numbers by default (config ``values``:
   ``"scalar"``, or ``"rich"`` for dicts and row lists as reduced); ``show_obs: False`` leaves out
@@ -40,10 +40,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from forge_obs._safe import safe_repr
-from forge_obs._warn import WARNER
-from forge_obs.metric import LoggingMode, Metric
-from forge_obs.record import RunContext, StepRecord
+from forge_obs.core.safe import safe_repr
+from forge_obs.core.warn import WARNER
+from forge_obs.core.types import LoggingMode, Metric
+from forge_obs.backends.record import RunContext, StepRecord
 
 __all__ = [
     "LoggerBackend",

@@ -2,7 +2,7 @@
 (one group per line, wrapped to fit 120 columns), or raw value lines.
 
     >>> from forge_obs.backends.console import format_block, format_compact
-    >>> from forge_obs.metric import Metric
+    >>> from forge_obs.core.types import Metric
     >>> print(format_block("GlobalReduce", 0, [Metric("my_sum_metric", 6.0), Metric("my_max_metric", 3.0)]))
     === [GlobalReduce] - METRICS STEP 0 ===
     my_max_metric: 3
@@ -66,11 +66,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from forge_obs._safe import printable, safe_repr, safe_str
+from forge_obs.core.safe import printable, safe_repr, safe_str
 from forge_obs.backends.base import LoggerBackend, awaitable
-from forge_obs.config import parse_options
-from forge_obs.metric import Metric
-from forge_obs.record import StepRecord
+from forge_obs.controller.config import parse_options
+from forge_obs.core.types import Metric
+from forge_obs.backends.record import StepRecord
 
 WIDTH = 120
 

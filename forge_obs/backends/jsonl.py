@@ -1,5 +1,5 @@
 """JSONL store: ``<run_dir>/metrics.jsonl``, one object per step and mode (and rank), durable
-(flushed and fsync'ed) at every step. Read it back with :func:`forge_obs.store.read_metrics`.
+(flushed and fsync'ed) at every step. Read it back with :func:`forge_obs.analysis.store.read_metrics`.
 
     {"run_id": "r1", "step": 0, "mode": "global_reduce", "wall_time": 1.7e9, "metrics": {"loss": 0.5}}
     {"run_id": "r1", "step": 0, "mode": "per_rank_reduce", "source": {"label": "trainer/r0", ...}, "metrics": {...}}
@@ -31,12 +31,12 @@ import os
 from collections import deque
 from typing import Any
 
-from forge_obs._plain import plain
-from forge_obs._safe import safe_repr, safe_str
-from forge_obs._warn import WARNER
+from forge_obs.core.plain import plain
+from forge_obs.core.safe import safe_repr, safe_str
+from forge_obs.core.warn import WARNER
 from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable
-from forge_obs.metric import LoggingMode
-from forge_obs.record import StepRecord
+from forge_obs.core.types import LoggingMode
+from forge_obs.backends.record import StepRecord
 
 logger = logging.getLogger("forge_obs")
 
@@ -54,7 +54,7 @@ def _default(o: Any) -> Any:
 def _line(row: dict[str, Any]) -> str:
     """``row`` as one JSON line. Every key is written: a value JSON cannot encode as it is (a
     custom reduction's dict with a tuple key, or that contains itself) is written with its keys
-    as strings (:func:`forge_obs._plain.plain`), or else as its text."""
+    as strings (:func:`forge_obs.core.plain.plain`), or else as its text."""
     try:
         return json.dumps(row, default=_default) + "\n"
     except (TypeError, ValueError, RecursionError):

@@ -29,7 +29,7 @@ What goes where:
   ordinary metric: ``record_metric("policy_version", v, Reduce.MAX)``.
 - Config: the W&B run's config gets the user's ``config`` (or ``run_config``) plus
   ``forge_obs`` (run id, run dir, backend configs), all passed through
-  :func:`forge_obs.run.redact` (the one redaction of every file forge_obs writes).
+  :func:`forge_obs.core.run.redact` (the one redaction of every file forge_obs writes).
 
 Steps: W&B drops a write to a step below its current one. Steps arrive in order, but when one
 does not increase (a resumed job replaying a step, a user's non-monotonic flush) it is written at
@@ -50,13 +50,13 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from forge_obs._plain import plain
-from forge_obs._safe import is_number, safe_str
+from forge_obs.core.plain import plain
+from forge_obs.core.safe import is_number, safe_str
 from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable, write_each
-from forge_obs.config import parse_options
-from forge_obs.metric import BackendRole, LoggingMode
-from forge_obs.record import StepRecord
-from forge_obs.run import redact
+from forge_obs.controller.config import parse_options
+from forge_obs.core.types import BackendRole, LoggingMode
+from forge_obs.backends.record import StepRecord
+from forge_obs.core.run import redact
 
 logger = logging.getLogger("forge_obs")
 

@@ -37,8 +37,8 @@ class Model:
 
 CHILD = r"""
 import asyncio, json, sys, cloudpickle, torch
-from forge_obs.collector import MetricCollector
-from forge_obs.reduce import reduce_metrics_states
+from forge_obs.recording.collector import MetricCollector
+from forge_obs.recording.reduce import reduce_metrics_states
 cls, calls = cloudpickle.loads(sys.stdin.buffer.read())
 m = cls()
 x = torch.ones(8, 256, device="cuda")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from forge_obs.identity import DEFAULT_MESH_NAME
+from forge_obs.core.identity import DEFAULT_MESH_NAME
 
 _REPLICA = re.compile(r"^(.*?)[_-](\d+)$")
 

@@ -1,5 +1,5 @@
 """The doctor's rules over metrics, one step at a time: the live ``"alerts"`` backend feeds them
-each :class:`~forge_obs.record.StepRecord`; ``forge-obs doctor`` replays ``metrics.jsonl``
+each :class:`~forge_obs.backends.record.StepRecord`; ``forge-obs doctor`` replays ``metrics.jsonl``
 through the same objects. Each rule keeps bounded state (rolling windows, counters), never
 re-reads history, and emits an :class:`Event` when a condition starts (``firing``) and when it
 ends (``resolved``); :meth:`Rule.finish` returns what is still active at the end of the data.

@@ -23,7 +23,7 @@ from forge_obs.analysis.doctor.detect import Episode, GroupTracker, covered
 from forge_obs.analysis.doctor.finding import Finding
 from forge_obs.analysis.doctor.identity import Identities
 from forge_obs.analysis.reader import OPEN, SPAN, STEP
-from forge_obs.timeline.schema import rank_selected
+from forge_obs.recording.timeline.schema import rank_selected
 
 
 @dataclass

@@ -1,0 +1,223 @@
+"""One backend on a thread of its own, fed through a bounded queue of steps.
+
+    >>> import time
+    >>> from forge_obs.controller.backend_worker import BackendWorker
+    >>> from forge_obs.backends.base import LoggerBackend
+    >>> class Keep(LoggerBackend):
+    ...     def log_step(self, record): self.last = record
+    >>> w = BackendWorker("keep", Keep({}), queue_steps=4)
+    >>> w.start(); w.put("step 0")
+    True
+    >>> w.close(deadline=time.monotonic() + 5), w.backend.last
+    (True, 'step 0')
+
+A slow or hanging backend delays only itself: steps it cannot take because its queue is full are
+dropped *for that backend* and counted (``dropped_steps``, reported once); ``close`` gives up at
+its deadline and says so. Each backend still sees its steps in order. Errors are isolated and
+counted, and reported once per backend.
+
+Raw values streamed between flushes (:class:`~forge_obs.backends.base.StreamBatch`, for
+``per_rank_no_reduce`` backends) go through the same queue, in arrival order with the steps; a
+stream batch still waiting in the queue takes the next ones in (at most one waits between two
+steps), and beyond :data:`STREAM_CAP` values waiting, new streamed values are dropped for that
+backend and counted (``dropped_stream_values``). A backend that implements only ``log_step``
+(none of ``log_stream_batch``, ``log_raw``, ``log_stream``) gets them in ``record.raw`` of the
+next step instead, as before raw values were streamed (or in a record of their own at shutdown).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from forge_obs.backends.base import LoggerBackend, StreamBatch, call_hook
+from forge_obs.core.selfobs import SELF_OBS
+
+logger = logging.getLogger("forge_obs")
+
+__all__ = ["BackendWorker", "DEFAULT_QUEUE_STEPS"]
+
+#: steps a backend may fall behind before new ones are dropped for it (and counted)
+DEFAULT_QUEUE_STEPS = 256
+#: streamed raw values that may wait for one backend before new ones are dropped for it (counted)
+STREAM_CAP = 1_000_000
+_STOP = object()
+
+
+class BackendWorker:
+    """Owns one backend's thread; every method is thread-safe."""
+
+    def __init__(self, name: str, backend: LoggerBackend, queue_steps: int | None = DEFAULT_QUEUE_STEPS) -> None:
+        self.name = name
+        self.backend = backend
+        #: None: unbounded (the local store, which must have every step)
+        self.queue_steps = None if queue_steps is None else max(1, int(queue_steps))
+        self._q: deque = deque()
+        self._cv = threading.Condition()
+        self.put_steps = 0  # steps accepted
+        self.done_steps = 0  # steps it finished (or failed) logging
+        self._put_items = 0  # steps and stream batches accepted ...
+        self._done_items = 0  # ... and done
+        self.dropped_steps = 0
+        self.dropped_stream_values = 0
+        self._stream_waiting = 0  # streamed values queued, not yet logged
+        # a backend with only log_step: streamed values wait here for the next step's record
+        self._raw_into_steps = _only_log_step(backend)
+        self._held: list = []  # (label, step, rows) entries
+        self._held_sources: dict = {}
+        self._run_id = ""
+        self.errors = 0
+        self.last_s = 0.0  # duration of its last log_step
+        self.finished = False  # finish() returned
+        self.finish_error: str | None = None
+        #: obs/cpu_<part>_s that this backend's CPU is counted in
+        self.cpu_part = getattr(backend, "cpu_part", "backends")
+        self._thread = threading.Thread(target=self._run, name=f"forge_obs-backend-{name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def put(self, record: Any) -> bool:
+        """Queue a step; False (dropped for this backend, counted) when its queue is full."""
+        with self._cv:
+            self._run_id = getattr(record, "run_id", self._run_id)
+            if self._held and getattr(record, "raw", None) is not None:
+                record = self._with_held(record)
+            if self.queue_steps is not None and len(self._q) >= self.queue_steps:
+                self.dropped_steps += 1
+                first = self.dropped_steps == 1
+            else:
+                self._q.append(record)
+                self.put_steps += 1
+                self._put_items += 1
+                self._cv.notify_all()
+                return True
+        if first:
+            logger.error(
+                "forge_obs: backend %r is %d steps behind; new steps are dropped for it (counted in "
+                "obs/backend_dropped_steps); the other backends get every step", self.name, self.queue_steps,
+            )
+        return False
+
+    def put_stream(self, entries: list, sources: dict) -> bool:
+        """Queue streamed raw values (``entries`` of ``(label, step, rows)``); False when they
+        were dropped for this backend (over :data:`STREAM_CAP` waiting; counted, reported once)."""
+        n = sum(len(rows) for _l, _s, rows in entries)
+        with self._cv:
+            if self._raw_into_steps:
+                if self._stream_waiting + n > STREAM_CAP:
+                    self.dropped_stream_values += n
+                    return False
+                self._stream_waiting += n
+                self._held.extend(entries)
+                self._held_sources.update(sources)
+                return True
+            if self._stream_waiting + n > STREAM_CAP:
+                self.dropped_stream_values += n
+                first = self.dropped_stream_values == n
+            else:
+                self._stream_waiting += n
+                last = self._q[-1] if self._q else None
+                if type(last) is StreamBatch:  # not taken yet: it takes these in
+                    last.entries.extend(entries)
+                    last.sources.update(sources)
+                else:
+                    self._q.append(StreamBatch(list(entries), dict(sources)))
+                    self._put_items += 1
+                    self._cv.notify_all()
+                return True
+        if first:
+            logger.error("forge_obs: backend %r has %d streamed values waiting; new ones are dropped for it "
+                         "(counted in obs/backend_dropped_stream_values)", self.name, STREAM_CAP)
+        return False
+
+    def wait_done(self, deadline: float) -> bool:
+        """Wait until every step (and stream batch) accepted so far was logged, at most until ``deadline``."""
+        with self._cv:
+            target = self._put_items
+            return self._cv.wait_for(lambda: self._done_items >= target, max(0.0, deadline - time.monotonic()))
+
+    def _with_held(self, record: Any) -> Any:
+        """``record`` (shared by every backend) with the held streamed values in its ``raw``."""
+        raw = {label: list(rows) for label, rows in record.raw.items()}
+        for label, _step, rows in self._held:
+            raw.setdefault(label, [])
+            raw[label][:0] = rows  # recorded before the step's own raw values
+        sources = {**self._held_sources, **(record.sources or {})}
+        self._stream_waiting -= sum(len(rows) for _l, _s, rows in self._held)
+        self._held, self._held_sources = [], {}
+        return dataclasses.replace(record, raw=raw, sources=sources)
+
+    def stop(self) -> None:
+        """Log what is queued, then ``finish()`` (see :meth:`join`)."""
+        with self._cv:
+            if self._held:  # no step took them: a record of their own, under their last step
+                from forge_obs.backends.record import StepRecord
+
+                step = max(s for _l, s, _r in self._held)
+                self._q.append(self._with_held(StepRecord(step=step, run_id=self._run_id, wall_time=time.time())))
+                self._put_items += 1
+            self._q.append(_STOP)
+            self._cv.notify_all()
+
+    def join(self, deadline: float) -> bool:
+        """Wait for :meth:`stop` to complete, at most until ``deadline``. True if the backend
+        finished in time (else its thread is left behind, a daemon)."""
+        if self._thread.is_alive():
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+        return self.finished
+
+    def close(self, deadline: float) -> bool:
+        """:meth:`stop` then :meth:`join`."""
+        self.stop()
+        return self.join(deadline)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._q:
+                    self._cv.wait()
+                item = self._q.popleft()
+                stream = type(item) is StreamBatch
+                if stream:
+                    self._stream_waiting -= item.values()
+            if item is _STOP:
+                break
+            t0 = time.perf_counter()
+            cpu0 = time.thread_time()
+            try:
+                if stream:
+                    call_hook(self.backend.log_stream_batch, item)
+                else:
+                    call_hook(self.backend.log_step, item)
+            except Exception as e:  # noqa: BLE001 - one backend never stops the others
+                self.errors += 1
+                if self.errors == 1:
+                    what = "streaming raw values" if stream else f"at step {getattr(item, 'step', '?')}"
+                    logger.error("forge_obs: backend %r failed %s: %r (counted in obs/backend_errors)", self.name, what, e)
+            if not stream:
+                self.last_s = time.perf_counter() - t0
+            SELF_OBS.add(self.cpu_part, time.thread_time() - cpu0)  # counted in the next step assembled
+            with self._cv:
+                if not stream:
+                    self.done_steps += 1
+                self._done_items += 1
+                self._cv.notify_all()
+        try:
+            call_hook(self.backend.finish)
+        except Exception as e:  # noqa: BLE001
+            self.finish_error = repr(e)
+            logger.error("forge_obs: backend %r failed to finish: %r", self.name, e)
+        self.finished = True
+
+
+def _only_log_step(backend: LoggerBackend) -> bool:
+    """Whether ``backend`` overrides ``log_step`` and none of the raw-value hooks."""
+    cls = type(backend)
+    if cls.log_step is LoggerBackend.log_step:
+        return False
+    return all(getattr(cls, h) is getattr(LoggerBackend, h) for h in ("log_stream_batch", "log_raw", "log_stream"))

@@ -1,0 +1,139 @@
+"""``init_backends``'s config dict, parsed and checked once into a :class:`LoggerConfig`.
+
+    >>> import tempfile
+    >>> from forge_obs.controller.config import LoggerConfig
+    >>> cfg = LoggerConfig.parse({"console": {"logging_mode": "global_reduce"},
+    ...                           "run": {"id": "exp1", "root": tempfile.mkdtemp()}})
+    >>> sorted(cfg.backends), cfg.flush_timeout_s, cfg.run.run_id
+    (['console', 'jsonl'], 10.0, 'exp1')
+
+Top-level keys are backend names (or ``"package.module:Class"`` paths) plus the reserved keys
+below. Mistakes raise ``ValueError`` naming the valid choices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, TypeVar
+
+from forge_obs.controller.backend_worker import DEFAULT_QUEUE_STEPS
+from forge_obs.core.run import RunConfig
+
+__all__ = ["LoggerConfig", "RESERVED_KEYS", "DEFAULT_FLUSH_TIMEOUT_S", "check_keys", "parse_options"]
+
+T = TypeVar("T")
+
+
+def check_keys(section: str, given: Iterable[Any], valid: Iterable[str], more: str = "", also: Iterable[str] = ()) -> None:
+    """The one unknown-key check of every config section: ``ValueError`` naming the unknown
+    key(s) and the valid ones (``more`` says what else is accepted, the keys in ``also``).
+
+        >>> check_keys("console backend", {"compat": True}, ("compact", "every"))
+        Traceback (most recent call last):
+        ...
+        ValueError: console backend: unknown key(s) ['compat']; valid: compact, every
+    """
+    valid = list(valid)
+    ok = set(valid) | set(also)
+    unknown = sorted((k for k in given if k not in ok), key=str)
+    if unknown:
+        raise ValueError(f"{section}: unknown key(s) {unknown}; valid: {', '.join(valid)}{more}")
+
+
+def parse_options(cls: type[T], section: str, cfg: dict[str, Any] | None, also: Iterable[str] = (), more: str = "") -> T:
+    """A config dict as the dataclass ``cls`` (its fields are the valid keys; values are checked
+    by its ``__post_init__``); keys in ``also`` are accepted and left to the caller.
+
+        >>> from dataclasses import dataclass
+        >>> @dataclass
+        ... class Opts:
+        ...     every: int = 1
+        >>> parse_options(Opts, "demo", {"every": 5})
+        Opts(every=5)
+    """
+    cfg = dict(cfg or {})
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    check_keys(section, cfg, names, more, also)
+    return cls(**{k: v for k, v in cfg.items() if k in names})
+
+#: top-level keys of ``init_backends``'s config that are not backends
+RESERVED_KEYS = ("run", "flush_timeout_s", "shutdown_timeout_s", "backend_init_timeout_s", "backend_queue_steps",
+                 "timeline", "stream_interval_s", "aggregate")
+#: ``"aggregate"``: answer cuts through one leader per (mesh, host) ("on"), directly ("off"), or
+#: through leaders from 32 ranks in the job ("auto"); FORGE_OBS_AGGREGATE sets the default
+AGGREGATE_MODES = ("auto", "on", "off")
+DEFAULT_AGGREGATE = "auto"
+DEFAULT_FLUSH_TIMEOUT_S = 10.0
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
+#: longer than W&B's own wait for its service (90 s), so W&B reports its own errors first
+DEFAULT_BACKEND_INIT_TIMEOUT_S = 120.0
+#: how often raw values reach ``per_rank_no_reduce`` backends between flushes
+DEFAULT_STREAM_INTERVAL_S = 1.0
+
+
+@dataclass
+class LoggerConfig:
+    """What ``init_backends`` was given, validated."""
+
+    run: RunConfig
+    #: how long a flush waits for a silent rank (once: it is not waited for again)
+    flush_timeout_s: float = DEFAULT_FLUSH_TIMEOUT_S
+    #: how long ``shutdown()`` (and ``wait_idle()``) wait for the backends in all
+    shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
+    #: how long one backend's ``init`` may take (a W&B server that never answers): past it,
+    #: ``init_backends`` raises naming that backend and changes nothing
+    backend_init_timeout_s: float = DEFAULT_BACKEND_INIT_TIMEOUT_S
+    #: steps a backend may fall behind before new steps are dropped for it (and counted)
+    backend_queue_steps: int = DEFAULT_QUEUE_STEPS
+    #: raw values reach ``per_rank_no_reduce`` backends at most this long after being recorded
+    stream_interval_s: float = DEFAULT_STREAM_INTERVAL_S
+    timeline: dict[str, Any] | None = None
+    #: how ranks answer a cut: through one leader per (mesh, host) or directly (AGGREGATE_MODES)
+    aggregate: str = DEFAULT_AGGREGATE
+    #: backend name -> its own config dict (``jsonl`` is on unless given as None/False)
+    backends: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, config: Any) -> "LoggerConfig":
+        if not isinstance(config, dict):
+            raise ValueError(f"init_backends takes a dict of backend configs, got {type(config).__name__}")
+        config = dict(config)
+        run = RunConfig.from_config(config.pop("run", None))
+        timeout = _seconds(config, "flush_timeout_s", DEFAULT_FLUSH_TIMEOUT_S)
+        shutdown_timeout = _seconds(config, "shutdown_timeout_s", DEFAULT_SHUTDOWN_TIMEOUT_S)
+        init_timeout = _seconds(config, "backend_init_timeout_s", DEFAULT_BACKEND_INIT_TIMEOUT_S)
+        stream_interval = _seconds(config, "stream_interval_s", DEFAULT_STREAM_INTERVAL_S)
+        queue_steps = config.pop("backend_queue_steps", DEFAULT_QUEUE_STEPS)
+        if isinstance(queue_steps, bool) or not isinstance(queue_steps, int) or queue_steps < 1:
+            raise ValueError(f"backend_queue_steps must be an int >= 1, got {queue_steps!r}")
+        from forge_obs.core.env import env_value
+
+        aggregate = config.pop("aggregate", env_value("FORGE_OBS_AGGREGATE") or DEFAULT_AGGREGATE)
+        if aggregate not in AGGREGATE_MODES:
+            raise ValueError(f"aggregate must be one of {', '.join(map(repr, AGGREGATE_MODES))}, got {aggregate!r}")
+        timeline = config.pop("timeline", None)
+        from forge_obs.recording.timeline.schema import validate_options
+
+        validate_options(timeline)  # raises ValueError on a bad key or value
+        config.setdefault("jsonl", {})  # the local store is always on unless "jsonl": None
+        backends: dict[str, dict[str, Any]] = {}
+        for name, bcfg in config.items():
+            if bcfg is None or bcfg is False:
+                continue
+            if not isinstance(name, str):
+                raise ValueError(f"backend names are strings, got {name!r}")
+            if not isinstance(bcfg, dict):
+                raise ValueError(f"config of backend {name!r} must be a dict, got {type(bcfg).__name__}")
+            backends[name] = bcfg
+        return cls(run=run, flush_timeout_s=timeout, shutdown_timeout_s=shutdown_timeout, backend_init_timeout_s=init_timeout,
+                   backend_queue_steps=queue_steps, stream_interval_s=stream_interval, timeline=timeline,
+                   aggregate=aggregate, backends=backends)
+
+
+def _seconds(config: dict[str, Any], key: str, default: float) -> float:
+    value = config.pop(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{key} must be a number of seconds > 0, got {value!r}")
+    return float(value)

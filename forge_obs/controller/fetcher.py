@@ -1,0 +1,402 @@
+"""The process side of a flush: :class:`LocalFetcherActor`, one per proc of every observed mesh.
+
+    procs = this_host().spawn_procs(per_host={"procs": 2}, name="trainer")
+    # provisioner_hooks spawns LocalFetcherActor("obs_fetcher") on procs; nothing else to do
+
+At each flush the controller casts ``cut(seq, step)`` to the fetchers. A fetcher then, in order:
+swaps its process's collector (the cut: O(1), no export, no device sync), forwards the cut to the
+meshes spawned from its own process (meshes spawned inside actors), acknowledges on the
+controller's port (a tiny message, declaring those meshes), and only then exports the states it
+took and sends them on the same port. The controller's ``flush`` returns when every rank has
+acknowledged, so a value recorded by work the controller awaited before ``flush(step)`` is in
+``step`` or earlier, and one recorded by work started after ``flush`` returned is in a later step.
+With ``"aggregate"`` on, the mesh's plan (cast with the cut when it changes) may route both
+messages to the rank's group leader instead, which forwards them batched and merged
+(:mod:`forge_obs.controller.aggregate`); the cut itself is the same.
+
+While a ``per_rank_no_reduce`` backend is configured, a timer on the fetcher's actor loop (no
+thread of its own) sends the raw values recorded so far every ``stream_interval_s`` (default
+1 s) on the same port, under the predicted step: the last step this rank was cut for, + 1 (what
+torchforge streams under). Each raw value is taken once, by such a push or by the next cut.
+
+torchforge's construction works too: ``LocalFetcherActor(global_logger, process_name)``, then
+``global_logger.register_fetcher.call_one(fetcher, proc_id)``, which connects it to the cut
+(:meth:`LocalFetcherActor.connect`). Its ``flush(global_step, return_state)`` endpoint returns the
+rank's states as torchforge's does (:meth:`MetricCollector.flush`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import cloudpickle
+from monarch.actor import Actor, context, endpoint
+
+from forge_obs.recording.collector import MetricCollector
+from forge_obs.core.identity import set_identity
+from forge_obs.recording.reduce import adopt_reductions, user_reductions
+from forge_obs.controller.registry import LOCAL_MESHES
+from forge_obs.core.selfobs import SELF_OBS
+from forge_obs.wire.snapshot import dumps, encode_raw
+from forge_obs.recording.timeline import follow_cut
+
+logger = logging.getLogger("forge_obs")
+
+__all__ = ["LocalFetcherActor", "FETCHER_NAME", "ACK", "STATES", "FINAL", "STREAM", "apply_options", "current_options",
+           "store_options", "DEFAULT_STREAM_INTERVAL_S"]
+
+FETCHER_NAME = "obs_fetcher"
+#: kinds of message on the controller's inbox port
+ACK, STATES, FINAL, STREAM = "ack", "states", "final", "stream"
+#: how often raw values are streamed to ``per_rank_no_reduce`` backends between flushes
+DEFAULT_STREAM_INTERVAL_S = 1.0
+#: how long a fetcher waits for the meshes it spawned to take a new configuration
+CONFIGURE_TIMEOUT_S = 10.0
+
+_COLLECTOR = MetricCollector()
+#: this process's current options: what ``init_backends`` configured (streaming, timeline)
+_OPTIONS: dict[str, Any] = {"streaming": False, "run_dir": None, "timeline": None}
+
+
+_hosts_fetcher = [False]
+
+
+def hosts_fetcher() -> bool:
+    """Whether this process has a fetcher (which then cuts the meshes spawned from here)."""
+    return _hosts_fetcher[0]
+
+
+def expect_fetcher() -> None:
+    """This process's mesh gets a fetcher (set before any actor is built, by the hook's
+    process start-up): meshes spawned from here are cut from here."""
+    _hosts_fetcher[0] = True
+
+
+def current_options() -> dict[str, Any]:
+    """Options to give fetchers spawned from this process (and their new processes), with the
+    reductions the user registered here (classes defined in a script travel by value)."""
+    return {**_OPTIONS, "reductions": _travelling_reductions()}
+
+
+def _travelling_reductions() -> dict[str, Any]:
+    """:func:`~forge_obs.recording.reduce.user_reductions` that can be pickled (one that cannot stays
+    here, with a warning, rather than failing the spawn that would carry it)."""
+    out = {}
+    for name, cls in user_reductions().items():
+        try:
+            cloudpickle.dumps(cls)
+        except Exception as e:  # noqa: BLE001
+            logger.warning("forge_obs: reduction %r cannot be sent to new processes: %r", name, e)
+            continue
+        out[name] = cls
+    return out
+
+
+def store_options(options: dict[str, Any]) -> None:
+    """Remember the options fetchers spawned from this process start with (the controller
+    process configures itself directly)."""
+    _OPTIONS.update(options)
+
+
+def apply_options(options: dict[str, Any] | None, timeline: bool = True) -> None:
+    """Configure this process: raw streaming for ``per_rank_no_reduce`` and (``timeline``) the
+    timeline writer, which names its file after the process's identity: the fetcher sets that
+    first. Runs when a process starts (before user actors; streaming only), when a fetcher is
+    built, and on ``configure``; never raises."""
+    if not options:
+        return
+    try:
+        adopt_reductions(options.get("reductions") or {})
+        _OPTIONS.update({k: v for k, v in options.items() if k != "reductions"})
+        _COLLECTOR.set_streaming(bool(options.get("streaming")))
+        if "run_dir" in options:  # a session's options: init_backends reached this process (or shutdown did)
+            _COLLECTOR.initialized = options.get("run_dir") is not None
+        if timeline and "timeline" in options:
+            from forge_obs.recording.timeline.writer import configure_from_push
+
+            tl = options.get("timeline")
+            configure_from_push(options.get("run_dir") if tl is not None else None, tl or {})
+    except Exception as e:  # noqa: BLE001 - configuration never breaks a process
+        logger.error("forge_obs: could not apply options %r: %r", options, e)
+
+
+class LocalFetcherActor(Actor):
+    """Takes its process's values at each cut and hands them to the controller's inbox port.
+
+    Args (torchforge's): ``global_logger`` (the GlobalLoggingActor; kept, not needed: the
+    controller connects the fetcher when it is registered), ``process_name`` (names the mesh).
+    forge_obs's attach passes ``port``, ``mesh_id``, ``mesh_name`` and ``options`` by keyword.
+    """
+
+    def __init__(
+        self,
+        global_logger: Any = None,
+        process_name: str | None = None,
+        *,
+        port: Any = None,
+        mesh_id: str | None = None,
+        mesh_name: str | None = None,
+        options: dict | None = None,
+    ) -> None:
+        inst = context().actor_instance
+        point = inst.rank
+        proc_name = inst.actor_id.proc_name or ""
+        name = mesh_name or process_name or (proc_name.rsplit("-", 1)[0] if "-" in proc_name else proc_name) or "mesh"
+        self.global_logger = global_logger
+        self.process_name = process_name
+        self.rank = int(point.rank)
+        self.identity = set_identity(
+            mesh=name, rank=self.rank, coords={k: int(v) for k, v in dict(point).items()}, world_size=int(point.extent.nelements)
+        )
+        self.last_seq = 0  # the last cut this rank took (its final states come after it)
+        self.last_step: int | None = None  # the step of that cut (raw values stream under last_step + 1)
+        self.port: Any = None
+        self.route: Any = None  # where cuts are answered (forge_obs.controller.aggregate.Route), once connected
+        self.mesh_id: str | None = None
+        self.key: tuple | None = None
+        self._loop: Any = None
+        self._timer: Any = None
+        self._stream_interval_s = DEFAULT_STREAM_INTERVAL_S
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        if port is not None:
+            self._connect(port, mesh_id or "mesh", options)
+
+    def _connect(self, port: Any, mesh_id: str, options: dict | None) -> None:
+        self.port = port  # the controller inbox's port: acks, states, streams and finals, in this order
+        try:
+            port.return_undeliverable = False  # a gone controller must not fail this actor
+        except Exception:  # noqa: BLE001
+            pass
+        self.mesh_id = mesh_id
+        self.key = (mesh_id, self.rank)
+        try:  # the controller learns this rank's host and port (for the aggregated route)
+            from forge_obs.controller.aggregate import Route
+
+            self.route = Route(self.key, port)
+            self.route.hello()
+        except Exception as e:  # noqa: BLE001 - the direct route needs none of it
+            logger.warning("forge_obs: %s answers directly (no aggregation): %r", self.identity.label, e)
+            self.route = None
+        expect_fetcher()
+        if options and options.get("last_step") is not None and self.last_step is None:
+            self.last_step = int(options["last_step"])
+        follow_cut(0 if self.last_step is None else self.last_step + 1)
+        self._apply(options)
+
+    def _apply(self, options: dict | None) -> None:
+        apply_options(options)
+        if options and options.get("stream_interval_s"):
+            self._stream_interval_s = float(options["stream_interval_s"])
+        self._schedule_stream()
+
+    # ------------------------------------------------------------ the cut
+    @endpoint
+    async def cut(self, seq: int, step: int, actor: str, ctl_us: int | None = None, plan: dict | None = None) -> None:
+        """Swap the collector, cut the meshes spawned here, acknowledge; then export and send.
+        Both messages go to the controller's port, or to this rank's group leader when the
+        mesh's ``plan`` (sent when it changed; :mod:`forge_obs.wire.plan`) names one."""
+        cpu0 = time.thread_time()
+        taken = _COLLECTOR.swap()
+        self.last_seq = seq
+        self.last_step = step
+        _OPTIONS["last_step"] = step  # fetchers spawned from here start predicting from it
+        follow_cut(step + 1)
+        if actor and self.identity.actor != actor:
+            self.identity.actor = actor
+        children = _cut_children(seq, step)
+        target = self.port
+        if self.route is not None and (plan is not None or self.route.plan is not None):
+            try:
+                target = self.route.target(seq, plan)
+            except Exception as e:  # noqa: BLE001 - the direct route always works
+                logger.error("forge_obs: %s answers cut %s directly: %r", self.identity.label, seq, e)
+        try:
+            self._post(target, (ACK, seq, self.key, children))
+        except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
+            logger.error("forge_obs: %s could not acknowledge step %s: %r", self.identity.label, step, e)
+        if ctl_us is not None:
+            _clock_sample(ctl_us)
+        self._send(STATES, seq, taken, target)
+        SELF_OBS.add("export", time.thread_time() - cpu0)  # sent with the next cut
+
+    def _post(self, target: Any, msg: tuple) -> None:
+        if target is self.port or self.route is None:
+            target.send(msg)
+        else:
+            self.route.send(target, msg)
+
+    def _send(self, kind: str, seq: int, taken: Any, target: Any = None) -> None:
+        try:
+            # pickled here, so that the controller's inbox thread only moves bytes: the decode
+            # happens on its pipeline thread, after the flush that waits for acks resumed
+            snap = _COLLECTOR.export(taken, packed=True)
+            snap["self_cpu"] = SELF_OBS.take()  # forge_obs's own cost here: apart from the user's values
+            data = dumps(snap, lambda key, reason, n: taken.drop(reason, n))  # counted in snap's counters
+            self._post(target or self.port, (kind, seq, self.key, self.identity.to_dict(), data))
+        except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
+            logger.error("forge_obs: %s could not send its states (cut %s): %r", self.identity.label, seq, e)
+
+    @endpoint
+    async def resend(self, seq: int, ranks: list[int]) -> None:
+        """The controller did not get cut ``seq``'s bundle from the group leader of ``ranks``
+        in time: if this rank is one of them, what it sent that leader for the cut goes to the
+        controller directly (:meth:`forge_obs.controller.aggregate.Route.resend_cut`)."""
+        if self.route is not None and self.rank in ranks:
+            self.route.resend_cut(seq)
+
+    def _handle_undeliverable_message(self, message: Any) -> bool:
+        """A message to a group leader whose process is gone: what this rank sent it goes to the
+        controller instead (:meth:`forge_obs.controller.aggregate.Route.undeliverable`)."""
+        route = self.route
+        return route is not None and route.undeliverable(message)
+
+    # ------------------------------------------------------------ raw streaming
+    def _schedule_stream(self) -> None:
+        """Keep the stream timer running while this process streams raw values."""
+        if self._timer is not None or self._loop is None or self.port is None or not _COLLECTOR.streaming:
+            return
+        try:
+            self._timer = self._loop.call_later(self._stream_interval_s, self._stream_tick)
+        except Exception as e:  # noqa: BLE001 - a closed loop: raw values go with the cuts
+            logger.debug("forge_obs: stream timer not started: %r", e)
+
+    def _stream_tick(self) -> None:
+        self._timer = None
+        try:
+            self.push_stream()
+        except Exception as e:  # noqa: BLE001 - the timer never dies of one push
+            logger.error("forge_obs: %s could not stream raw values: %r", self.identity.label, e)
+        self._schedule_stream()
+
+    def push_stream(self) -> int:
+        """Send the raw values recorded since the last push or cut, under the predicted step.
+        Returns how many were sent."""
+        if self.port is None:
+            return 0
+        step = 0 if self.last_step is None else self.last_step + 1
+        rows = _COLLECTOR.take_raw(step)
+        if not rows:
+            return 0
+        # values that are not numbers travel pickled one by one: one the controller cannot
+        # unpickle costs that value only (counted there), never the message
+        rows, pickled = encode_raw(rows, lambda key, reason, n: _COLLECTOR.count_drop(reason, n))
+        self.port.send((STREAM, self.key, self.identity.label, step, rows, pickled))
+        return len(rows)
+
+    # ------------------------------------------------------------ configuration, torchforge's endpoints
+    @endpoint
+    async def configure(self, options: dict) -> None:
+        """New options (``init_backends``): applied here and in the meshes spawned from here
+        before this returns, so that nothing recorded after ``init_backends`` returns is missed."""
+        self._apply(options)
+        await configure_all(LOCAL_MESHES.entries(), options, CONFIGURE_TIMEOUT_S)
+
+    @endpoint
+    async def connect(self, port: Any, mesh_id: str, options: dict | None = None) -> dict:
+        """Join the cut (``GlobalLoggingActor.register_fetcher``): answer on ``port`` as rank
+        ``(mesh_id, rank)`` from now on. Returns this rank's identity."""
+        self._connect(port, mesh_id, options)
+        await configure_all(LOCAL_MESHES.entries(), options or {}, CONFIGURE_TIMEOUT_S)
+        return self.identity.to_dict()
+
+    @endpoint
+    async def release(self) -> None:
+        """Leave the cut (``deregister_fetcher``): hand over what was recorded since the last
+        cut as final states (the next flush takes them). From then on this rank is not observed:
+        what it records later is not sent, as in torchforge."""
+        if self.port is not None:
+            self._send(FINAL, self.last_seq, _COLLECTOR.swap())
+        if self.route is not None:
+            self.route.stop()
+            self.port = None
+            self.route = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    @endpoint
+    async def flush(self, global_step: int, return_state: bool = False) -> dict[str, dict[str, Any]]:
+        """torchforge's per-rank flush: this rank's ``{key: state}`` with ``return_state=True``
+        (taken out of the collector: the caller owns them), ``{}`` otherwise. forge_obs's own
+        flushes use :meth:`cut`. See :meth:`forge_obs.recording.collector.MetricCollector.flush`."""
+        return await _COLLECTOR.flush(global_step, return_state=return_state)
+
+    @endpoint
+    async def init_backends(self, metadata_per_controller_backend: Any = None, config: Any = None, global_step: int = 0) -> None:
+        """torchforge's per-rank backend init. forge_obs runs every backend on the controller
+        (per-rank views included), so a rank has nothing to start; ``global_step`` sets the step
+        raw values stream under until the first cut."""
+        if self.last_step is None and global_step:
+            self.last_step = int(global_step) - 1
+
+    @endpoint
+    async def shutdown(self) -> None:
+        """torchforge's per-rank shutdown: nothing runs here (see :meth:`init_backends`)."""
+        return None
+
+    async def __cleanup__(self, exc: Exception | None) -> None:
+        """The mesh is stopping: hand over what was recorded since the last cut."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.port is not None:
+            self._send(FINAL, self.last_seq, _COLLECTOR.swap())
+        try:
+            from forge_obs.recording.timeline.writer import close
+
+            close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+async def configure_all(entries: list, options: dict[str, Any], timeout_s: float) -> None:
+    """Configure the fetchers of ``entries`` (live meshes) and wait, at most ``timeout_s``; a
+    mesh that is gone or does not answer is skipped (it shows up as missing ranks)."""
+    calls = []
+    for e in entries:
+        if e.stopping:
+            continue
+        try:
+            calls.append(asyncio.ensure_future(e.fetchers.configure.call(options)))
+        except Exception as ex:  # noqa: BLE001
+            logger.warning("forge_obs: could not configure mesh %s: %r", e.name, ex)
+    if not calls:
+        return
+    done, pending = await asyncio.wait(calls, timeout=timeout_s)
+    for f in pending:
+        f.cancel()
+    for f in done:
+        if f.exception() is not None:
+            logger.info("forge_obs: a mesh did not take its configuration: %r", f.exception())
+
+
+def _cut_children(seq: int, step: int) -> list[tuple]:
+    """Cast the cut to the meshes spawned from this process; declare them (stopped ones last)."""
+    live, stopped = LOCAL_MESHES.take_for_cut()
+    out = []
+    for e in live:
+        try:
+            e.fetchers.cut.broadcast(seq, step, e.actor_label)
+        except Exception as ex:  # noqa: BLE001 - a dead mesh shows up as missing ranks
+            logger.warning("forge_obs: could not cut mesh %s: %r", e.name, ex)
+        out.append((e.mesh_id, e.size, e.name, e.actor_label, False))
+    out.extend((e.mesh_id, e.size, e.name, e.actor_label, True) for e in stopped)
+    return out
+
+
+def _clock_sample(ctl_us: int) -> None:
+    """The controller's clock when it sent the cut: narrows this host's clock-offset estimate."""
+    try:
+        from forge_obs.recording.timeline import writer
+
+        w = writer.current_writer()
+        if w is not None:
+            w.clock_sample([writer.now_us(), int(ctl_us)])
+    except Exception:  # noqa: BLE001
+        pass

@@ -1,0 +1,953 @@
+"""Controller side of a flush: cuts, step assembly, reduction, hand-off to backends.
+
+    >>> import asyncio
+    >>> from forge_obs.controller.pipeline import FlushPipeline
+    >>> from forge_obs.backends.base import LoggerBackend
+    >>> seen = []
+    >>> class Keep(LoggerBackend):
+    ...     def log_step(self, record): seen.append(record.global_dict())
+    >>> async def demo():
+    ...     p = FlushPipeline(backends={"keep": Keep({})}, run_id="doc", flush_timeout_s=5)
+    ...     p.start()
+    ...     cut = p.begin_cut(0, local=None, ranks={("m1", 0): "m/r0"})
+    ...     p.ack(cut.seq, ("m1", 0), ())
+    ...     p.states(cut.seq, ("m1", 0), {"label": "m/r0"}, {"states": {"x": {"reduction_type": "sum", "sum": 2.0}}})
+    ...     await p.drain()
+    >>> asyncio.run(demo())
+    >>> seen[0]["x"]
+    2.0
+
+No Monarch here: the controller actors feed this from the inbox's port. A flush is a *cut*
+(``begin_cut``, numbered by ``seq``): every expected rank swaps its collector and acknowledges
+(``ack``), then sends the states it took (``states``). The cut is closed when every expected
+rank acknowledged, or ``flush_timeout_s`` after it began; ``flush`` returns then. A rank's ack
+may declare the meshes spawned from its process (``children``), which it cut in turn: they are
+expected too. Ranks that miss a cut are *lagging*: later cuts do not wait for them until they
+answer again, and they are reported as missing in every step they are absent from.
+
+Steps leave in the order their cuts began. A step waits for the states of every rank that
+acknowledged its cut, or until its deadline. States that arrive after their step left (a rank
+that was late), and the final states of a stopping mesh, go into the first cut still open whose
+``seq`` they may belong to (never an earlier one), so no value is lost, counted twice, or put in
+a step before the flush that cut it. Reduction runs in one worker thread, each backend on a
+thread of its own (:mod:`forge_obs.controller.backend_worker`).
+
+Group leaders (``"aggregate"``, :mod:`forge_obs.controller.aggregate`) answer for several ranks at once:
+``ack_batch`` acknowledges each of them (and names those the leader gave up on), ``bundle``
+counts each as received and carries their states merged; ``states_resent`` takes a state a
+member resent after its leader failed, unless a bundle already brought it. A cut that knows its
+groups (``begin_cut(groups=...)``) asks, through ``ask_resend``, the ranks of each group whose
+leader has not delivered its bundle ``BYPASS_FRACTION`` of ``flush_timeout_s`` after it began to
+resend directly, and drops that leader's bundles of the cut. Each cut keeps two
+counters (acks awaited, states awaited), adjusted on every change, so that an ack, a state or a
+batch costs O(its ranks), not O(the cut's ranks).
+
+Raw values a rank streams between flushes (``stream``: ``per_rank_no_reduce``, under the rank's
+predicted step) skip the assembly: they go to the streaming backends' queues at once. When the
+step that then takes the rank's states is not the predicted one, the step's
+``obs/stream_step_mismatch`` counts the values streamed under the prediction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from forge_obs.core.warn import WARNER
+from forge_obs.controller.backend_worker import DEFAULT_QUEUE_STEPS, BackendWorker
+from forge_obs.backends.base import LoggerBackend, flattened_clashes
+from forge_obs.wire.bundle import loads_bundle
+from forge_obs.recording.collector import MetricCollector, Taken
+from forge_obs.core.identity import rank_label
+from forge_obs.core.types import LoggingMode, Metric
+from forge_obs.wire.plan import BYPASS_FRACTION
+from forge_obs.backends.record import RankViews, StepRecord
+from forge_obs.recording.reduce import KeyDrops, Reduce, merge_snapshots, reduce_snapshots, without_keys
+from forge_obs.core.selfobs import CPU_PARTS, SELF_OBS, add_cpu
+from forge_obs.wire.snapshot import decode_raw, loads
+
+logger = logging.getLogger("forge_obs")
+
+RankKey = tuple  # (mesh_id, rank)
+#: a mesh declared in an ack: (mesh_id, size, mesh name, actor label, stopping)
+ChildMesh = tuple
+
+_COLLECTOR = MetricCollector()
+_COUNTERS = ("values_recorded", "dropped_values", "nonfinite_values", "stream_overflow", "stream_step_mismatch")
+#: cuts whose ranks taken from bundles and resends, and bypassed leaders, are remembered (a
+#: member keeps what it sent its leader for 32 cuts)
+BUNDLED_SEQS = 64
+#: how long the worker lets a flush that waited for a cut resume before merging its step
+RESUME_GRACE_S = 0.002
+
+
+@dataclass
+class RankBook:
+    """What the controller knows about ranks, kept across ``init_backends``/``shutdown``
+    sessions: their labels and identities, the meshes each one spawned, and which are lagging
+    (did not answer a cut: dead, hung or slow), so that a new session does not wait for them."""
+
+    labels: dict = field(default_factory=dict)  # rank -> label
+    identities: dict = field(default_factory=dict)  # rank -> identity it last sent
+    tree: dict = field(default_factory=dict)  # rank -> ranks of the live meshes it spawned
+    lagging: set = field(default_factory=set)
+
+
+@dataclass
+class Cut:
+    """One flush: which ranks it waits for, which answered, and what they sent."""
+
+    seq: int
+    step: int
+    deadline: float
+    local: Any  # the controller's own Taken (exported by the worker) or a snapshot dict
+    final: bool = False
+    expected: set = field(default_factory=set)  # ranks that should take part
+    finals: set = field(default_factory=set)  # ranks of stopping meshes: their final states are their answer
+    acked: set = field(default_factory=set)
+    received: dict = field(default_factory=dict)  # rank_key -> (identity, snapshot) of this cut
+    extra: list = field(default_factory=list)  # (rank_key, identity, snapshot) late or final ones
+    closed: bool = False
+    late: list = field(default_factory=list)  # ranks that missed the cut (set when it closes)
+    start: float = 0.0  # time.monotonic() when it began
+    awaited: bool = False  # someone was waiting when it closed ...
+    resumed: bool = False  # ... and has resumed since
+    blocked_s: float = 0.0  # from begin to close: how long an awaiting flush blocks
+    bundles: list = field(default_factory=list)  # merged states of groups of ranks (forge_obs.wire.bundle)
+    given_up: set = field(default_factory=set)  # expected ranks an aggregator stopped waiting for
+    groups: dict = field(default_factory=dict)  # leader -> its group's ranks (the aggregated route's)
+    delivered: set = field(default_factory=set)  # leaders whose bundle of this cut was taken
+    bypass_at: float = math.inf  # then groups whose leader did not deliver are asked to resend directly
+    # kept by every change of acked / received / lagging / expected / given_up, so that each
+    # check is O(1): n_left = expected, not lagging, not acked, not given up (acks awaited);
+    # n_due = acked, not lagging, not received (states awaited)
+    n_left: int = 0
+    n_due: int = 0
+    woke: bool = False  # the worker was woken once for this closed cut
+    _waiters: list = field(default_factory=list)
+
+
+class FlushPipeline:
+    """Cuts, step assembly and backend I/O in one worker thread; every public method is
+    thread-safe (Monarch runs each actor on its own thread and loop; the inbox drains its port
+    on a thread of its own)."""
+
+    def __init__(
+        self,
+        backends: dict[str, LoggerBackend],
+        run_id: str,
+        flush_timeout_s: float = 10.0,
+        process_name: str = "Controller",
+        book: RankBook | None = None,
+        shutdown_timeout_s: float = 30.0,
+        queue_steps: int = DEFAULT_QUEUE_STEPS,
+    ) -> None:
+        self.backends = backends
+        self.shutdown_timeout_s = shutdown_timeout_s
+        # one thread and bounded queue per backend; the local store (jsonl) is fed first
+        order = sorted(backends, key=lambda n: n != "jsonl")
+        self.workers = [BackendWorker(n, backends[n], None if n == "jsonl" else queue_steps) for n in order]
+        self.run_id = run_id
+        self.flush_timeout_s = flush_timeout_s
+        self.process_name = process_name
+        self.book = book if book is not None else RankBook()
+        self.labels: dict[RankKey, str] = self.book.labels
+        self.identities: dict[RankKey, dict[str, Any]] = self.book.identities
+        self.tree: dict[RankKey, list[RankKey]] = self.book.tree
+        self._pending: list[Cut] = []
+        self._held: list[tuple[int, RankKey, dict, dict]] = []  # (min seq, rank, identity, snapshot)
+        self._cv = threading.Condition()  # guards everything above and the counters below
+        self._closing = False
+        self._seq = 0
+        self._begun = 0
+        self.assembled = 0  # cuts taken off the queue (a step handed to the backends, or none)
+        self.steps_logged = 0  # steps handed to the backends
+        self.late_states = 0
+        self.fenced_bundles = 0  # bundles from a replaced or bypassed leader: dropped (its members resent their states)
+        self.duplicates_dropped = 0  # resent states the controller already had
+        # cut seq -> ranks whose states came in a bundle or were resent, for the last BUNDLED_SEQS
+        # cuts: a state a member resends (its leader was replaced, is gone, or was bypassed) is
+        # dropped if the controller already has it
+        self._taken: dict[int, set] = {}
+        # cut seq -> leaders bypassed for it (their members were asked to resend): their bundles
+        # of that cut are dropped, so each member's states count once, from its resend
+        self._bypassed: dict[int, set] = {}
+        #: ``ask_resend(seq, {mesh_id: [rank, ...]})``: ask those ranks to resend their answer to
+        #: cut ``seq`` directly (set by the controller; called on the worker thread, outside the lock)
+        self.ask_resend: Callable[[int, dict[str, list[int]]], None] | None = None
+        #: streamed values that could not be decoded, counted with the next step assembled
+        self._stream_drops = KeyDrops()
+        #: rank -> the rank that leads its group on the aggregated route (forge_obs.wire.plan)
+        self.leader_of: dict[RankKey, RankKey] = {}
+        self._worker = threading.Thread(target=self._work, name="forge_obs-backends", daemon=True)
+        # per-rank reductions are only computed when some backend shows per-rank views
+        self._need_per_rank = any(LoggingMode.PER_RANK_REDUCE in be.modes for be in backends.values())
+        # raw values streamed between flushes go to these at once
+        self._stream_workers = [w for w in self.workers if LoggingMode.PER_RANK_NO_REDUCE in w.backend.modes]
+
+    @property
+    def lagging(self) -> set:
+        return self.book.lagging
+
+    @property
+    def need_per_rank(self) -> bool:
+        """Whether a backend shows per-rank views (aggregated groups then carry each rank's states)."""
+        return self._need_per_rank
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        for w in self.workers:
+            w.start()
+        self._worker.start()
+
+    async def drain(self, timeout_s: float | None = None) -> list[str]:
+        """Wait until every begun step was assembled (each waits at most its deadline) and
+        reached every backend; a backend still busy after ``timeout_s`` (default:
+        ``shutdown_timeout_s``) is not waited for. Returns the names of those backends."""
+        with self._cv:
+            target = self._begun
+        timeout = self.shutdown_timeout_s if timeout_s is None else timeout_s
+        return await asyncio.get_running_loop().run_in_executor(None, self._wait_logged, target, timeout)
+
+    def _wait_logged(self, target: int, timeout_s: float) -> list[str]:
+        with self._cv:
+            self._cv.wait_for(lambda: self.assembled >= target or not self._worker.is_alive())
+        deadline = time.monotonic() + timeout_s
+        return [w.name for w in self.workers if not w.wait_done(deadline)]
+
+    async def close(self, timeout_s: float | None = None) -> list[str]:
+        """Assemble every begun step, then let every backend log what it has queued and finish,
+        waiting for the backends at most ``timeout_s`` (default: ``shutdown_timeout_s``) in all.
+        Returns the names of the backends that did not finish."""
+        timeout = self.shutdown_timeout_s if timeout_s is None else timeout_s
+        with self._cv:
+            self._closing = True  # the worker assembles what is begun (each waits at most its deadline), then ends
+            self._cv.notify_all()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._worker.join)
+        deadline = time.monotonic() + timeout
+        for w in self.workers:  # every backend logs its queue and finishes at the same time
+            w.stop()
+        finished = await loop.run_in_executor(None, lambda: [w.join(deadline) for w in self.workers])
+        unfinished = [w.name for w, ok in zip(self.workers, finished) if not ok]
+        if unfinished:
+            logger.error("forge_obs: backend(s) %s did not finish within shutdown_timeout_s=%gs; left behind",
+                         ", ".join(unfinished), timeout)
+        return unfinished
+
+    @property
+    def backend_errors(self) -> int:
+        return sum(w.errors for w in self.workers)
+
+    def backend_report(self) -> dict[str, dict[str, Any]]:
+        """Per backend: steps logged, dropped (queue full), errors, values it could not write, and
+        the backend's own :meth:`~forge_obs.backends.base.LoggerBackend.meta_report` (for ``meta.json``)."""
+        return {w.name: {"steps": w.done_steps, "dropped_steps": w.dropped_steps, "errors": w.errors,
+                         **({"dropped_stream_values": w.dropped_stream_values} if w.dropped_stream_values else {}),
+                         **({"skipped_values": n} if (n := getattr(w.backend, "skipped_values", 0)) else {}),
+                         **({"finish_error": w.finish_error} if w.finish_error else {}),
+                         **_own_report(w)} for w in self.workers}
+
+    # ------------------------------------------------------------ cuts
+    def begin_cut(
+        self,
+        step: int,
+        local: Any,
+        ranks: dict[RankKey, str] | None = None,
+        stopping: dict[RankKey, str] | None = None,
+        final: bool = False,
+        groups: dict[RankKey, list[RankKey]] | None = None,
+    ) -> Cut:
+        """Open the cut of ``step``. ``ranks``: the live ranks it is cast to (key -> label);
+        ``stopping``: ranks of meshes stopped since the last cut, whose final states answer it.
+        The ranks their processes spawned (declared in earlier acks) are expected too.
+        ``groups``: leader -> its group's ranks, for the ranks that answer through a leader (a
+        group whose leader has not delivered the cut's bundle ``BYPASS_FRACTION`` of
+        ``flush_timeout_s`` after it began is asked to resend directly)."""
+        ranks = ranks or {}
+        stopping = stopping or {}
+        callbacks: list = []
+        with self._cv:
+            self._seq += 1
+            now = time.monotonic()
+            cut = Cut(seq=self._seq, step=step, deadline=now + self.flush_timeout_s, local=local, final=final, start=now)
+            if groups and self.ask_resend is not None:
+                cut.groups = groups
+                cut.bypass_at = now + BYPASS_FRACTION * self.flush_timeout_s
+            self.labels.update(ranks)
+            self.labels.update(stopping)
+            # a stopped mesh's lagging (dead) ranks will hand nothing over: not waited for
+            stopping = {k: v for k, v in stopping.items() if k not in self.lagging}
+            expected = set(ranks) | set(stopping)
+            todo = list(ranks)
+            while todo:  # meshes spawned from inside those processes, and theirs
+                for child in self.tree.get(todo.pop(), ()):
+                    if child not in expected:
+                        expected.add(child)
+                        todo.append(child)
+            cut.expected = expected
+            cut.n_left = len(expected) - len(self.lagging & expected) if self.lagging else len(expected)
+            cut.finals = set(stopping)
+            for k in stopping:  # stopped meshes drop out of the tree after this cut
+                self.tree.pop(k, None)
+            self._claim_held(cut)
+            self._pending.append(cut)
+            self._begun += 1
+            self._maybe_close(cut, callbacks)
+            self._cv.notify_all()
+        _run(callbacks)
+        return cut
+
+    def ack(self, seq: int, rank_key: RankKey, children: Iterable[ChildMesh] = ()) -> None:
+        """A rank swapped its collector for cut ``seq`` (and cut the meshes it declares)."""
+        self.ack_batch(seq, [(rank_key, children)])
+
+    def ack_batch(self, seq: int, items: Iterable[tuple], given_up: Iterable[RankKey] = ()) -> None:
+        """Each rank of ``items`` (``(rank_key, children)``) acknowledged cut ``seq``; the ranks of
+        ``given_up`` did not (their aggregator stopped waiting for them): the cut does not wait for
+        them any more and names them late when it closes. O(len(items)) whatever the cut's size."""
+        callbacks: list = []
+        with self._cv:
+            cut = self._find(seq)
+            if cut is not None and not cut.closed:
+                for k in given_up:
+                    k = tuple(k)
+                    if k in cut.expected and k not in cut.acked and k not in self.lagging and k not in cut.given_up:
+                        cut.given_up.add(k)
+                        cut.n_left -= 1
+            for rank_key, children in items:
+                self._ack_locked(cut, tuple(rank_key), children)
+            if cut is not None:
+                if self._held:
+                    self._claim_held(cut)
+                self._maybe_close(cut, callbacks)
+            self._wake(cut)
+        _run(callbacks)
+
+    def states(self, seq: int, rank_key: RankKey, identity: dict[str, Any] | None, snapshot: dict[str, Any]) -> None:
+        """What a rank took at cut ``seq``."""
+        with self._cv:
+            cut = self._states(seq, tuple(rank_key), identity, snapshot)
+            self._wake(cut)
+
+    def states_resent(self, seq: int, rank_key: RankKey, identity: dict[str, Any] | None, snapshot: Any) -> None:
+        """States a rank sent to an aggregator that was replaced or is gone, sent again: taken if
+        this rank's states of cut ``seq`` did not arrive yet, dropped (counted) otherwise."""
+        rank_key = tuple(rank_key)
+        with self._cv:
+            taken = self._taken_of(seq)
+            if rank_key in taken:
+                self.duplicates_dropped += 1
+                return
+            taken.add(rank_key)
+            cut = self._states(seq, rank_key, identity, snapshot)
+            self._wake(cut)
+
+    def bundle(self, seq: int, ranks: Iterable[RankKey], bundle: Any, identities: dict | None = None,
+               leader: RankKey | None = None) -> None:
+        """The merged states of the group ``ranks`` for cut ``seq`` (:mod:`forge_obs.wire.bundle`;
+        pickled bytes are decoded by the worker), from ``leader``: each rank counts as received; a
+        bundle whose step already left goes into the first cut still open after ``seq``, as late
+        states do. A bundle of a leader bypassed for ``seq`` is dropped (``fenced_bundles``): its
+        ranks were asked to resend. ``identities``: the ranks' identities that changed since their
+        last bundle."""
+        ranks = [tuple(k) for k in ranks]
+        leader = tuple(leader) if leader is not None else None
+        with self._cv:
+            if leader in self._bypassed.get(seq, ()):
+                self.fenced_bundles += 1
+                return
+            self._taken_of(seq).update(ranks)
+            for key, ident in (identities or {}).items():
+                self._note_identity(tuple(key), ident)
+            cut = self._find(seq)
+            if cut is not None and cut.received.keys().isdisjoint(ranks):
+                for k in ranks:
+                    self._mark_received(cut, k, _BUNDLED)
+                cut.bundles.append(bundle)
+                cut.delivered.add(leader)
+            else:  # its step left (a late group): the first cut still open takes it
+                self.late_states += len(ranks)
+                for c in self._pending:
+                    if c.seq >= seq + 1:
+                        c.bundles.append(bundle)
+                        break
+                else:
+                    self._held.append((seq + 1, _BUNDLE_KEY, {}, bundle))
+            self._wake(cut)
+
+    def stream(self, rank_key: RankKey | None, label: str, step: int, rows: list, pickled: list = ()) -> None:
+        """Raw values a rank streamed between flushes (``per_rank_no_reduce``), under its predicted
+        step: handed to the streaming backends' queues at once, in arrival order. ``pickled``: the
+        indices of values pickled one by one (:func:`forge_obs.wire.snapshot.encode_raw`); one that
+        cannot be decoded here is left out, counted with the next step assembled."""
+        if not rows or not self._stream_workers:
+            return
+        if pickled:
+            lost = KeyDrops()
+            rows = decode_raw(rows, pickled, lost.add)
+            if lost:
+                with self._cv:
+                    self._stream_drops.merge(lost)
+        ident = (self.identities.get(tuple(rank_key)) if rank_key is not None else None) or {}
+        ident = dict(ident, label=label)
+        entries = [(label, step, rows)]
+        for w in self._stream_workers:
+            w.put_stream(entries, {label: ident})
+
+    def final(self, last_seq: int, rank_key: RankKey, identity: dict[str, Any] | None, snapshot: dict[str, Any]) -> None:
+        """A stopping rank's last states: recorded after cut ``last_seq`` (the last it took)."""
+        rank_key = tuple(rank_key)
+        callbacks: list = []
+        with self._cv:
+            self._note_identity(rank_key, identity)
+            self._unlag(rank_key)
+            for cut in self._pending:
+                if cut.seq > last_seq and rank_key in cut.finals and rank_key not in cut.received:
+                    self._ack_locked(cut, rank_key, ())
+                    self._mark_received(cut, rank_key, (identity, snapshot))
+                    self._maybe_close(cut, callbacks)
+                    break
+            else:
+                self._place(last_seq + 1, rank_key, identity, snapshot)
+            self._cv.notify_all()
+        _run(callbacks)
+
+    def forget_mesh(self, mesh_id: str) -> None:
+        """A mesh is gone for good: no cut waits for its ranks any more."""
+        callbacks: list = []
+        with self._cv:
+            for tree_key in [k for k in self.tree if k[0] == mesh_id]:
+                del self.tree[tree_key]
+            for kids in self.tree.values():
+                kids[:] = [k for k in kids if k[0] != mesh_id]
+            self.lagging.difference_update([k for k in self.lagging if k[0] == mesh_id])
+            for cut in self._pending:
+                cut.expected = {k for k in cut.expected if k[0] != mesh_id}
+                self._recount(cut)
+                self._maybe_close(cut, callbacks)
+            self._cv.notify_all()
+        _run(callbacks)
+
+    def close_cut(self, cut: Cut) -> None:
+        """End the wait for acknowledgements (the flush timed out): ranks that did not answer
+        are lagging from now on."""
+        callbacks: list = []
+        with self._cv:
+            self._close(cut, callbacks)
+            self._cv.notify_all()
+        _run(callbacks)
+
+    def on_cut_closed(self, cut: Cut, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` (from any thread) once ``cut`` is closed; at once if it is."""
+        with self._cv:
+            if not cut.closed:
+                cut._waiters.append(callback)
+                return
+        callback()
+
+    def resumed(self, cut: Cut) -> None:
+        """The flush that waited for ``cut`` has resumed (the worker let it run first)."""
+        with self._cv:
+            cut.resumed = True
+            self._cv.notify_all()
+
+    def wait_cut(self, cut: Cut, timeout: float | None = None) -> bool:
+        """Block until ``cut`` is closed (threads that cannot await); True if it closed."""
+        with self._cv:
+            return self._cv.wait_for(lambda: cut.closed, timeout)
+
+    def known_ranks(self) -> int:
+        with self._cv:
+            return len(self.labels)
+
+    # ------------------------------------------------------------ internals (under self._cv)
+    def _taken_of(self, seq: int) -> set:
+        """The ranks whose states of cut ``seq`` came in a bundle or a resend (the last
+        ``BUNDLED_SEQS`` cuts are remembered)."""
+        return _recent(self._taken, seq)
+
+    def _bypass(self, cut: Cut) -> dict[str, list[int]]:
+        """The groups of ``cut`` whose leader did not deliver its bundle while some of their ranks
+        are awaited: from now on that leader's bundles of the cut are dropped. Returns their
+        ranks (leader included) by mesh, to be asked to resend directly."""
+        cut.bypass_at = math.inf
+        out: dict[str, list[int]] = {}
+        lag, received, expected = self.lagging, cut.received, cut.expected
+        for lead, members in cut.groups.items():
+            if lead in cut.delivered:
+                continue
+            if all(m in received or m in lag or m not in expected for m in members):
+                continue
+            _recent(self._bypassed, cut.seq).add(lead)
+            out.setdefault(lead[0], []).extend(m[1] for m in members)
+        return out
+
+    def _find(self, seq: int) -> Cut | None:
+        for cut in self._pending:
+            if cut.seq == seq:
+                return cut
+        return None
+
+    def _note_identity(self, rank_key: RankKey, identity: dict[str, Any] | None) -> None:
+        if identity:
+            self.identities[rank_key] = identity
+            if identity.get("label"):
+                self.labels[rank_key] = identity["label"]
+
+    def _recount(self, cut: Cut) -> None:
+        """Both counters from scratch: O(ranks), only when a mesh is forgotten."""
+        lag = self.lagging
+        cut.n_left = sum(1 for k in cut.expected if k not in lag and k not in cut.acked and k not in cut.given_up)
+        cut.n_due = sum(1 for k in cut.acked if k not in lag and k not in cut.received)
+
+    def _to_blame(self, missed: Iterable[RankKey]) -> list[RankKey]:
+        """Of the ranks that missed a cut, those that become lagging: not a member whose group
+        leader missed it too (its answer waited in the leader's queue; the next plan gives the
+        group another leader, and later cuts still wait for the member)."""
+        missed = list(missed)
+        lead = self.leader_of
+        if not lead:
+            return missed
+        out = set(missed)
+        lagging = self.lagging
+        return [k for k in missed if (ld := lead.get(k)) is None or ld == k or (ld not in out and ld not in lagging)]
+
+    def _lagged(self, keys: Iterable[RankKey]) -> None:
+        """``keys`` just became lagging (already in self.lagging): no pending cut waits for them."""
+        for c in self._pending:
+            for k in keys:
+                if k in c.acked:
+                    if k not in c.received:
+                        c.n_due -= 1
+                elif k in c.expected and k not in c.given_up:
+                    c.n_left -= 1
+
+    def _unlag(self, rank_key: RankKey) -> None:
+        """A lagging rank answered: the cuts that expect it wait for it again."""
+        if rank_key not in self.lagging:
+            return
+        self.lagging.discard(rank_key)
+        for c in self._pending:
+            if rank_key in c.acked:
+                if rank_key not in c.received:
+                    c.n_due += 1
+            elif rank_key in c.expected and rank_key not in c.given_up:
+                c.n_left += 1
+
+    def _ack_locked(self, cut: Cut | None, rank_key: RankKey, children: Iterable[ChildMesh]) -> None:
+        self._unlag(rank_key)
+        live: list[RankKey] = []
+        for mesh_id, size, name, actor, stopping in children or ():
+            for r in range(int(size)):
+                key = (mesh_id, r)
+                if key not in self.identities:  # a rank's own identity names it best
+                    self.labels[key] = rank_label(name, actor, r)
+                if not stopping:
+                    live.append(key)
+                if cut is not None and not cut.closed:
+                    if key not in cut.expected:
+                        cut.expected.add(key)
+                        if key not in self.lagging and key not in cut.acked:
+                            cut.n_left += 1
+                    if stopping:
+                        cut.finals.add(key)
+        if children or rank_key in self.tree:
+            self.tree[rank_key] = live
+        if cut is not None and rank_key not in cut.acked:
+            cut.acked.add(rank_key)
+            if rank_key in cut.given_up:
+                cut.given_up.discard(rank_key)  # already not waited for
+            elif rank_key in cut.expected:
+                cut.n_left -= 1
+            if rank_key not in cut.received:
+                cut.n_due += 1
+
+    def _mark_received(self, cut: Cut, rank_key: RankKey, value: Any) -> None:
+        if rank_key in cut.received:
+            return
+        cut.received[rank_key] = value
+        if rank_key in cut.acked and rank_key not in self.lagging:
+            cut.n_due -= 1
+
+    def _wake(self, cut: Cut | None) -> None:
+        """Wake the worker and cut waiters only when this may complete something: a closed cut
+        whose states are all in, a cut that just closed, or a message for a cut that is gone. A
+        wake-up per message would cost the controller a thread switch each for nothing."""
+        if cut is None or (cut.closed and cut.n_due <= 0) or cut is not self._pending[0]:
+            self._cv.notify_all()
+        elif cut.closed and not cut.woke:
+            cut.woke = True  # FlushWait.wait_cut and the worker's grace period
+            self._cv.notify_all()
+
+    def _claim_held(self, cut: Cut) -> None:
+        """Held bundles and final states that may go into ``cut`` go there now."""
+        keep = []
+        for item in self._held:
+            min_seq, key, ident, snap = item
+            if key is _BUNDLE_KEY:
+                if min_seq <= cut.seq:
+                    cut.bundles.append(snap)
+                else:
+                    keep.append(item)
+            elif key in cut.finals and key not in cut.received and min_seq <= cut.seq:
+                self._ack_locked(cut, key, ())
+                self._mark_received(cut, key, (ident, snap))
+            else:
+                keep.append(item)
+        self._held = keep
+
+    def _states(self, seq: int, rank_key: RankKey, identity: dict[str, Any] | None, snapshot: Any) -> Cut | None:
+        self._note_identity(rank_key, identity)
+        cut = self._find(seq)
+        if cut is not None and rank_key not in cut.received:
+            self._mark_received(cut, rank_key, (identity, snapshot))
+        else:  # its step already left (the rank was late): the first cut still open takes it
+            self.late_states += 1
+            self._place(seq + 1, rank_key, identity, snapshot)
+        return cut
+
+    def _place(self, min_seq: int, rank_key: RankKey, identity: dict | None, snapshot: dict) -> None:
+        """Into the first open cut numbered ``min_seq`` or later, or held for the next one."""
+        for cut in self._pending:
+            if cut.seq >= min_seq:
+                cut.extra.append((rank_key, identity, snapshot))
+                return
+        self._held.append((min_seq, rank_key, identity or {}, snapshot))
+
+    def _maybe_close(self, cut: Cut, callbacks: list) -> None:
+        if not cut.closed and cut.n_left <= 0:
+            self._close(cut, callbacks)
+
+    def _close(self, cut: Cut, callbacks: list) -> None:
+        if cut.closed:
+            return
+        cut.closed = True
+        cut.blocked_s = time.monotonic() - cut.start
+        cut.awaited = bool(cut._waiters)
+        cut.late = sorted(cut.expected - self.lagging - cut.acked, key=str)
+        newly = self._to_blame(cut.late)
+        self.lagging.update(newly)
+        self._lagged(newly)
+        callbacks.extend(cut._waiters)
+        cut._waiters.clear()
+
+    def _next_step(self) -> "tuple[Cut, list, list, int] | None":
+        """Block until the oldest cut is closed and its states are in, or it is past its
+        deadline; None when closing. Meanwhile, groups of any pending cut whose leader did not
+        deliver in time are asked to resend (:meth:`_bypass`)."""
+        while True:
+            callbacks: list = []
+            try:
+                with self._cv:
+                    item = self._await_step(callbacks)
+            finally:
+                _run(callbacks)
+            if item is not _AGAIN:
+                return item
+
+    def _await_step(self, callbacks: list) -> "tuple[Cut, list, list, int] | None | object":
+        """:meth:`_next_step` under the lock; ``_AGAIN`` when ``callbacks`` hold resend requests
+        to send first."""
+        while True:
+            if not self._pending:
+                if self._closing:
+                    return None
+                self._cv.wait()
+                continue
+            now = time.monotonic()
+            next_bypass = self._due_bypasses(now, callbacks)
+            if callbacks:
+                return _AGAIN
+            cut = self._pending[0]
+            timeout = cut.deadline - now
+            wait = min(timeout, next_bypass - now)
+            if not cut.closed:
+                if timeout > 0:
+                    self._cv.wait(wait)
+                    continue
+                self._close(cut, callbacks)
+            if cut.n_due > 0 and timeout > 0:
+                self._cv.wait(wait)
+                continue
+            # let the flush that waited for this cut resume before merging (it needs
+            # the GIL for microseconds; merging may hold it for milliseconds)
+            grace = cut.start + cut.blocked_s + RESUME_GRACE_S - now
+            if cut.awaited and not cut.resumed and grace > 0:
+                self._cv.wait(grace)
+                continue
+            return self._take_step()
+
+    def _due_bypasses(self, now: float, callbacks: list) -> float:
+        """Resend requests, into ``callbacks``, for the pending cuts past their bypass time;
+        returns the next bypass time."""
+        next_bypass = math.inf
+        for c in self._pending:
+            if c.bypass_at <= now:
+                ranks = self._bypass(c)
+                if ranks and self.ask_resend is not None:
+                    callbacks.append(functools.partial(self.ask_resend, c.seq, ranks))
+            else:
+                next_bypass = min(next_bypass, c.bypass_at)
+        return next_bypass
+
+    def _take_step(self) -> "tuple[Cut, list, list, int]":
+        """The oldest cut leaves: its absent ranks are blamed, held late states of earlier cuts
+        join it. Returns it with its missing and late labels and the cuts still pending."""
+        cut = self._pending.pop(0)
+        absent = cut.expected - cut.received.keys()
+        newly = self._to_blame(absent - self.lagging)
+        self.lagging.update(newly)
+        self._lagged(newly)
+        extra = list(cut.extra)
+        keep = []
+        for item in self._held:
+            min_seq, key, ident, snap = item
+            if min_seq > cut.seq:
+                keep.append(item)
+            elif key is _BUNDLE_KEY:
+                cut.bundles.append(snap)
+            else:
+                extra.append((key, ident, snap))
+        self._held = keep
+        missing = [self.labels.get(k) or f"{k[0]}/r{k[1]}" for k in sorted(absent, key=str)]
+        late = [self.labels.get(k) or f"{k[0]}/r{k[1]}" for k in cut.late]
+        cut.extra = extra
+        return cut, missing, late, len(self._pending)
+
+    # ------------------------------------------------------------ worker thread
+    def _work(self) -> None:
+        while True:
+            item = self._next_step()
+            if item is None:
+                break
+            p, missing, late, pending = item
+            cpu0 = time.thread_time()
+            try:
+                t0 = time.perf_counter()
+                record = self._build(p, missing, late, pending)
+                if record is not None:
+                    record.global_metrics.append(Metric("obs/merge_s", time.perf_counter() - t0, Reduce.MAX))
+                    for w in self.workers:
+                        w.put(record)
+                    self.steps_logged += 1
+            except Exception:  # noqa: BLE001 - a bug here must not stop later steps
+                logger.exception("forge_obs: step %s could not be assembled", p.step)
+            finally:
+                SELF_OBS.add("pipeline", time.thread_time() - cpu0)
+                with self._cv:
+                    self.assembled += 1
+                    self._cv.notify_all()
+
+    def _build(self, p: Cut, missing: list, late: list, pending: int) -> StepRecord | None:
+        drops = KeyDrops()  # keys left out after leaving their rank (here or on a leader)
+        with self._cv:
+            drops.merge(self._stream_drops)
+            self._stream_drops.clear()
+        on_drop = drops.add
+        entries = self._decoded_entries(p, drops)
+        bundles = []
+        for i, b in enumerate(p.bundles):
+            try:
+                bundles.append(loads_bundle(b, on_drop))
+            except Exception as e:  # noqa: BLE001 - counted; the other groups arrive
+                logger.error("forge_obs: a bundle for step %s could not be decoded: %r", p.step, e)
+                drops.add(("bundle", i), "undecodable")
+        # rank label -> list of snapshots (the step's own, plus late/final ones placed in it)
+        by_label: dict[str, list[dict]] = {}
+        sources: dict[str, dict] = {}
+        counters = dict.fromkeys(_COUNTERS, 0)
+        rank_drops: dict[str, int] = {}  # reason -> values the ranks dropped (in dropped_values)
+        # forge_obs's own CPU: this process's so far (read now, not a step later), plus each rank's
+        own_cpu: dict[str, float] = SELF_OBS.take()
+
+        def add_counters(snap_counters: dict, streamed: Iterable = ()) -> None:
+            for early, step in streamed:  # raw values streamed under a predicted step: was it this one?
+                if early and step != p.step:
+                    counters["stream_step_mismatch"] += early
+            for k, v in snap_counters.items():
+                if k == "streamed_early":
+                    if v and snap_counters.get("streamed_step") != p.step:
+                        counters["stream_step_mismatch"] += v
+                    continue
+                if k == "streamed_step":
+                    continue
+                if isinstance(v, dict):  # dropped_by_reason
+                    for reason, n in v.items():
+                        rank_drops[reason] = rank_drops.get(reason, 0) + n
+                elif isinstance(v, (int, float)):
+                    counters[k] = counters.get(k, 0) + v
+
+        for ident, snap in entries:
+            label = ident.get("label") or str(ident)
+            by_label.setdefault(label, []).append(snap)
+            sources[label] = ident
+            add_counters(snap.get("counters") or {})
+            add_cpu(own_cpu, snap.get("self_cpu"))
+        rank_snaps: dict[str, dict] = {}  # label -> one snapshot (packed rows and/or states)
+        raw: dict[str, list] = {}
+        for label, snaps in by_label.items():
+            for snap in snaps:
+                if snap.get("raw"):
+                    raw.setdefault(label, []).extend(snap["raw"])
+            snap = snaps[0] if len(snaps) == 1 else merge_snapshots(snaps, on_drop)
+            if snap.get("states") or snap.get("packed"):
+                rank_snaps[label] = snap
+        global_snaps = list(rank_snaps.values())
+        conflict_keys: set = set()
+        for b in bundles:  # groups of ranks merged by their aggregator (forge_obs.wire.bundle)
+            merged = b["merged"]
+            if merged.get("packed") or merged.get("states"):
+                global_snaps.append(merged)
+            add_counters(merged.get("counters") or {}, b.get("streamed", ()))
+            add_cpu(own_cpu, merged.get("self_cpu"))
+            conflict_keys.update(b["conflicts"])
+            drops.merge(b["drops"])
+            for key, vals in (b.get("raw") or {}).items():
+                key = tuple(key)
+                raw.setdefault(self.labels.get(key) or f"{key[0]}/r{key[1]}", []).extend(vals)
+            if self._need_per_rank:  # per-rank views: each rank's own snapshot, batched
+                for key in b["ranks"]:
+                    key = tuple(key)
+                    ident = self.identities.get(key)
+                    if ident:
+                        sources[self.labels.get(key) or f"{key[0]}/r{key[1]}"] = ident
+                for key, snap in (b.get("per_rank") or {}).items():
+                    key = tuple(key)
+                    label = self.labels.get(key) or f"{key[0]}/r{key[1]}"
+                    rank_snaps[label] = merge_snapshots([rank_snaps[label], snap], on_drop) if label in rank_snaps else snap
+        overflows: list[str] = []
+        global_metrics = reduce_snapshots(global_snaps, on_drop=on_drop, on_overflow=overflows.append)
+        if conflict_keys:  # recorded with two reductions in some group: dropped everywhere, as within a rank
+            global_metrics = [m for m in global_metrics if m.key not in conflict_keys]
+            for k in conflict_keys:
+                drops.add(k, "reduction_mismatch")
+        clashes = flattened_clashes(global_metrics)
+        if clashes:
+            global_metrics, rank_snaps = _without_clashes(clashes, global_metrics, rank_snaps, drops)
+        # per-rank Metrics are built only if a backend reads them (JSONL reads plain values)
+        per_rank = RankViews(rank_snaps) if self._need_per_rank else {}
+        if p.final and not global_snaps and not raw:
+            return None  # nothing was recorded after the last flush
+        by_reason = dict(rank_drops)
+        for reason, n in drops.counts().items():
+            by_reason[reason] = by_reason.get(reason, 0) + n
+        obs = {
+            "obs/values_recorded": counters["values_recorded"],
+            "obs/dropped_values": counters["dropped_values"] + drops.total(),
+            **{f"obs/dropped/{reason}": n for reason, n in sorted(by_reason.items()) if n},
+            "obs/nonfinite_values": counters["nonfinite_values"] + len(overflows),
+            "obs/stream_overflow": counters["stream_overflow"],
+            "obs/stream_step_mismatch": counters["stream_step_mismatch"],
+            # forge_obs's own CPU, all processes, up to this step's assembly
+            "obs/cpu_s": sum(own_cpu.get(f"cpu_{part}_s", 0.0) for part in CPU_PARTS),
+            **{f"obs/cpu_{part}_s": own_cpu.get(f"cpu_{part}_s", 0.0) for part in CPU_PARTS},
+            "obs/flush_blocked_s": p.blocked_s,
+            "obs/backend_s": max((w.last_s for w in self.workers), default=0.0),
+            "obs/pending_steps": pending,
+            "obs/missing_ranks": len(missing),
+            "obs/late_ranks": len(late),
+            "obs/late_states": self.late_states,
+            "obs/backend_errors": self.backend_errors,
+            "obs/backend_dropped_steps": sum(w.dropped_steps for w in self.workers),
+            "obs/backend_dropped_stream_values": sum(w.dropped_stream_values for w in self.workers),
+            "obs/ranks_reported": len(p.received),
+            "obs/bundles": len(bundles),
+            "obs/fenced_bundles": self.fenced_bundles,
+            "obs/duplicates_dropped": self.duplicates_dropped,
+        }
+        global_metrics.extend(Metric(k, float(v), Reduce.SUM) for k, v in obs.items())
+        return StepRecord(
+            step=p.step,
+            run_id=self.run_id,
+            wall_time=time.time(),
+            global_metrics=global_metrics,
+            per_rank=per_rank,
+            raw=raw,
+            sources=sources,
+            missing=missing,
+            late=late,
+        )
+
+    def _decoded_entries(self, p: Cut, drops: KeyDrops) -> list[tuple[dict, dict]]:
+        """(identity, snapshot) of every rank in the step, decoded here (snapshots travel
+        pickled); one that cannot be decoded is counted and left out, the others arrive."""
+        raw_entries = []
+        local = p.local
+        if isinstance(local, Taken):
+            try:
+                local = _COLLECTOR.export(local, packed=True)
+            except Exception as e:  # noqa: BLE001 - the controller's own values; the ranks' still arrive
+                logger.error("forge_obs: the controller's values of step %s could not be exported: %r", p.step, e)
+                for k in local.accs:
+                    drops.add(k, "export_error")
+                local = None
+        if local is not None:
+            raw_entries.append(({"label": self.process_name, "mesh": self.process_name, "rank": 0}, local))
+        raw_entries.extend(v for v in p.received.values() if v is not _BUNDLED)
+        for key, ident, snap in p.extra:
+            raw_entries.append((ident or self.identities.get(key) or {"label": self.labels.get(key, str(key))}, snap))
+        entries = []
+        for ident, snap in raw_entries:
+            try:
+                entries.append((ident or {}, loads(snap, drops.add)))
+            except Exception as e:  # noqa: BLE001
+                logger.error("forge_obs: states of %s for step %s could not be decoded: %r",
+                             (ident or {}).get("label"), p.step, e)
+                drops.add(("states", (ident or {}).get("label")), "undecodable")
+        return entries
+
+#: ``received`` value of a rank whose states came merged in a bundle
+_BUNDLED = (None, None)
+#: what :meth:`FlushPipeline._await_step` returns when requests are to be sent before it waits on
+_AGAIN = object()
+#: key of a held bundle (its step left before it arrived)
+_BUNDLE_KEY = ("bundle",)
+
+
+def _own_report(w: BackendWorker) -> dict[str, Any]:
+    """A backend's ``meta_report()``; nothing if it raises (or is still running: left behind)."""
+    if not w.finished:
+        return {}
+    try:
+        return dict(w.backend.meta_report() or {})
+    except Exception as e:  # noqa: BLE001 - meta.json is written anyway
+        logger.error("forge_obs: backend %r: meta_report() failed: %r", w.name, e)
+        return {}
+
+
+def _recent(by_seq: dict[int, set], seq: int) -> set:
+    """``by_seq[seq]``, created if needed; only the last ``BUNDLED_SEQS`` cuts are kept."""
+    got = by_seq.get(seq)
+    if got is None:
+        got = by_seq[seq] = set()
+        while len(by_seq) > BUNDLED_SEQS:
+            del by_seq[min(by_seq)]
+    return got
+
+
+def _without_clashes(clashes: dict[str, str], metrics: list, rank_snaps: dict, drops: KeyDrops) -> tuple[list, dict]:
+    """The step without the keys equal to a name another key is flattened to (``lat/p50``
+    beside a distribution ``lat``): reserved, so that no backend writes two values under one
+    name. Each is counted once (``reserved_key``), with a rate-limited warning."""
+    for key, parent in clashes.items():
+        drops.add(key, "reserved_key")
+        WARNER.warn("reserved_key", key, f"{key!r} is a name {parent!r} is written under ({parent!r} is a dict, e.g. a "
+                    f"distribution: {parent}/<field>); dropped from the step (counted in obs/dropped_values): rename it")
+    metrics = [m for m in metrics if m.key not in clashes]
+    return metrics, {label: without_keys(snap, clashes) for label, snap in rank_snaps.items()}
+
+
+def _run(callbacks: list) -> None:
+    """Call cut-closed callbacks outside the pipeline's lock (they wake other threads' loops)."""
+    for cb in callbacks:
+        try:
+            cb()
+        except Exception:  # noqa: BLE001 - a waiter that went away never breaks a cut
+            logger.debug("forge_obs: a cut waiter failed", exc_info=True)

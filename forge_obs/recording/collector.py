@@ -1,0 +1,864 @@
+"""The hot path: ``record_metric`` and the per-process :class:`MetricCollector`.
+
+    >>> from forge_obs import record_metric, Reduce
+    >>> from forge_obs.recording.collector import MetricCollector
+    >>> for x in (1, 2, 3):
+    ...     record_metric("doc/sum", x, Reduce.SUM)
+    >>> MetricCollector().snapshot()["states"]["doc/sum"]["sum"]
+    6.0
+
+``record_metric`` is O(1): a dict lookup and an accumulator update under one process-wide lock,
+with no I/O, no RPC and no device sync. A flush *swaps* the accumulator dict (so values recorded
+while a flush runs land in the next step, never lost) and exports mergeable states. This module
+imports neither Monarch nor torch.
+
+Every value enters a step's accumulators through this module: ``record_metric`` and
+:meth:`MetricCollector.record_groups` (the tracer) while recording, :meth:`Taken.add` and
+:meth:`Taken.merge_row` (device values, GPU timings) at export. None of them raises into the
+caller for any value, key or reduction: a value that cannot be recorded is dropped with a
+rate-limited warning and counted by reason (``counters["dropped_by_reason"]``; reasons: see
+:mod:`forge_obs.recording.reduce`), and a rejected value leaves nothing behind in the accumulator.
+
+Raw values (``per_rank_no_reduce``) leave either with a cut (:meth:`MetricCollector.swap`) or
+earlier, every ``stream_interval_s`` (:meth:`MetricCollector.take_raw`): each exactly once.
+
+``record_metric`` is switched by replacing its code object (so that every reference to it
+follows, at no cost to the enabled path): off by ``FORGE_DISABLE_METRICS=true`` at import or
+:func:`set_enabled`, and onto torchforge's path while a test replaces
+``forge_obs.metrics.MetricCollector`` (see :mod:`forge_obs.metrics`).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+import time
+import types
+from typing import Any
+
+from forge_obs.core.env import METRICS_DISABLED, env_flag
+from forge_obs.core.plain import BadRow, plain
+from forge_obs.core.safe import safe_repr
+from forge_obs.core.warn import WARNER
+from forge_obs.core.types import Metric
+from forge_obs.recording.reduce import (
+    _REGISTRY,
+    ROW_CLASSES,
+    ROW_FIELDS,
+    DropCounts,
+    MetricAccumulator,
+    Reduce,
+    overflowed_keys,
+    reserved_key,
+    resolve_reduction,
+    to_float,
+)
+from forge_obs.recording.sketch import DistributionAccumulator  # importing sketch registers "distribution" in every process
+from forge_obs.wire.snapshot import PICKLED, pickle_value
+
+__all__ = ["MetricCollector", "Taken", "record_metric", "set_enabled", "is_enabled", "DEFAULT_RAW_CAP"]
+
+#: raw values kept per flush interval for ``per_rank_no_reduce`` streams (beyond: counted)
+DEFAULT_RAW_CAP = 100_000
+
+_DROP = object()
+_SAMPLE = Reduce.SAMPLE  # module global: cheaper than the Enum attribute lookup per call
+_INF = math.inf
+#: strings (and their subclasses, e.g. NumPy's): never a number, whatever they spell
+_TEXT = (str, bytes, bytearray)
+#: accumulator classes whose ``append`` cannot raise for a finite float (cached tracer groups)
+_SAFE_FOR_FLOATS = frozenset(ROW_CLASSES.values()) | {DistributionAccumulator}
+
+
+def _key_text(key: Any) -> str:
+    return key if type(key) is str else safe_repr(key)
+
+
+def _norm_key(key: Any) -> "str | None":
+    """``key`` as an exact ``str`` (a ``str`` subclass is copied), or None if it is not one."""
+    if type(key) is str:
+        return key
+    if isinstance(key, str):
+        try:
+            return str.__str__(key)
+        except Exception:  # noqa: BLE001
+            return None
+    return None
+
+
+def _lookup(reduction: Any) -> "Reduce | str | None":
+    """The registered reduction ``reduction`` names (case-insensitive), or None."""
+    if type(reduction) is Reduce:
+        return reduction
+    try:
+        return resolve_reduction(reduction)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _append(accs: dict, key: Any, value: Any, reduction: Any, sink: Any) -> "tuple[str, Any] | None":
+    """Append one value to ``accs`` (a step's accumulators), creating the key's accumulator on its
+    first value. The only place values enter accumulators (besides the cached fast paths of
+    ``record_metric`` and :meth:`MetricCollector.record_groups`, which call ``append`` on an
+    existing accumulator of the same reduction). An ``int`` beyond the float range becomes
+    ``±inf`` (IEEE), counted non-finite. Returns ``(key, value)`` as appended, or None when the
+    value was dropped (reported to ``sink``). A new accumulator is kept only if its first value
+    was appended: nothing phantom is left."""
+    k = key if type(key) is str else _norm_key(key)
+    if k is None:
+        sink._sink_drop("bad_key", key, f"key must be a str, got {type(key).__name__}")
+        return None
+    why = reserved_key(k)
+    if why is not None:
+        sink._sink_drop("reserved_key", k, why)
+        return None
+    red = reduction if type(reduction) is Reduce else _lookup(reduction)
+    if red is None:
+        sink._sink_drop("unknown_reduction", k, f"unknown reduction {safe_repr(reduction)}")
+        return None
+    acc = accs.get(k)
+    new = acc is None
+    try:
+        if new:
+            cls = _REGISTRY[red.value if type(red) is Reduce else red]
+            if cls.numeric and not isinstance(value, (int, float)):
+                sink._sink_drop("bad_value", k, f"{type(value).__name__} value needs a non-numeric reduction such as Reduce.SAMPLE")
+                return None
+            acc = cls(red)
+        elif acc.reduction is not red:
+            sink._sink_drop("reduction_mismatch", k, f"recorded with {_name(red)} but this step already has it as {_name(acc.reduction)}")
+            return None
+        try:
+            acc.append(value)
+        except OverflowError:
+            if not isinstance(value, int):
+                raise
+            value = _INF if value > 0 else -_INF
+            sink._sink_nonfinite(k, value)
+            acc.append(value)
+    except Exception as e:  # noqa: BLE001 - a (custom) accumulator that raises: this value only
+        sink._sink_drop("append_error", k, f"{type(acc).__name__ if acc is not None else _name(red)} raised {safe_repr(e)}")
+        return None
+    if new:
+        accs[k] = acc
+    return k, value
+
+
+class Taken:
+    """What :meth:`MetricCollector.swap` took: accumulators, raw values, counters, and the
+    device values not yet read (resolved by :meth:`MetricCollector.export`).
+
+    Values that belong to the cut but are only known at export (device values read back, GPU
+    timings) enter with :meth:`add` and :meth:`merge_row`."""
+
+    __slots__ = ("accs", "raw", "counters", "device", "nonfinite_keys")
+
+    def __init__(self, accs: dict, raw: list | None, counters: dict, device: Any, nonfinite_keys: Any = None) -> None:
+        self.accs = accs
+        self.raw = raw
+        self.counters = counters
+        self.device = device
+        #: keys that had a non-finite value recorded (not counted again as overflows at export)
+        self.nonfinite_keys = set() if nonfinite_keys is None else nonfinite_keys
+
+    # ------------------------------------------------------------------ adding values at export
+    def add(self, key: str, value: Any, reduction: Any) -> bool:
+        """One more value of this step (never raises; False: dropped and counted)."""
+        try:
+            ok = _append(self.accs, key, value, reduction, self) is not None
+        except Exception as e:  # noqa: BLE001
+            self.drop("append_error", 1, key, safe_repr(e))
+            return False
+        if ok:
+            self._count("values_recorded", 1)
+        return ok
+
+    def merge_row(self, key: str, reduction: Any, row: Any, n: int) -> bool:
+        """Merge ``row`` (the state of ``n`` values of a built-in reduction accumulated elsewhere,
+        e.g. on a device) into this step's accumulator of ``key`` (never raises)."""
+        try:
+            rt = reduction.value if type(reduction) is Reduce else reduction
+            acc = self.accs.get(key)
+            if acc is None:
+                self.accs[key] = ROW_CLASSES[rt].from_row(reduction, row)
+            elif acc.reduction is not reduction:
+                self.drop("reduction_mismatch", n, key, f"recorded with {_name(reduction)} on a device but "
+                          f"with {_name(acc.reduction)} on the CPU")
+                return False
+            else:
+                acc.merge_row(row)
+        except Exception as e:  # noqa: BLE001
+            self.drop("merge_error", n, key, safe_repr(e))
+            return False
+        self._count("values_recorded", n)
+        return True
+
+    def drop(self, reason: str, n: int = 1, key: Any = None, why: str | None = None) -> None:
+        """Count ``n`` values dropped for ``reason`` (and warn, rate-limited, when ``why``)."""
+        c = self.counters
+        c["dropped_values"] = c.get("dropped_values", 0) + n
+        d = c.get("dropped_by_reason")
+        if d is None:
+            d = c["dropped_by_reason"] = DropCounts()
+        d.add(reason, n)
+        if why is not None:
+            WARNER.warn(reason, _key_text(key), f"{safe_repr(key)}: {why}; dropped (counted in obs/dropped_values)")
+
+    def note_nonfinite(self, key: str) -> None:
+        """Count a key whose value is non-finite (device values: counted per key)."""
+        self._count("nonfinite_values", 1)
+        self.nonfinite_keys.add(key)
+
+    def _count(self, name: str, n: int) -> None:
+        c = self.counters
+        c[name] = c.get(name, 0) + n
+
+    # the sink interface of _append
+    def _sink_drop(self, reason: str, key: Any, why: str) -> None:
+        self.drop(reason, 1, key, why)
+
+    def _sink_nonfinite(self, key: str, v: float) -> None:
+        self.note_nonfinite(key)
+
+
+class _Instances(dict):
+    """``MetricCollector._instances`` (torchforge's name): rank -> collector. This process's
+    collector is registered under its rank; :meth:`clear` forgets every collector and empties this
+    process's (what it recorded is dropped: tests start from a clean collector)."""
+
+    def clear(self) -> None:
+        inst = MetricCollector._instance
+        super().clear()
+        if inst is not None:
+            inst.reset()
+            inst.initialized = False
+            inst._warned = set()
+
+
+class MetricCollector:
+    """Per-process singleton that accumulates values between flushes.
+
+    ``record_metric`` writes here; the process's ``LocalFetcherActor`` (or, on the controller, the
+    ``GlobalLoggingActor``) calls :meth:`swap` at the cut and :meth:`export` afterwards.
+
+    One process is one rank, so the per-process singleton is torchforge's per-rank singleton;
+    ``_instances`` maps the rank to it. Only when ``forge_obs.metrics.current_rank`` is replaced
+    (a test's mock) does ``MetricCollector()`` look the rank up and keep a separate collector per
+    mocked rank; ``record_metric`` always writes to this process's collector.
+    """
+
+    _instance: "MetricCollector | None" = None
+    _instance_lock = threading.Lock()
+    _instances: "_Instances" = _Instances()
+    #: ``forge_obs.metrics.current_rank`` when a test replaced it (see forge_obs.metrics)
+    _rank_fn: Any = None
+
+    def __new__(cls) -> "MetricCollector":
+        inst = cls._instance
+        if inst is None:
+            with cls._instance_lock:
+                inst = cls._instance
+                if inst is None:
+                    inst = super().__new__(cls)
+                    inst._setup()
+                    cls._instance = inst
+        if cls._rank_fn is None:
+            if 0 not in cls._instances:
+                cls._instances[0] = inst
+            return inst
+        rank = _mocked_rank(cls._rank_fn)
+        other = cls._instances.get(rank)
+        if other is None:
+            with cls._instance_lock:
+                other = cls._instances.get(rank)
+                if other is None:
+                    other = inst if rank == 0 else super().__new__(cls)
+                    if other is not inst:
+                        other._setup()
+                    cls._instances[rank] = other
+        return other
+
+    def _setup(self) -> None:
+        #: init_backends configured this process (the controller's, or one its fetchers reach);
+        #: before that, values are kept for the first flush after it
+        self.initialized = False
+        self._warned: set[str] = set()
+        #: torchforge's ``global_step``: the step raw values stream under (last flushed step + 1)
+        self.global_step = 0
+        self._streamed = 0  # raw values handed out early (take_raw) since the last swap
+        self._streamed_step: int | None = None  # the step they were streamed under
+        self._lock = threading.Lock()
+        self._accs: dict[str, MetricAccumulator] = {}
+        # per_rank_no_reduce: raw (key, value, wall time) tuples, bounded per flush interval
+        self._raw: list[tuple[str, Any, float]] | None = None
+        self.raw_cap = DEFAULT_RAW_CAP
+        self._recorded = 0
+        self._dropped = 0
+        self._drops = DropCounts()
+        self._nonfinite = 0
+        self._nonfinite_keys: set[str] = set()
+        self._raw_overflow = 0
+        # record_groups: key tuple -> its accumulators in the current dict
+        self._groups: dict[tuple, tuple] = {}
+        self._device_values = None  # set by forge_obs.recording.device when a GPU value is first seen
+
+    # ------------------------------------------------------------------ recording
+    def push(self, metric: Metric) -> None:
+        """torchforge-compatible entry point: record a :class:`Metric`. Before ``init_backends``
+        reached this process it warns once (as torchforge does) but keeps the value for the
+        first flush after it."""
+        if not self.initialized:
+            self._warn_once(
+                "push",
+                "Metric logging backends (e.g. wandb) were not initialized yet: init_backends was not called, "
+                "or has not reached this process. Values are kept and logged with the first flush after "
+                "`await mlogger.init_backends.call_one(config)`.",
+            )
+        if self is not MetricCollector._instance:  # a mocked rank's collector (tests)
+            with self._lock:
+                self._record_slow(metric.key, metric.value, metric.reduction or Reduce.MEAN)
+            return
+        _record_fast(metric.key, metric.value, metric.reduction or Reduce.MEAN)
+
+    def _warn_once(self, kind: str, msg: str) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            import logging
+
+            logging.getLogger("forge_obs").warning("forge_obs: %s", msg)
+
+    def set_streaming(self, enabled: bool) -> None:
+        """Keep raw values (with timestamps) for ``per_rank_no_reduce`` backends."""
+        with self._lock:
+            if enabled and self._raw is None:
+                self._raw = []
+            elif not enabled:
+                self._raw = None
+
+    @property
+    def streaming(self) -> bool:
+        return self._raw is not None
+
+    def take_raw(self, step: int) -> list | None:
+        """Take the raw values recorded so far for an early stream under ``step`` (the predicted
+        step: the last flushed one + 1); None when there are none. Each raw value is taken once,
+        by this or by the next :meth:`swap`; :meth:`swap` reports how many were taken early
+        (``counters["streamed_early"]``) and under which step."""
+        with self._lock:
+            raw = self._raw
+            if not raw:
+                return None
+            self._raw = []
+            self._streamed += len(raw)
+            self._streamed_step = step
+        return raw
+
+    def count_drop(self, reason: str, n: int = 1, key: Any = None, why: str | None = None) -> None:
+        """Count ``n`` values dropped for ``reason``, reported with the next cut (and warn,
+        rate-limited, when ``why``)."""
+        with self._lock:
+            self._dropped += n
+            self._drops[reason] = self._drops.get(reason, 0) + n
+        if why is not None:
+            WARNER.warn(reason, _key_text(key), f"{safe_repr(key)}: {why}; dropped (counted in obs/dropped_values)")
+
+    def _record_slow(self, key: Any, value: Any, reduction: Any) -> None:
+        """Called under the lock: a key's first value of the step, a reduction mismatch, a
+        non-``Reduce`` reduction argument, or whatever made the fast path raise. Never raises."""
+        try:
+            r = _append(self._accs, key, value, reduction, self)
+            if r is None:
+                return
+            self._recorded += 1
+            if self._raw is not None:
+                self._append_raw(*r)
+        except Exception as e:  # noqa: BLE001 - never into the caller
+            self._sink_drop("append_error", key, safe_repr(e))
+
+    def _append_raw(self, key: str, value: Any) -> None:
+        if len(self._raw) < self.raw_cap:  # type: ignore[arg-type]
+            self._raw.append((key, value, time.time()))  # type: ignore[union-attr]
+        else:
+            self._raw_overflow += 1
+
+    # the sink interface of _append (the lock is held)
+    def _sink_drop(self, reason: str, key: Any, why: str, n: int = 1) -> None:
+        self._dropped += n
+        self._drops[reason] = self._drops.get(reason, 0) + n
+        WARNER.warn(reason, _key_text(key), f"record_metric({safe_repr(key)}): {why}; dropped (counted in obs/dropped_values)")
+
+    def _sink_nonfinite(self, key: str, v: float) -> None:
+        self._nonfinite += 1
+        self._nonfinite_keys.add(key)
+        WARNER.warn("nonfinite", key, f"record_metric({key!r}): non-finite value {v} kept (counted in obs/nonfinite_values)")
+
+    def _coerce(self, key: Any, value: Any, reduction: Any) -> Any:
+        """Turn a non-int/float value into a float (or keep it for a non-numeric reduction such
+        as SAMPLE); _DROP if it cannot be (counted). Never raises."""
+        try:
+            if reduction is _SAMPLE:
+                return self._row(key, value)
+            if type(reduction) is not Reduce:
+                red = _lookup(reduction)
+                if red is None:
+                    return value  # dropped as unknown_reduction under the lock
+                if red is _SAMPLE:
+                    return self._row(key, value)
+                if not _REGISTRY[red.value if type(red) is Reduce else red].numeric:
+                    return value
+            if type(value) is (_TENSOR or _tensor_type()):  # plain torch.Tensor: the common case, fast
+                if not value.is_cpu:
+                    return self._device_record(key, value, reduction)
+                try:
+                    return float(value.item())  # .item() rejects tensors of more than one element
+                except Exception as e:  # noqa: BLE001
+                    return self._drop(key, "bad_value", f"Tensor could not be read as a scalar ({safe_repr(e)})")
+            if type(value) is bool:
+                return float(value)
+            if isinstance(value, _TEXT) or value is None:  # np.str_ / np.bytes_ too: never parsed
+                return self._drop(key, "bad_value", f"value of type {_type_name(value)} is not a number")
+            item = getattr(value, "item", None)
+            if item is not None:
+                # torch tensors: ``is_cpu`` is far cheaper than ``.device.type``; others: ``.device``
+                is_cpu = getattr(value, "is_cpu", None)
+                if is_cpu is False or (is_cpu is None and getattr(getattr(value, "device", None), "type", "cpu") != "cpu"):
+                    return self._device_record(key, value, reduction)
+                try:
+                    # .item() itself rejects tensors / arrays of more than one element
+                    v = to_float(item())
+                except Exception as e:  # noqa: BLE001 - bad input never raises into the caller
+                    return self._drop(key, "bad_value", f"{_type_name(value)} could not be read as a scalar ({safe_repr(e)})")
+            else:
+                try:
+                    v = to_float(value)
+                except Exception:  # noqa: BLE001
+                    return self._drop(key, "bad_value", f"value of type {_type_name(value)} is not a number")
+            return v
+        except Exception as e:  # noqa: BLE001 - an .item property, __getattr__, __float__ that raises
+            return self._drop(key, "bad_value", f"{_type_name(value)} value could not be read ({safe_repr(e)})")
+
+    def _row(self, key: Any, value: Any) -> Any:
+        """A SAMPLE row as backends write it (:func:`forge_obs.core.plain.plain`: keys as ``str``);
+        _DROP, counted as ``bad_row``, for a row that contains itself."""
+        try:
+            return plain(value)
+        except BadRow as e:
+            return self._drop(key, "bad_row", f"a SAMPLE row {e}")
+
+    def _device_record(self, key: Any, value: Any, reduction: Any) -> Any:
+        """GPU tensors: accumulated on the device by :mod:`forge_obs.recording.device` when available."""
+        try:
+            from forge_obs.recording.device import record_device_value
+
+            record_device_value(self, key, value, reduction)
+            return _DROP  # accumulated on the device: nothing left for the CPU accumulators
+        except Exception as e:  # noqa: BLE001
+            return self._drop(key, "device_error", f"device value could not be recorded ({safe_repr(e)})")
+
+    def _drop(self, key: Any, reason: str, why: str) -> Any:
+        with self._lock:
+            self._sink_drop(reason, key, why)
+        return _DROP
+
+    def _record_nonfinite(self, key: Any, value: float, reduction: Any) -> None:
+        """A NaN / inf: recorded like any value, and counted in ``nonfinite_values`` (with a
+        rate-limited warning) only if it was kept."""
+        with self._lock:
+            try:
+                r = _append(self._accs, key, value, reduction, self)
+                if r is None:
+                    return
+                self._recorded += 1
+                self._sink_nonfinite(r[0], value)
+                if self._raw is not None:
+                    self._append_raw(*r)
+            except Exception as e:  # noqa: BLE001 - never into the caller
+                self._sink_drop("append_error", key, safe_repr(e))
+
+    def record_groups(self, pairs: list, reductions: tuple) -> None:
+        """Record ``[(keys, value), ...]``: each value under every key of its tuple ``keys``, with
+        the reduction at the same position of ``reductions`` (the tracer's avg / max / dist
+        triples), under one lock acquisition. Never raises.
+
+        Fast path: the accumulators of a group of three built-in reductions are cached while the
+        collector's accumulator dict is the same (a flush swaps it); a finite float is appended
+        to each of them directly."""
+        if not _ENABLED[0]:
+            return
+        later = None
+        n = 0
+        lock = self._lock
+        lock.acquire()
+        try:
+            accs = self._accs
+            cache = self._groups
+            if self._raw is not None:  # streaming raw values: one by one, through record_metric
+                later = pairs
+                pairs = ()
+            for keys, v in pairs:
+                try:
+                    if type(v) is float and v - v == 0.0:  # a finite float (else: record_metric, below)
+                        grp = cache.get(keys)
+                        if grp is not None and accs.get(keys[0]) is grp[0]:
+                            a, b, c = grp
+                            a.append(v)  # built-in accumulators and a finite float: cannot raise
+                            b.append(v)
+                            c.append(v)
+                            n += 3
+                        else:
+                            self._record_group_slow(accs, keys, v, reductions)  # never raises
+                        continue
+                except Exception:  # noqa: BLE001 - keys that are not hashable, ...: below
+                    pass
+                if later is None:
+                    later = []
+                later.append((keys, v))
+        finally:
+            self._recorded += n
+            lock.release()
+        if later:
+            for keys, v in later:
+                try:
+                    items = list(zip(keys, reductions))
+                except Exception:  # noqa: BLE001
+                    self._drop(keys, "bad_key", "a group of keys must be a tuple of str")
+                    continue
+                for key, red in items:
+                    record_metric(key, v, red)
+
+    def _record_group_slow(self, accs: dict, keys: tuple, v: float, reductions: tuple) -> None:
+        """Under the lock: a group not cached yet (or of a previous step)."""
+        try:
+            items = list(zip(keys, reductions))
+        except Exception:  # noqa: BLE001
+            self._sink_drop("bad_key", keys, "a group of keys must be a tuple of str")
+            return
+        for key, red in items:
+            self._record_slow(key, v, red)
+        try:
+            grp = tuple(accs.get(k) for k, _r in items)
+            if len(grp) == 3 and all(type(a) in _SAFE_FOR_FLOATS and a.reduction is r for a, (_k, r) in zip(grp, items)):
+                self._groups[keys] = grp
+        except Exception:  # noqa: BLE001 - not cached: the slow path next time too
+            pass
+
+    # ------------------------------------------------------------------ flushing
+    def swap(self) -> "Taken":
+        """Take everything recorded so far, in O(1) under the lock: no export, no device sync.
+
+        This is the cut of a flush: a value recorded before ``swap()`` returns is in the returned
+        :class:`Taken`; a value recorded after it is in the next one. :meth:`export` turns a
+        ``Taken`` into mergeable states later, off the caller's path.
+        """
+        with self._lock:
+            accs, self._accs = self._accs, {}
+            raw = self._raw
+            if raw is not None:
+                self._raw = []
+            drops, self._drops = self._drops, DropCounts()
+            nonfinite_keys, self._nonfinite_keys = self._nonfinite_keys, set()
+            counters = {
+                "values_recorded": self._recorded,
+                "dropped_values": self._dropped,
+                "dropped_by_reason": drops,
+                "nonfinite_values": self._nonfinite,
+                "stream_overflow": self._raw_overflow,
+            }
+            if self._streamed:
+                counters["streamed_early"] = self._streamed
+                counters["streamed_step"] = self._streamed_step
+                self._streamed = 0
+                self._streamed_step = None
+            self._recorded = self._dropped = self._nonfinite = self._raw_overflow = 0
+        dev = self._device_values
+        device = dev.swap() if dev is not None else None
+        return Taken(accs, raw, counters, device, nonfinite_keys)
+
+    def export(self, taken: "Taken", packed: bool = False) -> dict[str, Any]:
+        """Mergeable states of a :class:`Taken` (device values are read here, once per device).
+
+        Returns ``{"states": {key: state}, "raw": [(key, value, ts)] | None, "counters": {...},
+        "wall_time": t}``. With ``packed=True`` (what fetchers send), the built-in numeric
+        reductions come as ``"packed": {reduction: (keys, rows)}`` (see
+        :data:`forge_obs.recording.reduce.ROW_FIELDS`) and ``"states"`` holds the others (SAMPLE, custom),
+        whose pickled bytes (made checking them) are in ``snapshot.PICKLED``: what they travel as.
+
+        Never raises: a key whose state cannot be exported (its ``get_state`` raises) or
+        pickled (a SAMPLE row holding a lock) is left out, counted in ``dropped_values`` and
+        ``dropped_by_reason``; every other key is exported. A SUM / MEAN / STD whose values
+        added up beyond the float range is exported as ``inf`` and counted in
+        ``nonfinite_values``.
+        """
+        accs, counters = taken.accs, taken.counters
+        if taken.device is not None:
+            try:
+                taken.device.resolve_into(taken)
+            except Exception as e:  # noqa: BLE001 - the device's values only
+                try:
+                    n = sum(e2.count for e2 in taken.device.entries.values())
+                except Exception:  # noqa: BLE001
+                    n = 1
+                taken.drop("device_error", n, "<device>", f"device values could not be read ({safe_repr(e)})")
+        out: dict[str, Any] = {"raw": taken.raw, "counters": counters, "wall_time": time.time()}
+        states: dict[str, Any] = {}
+        groups: dict[str, tuple[list, list]] = {}
+        odd: list | None = None  # keys of SAMPLE / custom reductions: checked one by one
+        for k, a in accs.items():
+            try:
+                rt = a.rt
+                if packed:
+                    g = groups.get(rt)
+                    if g is not None:
+                        row = a.row()
+                        g[0].append(k)
+                        g[1].append(row)
+                        continue
+                    if rt in ROW_FIELDS:
+                        groups[rt] = ([k], [a.row()])
+                        continue
+                elif rt in ROW_FIELDS:
+                    states[k] = a.get_state()
+                    continue
+            except Exception:  # noqa: BLE001 - e.g. a custom class without .rt: checked below
+                pass
+            if odd is None:
+                odd = []
+            odd.append(k)
+        if odd is not None:
+            pickled: dict[str, bytes] = {}  # the check's bytes: what the states travel as
+            for k in odd:
+                st = _export_state(k, accs[k], taken, pickled)
+                if st is not None:
+                    states[k] = st
+            out[PICKLED] = pickled
+            if taken.raw:
+                out["raw"] = _picklable_raw(taken.raw, set(odd), taken)
+        over = taken.nonfinite_keys
+        n = 0
+        if packed:
+            for rt, (keys, rows) in groups.items():
+                n += overflowed_keys(rt, keys, rows, over)
+            out["packed"] = groups
+        else:
+            for k, st in states.items():
+                rt = st.get("reduction_type")
+                if rt in ROW_FIELDS:
+                    n += overflowed_keys(rt, [k], [accs[k].row()], over)
+        if n:
+            counters["nonfinite_values"] = counters.get("nonfinite_values", 0) + n
+        out["states"] = states
+        return out
+
+    def snapshot(self, packed: bool = False) -> dict[str, Any]:
+        """:meth:`swap` then :meth:`export`: everything recorded so far, as mergeable states."""
+        return self.export(self.swap(), packed)
+
+    async def flush(self, global_step: int = 0, return_state: bool = False) -> dict[str, dict[str, Any]]:
+        """torchforge's ``await collector.flush(global_step, return_state)``.
+
+        With ``return_state=True``: takes everything recorded so far and returns
+        ``{key: state}`` (torchforge's state fields included); the caller owns those values (they
+        do not reach the backends through a cut). With ``return_state=False`` it takes nothing and
+        returns ``{}``: forge_obs logs per-rank views from the controller, so the values stay for
+        the next cut. Before ``init_backends`` reached this process it warns once and returns
+        ``{}``, keeping the values."""
+        if not self.initialized:
+            self._warn_once(
+                "flush",
+                f"Cannot flush collected metrics: MetricCollector.flush(global_step={global_step}) called before "
+                "init_backends; values are kept for the first flush after "
+                "`await mlogger.init_backends.call_one(config)`.",
+            )
+            return {}
+        self.global_step = global_step + 1
+        if not return_state:
+            return {}
+        return self.snapshot()["states"]
+
+    def reset(self) -> None:
+        """Drop everything recorded so far (tests)."""
+        self.snapshot()
+
+
+def _values_in(acc: Any) -> int:
+    """How many values an accumulator holds, as far as it tells (for drop counts), else 1."""
+    for attr in ("seen", "count"):
+        n = getattr(acc, attr, None)
+        if type(n) is int and n > 0:
+            return n
+    return 1
+
+
+def _export_state(key: str, acc: Any, taken: Taken, pickled: dict[str, bytes]) -> dict | None:
+    """``acc``'s state, its bytes put in ``pickled``; None when it cannot be exported or pickled
+    (counted)."""
+    try:
+        st = acc.get_state()
+        if not isinstance(st, dict) or "reduction_type" not in st:
+            raise TypeError(f"get_state() returned {type(st).__name__}, not a state dict with a reduction_type")
+    except Exception as e:  # noqa: BLE001 - this key only
+        taken.drop("export_error", _values_in(acc), key, f"{type(acc).__name__}.get_state failed: {safe_repr(e)}")
+        return None
+    try:
+        pickled[key] = pickle_value(st)
+    except Exception as e:  # noqa: BLE001 - e.g. a SAMPLE row holding a lock
+        taken.drop("unpicklable", _values_in(acc), key, f"its state cannot be pickled ({safe_repr(e)})")
+        return None
+    return st
+
+
+def _picklable_raw(raw: list, keys: set, taken: Taken) -> list:
+    """``raw`` without the values of ``keys`` (SAMPLE / custom) that cannot be pickled."""
+    out = []
+    for item in raw:
+        if item[0] in keys and type(item[1]) is not float and type(item[1]) is not int:
+            try:
+                pickle_value(item[1])
+            except Exception as e:  # noqa: BLE001
+                taken.drop("unpicklable", 1, item[0], f"a raw value cannot be pickled ({safe_repr(e)})")
+                continue
+        out.append(item)
+    return out
+
+
+_TENSOR: Any = None  # torch.Tensor once torch is imported (never imported from here)
+
+
+def _tensor_type() -> Any:
+    global _TENSOR
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        _TENSOR = getattr(torch, "Tensor", None)
+    return _TENSOR
+
+
+def _name(r: Any) -> str:
+    return r.name if isinstance(r, Reduce) else safe_repr(r) if type(r) is not str else r
+
+
+def _type_name(v: Any) -> str:
+    try:
+        return type(v).__name__
+    except Exception:  # noqa: BLE001
+        return "object"
+
+
+def _mocked_rank(fn: Any) -> Any:
+    try:
+        return fn().rank
+    except Exception:  # noqa: BLE001 - a mock without .rank: this process's collector
+        return 0
+
+
+_C = MetricCollector()
+_acquire = _C._lock.acquire
+_release = _C._lock.release
+#: set_enabled(): record_groups (the tracer) checks it; record_metric switches its code
+_ENABLED = [True]
+
+
+def record_metric(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN) -> None:
+    """Record ``value`` under ``key``; reduced with ``reduction`` at the next flush.
+
+        >>> from forge_obs import record_metric, Reduce
+        >>> record_metric("loss", 0.25)                       # MEAN by default
+        >>> record_metric("tokens", 512, Reduce.SUM)
+        >>> record_metric("rollouts", {"prompt": "1+1", "reward": 1.0}, Reduce.SAMPLE)
+
+    Safe from any thread, asyncio task, actor or plain process; never raises, for any key,
+    value or reduction. Values: int, float, bool, NumPy scalars, 0-d/1-element tensors (GPU
+    tensors are accumulated on the device), and anything for ``Reduce.SAMPLE`` (or a custom
+    reduction with ``numeric = False``). Bad values are dropped with a rate-limited warning and
+    counted in ``obs/dropped_values`` (by reason); NaN/inf are kept and counted in
+    ``obs/nonfinite_values``, and so is an int beyond the float range (as ``±inf``).
+    """
+    c = _C
+    t = type(value)
+    if t is float:
+        if value - value:  # NaN / inf: counted if kept
+            return c._record_nonfinite(key, value, reduction)
+    elif t is not int:
+        value = c._coerce(key, value, reduction)
+        if value is _DROP:
+            return
+        if type(value) is float and value - value:
+            return c._record_nonfinite(key, value, reduction)
+    _acquire()  # explicit acquire/release: measurably cheaper than `with` on this path
+    try:
+        acc = c._accs.get(key)
+        if acc is not None and (acc.reduction is reduction or acc.rt == reduction):  # Reduce.X or "x"
+            acc.append(value)
+            c._recorded += 1
+            if c._raw is not None:
+                c._append_raw(key, value)
+        else:
+            c._record_slow(key, value, reduction)
+    except Exception:  # noqa: BLE001 - an unhashable key, an int beyond the float range, ...
+        c._record_slow(key, value, reduction)  # handles them all; never raises
+    finally:
+        _release()
+
+
+# ---------------------------------------------------------------------------- switching record_metric
+# ``record_metric`` is imported by reference everywhere (``from forge_obs import record_metric``),
+# so it is switched by replacing its code object: the enabled path pays nothing for the switch.
+#: the enabled path, never switched (``MetricCollector.push`` records through it)
+_record_fast = types.FunctionType(record_metric.__code__, globals(), "record_metric", record_metric.__defaults__)
+_FAST_CODE = record_metric.__code__
+
+
+def _record_disabled(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN) -> None:
+    """Disabled by ``FORGE_DISABLE_METRICS=true`` at import or ``set_enabled(False)``: does nothing."""
+    return None
+
+
+def _record_through_patch(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN) -> None:
+    """While ``forge_obs.metrics.MetricCollector`` is replaced (a test's mock): torchforge's
+    record path -- ``FORGE_DISABLE_METRICS`` read per call, then
+    ``MetricCollector().push(Metric(key, value, reduction))`` with the replaced class."""
+    if env_flag("FORGE_DISABLE_METRICS"):
+        return None
+    cls = getattr(sys.modules.get("forge_obs.metrics"), "MetricCollector", MetricCollector)
+    cls().push(Metric(key, value, reduction))
+
+
+_patched_collector = [False]
+
+
+def _select_record_code() -> None:
+    if _patched_collector[0]:
+        code = _record_through_patch.__code__
+    elif _ENABLED[0]:
+        code = _FAST_CODE
+    else:
+        code = _record_disabled.__code__
+    record_metric.__code__ = code
+
+
+def set_enabled(enabled: bool) -> None:
+    """Turn recording on or off in this process at run time (``record_metric``, tracers).
+
+        >>> import forge_obs
+        >>> forge_obs.set_enabled(False); forge_obs.record_metric("ignored", 1.0)
+        >>> forge_obs.set_enabled(True)
+
+    ``FORGE_DISABLE_METRICS`` is read once, at import (following it per call would cost more
+    than the call); this is the run-time switch. Values already recorded are kept."""
+    _ENABLED[0] = bool(enabled)
+    _select_record_code()
+
+
+def is_enabled() -> bool:
+    """Whether ``record_metric`` records in this process."""
+    return _ENABLED[0]
+
+
+def _set_patched_collector(patched: bool) -> None:
+    """``forge_obs.metrics.MetricCollector`` was replaced (True) or restored (False)."""
+    _patched_collector[0] = bool(patched)
+    _select_record_code()
+
+
+if METRICS_DISABLED:  # read once: a near-zero-cost no-op
+    set_enabled(False)

@@ -1,0 +1,182 @@
+"""A rank's snapshot on the wire: what a fetcher sends at a cut.
+
+    >>> from forge_obs.wire.snapshot import dumps, loads
+    >>> snap = {"packed": {"sum": (["a", "b"], [1.0, 2.0])}, "states": {"rows": {"reduction_type": "sample",
+    ...         "rows": [{"x": 1}], "seen": 1}}, "counters": {"values_recorded": 3}}
+    >>> loads(dumps(snap)) == snap
+    True
+
+``{"packed": {reduction: (keys, rows)}, "states": {key: state}, "raw": [...] | None,
+"counters": {...}, "wall_time": t}``, pickled by the fetcher (:func:`dumps`) so that the
+controller's inbox thread only moves bytes; the pipeline thread decodes it (:func:`loads`).
+
+The states of SAMPLE and custom reductions (which may hold any object) travel pickled one by
+one (:data:`PICKLED`), and so do raw values that are not numbers (:func:`encode_raw`): a state
+or value that cannot be unpickled where it arrives (an object whose class only the rank can
+import) costs its key only — it is left out and reported to ``on_drop(key, "undecodable", n)`` —
+and the rest of the rank's step arrives. The packed numeric rows travel as they are.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any, Callable
+
+from forge_obs.core.safe import safe_repr
+from forge_obs.core.warn import WARNER
+
+__all__ = ["dumps", "loads", "has_values", "encode", "decode", "encode_raw", "decode_raw", "pickle_value", "PICKLED"]
+
+#: a snapshot's field that holds ``{key: pickled state}`` (encoded states, or a collector's
+#: export: the bytes its picklability check made, reused on the wire)
+PICKLED = "pickled"
+#: a snapshot's field that holds the indices of the raw values pickled one by one
+RAW_PICKLED = "raw_pickled"
+
+OnDrop = Callable[[Any, str, int], None]
+
+
+def pickle_value(x: Any) -> bytes:
+    """Pickle ``x``: the standard pickler (fastest) for plain data, cloudpickle (what Monarch
+    uses) for what only it can pickle, e.g. a SAMPLE row holding a lambda. Raises if neither can."""
+    try:
+        return pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001
+        import cloudpickle
+
+        return cloudpickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def dumps(snapshot: dict[str, Any], on_drop: OnDrop | None = None) -> bytes:
+    """A snapshot as bytes, its states pickled per key (:func:`encode`)."""
+    return pickle_value(encode(snapshot, on_drop))
+
+
+def loads(snapshot: Any, on_drop: OnDrop | None = None) -> dict[str, Any]:
+    """A rank's snapshot as sent (bytes) or already in memory (a dict), decoded (:func:`decode`)."""
+    if isinstance(snapshot, (bytes, bytearray, memoryview)):
+        snapshot = pickle.loads(snapshot)
+    return decode(snapshot, on_drop)
+
+
+def encode(snapshot: dict[str, Any], on_drop: OnDrop | None = None) -> dict[str, Any]:
+    """``snapshot`` with every state pickled on its own (:data:`PICKLED`; bytes already made by
+    the collector's export are reused) and raw values that are not numbers too. A state or value
+    that cannot be pickled is left out and reported to ``on_drop(key, "unpicklable", 1)``."""
+    states = snapshot.get("states") or {}
+    raw = snapshot.get("raw")
+    if not states and not snapshot.get(PICKLED):
+        return snapshot
+    done = snapshot.get(PICKLED) or {}
+    pickled = {}
+    for k, st in states.items():
+        b = done.get(k)
+        if b is None:
+            b = _pickle_or_drop(k, st, on_drop)
+            if b is None:
+                continue
+        pickled[k] = b
+    out = dict(snapshot, states={}, **{PICKLED: pickled})
+    if raw:
+        out["raw"], out[RAW_PICKLED] = encode_raw(raw, on_drop, set(pickled) | set(done))
+    return out
+
+
+def decode(snapshot: dict[str, Any], on_drop: OnDrop | None = None) -> dict[str, Any]:
+    """The inverse of :func:`encode` (a snapshot that was not encoded is returned as it is): a
+    state or raw value that cannot be unpickled here is left out, reported to
+    ``on_drop(key, "undecodable", 1)`` with a rate-limited warning."""
+    pickled = snapshot.get(PICKLED)
+    if pickled is None:
+        return snapshot
+    states = dict(snapshot.get("states") or {})
+    for k, b in pickled.items():
+        if k not in states:  # a collector's own export carries both
+            st = _unpickle_or_drop(k, b, on_drop)
+            if st is not _UNDECODABLE:
+                states[k] = st
+    out = {name: v for name, v in snapshot.items() if name not in (PICKLED, RAW_PICKLED)}
+    out["states"] = states
+    if snapshot.get(RAW_PICKLED):
+        out["raw"] = decode_raw(snapshot["raw"], snapshot[RAW_PICKLED], on_drop)
+    return out
+
+
+def encode_raw(raw: list, on_drop: OnDrop | None = None, keys: Any = None) -> tuple[list, list[int]]:
+    """Raw values ``[(key, value, ts), ...]`` with each value that is not a number (of a key in
+    ``keys``, or of any key when ``keys`` is None) pickled on its own; returns ``(raw, indices
+    of the pickled values)``. A value that cannot be pickled is left out (``on_drop``)."""
+    out = None
+    idx: list[int] = []
+    for i, item in enumerate(raw):
+        v = item[1]
+        if type(v) is float or type(v) is int or (keys is not None and item[0] not in keys):
+            if out is not None:
+                out.append(item)
+            continue
+        if out is None:
+            out = list(raw[:i])
+        b = _pickle_or_drop(item[0], v, on_drop)
+        if b is not None:
+            idx.append(len(out))
+            out.append((item[0], b, item[2]))
+    return (raw if out is None else out), idx
+
+
+def decode_raw(raw: list, idx: list[int], on_drop: OnDrop | None = None) -> list:
+    """The inverse of :func:`encode_raw`: a value that cannot be unpickled here is left out."""
+    if not idx:
+        return raw
+    out = list(raw)
+    bad = []
+    for i in idx:
+        key, b, ts = out[i]
+        v = _unpickle_or_drop(key, b, on_drop)
+        if v is _UNDECODABLE:
+            bad.append(i)
+        else:
+            out[i] = (key, v, ts)
+    for i in reversed(bad):
+        del out[i]
+    return out
+
+
+_UNDECODABLE = object()
+
+
+def _pickle_or_drop(key: Any, x: Any, on_drop: OnDrop | None) -> "bytes | None":
+    try:
+        return pickle_value(x)
+    except Exception as e:  # noqa: BLE001 - this key's value only
+        _report(key, "unpicklable", f"cannot be pickled ({safe_repr(e)})", on_drop)
+        return None
+
+
+def _unpickle_or_drop(key: Any, b: bytes, on_drop: OnDrop | None) -> Any:
+    try:
+        return pickle.loads(b)
+    except Exception as e:  # noqa: BLE001 - e.g. a class only the rank can import
+        _report(key, "undecodable", f"cannot be unpickled in this process ({safe_repr(e)})", on_drop)
+        return _UNDECODABLE
+
+
+def _report(key: Any, reason: str, why: str, on_drop: OnDrop | None) -> None:
+    text = key if type(key) is str else safe_repr(key)
+    WARNER.warn(reason, text, f"{text!r}: a state or value {why}; left out of the step (counted in obs/dropped_values)")
+    if on_drop is not None:
+        try:
+            on_drop(key, reason, 1)
+        except Exception:  # noqa: BLE001 - a caller's callback never breaks a decode
+            pass
+
+
+def has_values(snapshot: Any) -> bool:
+    """Whether a snapshot (sent or decoded) carries any value or count (one that does not, e.g.
+    the final states of a mesh stopped right after a flush, can be left out)."""
+    try:
+        snap = pickle.loads(snapshot) if isinstance(snapshot, (bytes, bytearray, memoryview)) else snapshot
+    except Exception:  # noqa: BLE001 - keep what cannot be judged; the pipeline counts it
+        return True
+    counters = snap.get("counters") or {}
+    return bool(snap.get("states") or snap.get(PICKLED) or snap.get("packed") or snap.get("raw")
+                or any(counters.values()))
