@@ -49,7 +49,7 @@ _LAZY = {
     "record_event": "forge_obs.recording.timeline",
     "set_step": "forge_obs.recording.timeline",
     "add_step_tag": "forge_obs.recording.timeline",
-    "get_proc_name_with_rank": "forge_obs.utils",
+    "get_proc_name_with_rank": "forge_obs._compat.utils",
     # importable from here for existing code, documented in their own modules
     "JsonlBackend": "forge_obs.backends.jsonl",
     "TensorBoardBackend": "forge_obs.backends.tensorboard",

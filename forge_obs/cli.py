@@ -14,6 +14,8 @@ import sys
 
 from forge_obs.analysis.cli import COMMANDS
 
+__all__ = ["EXTRAS", "missing_dependency", "main"]
+
 #: optional dependency (top-level module) -> the extra of forge-obs that installs it
 EXTRAS = {"duckdb": "timeline", "viztracer": "timeline", "perfetto": "timeline", "wandb": "wandb",
           "tensorboard": "tensorboard", "transformers": "grpo", "tokenizers": "grpo", "vllm": "vllm"}

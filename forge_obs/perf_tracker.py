@@ -1,38 +1,10 @@
-"""torchforge's ``forge.observability.perf_tracker``, over :mod:`forge_obs.recording.tracer`.
-
-    from forge_obs.perf_tracker import Tracer, trace      # was: forge.observability.perf_tracker
-
-Also ``_TimerCPU`` / ``_TimerCUDA`` (torchforge's timer classes) and the names its tests patch:
-replacing ``forge_obs.perf_tracker.record_metric`` (``monkeypatch.setattr`` / ``mock.patch``)
-routes every Tracer's and ``@trace``'s values through the replacement, one call per value as
-torchforge's Tracer makes them (``forge_obs.recording.tracer.set_record_hook``); forge_obs's extra
-``…_dist_s`` keys still go to the collector. Restoring the original restores the fast path.
-"""
-
-from __future__ import annotations
+"""torchforge's ``forge.observability.perf_tracker`` path: this module is
+:mod:`forge_obs._compat.perf_tracker` itself, so that what a test patches here takes effect there."""
 
 import sys
-import types
-from typing import Any
 
-from forge_obs.recording.collector import record_metric
-from forge_obs.env import DISABLE_PERF_METRICS, FORGE_DISABLE_METRICS, METRIC_TIMER_USES_GPU
-from forge_obs.recording.reduce import Reduce
-from forge_obs.recording.tracer import Tracer, _TimerCPU, _TimerCUDA, set_record_hook, trace
+from forge_obs._compat import perf_tracker as _module
+from forge_obs._compat.perf_tracker import *  # noqa: F401,F403
+from forge_obs._compat.perf_tracker import __all__  # noqa: F401
 
-__all__ = ["Tracer", "trace", "record_metric", "Reduce", "_TimerCPU", "_TimerCUDA", "DISABLE_PERF_METRICS",
-           "FORGE_DISABLE_METRICS", "METRIC_TIMER_USES_GPU"]
-
-_RECORD_METRIC = record_metric
-
-
-class _PatchPoints(types.ModuleType):
-    """Assigning ``record_metric`` here reroutes the tracer (see the module docstring)."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        super().__setattr__(name, value)
-        if name == "record_metric":
-            set_record_hook(None if value is _RECORD_METRIC else value)
-
-
-sys.modules[__name__].__class__ = _PatchPoints
+sys.modules[__name__] = _module

@@ -26,7 +26,7 @@ def test_every_public_name_is_importable_and_listed_by_dir():
 
 def test_internal_modules_are_not_part_of_the_facade():
     assert not {"collector", "pipeline", "device", "sketch", "record", "controller", "fetcher"} & set(forge_obs.__all__)
-    from forge_obs import reduce
+    from forge_obs.recording import reduce
 
     assert "reduce_snapshots" not in reduce.__all__ and "ROW_FIELDS" not in reduce.__all__
 

@@ -23,7 +23,7 @@ def _cli_without(modules: list[str], *argv: str) -> subprocess.CompletedProcess:
 
 
 def _run_dir(tmp_path: Path) -> Path:
-    from forge_obs import timeline as tl
+    from forge_obs.recording import timeline as tl
 
     tl.close()
     try:

@@ -9,7 +9,7 @@ import math
 import subprocess
 import sys
 
-from forge_obs import timeline as tl
+from forge_obs.recording import timeline as tl
 from forge_obs.analysis.doctor import diagnose, diagnose_run, format_findings
 from tests.doctor_runs import source, write_metrics, write_timeline
 from tests.test_timeline import _fake_run

@@ -447,7 +447,7 @@ def test_tracer_and_trace_never_raise_for_any_name(fresh_collector):
 
 
 def test_record_span_and_event_never_raise_and_their_records_are_written(tmp_path):
-    from forge_obs import timeline as tl
+    from forge_obs.recording import timeline as tl
     from forge_obs.analysis import reader
 
     cyc: dict = {}

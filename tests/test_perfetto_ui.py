@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from forge_obs import timeline as tl
+from forge_obs.recording import timeline as tl
 from forge_obs.analysis.trace import export_trace
 from forge_obs.recording.timeline.writer import current_writer
 from tests.browser import Browser

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from forge_obs import timeline as tl
+from forge_obs.recording import timeline as tl
 from forge_obs.analysis import reader
 from forge_obs.backends.jsonl import JsonlBackend
 from forge_obs.core.types import Metric

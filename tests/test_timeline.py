@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from forge_obs import timeline as tl
+from forge_obs.recording import timeline as tl
 from forge_obs.analysis import reader
 from forge_obs.analysis.trace import export_trace
 from forge_obs.core.identity import current_identity
@@ -200,7 +200,7 @@ def test_rank_selection(tdir):
 
 def test_disable_switch_makes_everything_a_noop(tmp_path):
     code = (
-        "from forge_obs import timeline as tl\n"
+        "from forge_obs.recording import timeline as tl\n"
         f"print(tl.configure({str(tmp_path)!r}))\n"
         "with tl.record_span('x'): pass\n"
         "tl.record_event('e'); tl.set_step(1); tl.close()\n"

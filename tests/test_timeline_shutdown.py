@@ -11,7 +11,7 @@ from monarch.actor import Actor, endpoint, this_host
 
 import provisioner_hooks
 from forge_obs import get_or_create_metric_logger
-from forge_obs import timeline as tl
+from forge_obs.recording import timeline as tl
 from forge_obs.analysis import reader
 from forge_obs.analysis.doctor import diagnose
 from forge_obs.analysis.trace import export_trace

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from forge_obs import Tracer, trace
-from forge_obs import tracer as tracer_mod
+from forge_obs.recording import tracer as tracer_mod
 from forge_obs.recording.reduce import reduce_metrics_states
 
 

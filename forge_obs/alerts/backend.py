@@ -33,6 +33,8 @@ from forge_obs.backends.record import StepRecord
 from forge_obs.recording.reduce import Reduce
 from forge_obs.core.selfobs import SELF_OBS
 
+__all__ = ["AlertsBackend"]
+
 logger = logging.getLogger("forge_obs")
 
 #: conditions whose onset explains a drop or a slowdown that starts right after

@@ -20,6 +20,9 @@ from urllib.parse import urlparse
 
 from forge_obs.analysis.doctor.config import DoctorConfig
 from forge_obs.analysis.doctor.rules import RULES, UserRule
+from forge_obs.core.options import check_keys
+
+__all__ = ["SINKS", "RULE_NAMES", "AlertsConfig"]
 
 SINKS = ("console", "file", "wandb", "callback", "webhook")
 #: rule names ``disable`` accepts (``quiet_rank`` goes with ``missing_ranks``)
@@ -58,8 +61,6 @@ class AlertsConfig:
     @classmethod
     def from_dict(cls, cfg: dict[str, Any] | None) -> "AlertsConfig":
         cfg = dict(cfg or {})
-        from forge_obs.controller.config import check_keys
-
         check_keys("alerts", cfg, cls.valid_keys())
         out = cls()
         if "sinks" in cfg:

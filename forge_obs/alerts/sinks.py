@@ -22,6 +22,17 @@ from typing import Any, Callable
 
 from forge_obs.core.warn import RateLimitedWarner
 
+__all__ = [
+    "WARNER",
+    "console_line",
+    "FileSink",
+    "console_sink",
+    "find_wandb_run",
+    "wandb_alert",
+    "post_json",
+    "Dispatcher",
+]
+
 logger = logging.getLogger("forge_obs")
 WARNER = RateLimitedWarner(interval_s=60.0)
 

@@ -19,3 +19,5 @@ One module per view, each runnable on its own (no Monarch, no GPU):
 
 The recording side (``record_span``, the timeline writer and its schema) is :mod:`forge_obs.recording.timeline`.
 """
+
+__all__ = []

@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+__all__ = ["COMMANDS", "command", "SHOW_MODES", "RUN_MARKERS"]
+
 #: subcommand name -> (help, add_arguments, run) ; filled by @command below
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
 

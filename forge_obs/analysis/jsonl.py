@@ -20,6 +20,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+__all__ = ["NOT_JSON", "json_lines"]
+
 _raw_decode = json.JSONDecoder().raw_decode
 
 NOT_JSON = "not valid JSON (or not UTF-8)"

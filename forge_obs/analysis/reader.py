@@ -42,6 +42,8 @@ from typing import Any, Callable, Iterator
 
 from forge_obs.analysis.jsonl import json_lines
 
+__all__ = ["Stream", "Run", "clean_header", "scan", "walk", "run_end"]
+
 logger = logging.getLogger("forge_obs")
 
 SPAN, OPEN, INSTANT, STEP, TAG, END = "span", "open", "instant", "step", "tag", "end"

@@ -41,6 +41,8 @@ from typing import Any
 from forge_obs.analysis import reader
 from forge_obs.analysis.reader import END, INSTANT, OPEN, SPAN, STEP, TAG
 
+__all__ = ["SPAN_COLS", "EVENT_COLS", "METRIC_COLS", "connect", "format_result"]
+
 SPAN_COLS = {
     "run_id": "VARCHAR", "attempt": "INTEGER", "host": "VARCHAR", "pid": "BIGINT", "mesh": "VARCHAR",
     "actor": "VARCHAR", "rank": "INTEGER", "task": "VARCHAR", "name": "VARCHAR", "step": "BIGINT",

@@ -22,6 +22,8 @@ from typing import Any, Callable, Iterator
 
 from forge_obs.analysis.jsonl import NOT_JSON, json_lines
 
+__all__ = ["metric_row_problem", "read_jsonl", "read_metrics"]
+
 logger = logging.getLogger("forge_obs")
 
 #: ints beyond this do not fit the SQL views' BIGINT columns (and no writer writes them)

@@ -29,6 +29,8 @@ from forge_obs.analysis.reader import END, INSTANT, OPEN, SPAN, STEP, TAG
 from forge_obs.core.identity import mesh_selected
 from forge_obs.recording.timeline.schema import parse_ranks, rank_selected
 
+__all__ = ["parse_steps", "parse_names", "make_keep", "export_trace"]
+
 _dumps = json.dumps
 
 #: end of a span that never ended, when packing tasks onto thread tracks

@@ -68,9 +68,19 @@ from typing import Any
 
 from forge_obs.core.safe import printable, safe_repr, safe_str
 from forge_obs.backends.base import LoggerBackend, awaitable
-from forge_obs.controller.config import parse_options
+from forge_obs.core.options import parse_options
 from forge_obs.core.types import Metric
 from forge_obs.backends.record import StepRecord
+
+__all__ = [
+    "WIDTH",
+    "ConsoleOptions",
+    "unit_for",
+    "format_value",
+    "format_block",
+    "format_compact",
+    "ConsoleBackend",
+]
 
 WIDTH = 120
 

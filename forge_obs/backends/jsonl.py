@@ -38,6 +38,8 @@ from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable
 from forge_obs.core.types import LoggingMode
 from forge_obs.backends.record import StepRecord
 
+__all__ = ["DEFAULT_RETRY_BUFFER_MB", "JsonlBackend"]
+
 logger = logging.getLogger("forge_obs")
 
 

@@ -18,6 +18,8 @@ from typing import Any, Iterator
 from forge_obs.core.types import Metric
 from forge_obs.recording.reduce import reduction_of, snapshot_values
 
+__all__ = ["RunContext", "RankViews", "StepRecord"]
+
 
 @dataclass
 class RunContext:

@@ -18,6 +18,8 @@ import functools
 import logging
 from typing import Any, Callable
 
+__all__ = ["install", "uninstall", "register_child_startup", "unregister_child_startup", "watch_mesh"]
+
 logger = logging.getLogger("forge_obs")
 
 _mesh_name: contextvars.ContextVar[str | None] = contextvars.ContextVar("forge_obs_mesh_name", default=None)

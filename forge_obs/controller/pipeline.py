@@ -72,6 +72,8 @@ from forge_obs.recording.reduce import KeyDrops, Reduce, merge_snapshots, reduce
 from forge_obs.core.selfobs import CPU_PARTS, SELF_OBS, add_cpu
 from forge_obs.wire.snapshot import decode_raw, loads
 
+__all__ = ["RankKey", "ChildMesh", "BUNDLED_SEQS", "RESUME_GRACE_S", "RankBook", "Cut", "FlushPipeline"]
+
 logger = logging.getLogger("forge_obs")
 
 RankKey = tuple  # (mesh_id, rank)

@@ -16,6 +16,17 @@ from __future__ import annotations
 
 import os
 
+__all__ = [
+    "env_value",
+    "parse_flag",
+    "env_flag",
+    "env_bool",
+    "perf_metrics_disabled",
+    "timer_uses_gpu",
+    "METRICS_DISABLED",
+    "PERF_METRICS_DISABLED",
+]
+
 _TRUE = {"1", "true", "yes", "on"}
 
 # os.environ's backing dict (bytes keys on POSIX); os.environ.get is the fallback if it moves

@@ -30,7 +30,25 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from forge_obs.core.options import check_keys
 from forge_obs.core.safe import safe_str
+
+__all__ = [
+    "new_run_id",
+    "MASK",
+    "SECRET_PARTS",
+    "SECRET_WORDS",
+    "HARMLESS_WORDS",
+    "COUNT_WORDS",
+    "is_secret_name",
+    "redact_text",
+    "redact",
+    "RunConfig",
+    "META_RESERVE_BYTES",
+    "reserve_meta_space",
+    "release_meta_space",
+    "write_meta",
+]
 
 logger = logging.getLogger("forge_obs")
 
@@ -283,8 +301,6 @@ class RunConfig:
     @classmethod
     def from_config(cls, cfg: dict[str, Any] | None) -> "RunConfig":
         cfg = dict(cfg or {})
-        from forge_obs.controller.config import check_keys
-
         check_keys("run", cfg, cls.VALID_KEYS)
         run_id = str(cfg.get("id") or os.environ.get("FORGE_OBS_RUN_ID") or new_run_id())
         if "/" in run_id or run_id in (".", ".."):

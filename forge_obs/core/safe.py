@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = ["safe_str", "safe_repr", "is_number", "printable"]
+
 
 def _type_text(x: Any) -> str:
     try:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+__all__ = ["LoggingMode", "BackendRole", "Metric"]
+
 
 class LoggingMode(Enum):
     """How a backend sees the experiment's values.

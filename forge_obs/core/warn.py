@@ -14,6 +14,8 @@ import logging
 import threading
 import time
 
+__all__ = ["RateLimitedWarner", "WARNER"]
+
 logger = logging.getLogger("forge_obs")
 
 

@@ -55,7 +55,7 @@ from forge_obs.recording.reduce import (
     to_float,
 )
 from forge_obs.recording.sketch import DistributionAccumulator  # importing sketch registers "distribution" in every process
-from forge_obs.wire.snapshot import PICKLED, pickle_value
+from forge_obs.core.pickling import PICKLED, pickle_value
 
 __all__ = ["MetricCollector", "Taken", "record_metric", "set_enabled", "is_enabled", "DEFAULT_RAW_CAP"]
 
@@ -773,6 +773,8 @@ def record_metric(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN)
     counted in ``obs/dropped_values`` (by reason); NaN/inf are kept and counted in
     ``obs/nonfinite_values``, and so is an int beyond the float range (as ``±inf``).
     """
+    if _route is not None:  # disabled, or routed (set_record_route)
+        return _route(key, value, reduction)
     c = _C
     t = type(value)
     if t is float:
@@ -800,12 +802,17 @@ def record_metric(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN)
         _release()
 
 
-# ---------------------------------------------------------------------------- switching record_metric
-# ``record_metric`` is imported by reference everywhere (``from forge_obs import record_metric``),
-# so it is switched by replacing its code object: the enabled path pays nothing for the switch.
-#: the enabled path, never switched (``MetricCollector.push`` records through it)
-_record_fast = types.FunctionType(record_metric.__code__, globals(), "record_metric", record_metric.__defaults__)
-_FAST_CODE = record_metric.__code__
+# ---------------------------------------------------------------------------- the one swap point
+#: how ``record_metric`` records, chosen once per change (never per call): None is the fast path
+#: above; otherwise every call goes to this function (disabled recording, or a route installed
+#: with :func:`set_record_route`)
+_route: Any = None
+#: a route installed by compatibility code (torchforge's patched ``MetricCollector``)
+_installed_route: list = [None]
+#: the fast path whatever the route (``MetricCollector.push``): ``record_metric``'s code, run with
+#: ``_route`` fixed to None
+_record_fast = types.FunctionType(record_metric.__code__, {**globals(), "_route": None}, "record_metric",
+                                  record_metric.__defaults__)
 
 
 def _record_disabled(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN) -> None:
@@ -813,27 +820,16 @@ def _record_disabled(key: str, value: Any, reduction: "Reduce | str" = Reduce.ME
     return None
 
 
-def _record_through_patch(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN) -> None:
-    """While ``forge_obs.metrics.MetricCollector`` is replaced (a test's mock): torchforge's
-    record path -- ``FORGE_DISABLE_METRICS`` read per call, then
-    ``MetricCollector().push(Metric(key, value, reduction))`` with the replaced class."""
-    if env_flag("FORGE_DISABLE_METRICS"):
-        return None
-    cls = getattr(sys.modules.get("forge_obs.metrics"), "MetricCollector", MetricCollector)
-    cls().push(Metric(key, value, reduction))
+def _choose_route() -> None:
+    global _route
+    _route = _installed_route[0] or (None if _ENABLED[0] else _record_disabled)
 
 
-_patched_collector = [False]
-
-
-def _select_record_code() -> None:
-    if _patched_collector[0]:
-        code = _record_through_patch.__code__
-    elif _ENABLED[0]:
-        code = _FAST_CODE
-    else:
-        code = _record_disabled.__code__
-    record_metric.__code__ = code
+def set_record_route(route: "Any | None") -> None:
+    """Send every ``record_metric`` call to ``route(key, value, reduction)`` (None: record here).
+    The compatibility layer's swap point; it takes precedence over :func:`set_enabled`."""
+    _installed_route[0] = route
+    _choose_route()
 
 
 def set_enabled(enabled: bool) -> None:
@@ -846,18 +842,12 @@ def set_enabled(enabled: bool) -> None:
     ``FORGE_DISABLE_METRICS`` is read once, at import (following it per call would cost more
     than the call); this is the run-time switch. Values already recorded are kept."""
     _ENABLED[0] = bool(enabled)
-    _select_record_code()
+    _choose_route()
 
 
 def is_enabled() -> bool:
     """Whether ``record_metric`` records in this process."""
     return _ENABLED[0]
-
-
-def _set_patched_collector(patched: bool) -> None:
-    """``forge_obs.metrics.MetricCollector`` was replaced (True) or restored (False)."""
-    _patched_collector[0] = bool(patched)
-    _select_record_code()
 
 
 if METRICS_DISABLED:  # read once: a near-zero-cost no-op

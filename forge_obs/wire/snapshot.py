@@ -22,29 +22,16 @@ from __future__ import annotations
 import pickle
 from typing import Any, Callable
 
+from forge_obs.core.pickling import PICKLED, pickle_value
 from forge_obs.core.safe import safe_repr
 from forge_obs.core.warn import WARNER
 
 __all__ = ["dumps", "loads", "has_values", "encode", "decode", "encode_raw", "decode_raw", "pickle_value", "PICKLED"]
 
-#: a snapshot's field that holds ``{key: pickled state}`` (encoded states, or a collector's
-#: export: the bytes its picklability check made, reused on the wire)
-PICKLED = "pickled"
 #: a snapshot's field that holds the indices of the raw values pickled one by one
 RAW_PICKLED = "raw_pickled"
 
 OnDrop = Callable[[Any, str, int], None]
-
-
-def pickle_value(x: Any) -> bytes:
-    """Pickle ``x``: the standard pickler (fastest) for plain data, cloudpickle (what Monarch
-    uses) for what only it can pickle, e.g. a SAMPLE row holding a lambda. Raises if neither can."""
-    try:
-        return pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:  # noqa: BLE001
-        import cloudpickle
-
-        return cloudpickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def dumps(snapshot: dict[str, Any], on_drop: OnDrop | None = None) -> bytes:

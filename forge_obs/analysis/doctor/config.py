@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any
 
+__all__ = ["DoctorConfig"]
+
 
 @dataclass
 class DoctorConfig:

@@ -29,6 +29,19 @@ from typing import Any, NamedTuple
 
 from forge_obs.analysis.doctor.config import DoctorConfig
 
+__all__ = [
+    "fmedian",
+    "Persistence",
+    "History",
+    "median_without",
+    "Change",
+    "Episode",
+    "GroupTracker",
+    "covered",
+    "theil_sen",
+    "growth",
+]
+
 #: ratios kept per episode for its summary (the doctor; live trackers keep none)
 _MAX_KEPT = 4096
 

@@ -18,6 +18,8 @@ from typing import Any
 
 from forge_obs.analysis.doctor.identity import describe
 
+__all__ = ["Finding", "steps_text", "format_findings"]
+
 
 @dataclass
 class Finding:

@@ -19,6 +19,8 @@ from typing import Any
 
 from forge_obs.core.identity import DEFAULT_MESH_NAME
 
+__all__ = ["GLOBAL", "label_of", "describe", "Identities", "parse_label"]
+
 _REPLICA = re.compile(r"^(.*?)[_-](\d+)$")
 
 GLOBAL = {"mesh": "global", "actor": None, "rank": None, "replica": None, "where": "global"}

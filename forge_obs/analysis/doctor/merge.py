@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from forge_obs.analysis.doctor.finding import Finding
 
+__all__ = ["KIND_ORDER", "merge_root_events"]
+
 #: the order findings are printed in (most severe first)
 KIND_ORDER = ["hang", "stall", "missing_ranks", "quiet_rank", "nonfinite", "straggler", "slowdown", "sync_bottleneck",
               "staleness", "throughput_drop", "dropped", "threshold"]

@@ -20,6 +20,8 @@ from forge_obs.analysis.doctor.finding import Finding
 from forge_obs.analysis.doctor.identity import GLOBAL, Identities
 from forge_obs.analysis.doctor.rules import Event, Staleness, StepView, build_rules
 
+__all__ = ["step_views", "metric_findings"]
+
 
 def step_views(rows: Iterator[dict], ids: Identities, stats: dict) -> Iterator[StepView]:
     """Group consecutive rows of one step into a :class:`StepView` (identities learnt on the way)."""

@@ -39,6 +39,26 @@ from forge_obs.analysis.doctor.config import DoctorConfig
 from forge_obs.analysis.doctor.detect import GroupTracker, History, Persistence, fmedian, growth
 from forge_obs.analysis.doctor.identity import GLOBAL, Identities
 
+__all__ = [
+    "StepView",
+    "Event",
+    "KeyIndex",
+    "KeySet",
+    "Rule",
+    "NonFinite",
+    "MissingRanks",
+    "Staleness",
+    "Throughput",
+    "duration_scale",
+    "step_interval",
+    "Stragglers",
+    "SyncShare",
+    "UserRule",
+    "Thresholds",
+    "RULES",
+    "build_rules",
+]
+
 
 @dataclass
 class StepView:

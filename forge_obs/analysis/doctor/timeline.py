@@ -25,6 +25,18 @@ from forge_obs.analysis.doctor.identity import Identities
 from forge_obs.analysis.reader import OPEN, SPAN, STEP
 from forge_obs.recording.timeline.schema import rank_selected
 
+__all__ = [
+    "Tables",
+    "scan",
+    "straggler_findings",
+    "hang_findings",
+    "stall_findings",
+    "sync_findings",
+    "dropped_findings",
+    "absent_rank_findings",
+    "timeline_findings",
+]
+
 
 @dataclass
 class Tables:

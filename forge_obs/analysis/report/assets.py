@@ -6,6 +6,8 @@ raw line kept faint behind it), a hover read-out, stacked areas for the step-tim
 It sets ``document.body.dataset.drawn`` to the number of charts drawn once it is done.
 """
 
+__all__ = ["CSS", "JS"]
+
 CSS = """
 :root{--fg:#1d1d1f;--muted:#777;--line:#e2e2e2;--bg:#f7f7f8;--card:#fff;--bad:#b3261e}
 *{box-sizing:border-box}

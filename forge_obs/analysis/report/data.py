@@ -24,6 +24,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+__all__ = [
+    "Point",
+    "GROUP_ORDER",
+    "QUANTILES",
+    "OVERVIEW_PANELS",
+    "STEP_TOTAL_KEYS",
+    "STEP_PART_PATTERNS",
+    "is_distribution",
+    "group_of",
+    "group_sort_key",
+    "Panel",
+    "RunData",
+]
+
 #: (step, wall time or None, value); a non-finite value is kept (NaN is a signal)
 Point = tuple[int, "float | None", float]
 

@@ -47,6 +47,22 @@ from typing import Any
 from forge_obs.analysis.report.assets import CSS, JS
 from forge_obs.analysis.report.data import QUANTILES, RunData, group_of
 
+__all__ = [
+    "MAX_POINTS",
+    "MAX_RANK_LINES",
+    "SMOOTHING",
+    "COLORS",
+    "esc",
+    "slug",
+    "fmt",
+    "Page",
+    "figure",
+    "doctor_findings",
+    "KNOWN_META",
+    "render_report",
+    "write_report",
+]
+
 MAX_POINTS = 1500
 MAX_RANK_LINES = 16
 #: default smoothing of the page's control (0: raw)

@@ -37,6 +37,17 @@ import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from forge_obs.core.options import parse_options
+
+__all__ = [
+    "VERSION",
+    "TimelineOptions",
+    "DEFAULT_OPTIONS",
+    "validate_options",
+    "parse_ranks",
+    "rank_selected",
+]
+
 VERSION = 1
 
 @dataclass
@@ -82,8 +93,6 @@ def validate_options(options: dict[str, Any] | None) -> dict[str, Any]:
         return dict(DEFAULT_OPTIONS, enabled=False)
     if not isinstance(options, dict):
         raise ValueError(f"'timeline' config must be a dict, got {type(options).__name__}")
-    from forge_obs.controller.config import parse_options
-
     opts = asdict(parse_options(TimelineOptions, "timeline", options, also=_PRIVATE_KEYS))
     opts.update((k, options[k]) for k in _PRIVATE_KEYS if k in options)
     return opts

@@ -28,6 +28,19 @@ from forge_obs.core.identity import current_identity, mesh_selected
 from forge_obs.core.selfobs import SELF_OBS
 from forge_obs.recording.timeline.schema import VERSION, rank_selected, validate_options
 
+__all__ = [
+    "SESSION",
+    "epoch_us",
+    "now_us",
+    "Writer",
+    "configure",
+    "configure_from_push",
+    "controller_options",
+    "flush",
+    "close",
+    "current_writer",
+]
+
 # the recording state this writer drains (not `from forge_obs import timeline`: importing through
 # the root package can deadlock with another thread that is still initialising it)
 _tl = importlib.import_module("forge_obs.recording.timeline")
