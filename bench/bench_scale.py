@@ -216,7 +216,7 @@ async def _calibrate(n_msgs: int, keys: int) -> None:
 
     from monarch.actor import Actor, Channel, endpoint, this_host
 
-    from forge_obs.controller.aggregate import ACKB, BUNDLE
+    from forge_obs.wire.messages import ACKB, BUNDLE
     from forge_obs.wire.bundle import dumps_bundle, make_bundle
     from forge_obs.wire.snapshot import loads
 
@@ -300,10 +300,10 @@ def simulate(ranks: int, design: str, keys: int, group: int, fanin: int, steps: 
     ranks/(group*fanin)."""
     import threading
 
-    from forge_obs.controller.aggregate import ACKB, BUNDLE
+    from forge_obs.wire.messages import ACKB, BUNDLE
     from forge_obs.backends.base import LoggerBackend
     from forge_obs.wire.bundle import dumps_bundle, make_bundle, merge_bundles
-    from forge_obs.controller.fetcher import ACK, STATES
+    from forge_obs.wire.messages import ACK, STATES
     from forge_obs.controller.pipeline import FlushPipeline
     from forge_obs.wire.snapshot import loads
 

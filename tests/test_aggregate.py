@@ -278,7 +278,8 @@ def test_a_member_resends_a_cut_once_and_answers_a_cut_it_has_not_taken_directly
     """``Route.resend_cut``: what the rank sent its leader for that cut goes to the controller
     (states as RESENT), once; a later resend of everything kept for that leader (a new plan) does
     not repeat it; a cut the controller asked about before the rank took it is answered directly."""
-    from forge_obs.controller.aggregate import RESENT, Route
+    from forge_obs.controller.aggregate import Route
+    from forge_obs.wire.messages import RESENT
 
     class Port:
         def __init__(self):
@@ -480,7 +481,7 @@ def test_the_aggregator_receives_with_a_timeout_on_either_monarch_api(public_onl
     fallback; a timeout returns None and loses no message."""
     from monarch.actor import Channel
 
-    from forge_obs.controller.aggregate import receiver_with_timeout
+    from forge_obs.controller.monarch_internals import receiver_with_timeout
 
     port, rx = Channel.open()
     recv = receiver_with_timeout(rx, public_only=public_only)

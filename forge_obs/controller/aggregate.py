@@ -37,13 +37,14 @@ from forge_obs.wire.bundle import dumps_bundle, make_bundle
 from forge_obs.recording.reduce import KeyDrops
 from forge_obs.core.selfobs import SELF_OBS
 from forge_obs.wire.snapshot import loads
+from forge_obs.wire.messages import ACK, ACKB, BUNDLE, EXPECT, HELLO, RESENT
+from forge_obs.controller.monarch_internals import receiver_with_timeout
 
 logger = logging.getLogger("forge_obs")
 
-__all__ = ["HELLO", "ACKB", "BUNDLE", "RESENT", "EXPECT", "host_key", "receiver_with_timeout", "Aggregator", "Route"]
+__all__ = ["host_key", "Aggregator", "Route"]
 
 #: messages of the aggregated route (the direct route's are fetcher.ACK / STATES / FINAL / STREAM)
-HELLO, ACKB, BUNDLE, RESENT, EXPECT = "hello", "ackb", "bundle", "resent", "expect"
 #: messages kept per leader, to resend if it fails: ack + states of the last 32 cuts
 KEEP_SENT = 64
 #: messages for a cut a leader never learnt it leads are dropped after this long
@@ -54,42 +55,6 @@ def host_key() -> str:
     """This process's Monarch host: the host name and the pid of the host agent that spawned it
     (every proc of a host is its child; localhost test hosts share a host name)."""
     return f"{socket.gethostname()}:{os.getppid()}"
-
-
-def receiver_with_timeout(receiver: Any, public_only: bool = False) -> Callable[[float | None], Any]:
-    """``recv(timeout_s)`` on a Monarch ``PortReceiver``: the next message, or ``None`` after
-    ``timeout_s`` (``None``: wait for one); raises once the port is closed.
-
-    Waits on the receive task itself (no coroutine and private event loop per message) when
-    Monarch has it; falls back to the public ``receiver.recv().get(timeout=...)``, keeping the
-    pending receive across timeouts (a timed-out ``get`` does not consume it)."""
-    base = getattr(receiver, "_receiver", None)
-    process = getattr(receiver, "_process", None)
-    if not public_only and base is not None and process is not None and hasattr(base, "recv_task"):
-
-        def fast(timeout_s: float | None) -> Any:
-            task = base.recv_task()
-            if timeout_s is not None:
-                task = task.with_timeout(timeout_s)
-            try:
-                return process(task.block_on())
-            except TimeoutError:
-                return None
-
-        return fast
-    pending: list = []
-
-    def public(timeout_s: float | None) -> Any:
-        if not pending:
-            pending.append(receiver.recv())
-        try:
-            msg = pending[0].get(timeout=timeout_s)
-        except TimeoutError:
-            return None
-        pending.clear()
-        return msg
-
-    return public
 
 
 # ------------------------------------------------------------------ member side
@@ -171,7 +136,7 @@ class Route:
 
     def _to_controller(self, msgs: Iterable[tuple]) -> None:
         for msg in msgs:
-            if msg[0] != ACK_KIND:
+            if msg[0] != ACK:
                 msg = (RESENT, *msg[1:])
             try:
                 self.ctl.send(msg)
@@ -192,7 +157,6 @@ class Route:
         return True
 
 
-ACK_KIND = "ack"  # fetcher.ACK (not imported: fetcher imports this module)
 
 
 def port_key(port: Any) -> str:
@@ -270,7 +234,7 @@ class Aggregator:
     def _take(self, msg: tuple) -> None:
         kind, seq = msg[0], msg[1]
         if seq in self.done:  # late for a cut already forwarded: alone, at once
-            if kind == ACK_KIND:
+            if kind == ACK:
                 self.lagging.discard(msg[2])
                 self.ctl.send((ACKB, seq, [(msg[2], msg[3])], []))
             elif kind == "states":
@@ -287,7 +251,7 @@ class Aggregator:
             self.cuts_seen += 1
             gc.per_rank, gc.ack_wait_s, gc.step_wait_s = per_rank, ack_wait_s, step_wait_s
             gc.t0 = time.monotonic()
-        elif kind == ACK_KIND:
+        elif kind == ACK:
             self.lagging.discard(msg[2])
             gc.acked[msg[2]] = msg[3]
         elif kind == "states":

@@ -21,6 +21,7 @@ from typing import Any
 from forge_obs.controller.backend_worker import DEFAULT_QUEUE_STEPS
 from forge_obs.core.options import check_keys, parse_options
 from forge_obs.core.run import RunConfig
+from forge_obs.wire.messages import DEFAULT_STREAM_INTERVAL_S
 
 __all__ = ["LoggerConfig", "RESERVED_KEYS", "DEFAULT_FLUSH_TIMEOUT_S", "check_keys", "parse_options"]
 
@@ -35,7 +36,6 @@ DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 #: longer than W&B's own wait for its service (90 s), so W&B reports its own errors first
 DEFAULT_BACKEND_INIT_TIMEOUT_S = 120.0
 #: how often raw values reach ``per_rank_no_reduce`` backends between flushes
-DEFAULT_STREAM_INTERVAL_S = 1.0
 
 
 @dataclass

@@ -42,6 +42,7 @@ from forge_obs.controller.registry import LOCAL_MESHES
 from forge_obs.core.selfobs import SELF_OBS
 from forge_obs.wire.snapshot import dumps, encode_raw
 from forge_obs.recording.timeline import follow_cut
+from forge_obs.wire.messages import ACK, DEFAULT_STREAM_INTERVAL_S, FINAL, STATES, STREAM
 
 logger = logging.getLogger("forge_obs")
 
@@ -50,9 +51,7 @@ __all__ = ["LocalFetcherActor", "FETCHER_NAME", "ACK", "STATES", "FINAL", "STREA
 
 FETCHER_NAME = "obs_fetcher"
 #: kinds of message on the controller's inbox port
-ACK, STATES, FINAL, STREAM = "ack", "states", "final", "stream"
 #: how often raw values are streamed to ``per_rank_no_reduce`` backends between flushes
-DEFAULT_STREAM_INTERVAL_S = 1.0
 #: how long a fetcher waits for the meshes it spawned to take a new configuration
 CONFIGURE_TIMEOUT_S = 10.0
 

@@ -46,9 +46,8 @@ from forge_obs.core.warn import WARNER
 from forge_obs.backends.base import LoggerBackend, call_hook, get_logger_backend_class, instantiate_backend, parse_modes
 from forge_obs.recording.collector import MetricCollector
 from forge_obs.controller.config import RESERVED_KEYS, LoggerConfig
-from forge_obs.controller.fetcher import ACK, FINAL, STATES, STREAM, configure_all, store_options
+from forge_obs.controller.fetcher import configure_all, store_options
 from forge_obs.core.types import BackendRole, LoggingMode
-from forge_obs.controller.aggregate import ACKB, BUNDLE, HELLO, RESENT
 from forge_obs.controller.pipeline import Cut, FlushPipeline, RankBook
 from forge_obs.wire.plan import Planner
 from forge_obs.backends.record import RunContext
@@ -57,6 +56,8 @@ from forge_obs.controller.registry import LOCAL_MESHES
 from forge_obs.core.run import redact, release_meta_space, reserve_meta_space, write_meta
 from forge_obs.core.selfobs import SELF_OBS
 from forge_obs.wire.snapshot import has_values
+from forge_obs.wire.messages import ACK, ACKB, BUNDLE, FINAL, HELLO, RESENT, STATES, STREAM
+from forge_obs.controller.monarch_internals import receiver_with_timeout
 
 logger = logging.getLogger("forge_obs")
 
@@ -263,14 +264,9 @@ class InboxDrain:
 
 
 def _receive_blocking(receiver: Any) -> Any:
-    """A blocking receive for the inbox thread. Monarch's ``recv().get()`` wraps every message in
-    a coroutine run on a private event loop; waiting on the receive task itself skips that, for
-    every message of every rank. Falls back to the public call if those names move."""
-    base = getattr(receiver, "_receiver", None)
-    process = getattr(receiver, "_process", None)
-    if base is not None and process is not None and hasattr(base, "recv_task"):
-        return lambda: process(base.recv_task().block_on())
-    return lambda: receiver.recv().get()
+    """The next message of ``receiver``, waiting for it (the one receive fast path)."""
+    recv = receiver_with_timeout(receiver)
+    return lambda: recv(None)
 
 
 def _stream_label(rank_key: Any, label: str) -> str:

@@ -1,4 +1,5 @@
-"""The one place that patches Monarch proc meshes (torchmonarch 0.7.0).
+"""The one module that touches Monarch's internals (torchmonarch 0.7.0): the patches that attach
+forge_obs to every proc mesh, and the receive fast path of a port.
 
 New meshes, primary: ``monarch._src.actor.proc_mesh.register_proc_mesh_spawn_callback`` (runs ``cb(pm)`` for
 every ``spawn_procs`` in this process) and ``SetupActor.register_startup_function`` (runs a
@@ -18,7 +19,7 @@ import functools
 import logging
 from typing import Any, Callable
 
-__all__ = ["install", "uninstall", "register_child_startup", "unregister_child_startup", "watch_mesh"]
+__all__ = ["install", "uninstall", "register_child_startup", "unregister_child_startup", "watch_mesh", "receiver_with_timeout"]
 
 logger = logging.getLogger("forge_obs")
 
@@ -143,3 +144,39 @@ def watch_mesh(proc_mesh: Any, on_spawn: Callable[[str], Any], on_stop: Callable
         proc_mesh.stop = stop
     except Exception as e:  # noqa: BLE001 - a mesh type that refuses attributes: unlabelled, stop() unseen
         logger.info("forge_obs: cannot watch proc mesh %r: %r", proc_mesh, e)
+
+
+def receiver_with_timeout(receiver: Any, public_only: bool = False) -> Callable[[float | None], Any]:
+    """``recv(timeout_s)`` on a Monarch ``PortReceiver``: the next message, or ``None`` after
+    ``timeout_s`` (``None``: wait for one); raises once the port is closed.
+
+    Waits on the receive task itself (no coroutine and private event loop per message) when
+    Monarch has it; falls back to the public ``receiver.recv().get(timeout=...)``, keeping the
+    pending receive across timeouts (a timed-out ``get`` does not consume it)."""
+    base = getattr(receiver, "_receiver", None)
+    process = getattr(receiver, "_process", None)
+    if not public_only and base is not None and process is not None and hasattr(base, "recv_task"):
+
+        def fast(timeout_s: float | None) -> Any:
+            task = base.recv_task()
+            if timeout_s is not None:
+                task = task.with_timeout(timeout_s)
+            try:
+                return process(task.block_on())
+            except TimeoutError:
+                return None
+
+        return fast
+    pending: list = []
+
+    def public(timeout_s: float | None) -> Any:
+        if not pending:
+            pending.append(receiver.recv())
+        try:
+            msg = pending[0].get(timeout=timeout_s)
+        except TimeoutError:
+            return None
+        pending.clear()
+        return msg
+
+    return public
