@@ -30,7 +30,7 @@ import torch
 
 from forge_obs import Reduce, record_metric
 from forge_obs.recording.collector import MetricCollector
-from forge_obs.recording.reduce import reduce_metrics_states
+from forge_obs.wire.merge import reduce_metrics_states
 from forge_obs.recording.tracer import Tracer, _GPU
 
 C = MetricCollector()

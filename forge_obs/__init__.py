@@ -21,17 +21,8 @@ from forge_obs.backends.base import LoggerBackend, get_logger_backend_class, reg
 from forge_obs.recording.collector import MetricCollector, is_enabled, record_metric, set_enabled
 from forge_obs.core.types import BackendRole, LoggingMode, Metric
 from forge_obs.backends.record import RunContext, StepRecord
-from forge_obs.recording.reduce import (
-    MaxAccumulator,
-    MeanAccumulator,
-    MetricAccumulator,
-    MinAccumulator,
-    Reduce,
-    StdAccumulator,
-    SumAccumulator,
-    reduce_metrics_states,
-    register_reduction,
-)
+from forge_obs.recording.reduce import MaxAccumulator, MeanAccumulator, MetricAccumulator, MinAccumulator, Reduce, StdAccumulator, SumAccumulator, register_reduction
+from forge_obs.wire.merge import reduce_metrics_states
 
 __version__ = "0.1.0"
 

@@ -21,7 +21,7 @@ import pytest
 from forge_obs.wire.bundle import bundle_snapshot, exact_parts, make_bundle, merge_bundles
 from forge_obs.backends.base import LoggerBackend
 from forge_obs.controller.pipeline import FlushPipeline
-from forge_obs.recording.reduce import reduce_snapshots
+from forge_obs.wire.merge import reduce_snapshots
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,7 +7,9 @@ import threading
 
 import pytest
 
-from forge_obs.recording.reduce import Reduce, accumulator_for, reduce_metrics_states, register_reduction
+from forge_obs.recording.reduce import Reduce, accumulator_for, register_reduction
+
+from forge_obs.wire.merge import reduce_metrics_states
 from tests.helpers import RangeAccumulator
 from forge_obs.recording.sketch import ALPHA, DISTRIBUTION, DistributionAccumulator, quantile
 

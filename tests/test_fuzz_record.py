@@ -19,7 +19,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from forge_obs import Reduce, record_metric, register_reduction  # noqa: E402
 from forge_obs.recording.collector import MetricCollector  # noqa: E402
-from forge_obs.recording.reduce import reduce_snapshots, snapshot_states  # noqa: E402
+from forge_obs.wire.merge import reduce_snapshots, snapshot_states  # noqa: E402
 from tests.helpers import UniqAccumulator  # noqa: E402
 
 

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 from forge_obs import Reduce, record_metric  # noqa: E402
-from forge_obs.recording.reduce import reduce_metrics_states  # noqa: E402
+from forge_obs.wire.merge import reduce_metrics_states  # noqa: E402
 from forge_obs.recording.tracer import Tracer, _GPU, trace  # noqa: E402
 
 

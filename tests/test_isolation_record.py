@@ -10,12 +10,7 @@ import threading
 import pytest
 
 from forge_obs import Reduce, record_metric, register_reduction
-from forge_obs.recording.reduce import (
-    reduce_metrics_states,
-    reduce_snapshots,
-    snapshot_states,
-    snapshot_values,
-)
+from forge_obs.wire.merge import reduce_metrics_states, reduce_snapshots, snapshot_states, snapshot_values
 from tests.helpers import RangeAccumulator, UniqAccumulator
 
 BIG = 10**400

@@ -7,7 +7,8 @@ import statistics
 import pytest
 
 from forge_obs import Reduce, reduce_metrics_states, register_reduction
-from forge_obs.recording.reduce import merge_states, resolve_reduction
+from forge_obs.recording.reduce import resolve_reduction
+from forge_obs.wire.merge import merge_states
 from tests.helpers import RangeAccumulator
 
 
@@ -110,7 +111,7 @@ def test_packed_snapshots_reduce_exactly_like_state_dicts(fresh_collector):
     """What fetchers send (built-in reductions packed as (keys, rows), the others as state dicts)
     reduces to the same values as the state dicts, across ranks and per rank, NaN included."""
     from forge_obs import record_metric
-    from forge_obs.recording.reduce import reduce_snapshots, snapshot_states, snapshot_values
+    from forge_obs.wire.merge import reduce_snapshots, snapshot_states, snapshot_values
 
     register_reduction("range_packed_test", RangeAccumulator)
     rng = random.Random(7)
@@ -201,7 +202,7 @@ def test_every_reduction_is_independent_of_merge_order(ranks, reduction, rnd):
     NaN and signed zeros included (the STD and SUM of values beyond the float range are inf)."""
     import forge_obs.recording.sketch  # noqa: F401 - registers "distribution"
     from forge_obs.wire.bundle import bundle_snapshot, make_bundle
-    from forge_obs.recording.reduce import reduce_snapshots
+    from forge_obs.wire.merge import reduce_snapshots
 
     states = _states_of(reduction, ranks)
     snaps = [{"states": {"k": s}} for s in states]
@@ -218,7 +219,7 @@ def test_every_reduction_is_independent_of_merge_order(ranks, reduction, rnd):
 
 
 def _reduce_states(states):
-    from forge_obs.recording.reduce import reduce_snapshots, snapshot_states  # noqa: F401
+    from forge_obs.wire.merge import reduce_snapshots, snapshot_states  # noqa: F401
 
     (m,) = reduce_metrics_states([{"k": s} for s in states])
     return m.value
@@ -267,7 +268,7 @@ def test_signed_zeros_merge_the_same_in_any_order(rt, want):
     """Rows not made by a collector (a device's, another library's) may hold -0.0: MAX of 0.0
     and -0.0 is 0.0, MIN is -0.0, in either order, directly and through a group bundle."""
     from forge_obs.wire.bundle import bundle_snapshot, make_bundle
-    from forge_obs.recording.reduce import reduce_snapshots
+    from forge_obs.wire.merge import reduce_snapshots
 
     a, b = {"packed": {rt: (["k"], [0.0])}}, {"packed": {rt: (["k"], [-0.0])}}
     for order in ([a, b], [b, a]):

@@ -12,7 +12,7 @@ import pytest
 
 from forge_obs import Tracer, trace
 from forge_obs.recording import tracer as tracer_mod
-from forge_obs.recording.reduce import reduce_metrics_states
+from forge_obs.wire.merge import reduce_metrics_states
 
 
 def values(collector):

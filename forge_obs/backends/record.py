@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from forge_obs.core.types import Metric
-from forge_obs.recording.reduce import reduction_of, snapshot_values
+from forge_obs.recording.reduce import reduction_of
+from forge_obs.wire.merge import snapshot_values
 
 __all__ = ["RunContext", "RankViews", "StepRecord"]
 

@@ -68,7 +68,8 @@ from forge_obs.core.identity import rank_label
 from forge_obs.core.types import LoggingMode, Metric
 from forge_obs.wire.plan import BYPASS_FRACTION
 from forge_obs.backends.record import RankViews, StepRecord
-from forge_obs.recording.reduce import KeyDrops, Reduce, merge_snapshots, reduce_snapshots, without_keys
+from forge_obs.recording.reduce import KeyDrops, Reduce
+from forge_obs.wire.merge import merge_snapshots, reduce_snapshots, without_keys
 from forge_obs.core.selfobs import CPU_PARTS, SELF_OBS, add_cpu
 from forge_obs.wire.snapshot import decode_raw, loads
 

@@ -43,12 +43,12 @@ from forge_obs.core.safe import safe_repr
 from forge_obs.core.warn import WARNER
 from forge_obs.core.types import Metric
 from forge_obs.recording.reduce import (
-    _REGISTRY,
     ROW_CLASSES,
     ROW_FIELDS,
     DropCounts,
     MetricAccumulator,
     Reduce,
+    accumulator_for,
     overflowed_keys,
     reserved_key,
     resolve_reduction,
@@ -121,7 +121,7 @@ def _append(accs: dict, key: Any, value: Any, reduction: Any, sink: Any) -> "tup
     new = acc is None
     try:
         if new:
-            cls = _REGISTRY[red.value if type(red) is Reduce else red]
+            cls = accumulator_for(red.value if type(red) is Reduce else red)
             if cls.numeric and not isinstance(value, (int, float)):
                 sink._sink_drop("bad_value", k, f"{type(value).__name__} value needs a non-numeric reduction such as Reduce.SAMPLE")
                 return None
@@ -405,7 +405,7 @@ class MetricCollector:
                     return value  # dropped as unknown_reduction under the lock
                 if red is _SAMPLE:
                     return self._row(key, value)
-                if not _REGISTRY[red.value if type(red) is Reduce else red].numeric:
+                if not accumulator_for(red.value if type(red) is Reduce else red).numeric:
                     return value
             if type(value) is (_TENSOR or _tensor_type()):  # plain torch.Tensor: the common case, fast
                 if not value.is_cpu:

@@ -43,7 +43,7 @@ from typing import Any
 
 from forge_obs.core.safe import safe_repr
 from forge_obs.core.warn import WARNER
-from forge_obs.recording.reduce import _REGISTRY, Reduce, reserved_key, resolve_reduction
+from forge_obs.recording.reduce import Reduce, reserved_key, resolve_reduction, takes_numbers
 
 __all__ = ["DeviceValues", "DeviceTake", "record_device_value", "RAW_CAP"]
 
@@ -199,8 +199,7 @@ class DeviceValues:
                         f"already has it as {_name(e.reduction)}; value dropped (counted in obs/dropped_values)")
             return None
         name = red.value if isinstance(red, Reduce) else red
-        cls = _REGISTRY[name]
-        if not cls.numeric:
+        if not takes_numbers(name):
             self._count_drop("bad_value")
             WARNER.warn("bad_value", key, f"record_metric({key!r}): a device tensor cannot be a {name} row; dropped")
             return None

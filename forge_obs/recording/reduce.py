@@ -1,11 +1,12 @@
 """Reductions: mergeable accumulators, one per (process, key, step).
 
-    >>> from forge_obs.recording.reduce import Reduce, reduce_metrics_states
+    >>> from forge_obs.recording.reduce import Reduce
     >>> a, b = Reduce.MEAN.accumulator_class(Reduce.MEAN), Reduce.MEAN.accumulator_class(Reduce.MEAN)
     >>> for v in (1, 2): a.append(v)
     >>> b.append(6)
-    >>> [m.value for m in reduce_metrics_states([{"x": a.get_state()}, {"x": b.get_state()}])]
-    [3.0]
+    >>> cls = Reduce.MEAN.accumulator_class
+    >>> cls.value_from_state(cls.merge_states([a.get_state(), b.get_state()]))
+    3.0
 
 Every accumulator turns its values into a small *state* (a plain dict that pickles cheaply) and
 states merge exactly: MEAN is (sum, count), STD is (count, mean, M2) merged with Chan's formula,
@@ -21,11 +22,11 @@ views all go through those three.
 
 Arithmetic follows IEEE 754 and never raises: a SUM, MEAN or STD beyond the float range is
 ``inf``, an ``int`` beyond it is ``±inf``, ``inf - inf`` is NaN, and NaN sticks in MAX / MIN.
-Every merge gives the same bits in whatever order its states come: sums are exact (``_fsum``),
+Every merge gives the same bits in whatever order its states come: sums are exact (``exact_fsum``),
 MAX / MIN / LAST pick by a total order, STD merges its rows sorted (``_order_key``).
 
-Nothing here raises because of one key's data while reducing a step: :func:`reduce_snapshots`
-leaves that key out and reports it to ``on_drop(key, reason, n_states)``. The reasons, also the
+Nothing raises because of one key's data while reducing a step: the cross-rank merge
+(:func:`forge_obs.wire.merge.reduce_snapshots`) leaves that key out and reports it to ``on_drop(key, reason, n_states)``. The reasons, also the
 keys of ``counters["dropped_by_reason"]`` in a collector snapshot (see :class:`DropCounts`) and
 the names of ``obs/dropped/<reason>``:
 
@@ -82,9 +83,25 @@ __all__ = [
     "SampleAccumulator",
     "register_reduction",
     "reduction_names",
-    "reduce_metrics_states",
     "DROP_REASONS",
-]  # the wire format (packed rows, snapshots, bundles) is internal: reduce_snapshots & co.
+    "DropCounts",
+    "KeyDrops",
+    "ROW_CLASSES",
+    "ROW_FIELDS",
+    "accumulator_for",
+    "adopt_reductions",
+    "exact_fsum",
+    "is_registered",
+    "takes_numbers",
+    "overflowed_keys",
+    "reduction_of",
+    "reduction_type_of",
+    "reserved_key",
+    "resolve_reduction",
+    "row_state",
+    "to_float",
+    "user_reductions",
+]
 
 logger = logging.getLogger("forge_obs")
 
@@ -187,7 +204,7 @@ def to_float(x: Any) -> float:
         return _INF if x > 0 else -_INF
 
 
-def _fsum(xs: list) -> float:
+def exact_fsum(xs: list) -> float:
     """The exact sum of ``xs`` correctly rounded (``math.fsum``), so the same in any order; with
     IEEE semantics where fsum raises: ``±inf`` for an exact sum beyond the float range (even when
     only a partial sum overflows, the total is exact), NaN for ``inf`` plus ``-inf``."""
@@ -198,7 +215,7 @@ def _fsum(xs: list) -> float:
 
 
 def _exact_sum(xs: list) -> float:
-    """:func:`_fsum` where ``math.fsum`` raises: the finite values added exactly (an ``int``
+    """:func:`exact_fsum` where ``math.fsum`` raises: the finite values added exactly (an ``int``
     beyond the float range counts as ``±inf``), then the infinities and NaNs."""
     total = Fraction(0)
     special = 0.0
@@ -349,19 +366,19 @@ class RowAccumulator(MetricAccumulator):
         return state[f[0]] if len(f) == 1 else tuple(state[x] for x in f)
 
     def get_state(self) -> dict[str, Any]:
-        return _row_state(self.rt, self.fields, self.row())
+        return row_state(self.rt, self.fields, self.row())
 
     @classmethod
     def merge_states(cls, states: list[dict[str, Any]]) -> dict[str, Any]:
         row = cls.merge_rows([cls.row_from_state(s) for s in states])
-        return _row_state(_rt_of(states[0]), cls.fields, row)
+        return row_state(reduction_type_of(states[0]), cls.fields, row)
 
     @classmethod
     def value_from_state(cls, state: dict[str, Any]) -> Any:
         return cls.row_value(cls.row_from_state(state))
 
 
-def _row_state(rt: str, fields: tuple, row: Any) -> dict[str, Any]:
+def row_state(rt: str, fields: tuple, row: Any) -> dict[str, Any]:
     st = {fields[0]: row} if len(fields) == 1 else dict(zip(fields, row))
     st["reduction_type"] = rt
     tf = _TORCHFORGE_FIELDS.get(rt)
@@ -419,7 +436,7 @@ class SumAccumulator(RowAccumulator):
 
     @classmethod
     def merge_rows(cls, rows):
-        return _fsum(rows)
+        return exact_fsum(rows)
 
     @classmethod
     def row_value(cls, row):
@@ -448,7 +465,7 @@ class MeanAccumulator(RowAccumulator):
 
     @classmethod
     def merge_rows(cls, rows):
-        return (_fsum([r[0] for r in rows]), sum([r[1] for r in rows]))
+        return (exact_fsum([r[0] for r in rows]), sum([r[1] for r in rows]))
 
     @classmethod
     def row_value(cls, row):
@@ -696,7 +713,7 @@ class SampleAccumulator(MetricAccumulator):
         cap = cls.capacity * 4
         if len(rows) > cap:
             rows = random.sample(rows, cap)
-        return {"reduction_type": _rt_of(states[0]), "rows": rows, "seen": sum(s["seen"] for s in states)}
+        return {"reduction_type": reduction_type_of(states[0]), "rows": rows, "seen": sum(s["seen"] for s in states)}
 
     @classmethod
     def value_from_state(cls, state):
@@ -819,340 +836,24 @@ def accumulator_for(reduction_name: str) -> type[MetricAccumulator]:
         ) from None
 
 
-def _rt_of(state: Any) -> str:
+def reduction_type_of(state: Any) -> str:
     """The reduction name of a state (torchforge states may carry a ``Reduce`` member)."""
     rt = state["reduction_type"]
     return rt if type(rt) is str else getattr(rt, "value", rt)
 
-
-# ----------------------------------------------------------------- states, rows, snapshots
-def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
-    """Merge states of one key (all of the same reduction) into one state."""
-    return accumulator_for(_rt_of(states[0])).merge_states(states)
-
-
-def state_to_row(state: dict[str, Any]) -> Any:
-    return ROW_CLASSES[_rt_of(state)].row_from_state(state)
-
-
-def row_to_state(rt: str, row: Any) -> dict[str, Any]:
-    return _row_state(rt, ROW_FIELDS[rt], row)
-
-
-def _finite_rows(rows: list) -> bool:
-    for r in rows:
-        for x in r if type(r) is tuple else (r,):
-            if type(x) is float and x - x:
-                return False
-    return True
-
-
-def _call(cb: Callable | None, *args: Any) -> None:
-    if cb is None:
-        return
-    try:
-        cb(*args)
-    except Exception:  # noqa: BLE001 - a caller's callback never breaks a reduction
-        logger.debug("forge_obs: reduction callback %r failed", cb, exc_info=True)
-
-
-_warned: set[tuple[str, str]] = set()
-
-
-def _warn_drop(key: Any, reason: str, err: Any = None) -> None:
-    k = (reason, key if type(key) is str else safe_repr(key))
-    if k in _warned or len(_warned) > 10_000:
-        return
-    _warned.add(k)
-    more = f": {safe_repr(err)}" if err is not None else ""
-    logger.warning("forge_obs: %r dropped from the step (%s%s; counted in obs/dropped_values)", k[1], reason, more)
-
-
-class _Grouper:
-    """The states of each key across snapshots: ``key -> [reduction name, items]``, items being
-    rows (built-in reductions) or state dicts. Malformed states and conflicting reductions are
-    set aside, per key."""
-
-    def __init__(self) -> None:
-        self.groups: dict[Any, list] = {}
-        self.conflicts: dict[Any, list] = {}  # key -> [set of reduction names, states not grouped]
-        self.bad: dict[Any, list] = {}  # key -> [reason, n, error]
-
-    def add(self, key: Any, rt: str, item: Any) -> None:
-        g = self.groups.get(key)
-        if g is None:
-            self.groups[key] = [rt, [item]]
-        elif g[0] == rt:
-            g[1].append(item)
-        else:
-            self._conflict(key, g[0], rt)
-
-    def _conflict(self, key: Any, rt0: str, rt: str) -> None:
-        c = self.conflicts.get(key)
-        if c is None:
-            c = self.conflicts[key] = [{rt0}, 0]
-        c[0].add(rt)
-        c[1] += 1
-
-    def n_states(self, key: Any) -> int:
-        g, c, b = self.groups.get(key), self.conflicts.get(key), self.bad.get(key)
-        return (len(g[1]) if g else 0) + (c[1] if c else 0) + (b[1] if b else 0)
-
-    def set_aside(self, key: Any, reason: str, err: Any = None) -> None:
-        b = self.bad.get(key)
-        if b is None:
-            self.bad[key] = [reason, 1, err]
-        else:
-            b[1] += 1
-
-    def add_snapshot(self, snap: Any) -> None:
-        if not isinstance(snap, dict):
-            return
-        groups = self.groups
-        for rt, group in (snap.get("packed") or {}).items():
-            try:
-                keys, rows = group
-                for k, row in zip(keys, rows):  # self.add, inlined: the bulk of a merge
-                    g = groups.get(k)
-                    if g is None:
-                        groups[k] = [rt, [row]]
-                    elif g[0] == rt:
-                        g[1].append(row)
-                    else:
-                        self._conflict(k, g[0], rt)
-            except Exception as e:  # noqa: BLE001 - not what a collector exports: skip the group
-                logger.warning("forge_obs: a malformed packed group %r was skipped: %r", rt, e)
-        for k, st in (snap.get("states") or {}).items():
-            self.add_state(k, st)
-
-    def add_state(self, k: Any, st: Any) -> None:
-        try:
-            rt = _rt_of(st)
-            hash(rt)
-        except Exception as e:  # noqa: BLE001
-            self.set_aside(k, "bad_state", e)
-            return
-        cls = ROW_CLASSES.get(rt) if type(rt) is str else None
-        if cls is None:
-            self.add(k, rt, st)
-            return
-        try:
-            row = cls.row_from_state(st)
-        except Exception as e:  # noqa: BLE001 - a state without its fields
-            self.set_aside(k, "bad_state", e)
-            return
-        self.add(k, rt, row)
-
-    def keys(self) -> list:
-        ks = set(self.groups)
-        if self.bad:
-            ks |= set(self.bad)
-        try:
-            return sorted(ks)
-        except TypeError:  # keys of several types (never from a collector)
-            return sorted(ks, key=safe_repr)
-
-
-def _value(rt: str, items: list) -> Any:
-    """The reduced value of one key's items (rows or states). Raises ValueError for a reduction
-    not registered here, anything for a failing merge."""
-    cls = ROW_CLASSES.get(rt)
-    if cls is not None:
-        return cls.row_value(items[0] if len(items) == 1 else cls.merge_rows(items))
-    cls = accumulator_for(rt)
-    return cls.value_from_state(items[0] if len(items) == 1 else cls.merge_states(items))
-
-
-def _reduce_groups(
-    gr: _Grouper,
-    on_conflict: Callable | None,
-    on_drop: Callable | None,
-    on_overflow: Callable | None,
-    source: str | None,
-) -> list[Metric]:
-    now = _now()
-    out: list[Metric] = []
-    append = out.append
-    groups, conflicts, bad = gr.groups, gr.conflicts, gr.bad
-    fns: dict[str, tuple] = {rt: (c.row_value, c.merge_rows) for rt, c in ROW_CLASSES.items()}
-    by_name = _BY_NAME
-    odd = bool(conflicts or bad)
-    for key in gr.keys():
-        if odd and (key in bad or key in conflicts):
-            b = bad.get(key)
-            reason = b[0] if b is not None else "reduction_mismatch"
-            if b is None:
-                _warn_drop(key, reason, f"recorded as {', '.join(sorted(map(str, conflicts[key][0])))}")
-                _call(on_conflict, key, conflicts[key][0])
-            else:
-                _warn_drop(key, reason, b[2])
-            _call(on_drop, key, reason, gr.n_states(key))
-            continue
-        rt, items = groups[key]
-        try:
-            f = fns.get(rt)
-            if f is None:
-                v = _value(rt, items)
-            elif len(items) == 1:
-                v = f[0](items[0])
-            else:
-                v = f[0](f[1](items))
-                if type(v) is float and v - v and _finite_rows(items):
-                    _call(on_overflow, key)  # finite states whose merge exceeds the float range
-        except Exception as e:  # noqa: BLE001 - one key's failure never costs the others
-            reason = "unknown_reduction" if rt not in _REGISTRY else "merge_error"
-            _warn_drop(key, reason, e)
-            _call(on_drop, key, reason, len(items))
-            continue
-        append(Metric(key, v, by_name.get(rt, rt), now, source))
-    return out
-
-
-def reduce_snapshots(
-    snapshots: list[dict[str, Any]],
-    on_conflict: Callable[[str, set[str]], None] | None = None,
-    source: str | None = None,
-    *,
-    on_drop: Callable[[str, str, int], None] | None = None,
-    on_overflow: Callable[[str], None] | None = None,
-) -> list[Metric]:
-    """Merge the states of several ranks' snapshots (``{"packed": {rt: (keys, rows)}, "states":
-    {key: state}}``) into one :class:`Metric` per key, sorted by key. Never raises because of
-    the data: a key whose states cannot be reduced is left out and reported to
-    ``on_drop(key, reason, n_states)`` (reasons: see the module docstring); a key recorded with
-    different reductions on different ranks is also reported to ``on_conflict(key, reductions)``.
-    ``on_overflow(key)``: the merge of finite states exceeded the float range (the value is
-    ``±inf`` and kept). ``source`` labels the Metrics (per-rank views)."""
-    gr = _Grouper()
-    for snap in snapshots:
-        gr.add_snapshot(snap)
-    return _reduce_groups(gr, on_conflict, on_drop, on_overflow, source)
-
-
-def reduce_metrics_states(
-    states: list[dict[str, dict[str, Any]]],
-    on_conflict: Callable[[str, set[str]], None] | None = None,
-    source: str | None = None,
-    *,
-    on_drop: Callable[[str, str, int], None] | None = None,
-    on_overflow: Callable[[str], None] | None = None,
-) -> list[Metric]:
-    """Reduce ``[{key: state}, ...]`` (one dict per rank) to one :class:`Metric` per key
-    (torchforge's function; its state fields are read too: ``total``, ``max_val``, ``min_val``,
-    STD as ``sum``/``sum_sq``/``count``).
-
-    A key recorded with different reductions on different ranks raises ``ValueError``, as in
-    torchforge, unless ``on_conflict`` is given: then the key is left out and
-    ``on_conflict(key, reductions)`` is called. Any other key that cannot be reduced is left out
-    with a warning and reported to ``on_drop`` (see :func:`reduce_snapshots`).
-    """
-    gr = _Grouper()
-    for st in states:
-        for k, s in (st or {}).items():
-            gr.add_state(k, s)
-    if on_conflict is None and gr.conflicts:
-        key = next(k for k in gr.keys() if k in gr.conflicts)
-        first, *others = sorted(map(str, gr.conflicts[key]))
-        raise ValueError(f"Mismatched reduction types for key '{key}': {first} vs {others[0]}")
-    return _reduce_groups(gr, on_conflict, on_drop, on_overflow, source)
-
-
-def snapshot_states(snapshot: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """``{key: state}`` of a (possibly packed) collector snapshot."""
-    out = dict(snapshot.get("states") or {})
-    for rt, (keys, rows) in (snapshot.get("packed") or {}).items():
-        fields = ROW_FIELDS[rt]
-        for k, row in zip(keys, rows):
-            out[k] = _row_state(rt, fields, row)
-    return out
-
-
-def merge_snapshots(
-    snapshots: list[dict[str, Any]], on_drop: Callable[[str, str, int], None] | None = None
-) -> dict[str, Any]:
-    """One snapshot (``{"states": {...}}``) of several snapshots of the same rank (e.g. its
-    step's states plus late ones). Never raises: a key that cannot be merged is left out and
-    reported to ``on_drop(key, reason, n_states)``, as in :func:`reduce_snapshots`."""
-    gr = _Grouper()
-    for snap in snapshots:
-        gr.add_snapshot(snap)
-    states: dict[str, Any] = {}
-    for key in gr.keys():
-        if key in gr.bad or key in gr.conflicts:
-            b = gr.bad.get(key)
-            reason = b[0] if b is not None else "reduction_mismatch"
-            _warn_drop(key, reason, b[2] if b is not None else None)
-            _call(on_drop, key, reason, gr.n_states(key))
-            continue
-        rt, items = gr.groups[key]
-        try:
-            cls = ROW_CLASSES.get(rt)
-            if cls is not None:
-                states[key] = _row_state(rt, cls.fields, items[0] if len(items) == 1 else cls.merge_rows(items))
-            else:
-                states[key] = items[0] if len(items) == 1 else accumulator_for(rt).merge_states(items)
-        except Exception as e:  # noqa: BLE001
-            reason = "unknown_reduction" if rt not in _REGISTRY else "merge_error"
-            _warn_drop(key, reason, e)
-            _call(on_drop, key, reason, len(items))
-    return {"states": states}
-
-
-def without_keys(snapshot: dict[str, Any], keys: Any) -> dict[str, Any]:
-    """``snapshot`` (packed and/or states) without the values of ``keys``."""
-    packed = {}
-    for rt, (ks, rows) in (snapshot.get("packed") or {}).items():
-        kept = [(k, r) for k, r in zip(ks, rows) if k not in keys]
-        packed[rt] = ([k for k, _r in kept], [r for _k, r in kept])
-    states = {k: st for k, st in (snapshot.get("states") or {}).items() if k not in keys}
-    return dict(snapshot, packed=packed, states=states)
-
-
-def snapshot_values(
-    snapshot: dict[str, Any], on_drop: Callable[[str, str, int], None] | None = None
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """``({key: value}, {key: reduction name})`` of one rank's snapshot (no merge). A key whose
-    value cannot be computed is left out (and reported to ``on_drop``)."""
-    values: dict[str, Any] = {}
-    kinds: dict[str, str] = {}
-    for rt, (keys, rows) in (snapshot.get("packed") or {}).items():
-        rv = ROW_CLASSES[rt].row_value
-        try:
-            values.update(zip(keys, map(rv, rows)))
-        except Exception:  # noqa: BLE001 - rows not made by a collector: one by one below
-            for k, row in zip(keys, rows):
-                try:
-                    values[k] = rv(row)
-                except Exception as e:  # noqa: BLE001
-                    _warn_drop(k, "merge_error", e)
-                    _call(on_drop, k, "merge_error", 1)
-                    continue
-                kinds[k] = rt
-            continue
-        kinds.update(dict.fromkeys(keys, rt))
-    for k, st in (snapshot.get("states") or {}).items():
-        gr = _Grouper()
-        gr.add_state(k, st)
-        b = gr.bad.get(k)
-        if b is not None:
-            _warn_drop(k, b[0], b[2])
-            _call(on_drop, k, b[0], 1)
-            continue
-        rt, items = gr.groups[k]
-        try:
-            values[k] = _value(rt, items)
-        except Exception as e:  # noqa: BLE001
-            reason = "unknown_reduction" if rt not in _REGISTRY else "merge_error"
-            _warn_drop(k, reason, e)
-            _call(on_drop, k, reason, 1)
-            continue
-        kinds[k] = rt
-    return values, kinds
-
-
 def reduction_of(rt: str) -> "Reduce | str":
     """The Reduce member (or custom name) a state's ``reduction_type`` stands for."""
     return _BY_NAME.get(rt, rt)
+
+
+def takes_numbers(reduction_name: str) -> bool:
+    """Whether the named reduction's values must be numbers (False: rows, e.g. SAMPLE)."""
+    return accumulator_for(reduction_name).numeric
+
+
+def is_registered(reduction_name: str) -> bool:
+    """Whether a reduction of that name is known in this process."""
+    return reduction_name in _REGISTRY
 
 
 def overflowed_keys(rt: str, keys: list, rows: list, skip: Any = ()) -> int:

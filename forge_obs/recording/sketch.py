@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from forge_obs.recording.reduce import MaxAccumulator, MetricAccumulator, MinAccumulator, _fsum, _rt_of, register_reduction
+from forge_obs.recording.reduce import MaxAccumulator, MetricAccumulator, MinAccumulator, exact_fsum, reduction_type_of, register_reduction
 
 __all__ = ["DistributionAccumulator", "DISTRIBUTION", "ALPHA", "MAX_BUCKETS", "quantile"]
 
@@ -134,7 +134,7 @@ class DistributionAccumulator(MetricAccumulator):
         while len(neg) > MAX_BUCKETS:
             _collapse(neg)
         return {
-            "reduction_type": _rt_of(states[0]),
+            "reduction_type": reduction_type_of(states[0]),
             "alpha": states[0].get("alpha", ALPHA),
             "pos": pos,
             "neg": neg,
@@ -143,7 +143,7 @@ class DistributionAccumulator(MetricAccumulator):
             "ninf": sum(s.get("ninf", 0) for s in states),
             "count": sum(s["count"] for s in states),
             "nan": sum(s.get("nan", 0) for s in states),
-            "sum": _fsum([s["sum"] for s in states]),
+            "sum": exact_fsum([s["sum"] for s in states]),
             "min": MinAccumulator.merge_rows([s["min"] for s in states]),
             "max": MaxAccumulator.merge_rows([s["max"] for s in states]),
         }

@@ -1,7 +1,7 @@
 """Merging rank snapshots on the way up: what a host's aggregator sends instead of N snapshots.
 
     >>> from forge_obs.wire.bundle import make_bundle, bundle_snapshot
-    >>> from forge_obs.recording.reduce import reduce_snapshots
+    >>> from forge_obs.wire.merge import reduce_snapshots
     >>> a = {"packed": {"mean": (["loss"], [(1.0, 1)])}, "states": {}, "counters": {"values_recorded": 1}}
     >>> b = {"packed": {"mean": (["loss"], [(3.0, 1)])}, "states": {}, "counters": {"values_recorded": 1}}
     >>> bundle = make_bundle({("m", 0): a, ("m", 1): b}, identities={}, per_rank=False)
@@ -42,7 +42,9 @@ import math
 import pickle
 from typing import Any, Iterable
 
-from forge_obs.recording.reduce import ROW_CLASSES, ROW_FIELDS, KeyDrops, _Grouper, accumulator_for
+from forge_obs.recording.reduce import ROW_CLASSES, ROW_FIELDS, KeyDrops, accumulator_for
+
+from forge_obs.wire.merge import Grouper
 from forge_obs.core.selfobs import add_cpu
 from forge_obs.wire.snapshot import OnDrop, decode, decode_raw, encode, encode_raw, pickle_value
 
@@ -90,7 +92,7 @@ def merge_packed(snaps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str,
     Returns ``(merged, conflicts, drops)``: ``conflicts`` maps a key recorded with different
     reductions to those reductions (the controller drops it for the step); ``drops`` names the
     keys whose states could not be merged, by reason (:class:`~forge_obs.recording.reduce.KeyDrops`)."""
-    grouper = _Grouper()  # key -> [rt, items]; conflicting reductions and malformed states set aside
+    grouper = Grouper()  # key -> [rt, items]; conflicting reductions and malformed states set aside
     counters: dict[str, Any] = {}
     self_cpu: dict[str, float] = {}  # forge_obs's own CPU (forge_obs.core.selfobs), summed
     for snap in snaps:

@@ -38,7 +38,7 @@ class Model:
 CHILD = r"""
 import asyncio, json, sys, cloudpickle, torch
 from forge_obs.recording.collector import MetricCollector
-from forge_obs.recording.reduce import reduce_metrics_states
+from forge_obs.wire.merge import reduce_metrics_states
 cls, calls = cloudpickle.loads(sys.stdin.buffer.read())
 m = cls()
 x = torch.ones(8, 256, device="cuda")
