@@ -72,6 +72,7 @@ from forge_obs.recording.reduce import KeyDrops, Reduce
 from forge_obs.wire.merge import merge_snapshots, reduce_snapshots, without_keys
 from forge_obs.core.selfobs import CPU_PARTS, SELF_OBS, add_cpu
 from forge_obs.wire.snapshot import decode_raw, loads
+from forge_obs.core.counters import add_count, add_counts
 
 __all__ = ["RankKey", "ChildMesh", "BUNDLED_SEQS", "RESUME_GRACE_S", "RankBook", "Cut", "FlushPipeline"]
 
@@ -204,6 +205,11 @@ class FlushPipeline:
         return self._need_per_rank
 
     # ------------------------------------------------------------ lifecycle
+    def label_of(self, key: RankKey) -> str:
+        """A rank's label (:func:`~forge_obs.core.identity.rank_label`); a rank never labelled
+        here (it never registered) is named by its mesh id."""
+        return self.labels.get(key) or rank_label(str(key[0]), "", int(key[1]))
+
     def start(self) -> None:
         for w in self.workers:
             w.start()
@@ -719,8 +725,8 @@ class FlushPipeline:
             else:
                 extra.append((key, ident, snap))
         self._held = keep
-        missing = [self.labels.get(k) or f"{k[0]}/r{k[1]}" for k in sorted(absent, key=str)]
-        late = [self.labels.get(k) or f"{k[0]}/r{k[1]}" for k in cut.late]
+        missing = [self.label_of(k) for k in sorted(absent, key=str)]
+        late = [self.label_of(k) for k in cut.late]
         cut.extra = extra
         return cut, missing, late, len(self._pending)
 
@@ -782,10 +788,9 @@ class FlushPipeline:
                 if k == "streamed_step":
                     continue
                 if isinstance(v, dict):  # dropped_by_reason
-                    for reason, n in v.items():
-                        rank_drops[reason] = rank_drops.get(reason, 0) + n
+                    add_counts(rank_drops, v)
                 elif isinstance(v, (int, float)):
-                    counters[k] = counters.get(k, 0) + v
+                    add_count(counters, k, v)
 
         for ident, snap in entries:
             label = ident.get("label") or str(ident)
@@ -814,16 +819,16 @@ class FlushPipeline:
             drops.merge(b["drops"])
             for key, vals in (b.get("raw") or {}).items():
                 key = tuple(key)
-                raw.setdefault(self.labels.get(key) or f"{key[0]}/r{key[1]}", []).extend(vals)
+                raw.setdefault(self.label_of(key), []).extend(vals)
             if self._need_per_rank:  # per-rank views: each rank's own snapshot, batched
                 for key in b["ranks"]:
                     key = tuple(key)
                     ident = self.identities.get(key)
                     if ident:
-                        sources[self.labels.get(key) or f"{key[0]}/r{key[1]}"] = ident
+                        sources[self.label_of(key)] = ident
                 for key, snap in (b.get("per_rank") or {}).items():
                     key = tuple(key)
-                    label = self.labels.get(key) or f"{key[0]}/r{key[1]}"
+                    label = self.label_of(key)
                     rank_snaps[label] = merge_snapshots([rank_snaps[label], snap], on_drop) if label in rank_snaps else snap
         overflows: list[str] = []
         global_metrics = reduce_snapshots(global_snaps, on_drop=on_drop, on_overflow=overflows.append)
@@ -840,7 +845,7 @@ class FlushPipeline:
             return None  # nothing was recorded after the last flush
         by_reason = dict(rank_drops)
         for reason, n in drops.counts().items():
-            by_reason[reason] = by_reason.get(reason, 0) + n
+            add_count(by_reason, reason, n)
         obs = {
             "obs/values_recorded": counters["values_recorded"],
             "obs/dropped_values": counters["dropped_values"] + drops.total(),

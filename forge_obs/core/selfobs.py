@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import threading
 
+from forge_obs.core.counters import add_count
+
 __all__ = ["CPU_PARTS", "SELF_OBS", "SelfObs", "add_cpu"]
 
 #: parts of forge_obs's own CPU (``obs/cpu_<part>_s``; ``obs/cpu_s`` is their sum)
@@ -37,7 +39,7 @@ class SelfObs:
     def add(self, part: str, cpu_s: float) -> None:
         """Count ``cpu_s`` seconds of CPU under ``part`` (one of :data:`CPU_PARTS`)."""
         with self._lock:
-            self._cpu_s[part] = self._cpu_s.get(part, 0.0) + cpu_s
+            add_count(self._cpu_s, part, cpu_s)
 
     def take(self) -> dict[str, float]:
         """What was counted since the last ``take``, as ``{"cpu_<part>_s": seconds}``."""
@@ -55,4 +57,4 @@ def add_cpu(total: dict[str, float], self_cpu: dict | None) -> None:
     number is left out)."""
     for part, v in (self_cpu or {}).items():
         if isinstance(v, (int, float)):
-            total[part] = total.get(part, 0.0) + v
+            add_count(total, part, v)

@@ -56,6 +56,7 @@ from forge_obs.recording.reduce import (
 )
 from forge_obs.recording.sketch import DistributionAccumulator  # importing sketch registers "distribution" in every process
 from forge_obs.core.pickling import PICKLED, pickle_value
+from forge_obs.core.counters import add_count
 
 __all__ = ["MetricCollector", "Taken", "record_metric", "set_enabled", "is_enabled", "DEFAULT_RAW_CAP"]
 
@@ -212,7 +213,7 @@ class Taken:
 
     def _count(self, name: str, n: int) -> None:
         c = self.counters
-        c[name] = c.get(name, 0) + n
+        add_count(c, name, n)
 
     # the sink interface of _append
     def _sink_drop(self, reason: str, key: Any, why: str) -> None:
@@ -359,7 +360,7 @@ class MetricCollector:
         rate-limited, when ``why``)."""
         with self._lock:
             self._dropped += n
-            self._drops[reason] = self._drops.get(reason, 0) + n
+            add_count(self._drops, reason, n)
         if why is not None:
             WARNER.warn(reason, _key_text(key), f"{safe_repr(key)}: {why}; dropped (counted in obs/dropped_values)")
 
@@ -385,7 +386,7 @@ class MetricCollector:
     # the sink interface of _append (the lock is held)
     def _sink_drop(self, reason: str, key: Any, why: str, n: int = 1) -> None:
         self._dropped += n
-        self._drops[reason] = self._drops.get(reason, 0) + n
+        add_count(self._drops, reason, n)
         WARNER.warn(reason, _key_text(key), f"record_metric({safe_repr(key)}): {why}; dropped (counted in obs/dropped_values)")
 
     def _sink_nonfinite(self, key: str, v: float) -> None:

@@ -44,6 +44,7 @@ from typing import Any
 from forge_obs.core.safe import safe_repr
 from forge_obs.core.warn import WARNER
 from forge_obs.recording.reduce import Reduce, reserved_key, resolve_reduction, takes_numbers
+from forge_obs.core.counters import add_count
 
 __all__ = ["DeviceValues", "DeviceTake", "record_device_value", "RAW_CAP"]
 
@@ -222,7 +223,7 @@ class DeviceValues:
 
     def _count_drop(self, reason: str) -> None:
         """Under the lock."""
-        self._drops[reason] = self._drops.get(reason, 0) + 1
+        add_count(self._drops, reason)
 
     def _drop(self, key: Any, reason: str, why: str) -> bool:
         with self._lock:

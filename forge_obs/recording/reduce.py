@@ -69,6 +69,7 @@ from typing import Any, Callable
 
 from forge_obs.core.safe import safe_repr
 from forge_obs.core.types import Metric
+from forge_obs.core.counters import add_count, add_counts
 
 __all__ = [
     "Reduce",
@@ -149,13 +150,12 @@ class DropCounts(dict):
     """
 
     def add(self, reason: str, n: int = 1) -> None:
-        self[reason] = self.get(reason, 0) + n
+        add_count(self, reason, n)
 
     def __add__(self, other: Any) -> "DropCounts":
         out = DropCounts(self)
         if isinstance(other, dict):
-            for k, n in other.items():
-                out[k] = out.get(k, 0) + n
+            add_counts(out, other)
         elif other:
             return NotImplemented
         return out

@@ -47,6 +47,7 @@ from forge_obs.recording.reduce import ROW_CLASSES, ROW_FIELDS, KeyDrops, accumu
 from forge_obs.wire.merge import Grouper
 from forge_obs.core.selfobs import add_cpu
 from forge_obs.wire.snapshot import OnDrop, decode, decode_raw, encode, encode_raw, pickle_value
+from forge_obs.core.counters import merge_counters
 
 __all__ = ["exact_parts", "merge_packed", "make_bundle", "merge_bundles", "bundle_snapshot", "dumps_bundle",
            "loads_bundle"]
@@ -98,15 +99,7 @@ def merge_packed(snaps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str,
     for snap in snaps:
         add_cpu(self_cpu, snap.get("self_cpu"))
         grouper.add_snapshot(snap)
-        for name, v in (snap.get("counters") or {}).items():
-            if name in _PER_RANK_COUNTERS:
-                continue
-            if isinstance(v, dict):
-                d = counters.setdefault(name, {})
-                for reason, n in v.items():
-                    d[reason] = d.get(reason, 0) + n
-            elif isinstance(v, (int, float)):
-                counters[name] = counters.get(name, 0) + v
+        merge_counters(counters, snap.get("counters") or {}, skip=_PER_RANK_COUNTERS)
     groups = grouper.groups
     conflicts = {k: c[0] for k, c in grouper.conflicts.items()}
     packed: dict[str, tuple[list, list]] = {}
