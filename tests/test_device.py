@@ -207,10 +207,9 @@ def test_device_records_from_many_threads_are_exact():
 
 def test_collector_snapshot_drains_device_values(fresh_collector):
     """Device values taken at the collector's swap are read at its export."""
-    from forge_obs.recording.device import device_values
     from forge_obs import record_metric
 
-    dv = device_values(fresh_collector)
+    dv = fresh_collector.device_values()
     record_metric("loss", 1.0)
     dv.record("loss", torch.tensor(3.0), Reduce.MEAN)
     snap = fresh_collector.snapshot()

@@ -54,6 +54,7 @@ from forge_obs.recording.reduce import (
     resolve_reduction,
     to_float,
 )
+from forge_obs.recording.device import DeviceValues
 from forge_obs.recording.sketch import DistributionAccumulator  # importing sketch registers "distribution" in every process
 from forge_obs.core.pickling import PICKLED, pickle_value
 from forge_obs.core.counters import add_count
@@ -237,6 +238,9 @@ class _Instances(dict):
             inst._warned = set()
 
 
+_DEVICE_LOCK = threading.Lock()
+
+
 class MetricCollector:
     """Per-process singleton that accumulates values between flushes.
 
@@ -302,7 +306,7 @@ class MetricCollector:
         self._raw_overflow = 0
         # record_groups: key tuple -> its accumulators in the current dict
         self._groups: dict[tuple, tuple] = {}
-        self._device_values = None  # set by forge_obs.recording.device when a GPU value is first seen
+        self._device_values: DeviceValues | None = None  # created when a GPU value is first seen
 
     # ------------------------------------------------------------------ recording
     def push(self, metric: Metric) -> None:
@@ -447,12 +451,27 @@ class MetricCollector:
         except BadRow as e:
             return self._drop(key, "bad_row", f"a SAMPLE row {e}")
 
-    def _device_record(self, key: Any, value: Any, reduction: Any) -> Any:
-        """GPU tensors: accumulated on the device by :mod:`forge_obs.recording.device` when available."""
-        try:
-            from forge_obs.recording.device import record_device_value
+    def device_values(self) -> DeviceValues:
+        """This collector's device accumulators (:mod:`forge_obs.recording.device`), created on
+        first use; the cut swaps them with the CPU accumulators."""
+        dv = self._device_values
+        if dv is None:
+            with _DEVICE_LOCK:  # not the collector's lock: this may run while it is held
+                dv = self._device_values
+                if dv is None:
+                    dv = self._device_values = DeviceValues()
+        return dv
 
-            record_device_value(self, key, value, reduction)
+    def add_cut_hook(self, hook: Any) -> None:
+        """Register ``hook``: ``hook.take()`` runs at every cut (O(1)) and
+        ``hook.resolve(taken, ...)`` at its export; what it resolves enters the step of the cut
+        that took it (the GPU tracer's pending CUDA-event timings)."""
+        self.device_values().add_hook(hook)
+
+    def _device_record(self, key: Any, value: Any, reduction: Any) -> Any:
+        """GPU tensors: accumulated on their device (:mod:`forge_obs.recording.device`)."""
+        try:
+            self.device_values().record(key, value, reduction)
             return _DROP  # accumulated on the device: nothing left for the CPU accumulators
         except Exception as e:  # noqa: BLE001
             return self._drop(key, "device_error", f"device value could not be recorded ({safe_repr(e)})")

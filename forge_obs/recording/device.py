@@ -46,7 +46,7 @@ from forge_obs.core.warn import WARNER
 from forge_obs.recording.reduce import Reduce, reserved_key, resolve_reduction, takes_numbers
 from forge_obs.core.counters import add_count
 
-__all__ = ["DeviceValues", "DeviceTake", "record_device_value", "RAW_CAP"]
+__all__ = ["DeviceValues", "DeviceTake", "RAW_CAP"]
 
 #: values kept per key and step for reductions without a device-side state (custom, distribution)
 RAW_CAP = 4096
@@ -357,25 +357,4 @@ def _name(r: Any) -> str:
     return r.name if isinstance(r, Reduce) else str(r)
 
 
-_install_lock = threading.Lock()
 _torch: Any = None
-
-
-def device_values(collector: Any) -> DeviceValues:
-    """The collector's :class:`DeviceValues`, created on first use."""
-    dv = collector._device_values
-    if dv is None:
-        with _install_lock:
-            dv = collector._device_values
-            if dv is None:
-                dv = collector._device_values = DeviceValues()
-    return dv
-
-
-def record_device_value(collector: Any, key: Any, value: Any, reduction: Any) -> bool:
-    """Called by ``record_metric`` for a non-CPU tensor: accumulate ``value`` on the device.
-    Returns False when it was dropped (already counted and warned)."""
-    dv = collector._device_values
-    if dv is None:
-        dv = device_values(collector)
-    return dv.record(key, value, reduction)

@@ -353,9 +353,7 @@ class _GpuTimings:
         with self._lock:
             if self._hooked:
                 return
-            from forge_obs.recording.device import device_values
-
-            device_values(_C).add_hook(self)
+            _C.add_cut_hook(self)
             self._start_poller()
             self._hooked = True
 
