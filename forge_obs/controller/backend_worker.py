@@ -22,7 +22,7 @@ stream batch still waiting in the queue takes the next ones in (at most one wait
 steps), and beyond :data:`STREAM_CAP` values waiting, new streamed values are dropped for that
 backend and counted (``dropped_stream_values``). A backend that implements only ``log_step``
 (none of ``log_stream_batch``, ``log_raw``, ``log_stream``) gets them in ``record.raw`` of the
-next step instead, as before raw values were streamed (or in a record of their own at shutdown).
+next step instead (or in a record of their own at shutdown).
 """
 
 from __future__ import annotations

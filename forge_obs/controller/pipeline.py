@@ -761,75 +761,18 @@ class FlushPipeline:
             self._stream_drops.clear()
         on_drop = drops.add
         entries = self._decoded_entries(p, drops)
-        bundles = []
-        for i, b in enumerate(p.bundles):
-            try:
-                bundles.append(loads_bundle(b, on_drop))
-            except Exception as e:  # noqa: BLE001 - counted; the other groups arrive
-                logger.error("forge_obs: a bundle for step %s could not be decoded: %r", p.step, e)
-                drops.add(("bundle", i), "undecodable")
-        # rank label -> list of snapshots (the step's own, plus late/final ones placed in it)
-        by_label: dict[str, list[dict]] = {}
+        bundles = self._decoded_bundles(p, drops)
+        tally = _Tally(p.step)
+        by_label: dict[str, list[dict]] = {}  # rank label -> its snapshots (the step's own, late/final ones)
         sources: dict[str, dict] = {}
-        counters = dict.fromkeys(_COUNTERS, 0)
-        rank_drops: dict[str, int] = {}  # reason -> values the ranks dropped (in dropped_values)
-        # forge_obs's own CPU: this process's so far (read now, not a step later), plus each rank's
-        own_cpu: dict[str, float] = SELF_OBS.take()
-
-        def add_counters(snap_counters: dict, streamed: Iterable = ()) -> None:
-            for early, step in streamed:  # raw values streamed under a predicted step: was it this one?
-                if early and step != p.step:
-                    counters["stream_step_mismatch"] += early
-            for k, v in snap_counters.items():
-                if k == "streamed_early":
-                    if v and snap_counters.get("streamed_step") != p.step:
-                        counters["stream_step_mismatch"] += v
-                    continue
-                if k == "streamed_step":
-                    continue
-                if isinstance(v, dict):  # dropped_by_reason
-                    add_counts(rank_drops, v)
-                elif isinstance(v, (int, float)):
-                    add_count(counters, k, v)
-
         for ident, snap in entries:
             label = ident.get("label") or str(ident)
             by_label.setdefault(label, []).append(snap)
             sources[label] = ident
-            add_counters(snap.get("counters") or {})
-            add_cpu(own_cpu, snap.get("self_cpu"))
-        rank_snaps: dict[str, dict] = {}  # label -> one snapshot (packed rows and/or states)
-        raw: dict[str, list] = {}
-        for label, snaps in by_label.items():
-            for snap in snaps:
-                if snap.get("raw"):
-                    raw.setdefault(label, []).extend(snap["raw"])
-            snap = snaps[0] if len(snaps) == 1 else merge_snapshots(snaps, on_drop)
-            if snap.get("states") or snap.get("packed"):
-                rank_snaps[label] = snap
+            tally.add(snap)
+        rank_snaps, raw = _rank_snapshots(by_label, on_drop)
         global_snaps = list(rank_snaps.values())
-        conflict_keys: set = set()
-        for b in bundles:  # groups of ranks merged by their aggregator (forge_obs.wire.bundle)
-            merged = b["merged"]
-            if merged.get("packed") or merged.get("states"):
-                global_snaps.append(merged)
-            add_counters(merged.get("counters") or {}, b.get("streamed", ()))
-            add_cpu(own_cpu, merged.get("self_cpu"))
-            conflict_keys.update(b["conflicts"])
-            drops.merge(b["drops"])
-            for key, vals in (b.get("raw") or {}).items():
-                key = tuple(key)
-                raw.setdefault(self.label_of(key), []).extend(vals)
-            if self._need_per_rank:  # per-rank views: each rank's own snapshot, batched
-                for key in b["ranks"]:
-                    key = tuple(key)
-                    ident = self.identities.get(key)
-                    if ident:
-                        sources[self.label_of(key)] = ident
-                for key, snap in (b.get("per_rank") or {}).items():
-                    key = tuple(key)
-                    label = self.label_of(key)
-                    rank_snaps[label] = merge_snapshots([rank_snaps[label], snap], on_drop) if label in rank_snaps else snap
+        conflict_keys = self._add_bundles(bundles, tally, drops, global_snaps, rank_snaps, raw, sources)
         overflows: list[str] = []
         global_metrics = reduce_snapshots(global_snaps, on_drop=on_drop, on_overflow=overflows.append)
         if conflict_keys:  # recorded with two reductions in some group: dropped everywhere, as within a rank
@@ -843,45 +786,76 @@ class FlushPipeline:
         per_rank = RankViews(rank_snaps) if self._need_per_rank else {}
         if p.final and not global_snaps and not raw:
             return None  # nothing was recorded after the last flush
-        by_reason = dict(rank_drops)
-        for reason, n in drops.counts().items():
-            add_count(by_reason, reason, n)
-        obs = {
-            "obs/values_recorded": counters["values_recorded"],
-            "obs/dropped_values": counters["dropped_values"] + drops.total(),
+        tally.overflows = len(overflows)
+        obs = self._obs_metrics(p, tally, drops, len(missing), len(late), pending, len(bundles))
+        global_metrics.extend(Metric(k, float(v), Reduce.SUM) for k, v in obs.items())
+        return StepRecord(step=p.step, run_id=self.run_id, wall_time=time.time(), global_metrics=global_metrics,
+                          per_rank=per_rank, raw=raw, sources=sources, missing=missing, late=late)
+
+    def _decoded_bundles(self, p: Cut, drops: KeyDrops) -> list[dict]:
+        """The step's bundles, decoded; one that cannot be is counted, the other groups arrive."""
+        bundles = []
+        for i, b in enumerate(p.bundles):
+            try:
+                bundles.append(loads_bundle(b, drops.add))
+            except Exception as e:  # noqa: BLE001 - counted; the other groups arrive
+                logger.error("forge_obs: a bundle for step %s could not be decoded: %r", p.step, e)
+                drops.add(("bundle", i), "undecodable")
+        return bundles
+
+    def _add_bundles(self, bundles: list[dict], tally: "_Tally", drops: KeyDrops, global_snaps: list,
+                     rank_snaps: dict, raw: dict, sources: dict) -> set:
+        """Add each group's merge (:mod:`forge_obs.wire.bundle`) to the step; returns the keys a
+        group saw recorded with two reductions."""
+        conflict_keys: set = set()
+        for b in bundles:
+            merged = b["merged"]
+            if merged.get("packed") or merged.get("states"):
+                global_snaps.append(merged)
+            tally.add(merged, b.get("streamed", ()))
+            conflict_keys.update(b["conflicts"])
+            drops.merge(b["drops"])
+            for key, vals in (b.get("raw") or {}).items():
+                raw.setdefault(self.label_of(tuple(key)), []).extend(vals)
+            if self._need_per_rank:  # per-rank views: each rank's own snapshot, batched
+                for key in b["ranks"]:
+                    ident = self.identities.get(tuple(key))
+                    if ident:
+                        sources[self.label_of(tuple(key))] = ident
+                for key, snap in (b.get("per_rank") or {}).items():
+                    label = self.label_of(tuple(key))
+                    rank_snaps[label] = merge_snapshots([rank_snaps[label], snap], drops.add) if label in rank_snaps else snap
+        return conflict_keys
+
+    def _obs_metrics(self, p: Cut, tally: "_Tally", drops: KeyDrops, missing: int, late: int, pending: int,
+                     bundles: int) -> dict[str, float]:
+        """The step's ``obs/...`` keys: forge_obs's own view of the step."""
+        c, own_cpu = tally.counters, tally.own_cpu
+        by_reason = add_counts(dict(tally.rank_drops), drops.counts())
+        return {
+            "obs/values_recorded": c["values_recorded"],
+            "obs/dropped_values": c["dropped_values"] + drops.total(),
             **{f"obs/dropped/{reason}": n for reason, n in sorted(by_reason.items()) if n},
-            "obs/nonfinite_values": counters["nonfinite_values"] + len(overflows),
-            "obs/stream_overflow": counters["stream_overflow"],
-            "obs/stream_step_mismatch": counters["stream_step_mismatch"],
+            "obs/nonfinite_values": c["nonfinite_values"] + tally.overflows,
+            "obs/stream_overflow": c["stream_overflow"],
+            "obs/stream_step_mismatch": c["stream_step_mismatch"],
             # forge_obs's own CPU, all processes, up to this step's assembly
             "obs/cpu_s": sum(own_cpu.get(f"cpu_{part}_s", 0.0) for part in CPU_PARTS),
             **{f"obs/cpu_{part}_s": own_cpu.get(f"cpu_{part}_s", 0.0) for part in CPU_PARTS},
             "obs/flush_blocked_s": p.blocked_s,
             "obs/backend_s": max((w.last_s for w in self.workers), default=0.0),
             "obs/pending_steps": pending,
-            "obs/missing_ranks": len(missing),
-            "obs/late_ranks": len(late),
+            "obs/missing_ranks": missing,
+            "obs/late_ranks": late,
             "obs/late_states": self.late_states,
             "obs/backend_errors": self.backend_errors,
             "obs/backend_dropped_steps": sum(w.dropped_steps for w in self.workers),
             "obs/backend_dropped_stream_values": sum(w.dropped_stream_values for w in self.workers),
             "obs/ranks_reported": len(p.received),
-            "obs/bundles": len(bundles),
+            "obs/bundles": bundles,
             "obs/fenced_bundles": self.fenced_bundles,
             "obs/duplicates_dropped": self.duplicates_dropped,
         }
-        global_metrics.extend(Metric(k, float(v), Reduce.SUM) for k, v in obs.items())
-        return StepRecord(
-            step=p.step,
-            run_id=self.run_id,
-            wall_time=time.time(),
-            global_metrics=global_metrics,
-            per_rank=per_rank,
-            raw=raw,
-            sources=sources,
-            missing=missing,
-            late=late,
-        )
 
     def _decoded_entries(self, p: Cut, drops: KeyDrops) -> list[tuple[dict, dict]]:
         """(identity, snapshot) of every rank in the step, decoded here (snapshots travel
@@ -917,6 +891,52 @@ _BUNDLED = (None, None)
 _AGAIN = object()
 #: key of a held bundle (its step left before it arrived)
 _BUNDLE_KEY = ("bundle",)
+
+
+class _Tally:
+    """What a step's snapshots count: their counters (numbers by name), the values the ranks
+    dropped (by reason), forge_obs's own CPU (this process's so far, plus each snapshot's)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.counters = dict.fromkeys(_COUNTERS, 0)
+        self.rank_drops: dict[str, int] = {}
+        self.own_cpu: dict[str, float] = SELF_OBS.take()  # read now, not a step later
+        self.overflows = 0
+
+    def add(self, snap: dict, streamed: Iterable = ()) -> None:
+        """A snapshot's (or a bundle's merged) counters and CPU; ``streamed``: a group's
+        ``(values streamed early, under step)`` pairs."""
+        counters = snap.get("counters") or {}
+        for early, step in streamed:  # raw values streamed under a predicted step: was it this one?
+            if early and step != self.step:
+                self.counters["stream_step_mismatch"] += early
+        early = counters.get("streamed_early")
+        if early and counters.get("streamed_step") != self.step:
+            self.counters["stream_step_mismatch"] += early
+        for k, v in counters.items():
+            if k in ("streamed_early", "streamed_step"):
+                continue
+            if isinstance(v, dict):  # dropped_by_reason
+                add_counts(self.rank_drops, v)
+            elif isinstance(v, (int, float)):
+                add_count(self.counters, k, v)
+        add_cpu(self.own_cpu, snap.get("self_cpu"))
+
+
+def _rank_snapshots(by_label: dict[str, list[dict]], on_drop: Any) -> tuple[dict[str, dict], dict[str, list]]:
+    """Each rank's snapshots of the step merged into one (``label -> snapshot``, ranks that
+    recorded nothing left out), and their raw values (``label -> [(key, value, ts)]``)."""
+    rank_snaps: dict[str, dict] = {}
+    raw: dict[str, list] = {}
+    for label, snaps in by_label.items():
+        for snap in snaps:
+            if snap.get("raw"):
+                raw.setdefault(label, []).extend(snap["raw"])
+        snap = snaps[0] if len(snaps) == 1 else merge_snapshots(snaps, on_drop)
+        if snap.get("states") or snap.get("packed"):
+            rank_snaps[label] = snap
+    return rank_snaps, raw
 
 
 def _own_report(w: BackendWorker) -> dict[str, Any]:

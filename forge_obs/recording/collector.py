@@ -806,7 +806,7 @@ def record_metric(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN)
             return
         if type(value) is float and value - value:
             return c._record_nonfinite(key, value, reduction)
-    _acquire()  # explicit acquire/release: measurably cheaper than `with` on this path
+    _acquire()  # released in the finally below, whatever happens in between
     try:
         acc = c._accs.get(key)
         if acc is not None and (acc.reduction is reduction or acc.rt == reduction):  # Reduce.X or "x"

@@ -77,7 +77,7 @@ def exact_parts(values: Iterable[float]) -> list[float]:
                 x, y = y, x
             hi = x + y
             if not math.isfinite(hi):
-                return vals  # overflow: fsum on the raw values raises exactly as before
+                return vals  # overflow: fsum on these raw values raises where it would on the originals
             lo = y - (hi - x)
             if lo:
                 partials[i] = lo
