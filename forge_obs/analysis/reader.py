@@ -262,7 +262,10 @@ def scan(run_dir: "str | Path", keep: Callable[[dict], bool] | None = None, cloc
 
 def walk(run: Run) -> Iterator[tuple]:
     """Every record of the run, normalised (see the module docstring). The records of one
-    process come together; its ``OPEN`` spans and its ``END`` follow its last record."""
+    process come together; its ``OPEN`` spans and its ``END`` follow its last record.
+
+    One function on purpose: it is the per-record loop of every view, and its lookups are bound
+    once, outside the loop."""
     opens: dict[tuple, dict] = {}
     done: set = set()
     touched: list = []

@@ -221,6 +221,8 @@ class Writer:
             self.dropped -= 1  # out of order between threads, not lost
 
     def _drain(self, final: bool = False) -> None:
+        """Write what the buffer holds (one pass per tick, under the writer's lock). One function
+        on purpose: it is the per-record loop of the writer thread, its lookups bound once."""
         with self.lock:
             if self.f is None and self.selected:
                 self._open()
