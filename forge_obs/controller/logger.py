@@ -741,6 +741,7 @@ async def _end_session(final: bool) -> None:
     if not final:
         return
     st.shut_down = True
+    start_naming_run(LOCAL_MESHES.live_names())  # the run ended: stopped meshes' names are free again
     options = {"streaming": False, "run_dir": None, "timeline": None}
     store_options(options)
     _COLLECTOR.set_streaming(False)
