@@ -137,7 +137,7 @@ def unit_costs() -> dict:
 
     setup = "from forge_obs import record_metric, Reduce"
     rec = min(timeit.repeat("record_metric('trainer/loss', 0.5, Reduce.MEAN)", setup=setup, number=200_000, repeat=5)) / 200_000
-    from forge_obs import timeline as tl
+    from forge_obs.recording import timeline as tl
 
     with tempfile.TemporaryDirectory() as d:
         tl.configure(d, flush_interval_s=3600.0)  # the writer's own work is in obs/cpu_timeline_s

@@ -54,7 +54,7 @@ def _timed(cmd: list[str], env: dict) -> tuple[float, float, str]:
 
 # ------------------------------------------------------------------ forge_obs side
 def ours_hot_path(n: int) -> dict:
-    from forge_obs import timeline as tl
+    from forge_obs.recording import timeline as tl
 
     d = Path(tempfile.mkdtemp(prefix="tlb_"))
     tl.close()
@@ -100,7 +100,7 @@ def ours_hot_path(n: int) -> dict:
 
 def ours_throughput(rate: int, seconds: float) -> dict:
     """Produce ``rate`` spans/s for ``seconds`` (paced), watch the backlog and the file."""
-    from forge_obs import timeline as tl
+    from forge_obs.recording import timeline as tl
 
     d = Path(tempfile.mkdtemp(prefix="tlt_"))
     tl.close()
@@ -140,7 +140,7 @@ def ours_throughput(rate: int, seconds: float) -> dict:
 def make_dataset(root: Path, ranks: int, steps: int) -> int:
     """Rank 0 written by the real writer (13 records/step: step + 10 nested spans + event + tag),
     then cloned per rank with its own header (identity, session). Returns records written."""
-    from forge_obs import timeline as tl
+    from forge_obs.recording import timeline as tl
     from forge_obs.core.identity import current_identity
     from forge_obs.recording.timeline import writer
 
