@@ -18,9 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 from forge_obs.backends.base import LoggerBackend, get_logger_backend_class, register_backend
-from forge_obs.recording.collector import MetricCollector, is_enabled, record_metric, set_enabled
-from forge_obs.core.types import BackendRole, LoggingMode, Metric
 from forge_obs.backends.record import RunContext, StepRecord
+from forge_obs.core.types import BackendRole, LoggingMode, Metric
+from forge_obs.recording.collector import MetricCollector, is_enabled, record_metric, set_enabled
 from forge_obs.recording.reduce import MaxAccumulator, MeanAccumulator, MetricAccumulator, MinAccumulator, Reduce, StdAccumulator, SumAccumulator, register_reduction
 from forge_obs.wire.merge import reduce_metrics_states
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 
 from forge_obs.controller.client import get_or_create_metric_logger
-from forge_obs.controller.logger import GlobalLoggingActor
 from forge_obs.controller.fetcher import LocalFetcherActor
+from forge_obs.controller.logger import GlobalLoggingActor
 from forge_obs._compat.metrics import (
     BackendRole,
     LoggerBackend,

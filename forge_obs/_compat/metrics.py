@@ -21,15 +21,15 @@ import sys
 import types
 from typing import Any
 
+from forge_obs._compat.utils import get_proc_name_with_rank
 from forge_obs.backends.base import LoggerBackend, get_logger_backend_class
 from forge_obs.backends.console import ConsoleBackend
 from forge_obs.backends.wandb import WandbBackend
 from forge_obs.core.env import env_flag
-from forge_obs.recording.collector import MetricCollector, record_metric, set_record_route
 from forge_obs.core.types import BackendRole, LoggingMode, Metric
+from forge_obs.recording.collector import MetricCollector, record_metric, set_record_route
 from forge_obs.recording.reduce import CountAccumulator, LastAccumulator, MaxAccumulator, MeanAccumulator, MetricAccumulator, MinAccumulator, Reduce, SampleAccumulator, StdAccumulator, SumAccumulator
 from forge_obs.wire.merge import reduce_metrics_states
-from forge_obs._compat.utils import get_proc_name_with_rank
 
 __all__ = [
     "BackendRole",

@@ -15,8 +15,8 @@ import sys
 import types
 from typing import Any
 
-from forge_obs.recording.collector import record_metric
 from forge_obs._compat.env import DISABLE_PERF_METRICS, FORGE_DISABLE_METRICS, METRIC_TIMER_USES_GPU
+from forge_obs.recording.collector import record_metric
 from forge_obs.recording.reduce import Reduce
 from forge_obs.recording.tracer import Tracer, _TimerCPU, _TimerCUDA, set_record_hook, trace
 

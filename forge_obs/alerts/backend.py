@@ -27,11 +27,11 @@ from forge_obs.alerts.sinks import Dispatcher, FileSink, console_sink, find_wand
 from forge_obs.analysis.doctor.identity import Identities
 from forge_obs.analysis.doctor.rules import Event, StepView, build_rules
 from forge_obs.backends.base import LoggerBackend
-from forge_obs.recording.collector import record_metric
-from forge_obs.core.types import LoggingMode
 from forge_obs.backends.record import StepRecord
-from forge_obs.recording.reduce import Reduce
 from forge_obs.core.selfobs import SELF_OBS
+from forge_obs.core.types import LoggingMode
+from forge_obs.recording.collector import record_metric
+from forge_obs.recording.reduce import Reduce
 
 __all__ = ["AlertsBackend"]
 

@@ -40,10 +40,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from forge_obs.core.safe import safe_repr
-from forge_obs.core.warn import WARNER
-from forge_obs.core.types import LoggingMode, Metric
 from forge_obs.backends.record import RunContext, StepRecord
+from forge_obs.core.safe import safe_repr
+from forge_obs.core.types import LoggingMode, Metric
+from forge_obs.core.warn import WARNER
 
 __all__ = [
     "LoggerBackend",

@@ -66,11 +66,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from forge_obs.core.safe import printable, safe_repr, safe_str
 from forge_obs.backends.base import LoggerBackend, awaitable
-from forge_obs.core.options import parse_options
-from forge_obs.core.types import Metric
 from forge_obs.backends.record import StepRecord
+from forge_obs.core.options import parse_options
+from forge_obs.core.safe import printable, safe_repr, safe_str
+from forge_obs.core.types import Metric
 
 __all__ = [
     "WIDTH",

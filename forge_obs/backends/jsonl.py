@@ -31,12 +31,12 @@ import os
 from collections import deque
 from typing import Any
 
+from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable
+from forge_obs.backends.record import StepRecord
 from forge_obs.core.plain import plain
 from forge_obs.core.safe import safe_repr, safe_str
-from forge_obs.core.warn import WARNER
-from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable
 from forge_obs.core.types import LoggingMode
-from forge_obs.backends.record import StepRecord
+from forge_obs.core.warn import WARNER
 
 __all__ = ["DEFAULT_RETRY_BUFFER_MB", "JsonlBackend"]
 

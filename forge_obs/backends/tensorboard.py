@@ -29,13 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from forge_obs.core.plain import plain
-from forge_obs.core.safe import is_number, safe_str
 from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable, write_each
+from forge_obs.backends.record import StepRecord
 from forge_obs.backends.wandb import rank_key
 from forge_obs.core.options import parse_options
+from forge_obs.core.plain import plain
+from forge_obs.core.safe import is_number, safe_str
 from forge_obs.core.types import LoggingMode
-from forge_obs.backends.record import StepRecord
 
 __all__ = ["DIST", "TensorBoardOptions", "TensorBoardBackend"]
 

@@ -50,13 +50,13 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from forge_obs.core.plain import plain
-from forge_obs.core.safe import is_number, safe_str
 from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable, write_each
-from forge_obs.core.options import parse_options
-from forge_obs.core.types import BackendRole, LoggingMode
 from forge_obs.backends.record import StepRecord
+from forge_obs.core.options import parse_options
+from forge_obs.core.plain import plain
 from forge_obs.core.run import redact
+from forge_obs.core.safe import is_number, safe_str
+from forge_obs.core.types import BackendRole, LoggingMode
 
 __all__ = [
     "PER_RANK_CHOICES",

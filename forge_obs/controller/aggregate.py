@@ -32,13 +32,13 @@ import threading
 import time
 from typing import Any, Callable, Iterable
 
-from forge_obs.core.threads import STOP, stop_port_thread
-from forge_obs.wire.bundle import dumps_bundle, make_bundle
-from forge_obs.recording.reduce import KeyDrops
-from forge_obs.core.selfobs import SELF_OBS
-from forge_obs.wire.snapshot import loads
-from forge_obs.wire.messages import ACK, ACKB, BUNDLE, EXPECT, HELLO, RESENT
 from forge_obs.controller.monarch_internals import receiver_with_timeout
+from forge_obs.core.selfobs import SELF_OBS
+from forge_obs.core.threads import STOP, stop_port_thread
+from forge_obs.recording.reduce import KeyDrops
+from forge_obs.wire.bundle import dumps_bundle, make_bundle
+from forge_obs.wire.messages import ACK, ACKB, BUNDLE, EXPECT, HELLO, RESENT
+from forge_obs.wire.snapshot import loads
 
 logger = logging.getLogger("forge_obs")
 

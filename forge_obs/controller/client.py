@@ -17,11 +17,11 @@ from typing import Any
 
 from monarch.actor import get_or_spawn_controller
 
-from forge_obs.core.env import env_flag
-from forge_obs.controller.logger import GLOBAL_LOGGER_NAME, INBOX_NAME, _STATE, GlobalLoggingActor, ObsInbox, start_flush
 from forge_obs.controller.fetcher import FETCHER_NAME, LocalFetcherActor, current_options, hosts_fetcher
-from forge_obs.core.identity import current_identity, release_mesh_name, unique_mesh_name
+from forge_obs.controller.logger import GLOBAL_LOGGER_NAME, INBOX_NAME, _STATE, GlobalLoggingActor, ObsInbox, start_flush
 from forge_obs.controller.registry import LOCAL_MESHES
+from forge_obs.core.env import env_flag
+from forge_obs.core.identity import current_identity, release_mesh_name, unique_mesh_name
 
 logger = logging.getLogger("forge_obs")
 

@@ -35,14 +35,14 @@ from typing import Any
 import cloudpickle
 from monarch.actor import Actor, context, endpoint
 
-from forge_obs.recording.collector import MetricCollector
-from forge_obs.core.identity import set_identity
-from forge_obs.recording.reduce import adopt_reductions, user_reductions
 from forge_obs.controller.registry import LOCAL_MESHES
+from forge_obs.core.identity import set_identity
 from forge_obs.core.selfobs import SELF_OBS
-from forge_obs.wire.snapshot import dumps, encode_raw
+from forge_obs.recording.collector import MetricCollector
+from forge_obs.recording.reduce import adopt_reductions, user_reductions
 from forge_obs.recording.timeline import follow_cut
 from forge_obs.wire.messages import ACK, DEFAULT_STREAM_INTERVAL_S, FINAL, STATES, STREAM
+from forge_obs.wire.snapshot import dumps, encode_raw
 
 logger = logging.getLogger("forge_obs")
 

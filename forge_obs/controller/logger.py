@@ -40,24 +40,24 @@ from typing import Any
 
 from monarch.actor import Actor, Channel, context, endpoint
 
-from forge_obs.core.env import env_flag
-from forge_obs.core.threads import STOP, stop_port_thread
-from forge_obs.core.warn import WARNER
 from forge_obs.backends.base import LoggerBackend, call_hook, get_logger_backend_class, instantiate_backend, parse_modes
-from forge_obs.recording.collector import MetricCollector
+from forge_obs.backends.record import RunContext
 from forge_obs.controller.config import RESERVED_KEYS, LoggerConfig
 from forge_obs.controller.fetcher import configure_all, store_options
-from forge_obs.core.types import BackendRole, LoggingMode
+from forge_obs.controller.monarch_internals import receiver_with_timeout
 from forge_obs.controller.pipeline import Cut, FlushPipeline, RankBook
-from forge_obs.wire.plan import Planner
-from forge_obs.backends.record import RunContext
-from forge_obs.core.identity import start_naming_run
 from forge_obs.controller.registry import LOCAL_MESHES
+from forge_obs.core.env import env_flag
+from forge_obs.core.identity import start_naming_run
 from forge_obs.core.run import redact, release_meta_space, reserve_meta_space, write_meta
 from forge_obs.core.selfobs import SELF_OBS
-from forge_obs.wire.snapshot import has_values
+from forge_obs.core.threads import STOP, stop_port_thread
+from forge_obs.core.types import BackendRole, LoggingMode
+from forge_obs.core.warn import WARNER
+from forge_obs.recording.collector import MetricCollector
 from forge_obs.wire.messages import ACK, ACKB, BUNDLE, FINAL, HELLO, RESENT, STATES, STREAM
-from forge_obs.controller.monarch_internals import receiver_with_timeout
+from forge_obs.wire.plan import Planner
+from forge_obs.wire.snapshot import has_values
 
 logger = logging.getLogger("forge_obs")
 

@@ -59,20 +59,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from forge_obs.core.warn import WARNER
-from forge_obs.controller.backend_worker import DEFAULT_QUEUE_STEPS, BackendWorker
 from forge_obs.backends.base import LoggerBackend, flattened_clashes
-from forge_obs.wire.bundle import loads_bundle
-from forge_obs.recording.collector import MetricCollector, Taken
-from forge_obs.core.identity import rank_label
-from forge_obs.core.types import LoggingMode, Metric
-from forge_obs.wire.plan import BYPASS_FRACTION
 from forge_obs.backends.record import RankViews, StepRecord
-from forge_obs.recording.reduce import KeyDrops, Reduce
-from forge_obs.wire.merge import merge_snapshots, reduce_snapshots, without_keys
-from forge_obs.core.selfobs import CPU_PARTS, SELF_OBS, add_cpu
-from forge_obs.wire.snapshot import decode_raw, loads
+from forge_obs.controller.backend_worker import DEFAULT_QUEUE_STEPS, BackendWorker
 from forge_obs.core.counters import add_count, add_counts
+from forge_obs.core.identity import rank_label
+from forge_obs.core.selfobs import CPU_PARTS, SELF_OBS, add_cpu
+from forge_obs.core.types import LoggingMode, Metric
+from forge_obs.core.warn import WARNER
+from forge_obs.recording.collector import MetricCollector, Taken
+from forge_obs.recording.reduce import KeyDrops, Reduce
+from forge_obs.wire.bundle import loads_bundle
+from forge_obs.wire.merge import merge_snapshots, reduce_snapshots, without_keys
+from forge_obs.wire.plan import BYPASS_FRACTION
+from forge_obs.wire.snapshot import decode_raw, loads
 
 __all__ = ["RankKey", "ChildMesh", "BUNDLED_SEQS", "RESUME_GRACE_S", "RankBook", "Cut", "FlushPipeline"]
 

@@ -22,10 +22,10 @@ rate-limited warning and counted by reason (``counters["dropped_by_reason"]``; r
 Raw values (``per_rank_no_reduce``) leave either with a cut (:meth:`MetricCollector.swap`) or
 earlier, every ``stream_interval_s`` (:meth:`MetricCollector.take_raw`): each exactly once.
 
-``record_metric`` is switched by replacing its code object (so that every reference to it
-follows, at no cost to the enabled path): off by ``FORGE_DISABLE_METRICS=true`` at import or
-:func:`set_enabled`, and onto torchforge's path while a test replaces
-``forge_obs.metrics.MetricCollector`` (see :mod:`forge_obs.metrics`).
+``record_metric`` chooses its implementation through one route variable, set when something
+changes, never per call: off by ``FORGE_DISABLE_METRICS=true`` at import or :func:`set_enabled`,
+and onto torchforge's path while a test replaces ``forge_obs.metrics.MetricCollector``
+(:func:`set_record_route`, used by :mod:`forge_obs._compat.metrics`).
 """
 
 from __future__ import annotations
@@ -37,11 +37,14 @@ import time
 import types
 from typing import Any
 
-from forge_obs.core.env import METRICS_DISABLED, env_flag
+from forge_obs.core.counters import add_count
+from forge_obs.core.env import METRICS_DISABLED
+from forge_obs.core.pickling import PICKLED, pickle_value
 from forge_obs.core.plain import BadRow, plain
 from forge_obs.core.safe import safe_repr
-from forge_obs.core.warn import WARNER
 from forge_obs.core.types import Metric
+from forge_obs.core.warn import WARNER
+from forge_obs.recording.device import DeviceValues
 from forge_obs.recording.reduce import (
     ROW_CLASSES,
     ROW_FIELDS,
@@ -54,12 +57,9 @@ from forge_obs.recording.reduce import (
     resolve_reduction,
     to_float,
 )
-from forge_obs.recording.device import DeviceValues
 from forge_obs.recording.sketch import DistributionAccumulator  # importing sketch registers "distribution" in every process
-from forge_obs.core.pickling import PICKLED, pickle_value
-from forge_obs.core.counters import add_count
 
-__all__ = ["MetricCollector", "Taken", "record_metric", "set_enabled", "is_enabled", "DEFAULT_RAW_CAP"]
+__all__ = ["MetricCollector", "Taken", "record_metric", "set_enabled", "is_enabled", "set_record_route", "DEFAULT_RAW_CAP"]
 
 #: raw values kept per flush interval for ``per_rank_no_reduce`` streams (beyond: counted)
 DEFAULT_RAW_CAP = 100_000

@@ -41,10 +41,10 @@ import threading
 import time
 from typing import Any
 
+from forge_obs.core.counters import add_count
 from forge_obs.core.safe import safe_repr
 from forge_obs.core.warn import WARNER
 from forge_obs.recording.reduce import Reduce, reserved_key, resolve_reduction, takes_numbers
-from forge_obs.core.counters import add_count
 
 __all__ = ["DeviceValues", "DeviceTake", "RAW_CAP"]
 

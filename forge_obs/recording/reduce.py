@@ -67,9 +67,9 @@ from enum import Enum
 from fractions import Fraction
 from typing import Any, Callable
 
+from forge_obs.core.counters import add_count, add_counts
 from forge_obs.core.safe import safe_repr
 from forge_obs.core.types import Metric
-from forge_obs.core.counters import add_count, add_counts
 
 __all__ = [
     "Reduce",

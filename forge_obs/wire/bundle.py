@@ -44,10 +44,10 @@ from typing import Any, Iterable
 
 from forge_obs.recording.reduce import ROW_CLASSES, ROW_FIELDS, KeyDrops, accumulator_for
 
-from forge_obs.wire.merge import Grouper
-from forge_obs.core.selfobs import add_cpu
-from forge_obs.wire.snapshot import OnDrop, decode, decode_raw, encode, encode_raw, pickle_value
 from forge_obs.core.counters import merge_counters
+from forge_obs.core.selfobs import add_cpu
+from forge_obs.wire.merge import Grouper
+from forge_obs.wire.snapshot import OnDrop, decode, decode_raw, encode, encode_raw, pickle_value
 
 __all__ = ["exact_parts", "merge_packed", "make_bundle", "merge_bundles", "bundle_snapshot", "dumps_bundle",
            "loads_bundle"]
