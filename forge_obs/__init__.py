@@ -3,9 +3,10 @@
     from forge_obs import record_metric, Reduce
     record_metric("loss", 0.25, Reduce.MEAN)          # anywhere, any process: O(1), no I/O
 
-The recording API (``record_metric``, ``Reduce``, ``MetricCollector``, ...) imports neither
-Monarch nor torch. The actor API (``get_or_create_metric_logger``, ``GlobalLoggingActor``,
-``LocalFetcherActor``) is loaded on first use and needs ``torchmonarch``.
+Every name is loaded on first use. The recording API (``record_metric``, ``Reduce``,
+``MetricCollector``, ...) imports neither Monarch nor torch; the actor API
+(``get_or_create_metric_logger``, ``GlobalLoggingActor``, ``LocalFetcherActor``) needs
+``torchmonarch``.
 
 Code written for torchforge switches by one textual change, ``forge.observability`` ->
 ``forge_obs``, submodules included (:mod:`forge_obs.metrics`, :mod:`forge_obs.metric_actors`,
@@ -15,20 +16,37 @@ see docs/migrating-from-torchforge.md.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
-
-from forge_obs.backends.base import LoggerBackend, get_logger_backend_class, register_backend
-from forge_obs.backends.record import RunContext, StepRecord
-from forge_obs.core.types import BackendRole, LoggingMode, Metric
-from forge_obs.recording.collector import MetricCollector, is_enabled, record_metric, set_enabled
-from forge_obs.recording.reduce import MaxAccumulator, MeanAccumulator, MetricAccumulator, MinAccumulator, Reduce, StdAccumulator, SumAccumulator, register_reduction
-from forge_obs.wire.merge import reduce_metrics_states
 
 __version__ = "0.1.0"
 
-#: names loaded on first use (the actor API needs Monarch; the tracer and the timeline are not
-#: needed by every process): name -> module
+#: every name of the facade -> the module it comes from. Nothing is imported when ``forge_obs``
+#: is: a name is loaded on first use and then kept here. So importing ``forge_obs`` takes no
+#: other module's import lock (two threads of a new process that import forge_obs and one of its
+#: modules at once cannot deadlock), and the actor API (Monarch) loads only where it is used.
 _LAZY = {
+    "record_metric": "forge_obs.recording.collector",
+    "MetricCollector": "forge_obs.recording.collector",
+    "set_enabled": "forge_obs.recording.collector",
+    "is_enabled": "forge_obs.recording.collector",
+    "Reduce": "forge_obs.recording.reduce",
+    "register_reduction": "forge_obs.recording.reduce",
+    "MetricAccumulator": "forge_obs.recording.reduce",
+    "MeanAccumulator": "forge_obs.recording.reduce",
+    "SumAccumulator": "forge_obs.recording.reduce",
+    "MaxAccumulator": "forge_obs.recording.reduce",
+    "MinAccumulator": "forge_obs.recording.reduce",
+    "StdAccumulator": "forge_obs.recording.reduce",
+    "reduce_metrics_states": "forge_obs.wire.merge",
+    "BackendRole": "forge_obs.core.types",
+    "LoggingMode": "forge_obs.core.types",
+    "Metric": "forge_obs.core.types",
+    "LoggerBackend": "forge_obs.backends.base",
+    "get_logger_backend_class": "forge_obs.backends.base",
+    "register_backend": "forge_obs.backends.base",
+    "RunContext": "forge_obs.backends.record",
+    "StepRecord": "forge_obs.backends.record",
     "get_or_create_metric_logger": "forge_obs.controller.client",
     "GlobalLoggingActor": "forge_obs.controller.logger",
     "LocalFetcherActor": "forge_obs.controller.fetcher",
@@ -54,9 +72,9 @@ def __getattr__(name: str) -> Any:
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'forge_obs' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(mod), name)
+    value = getattr(importlib.import_module(mod), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
 
 
 def __dir__() -> list[str]:

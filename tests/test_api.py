@@ -2,10 +2,16 @@
 listed by ``dir()``, torchforge's public names are all there, and the recording API loads
 neither Monarch nor torch."""
 
+import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 import forge_obs
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TORCHFORGE_ALL = [  # forge.observability.__all__
     "record_metric", "reduce_metrics_states", "get_logger_backend_class", "get_or_create_metric_logger", "Tracer",
@@ -43,3 +49,34 @@ def test_recording_api_loads_neither_monarch_nor_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+RACE = r"""
+import importlib, sys, threading
+mods = sys.argv[1:]
+errors, barrier = [], threading.Barrier(len(mods))
+def load(m):
+    barrier.wait()
+    try:
+        importlib.import_module(m)
+    except Exception as e:
+        errors.append(f"{m}: {e!r}")
+threads = [threading.Thread(target=load, args=(m,)) for m in mods]
+for t in threads: t.start()
+for t in threads: t.join()
+print(errors)
+"""
+
+
+@pytest.mark.parametrize("mods", [
+    ("forge_obs.recording.collector", "forge_obs.recording.timeline"),
+    ("forge_obs.recording.collector", "forge_obs.controller.fetcher", "forge_obs.recording.timeline", "forge_obs"),
+    ("forge_obs.controller.fetcher", "forge_obs.metrics", "forge_obs.timeline", "forge_obs.backends.console"),
+])
+def test_modules_imported_at_once_by_threads_of_a_new_process(mods):
+    """A new mesh process unpickles its fetcher and the user's actors on different threads, each
+    importing a part of forge_obs first: no import deadlock (the facade imports nothing at load)."""
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-c", RACE, *mods], capture_output=True, text=True, timeout=120,
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT)
+        assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
