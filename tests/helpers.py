@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 from pathlib import Path
 from typing import Any
@@ -84,3 +86,20 @@ def global_rows(tmp_path: Path, run_id: str = "t") -> dict[int, dict[str, Any]]:
 
 def rank_rows(tmp_path: Path, run_id: str = "t") -> list[dict[str, Any]]:
     return read_metrics(tmp_path / run_id, "per_rank_reduce")
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_as_user(script: "str | Path", cwd: Path, *args: str, env: dict | None = None,
+                timeout: int = 300) -> subprocess.CompletedProcess:
+    """``python script *args`` as a user runs it: a fresh process in ``cwd`` (not the repository,
+    so nothing of the script is importable by its children), forge_obs from this checkout, and no
+    forge_obs switch inherited from the test process unless ``env`` sets it. Fails the test with
+    the output's tail when the script fails."""
+    full = {k: v for k, v in os.environ.items() if k not in ("FORGE_DISABLE_METRICS", "FORGE_OBS_RUN_ID", "FORGE_OBS_ROOT")}
+    full.update(PYTHONPATH=str(ROOT), MONARCH_FILE_LOG="error", **(env or {}))
+    res = subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=full, capture_output=True, text=True,
+                         timeout=timeout)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    return res

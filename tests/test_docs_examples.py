@@ -5,13 +5,12 @@ The other blocks are fragments of a program (a config, a class to plug in)."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import run_as_user
 
 ROOT = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"```python\n(.*?)^```", re.S | re.M)
@@ -48,8 +47,5 @@ def test_docs_python_block(name, body, tmp_path):
         return
     script = tmp_path / "example.py"
     script.write_text(body)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), MONARCH_FILE_LOG="error")
-    env.pop("FORGE_DISABLE_METRICS", None)
-    res = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert CHECKS[name](res.stdout), res.stdout[-4000:]
+    out = run_as_user(script, tmp_path).stdout
+    assert CHECKS[name](out), out[-4000:]

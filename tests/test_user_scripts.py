@@ -15,19 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import run_as_user
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "tests" / "user_scripts"
 
 
 def run_script(name: str, tmp_path: Path, *args: str, env: dict | None = None, timeout: int = 300) -> str:
-    full_env = dict(os.environ, PYTHONPATH=str(ROOT), MONARCH_FILE_LOG="error", **(env or {}))
-    for k in ("FORGE_DISABLE_METRICS", "FORGE_OBS_RUN_ID", "FORGE_OBS_ROOT"):
-        if env is None or k not in env:
-            full_env.pop(k, None)
-    res = subprocess.run([sys.executable, str(SCRIPTS / name), *args], cwd=tmp_path, env=full_env,
-                         capture_output=True, text=True, timeout=timeout)
-    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
-    return res.stdout
+    return run_as_user(SCRIPTS / name, tmp_path, *args, env=env, timeout=timeout).stdout
 
 
 def last_json(out: str) -> dict:

@@ -830,7 +830,8 @@ _route: Any = None
 #: a route installed by compatibility code (torchforge's patched ``MetricCollector``)
 _installed_route: list = [None]
 #: the fast path whatever the route (``MetricCollector.push``): ``record_metric``'s code, run with
-#: ``_route`` fixed to None
+#: ``_route`` fixed to None. Its globals are a copy taken here; the others it reads (``_C``,
+#: ``_DROP``, ``_acquire``, ``_release``) are never rebound.
 _record_fast = types.FunctionType(record_metric.__code__, {**globals(), "_route": None}, "record_metric",
                                   record_metric.__defaults__)
 

@@ -477,7 +477,25 @@ class MeanAccumulator(RowAccumulator):
             return to_float(row[0]) / row[1]
 
 
-class MaxAccumulator(RowAccumulator):
+class _Extremum(RowAccumulator):
+    """MAX and MIN: the row is the best value so far; ``append`` and ``merge_rows`` (the
+    comparison) are each reduction's own."""
+
+    def row(self) -> float:
+        return self.best
+
+    def load_row(self, row: float) -> None:
+        self.best = row
+
+    @classmethod
+    def row_value(cls, row):
+        try:
+            return float(row)
+        except OverflowError:
+            return to_float(row)
+
+
+class MaxAccumulator(_Extremum):
     fields = ("max",)
 
     def reset(self) -> None:
@@ -490,12 +508,6 @@ class MaxAccumulator(RowAccumulator):
         if value > self.best or value != value:
             self.best = value
 
-    def row(self) -> float:
-        return self.best
-
-    def load_row(self, row: float) -> None:
-        self.best = row
-
     @classmethod
     def row_from_state(cls, state):
         return state["max"] if "max" in state else state["max_val"]  # torchforge: "max_val"
@@ -504,15 +516,8 @@ class MaxAccumulator(RowAccumulator):
     def merge_rows(cls, rows):
         return _nan_or(max, rows)
 
-    @classmethod
-    def row_value(cls, row):
-        try:
-            return float(row)
-        except OverflowError:
-            return to_float(row)
 
-
-class MinAccumulator(RowAccumulator):
+class MinAccumulator(_Extremum):
     fields = ("min",)
 
     def reset(self) -> None:
@@ -523,12 +528,6 @@ class MinAccumulator(RowAccumulator):
         if value < self.best or value != value:
             self.best = value
 
-    def row(self) -> float:
-        return self.best
-
-    def load_row(self, row: float) -> None:
-        self.best = row
-
     @classmethod
     def row_from_state(cls, state):
         return state["min"] if "min" in state else state["min_val"]  # torchforge: "min_val"
@@ -536,13 +535,6 @@ class MinAccumulator(RowAccumulator):
     @classmethod
     def merge_rows(cls, rows):
         return _nan_or(min, rows)
-
-    @classmethod
-    def row_value(cls, row):
-        try:
-            return float(row)
-        except OverflowError:
-            return to_float(row)
 
 
 class StdAccumulator(RowAccumulator):
