@@ -51,6 +51,26 @@ def test_two_ranks_slow_from_step_10_is_named_with_its_onset(tmp_path):
     assert f.actor == "Trainer" and f.where == "trainer/Trainer/r1"
 
 
+def test_one_noisy_step_before_the_onset_does_not_move_it(tmp_path):
+    """Rank 1 slow from step 3; one slow step at 1 (a noisy machine), fast at 2: onset is step 3."""
+    base = trainer_spans(slow_rank=1, from_step=3)
+
+    def spans(mesh, rank, step):
+        out = base(mesh, rank, step)
+        return [("train", out[0][1] * 3.0)] + out[1:] if (rank, step) == (1, 1) else out
+    write_timeline(tmp_path, {"trainer": 2}, 12, spans)
+    (f,) = diagnose(tmp_path)
+    assert (f.kind, f.rank, f.onset_step) == ("straggler", 1, 3), f.message
+
+
+def test_persistence_onset_skips_a_lone_leading_hit():
+    from forge_obs.analysis.doctor.detect import Persistence
+    for pattern, onset in [("HMHHH", 2), ("HHMHH", 0), ("MHHHH", 1), ("HHHMM", None), ("HHHH", 0)]:
+        p = Persistence(fire=4, window=5, clear=1)
+        states = [p.update(i, c == "H") for i, c in enumerate(pattern)]
+        assert ("onset" in states) == (onset is not None) and (onset is None or p.onset == onset), (pattern, p.onset)
+
+
 def test_two_ranks_slow_from_the_start(tmp_path):
     write_timeline(tmp_path, {"trainer": 2}, 20, trainer_spans(slow_rank=0, factor=3.0))
     found = diagnose(tmp_path)

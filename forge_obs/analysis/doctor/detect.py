@@ -56,7 +56,8 @@ def fmedian(xs: Any) -> float:
 
 class Persistence:
     """Starts when ``fire`` of the last ``window`` judged steps hit; ends when at most ``clear`` do.
-    ``onset`` is the first hit of the window that started it."""
+    ``onset`` is the first hit of the window that started it, not counting a lone hit that a miss
+    follows (one noisy step before the condition began)."""
 
     __slots__ = ("fire", "clear", "recent", "hits", "active", "onset")
 
@@ -77,12 +78,19 @@ class Persistence:
         if not self.active:
             if hit and self.hits >= self.fire:
                 self.active = True
-                self.onset = next(s for s, h, _p in rec if h)
+                self.onset = self._first_sustained_hit()
                 return "onset"
         elif self.hits <= self.clear:
             self.active = False
             return "clear"
         return None
+
+    def _first_sustained_hit(self) -> Any:
+        rec = list(self.recent)
+        for i, (s, h, _p) in enumerate(rec):
+            if h and (i + 1 == len(rec) or rec[i + 1][1]):
+                return s
+        return rec[-1][0]
 
     def window_hits(self) -> list:
         return [(s, p) for s, h, p in self.recent if h]
