@@ -5,6 +5,7 @@
     forge-obs sql    runs/<run_id> "SELECT ..." # DuckDB views metrics, spans, events
     forge-obs doctor runs/<run_id>             # findings; exit 1 when there are any
     forge-obs report runs/<run_id>             # self-contained HTML report
+    forge-obs why    runs/<run_id> --step 37   # the step's critical path across actors, and slack
 
 A subcommand is a ``run(args) -> exit code`` function registered with :func:`command` together
 with its help and its ``add_arguments``; :func:`forge_obs.cli.main` (the installed entry point)
@@ -12,7 +13,7 @@ builds the parser from :data:`COMMANDS` and turns a missing optional package int
 Heavy imports (duckdb, the doctor, the report) happen inside each subcommand.
 
     >>> sorted(COMMANDS)
-    ['doctor', 'report', 'show', 'sql', 'trace']
+    ['doctor', 'report', 'show', 'sql', 'trace', 'why']
 """
 
 from __future__ import annotations
@@ -244,4 +245,46 @@ def _report(args: argparse.Namespace) -> int:
         return 2
     out = write_report(args.run_dir, args.output)
     print(out)
+    return 0
+
+
+def _why_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", type=Path)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--step", type=int, action="append", default=None, metavar="N",
+                   help="the controller step to explain (repeatable)")
+    g.add_argument("--slowest", type=int, default=None, metavar="K", help="the K slowest steps (default: the slowest one)")
+    p.add_argument("--json", action="store_true", help="the steps' paths, stages, slack and comparison as JSON")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="a setting of the walk: wait_spans, skew_tol_s, tie_s (see docs/timeline.md; repeatable)")
+
+
+@command("why", "why a step was slow: its critical path across actors, each actor's slack, what changed", _why_args)
+def _why(args: argparse.Namespace) -> int:
+    from forge_obs.analysis.critical_path import PathConfig, format_text, why
+
+    if not _check_run_dir(args.run_dir, "why"):
+        return 2
+    kw: dict = {}
+    types = {f: type(getattr(PathConfig(), f)) for f in PathConfig.__dataclass_fields__}
+    for item in args.set:
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or name not in types:
+            print(f"forge-obs why: --set takes NAME=VALUE with NAME one of {', '.join(types)}; got {item!r}",
+                  file=sys.stderr)
+            return 2
+        kw[name] = value.strip()
+    try:
+        if args.slowest is not None and args.slowest < 1:
+            raise ValueError(f"--slowest must be >= 1, got {args.slowest}")
+        res = why(args.run_dir, steps=args.step, slowest=args.slowest, **kw)
+    except Exception as e:  # noqa: BLE001 - a bad step or setting: one line, never a traceback
+        print(f"forge-obs why: {_one_line(e)}", file=sys.stderr)
+        return 2
+    if not res["steps"]:
+        print(f"forge-obs why: no controller step in {args.run_dir} (the controller records none: set_step / a step span)",
+              file=sys.stderr)
+        return 2
+    print(json.dumps(res, indent=2, default=str) if args.json else format_text(res))
     return 0

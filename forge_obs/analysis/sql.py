@@ -24,6 +24,10 @@ Views (times in epoch µs, clock-offset corrected; ``attempt`` separates restart
   'tag'), name, step, ts_us, flow, attrs
 - ``metrics``: run_id, step, mode, source (rank label, or 'global'), mesh, actor, rank, key,
   value (DOUBLE; NaN and ±inf preserved), wall_time
+- ``critical_path``: step, seq (order on the path), mesh, actor, rank, host, pid, task, name,
+  start_us, end_us, dur_ms, link ('root' | 'nested' | 'flow' | 'inferred'), wait, unfinished,
+  step_ms (docs/timeline.md, "Critical path")
+- ``slack``: step, mesh, actor, rank, host, pid, busy_ms, waiting_ms, idle_ms, on_path_ms, step_ms
 
 The files are parsed in Python (compact records, JSON ``NaN``) into CSV in a temporary
 directory and loaded with DuckDB's CSV reader.
@@ -41,7 +45,7 @@ from typing import Any
 from forge_obs.analysis import reader
 from forge_obs.analysis.reader import END, INSTANT, OPEN, SPAN, STEP, TAG
 
-__all__ = ["SPAN_COLS", "EVENT_COLS", "METRIC_COLS", "connect", "format_result"]
+__all__ = ["SPAN_COLS", "EVENT_COLS", "METRIC_COLS", "PATH_COLS", "SLACK_COLS", "connect", "format_result"]
 
 SPAN_COLS = {
     "run_id": "VARCHAR", "attempt": "INTEGER", "host": "VARCHAR", "pid": "BIGINT", "mesh": "VARCHAR",
@@ -57,6 +61,18 @@ EVENT_COLS = {
 METRIC_COLS = {
     "run_id": "VARCHAR", "step": "BIGINT", "mode": "VARCHAR", "source": "VARCHAR", "mesh": "VARCHAR",
     "actor": "VARCHAR", "rank": "INTEGER", "key": "VARCHAR", "value": "DOUBLE", "wall_time": "DOUBLE",
+}
+
+#: ``critical_path``: one row per segment of a controller step's critical path, in time order
+PATH_COLS = {
+    "step": "BIGINT", "seq": "INTEGER", "mesh": "VARCHAR", "actor": "VARCHAR", "rank": "INTEGER", "host": "VARCHAR",
+    "pid": "BIGINT", "task": "VARCHAR", "name": "VARCHAR", "start_us": "BIGINT", "end_us": "BIGINT",
+    "dur_ms": "DOUBLE", "link": "VARCHAR", "wait": "BOOLEAN", "unfinished": "BOOLEAN", "step_ms": "DOUBLE",
+}
+#: ``slack``: per controller step and process, its busy, waiting and idle time and its time on the path
+SLACK_COLS = {
+    "step": "BIGINT", "mesh": "VARCHAR", "actor": "VARCHAR", "rank": "INTEGER", "host": "VARCHAR", "pid": "BIGINT",
+    "busy_ms": "DOUBLE", "waiting_ms": "DOUBLE", "idle_ms": "DOUBLE", "on_path_ms": "DOUBLE", "step_ms": "DOUBLE",
 }
 
 
@@ -146,12 +162,32 @@ def _write_metrics(run_dir: Path, path: Path) -> None:
                 w.writerow((*base, key, _num(v), t))
 
 
+def _write_paths(run_dir: Path, path_csv: Path, slack_csv: Path) -> None:
+    """Every controller step's critical path and slack (:mod:`forge_obs.analysis.critical_path`)."""
+    from forge_obs.analysis.critical_path import analyse
+
+    with open(path_csv, "w", newline="", encoding="utf-8") as fp, open(slack_csv, "w", newline="", encoding="utf-8") as fs:
+        wp, wsl = csv.writer(fp), csv.writer(fs)
+        wp.writerow(PATH_COLS)
+        wsl.writerow(SLACK_COLS)
+        for r in analyse(run_dir):
+            step_ms = r["duration_s"] * 1e3
+            for i, p in enumerate(r["path"]):
+                wp.writerow((r["step"], i, p["mesh"], p["actor"], p["rank"], p["host"], p["pid"], p["task"], p["name"],
+                             p["start_us"], p["end_us"], p["duration_s"] * 1e3, p["link"], p["wait"], p["unfinished"],
+                             step_ms))
+            for x in r["slack"]:
+                wsl.writerow((r["step"], x["mesh"], x["actor"], x["rank"], x["host"], x["pid"], x["busy_s"] * 1e3,
+                              x["waiting_s"] * 1e3, x["idle_s"] * 1e3, x["on_path_s"] * 1e3, step_ms))
+
+
 def _cols(d: dict[str, str]) -> str:
     return "{" + ", ".join(f"'{k}': '{v}'" for k, v in d.items()) + "}"
 
 
 def connect(run_dir: "str | Path", database: str = ":memory:") -> Any:
-    """A DuckDB connection with tables ``metrics``, ``spans``, ``events`` loaded from the run."""
+    """A DuckDB connection with views ``metrics``, ``spans``, ``events``, ``critical_path``,
+    ``slack`` loaded from the run."""
     import duckdb
 
     run_dir = Path(run_dir)
@@ -160,7 +196,9 @@ def connect(run_dir: "str | Path", database: str = ":memory:") -> Any:
         t = Path(tmp)
         _write_timeline(run_dir, t / "spans.csv", t / "events.csv")
         _write_metrics(run_dir, t / "metrics.csv")
-        for name, cols in (("spans", SPAN_COLS), ("events", EVENT_COLS), ("metrics", METRIC_COLS)):
+        _write_paths(run_dir, t / "critical_path.csv", t / "slack.csv")
+        for name, cols in (("spans", SPAN_COLS), ("events", EVENT_COLS), ("metrics", METRIC_COLS),
+                           ("critical_path", PATH_COLS), ("slack", SLACK_COLS)):
             p = str(t / f"{name}.csv").replace("'", "''")
             con.execute(
                 f"CREATE TABLE _{name} AS SELECT * FROM read_csv('{p}', header=true, auto_detect=false, "
@@ -169,6 +207,8 @@ def connect(run_dir: "str | Path", database: str = ":memory:") -> Any:
     con.execute("CREATE VIEW spans AS SELECT *, dur_us / 1000.0 AS dur_ms FROM _spans")
     con.execute("CREATE VIEW events AS SELECT * FROM _events")
     con.execute("CREATE VIEW metrics AS SELECT * FROM _metrics")
+    con.execute("CREATE VIEW critical_path AS SELECT * FROM _critical_path")
+    con.execute("CREATE VIEW slack AS SELECT * FROM _slack")
     return con
 
 

@@ -1,0 +1,116 @@
+"""Why was step N slow: the per-step critical path across actors, from a run directory.
+
+    >>> import tempfile
+    >>> from forge_obs import timeline
+    >>> run_dir = tempfile.mkdtemp()
+    >>> timeline.configure(run_dir)
+    True
+    >>> timeline.set_step(0)
+    >>> with timeline.record_span("controller_step"):
+    ...     with timeline.record_span("update"):
+    ...         pass
+    >>> timeline.close()
+    >>> r = critical_path(run_dir, 0)
+    >>> [s["name"] for s in r["stages"]][:1], r["cause"]["name"]
+    (['update'], 'update')
+
+- :func:`critical_path` (one step) and :func:`why` (several: ``steps``, ``slowest``) return
+  plain JSON-serialisable dicts (``forge-obs why --json`` prints :func:`why`'s);
+- :mod:`.graph` builds the span graph (links), :mod:`.walk` walks it back from a step's end,
+  :mod:`.summary` turns a path into stages, slack, the one-line answer and the comparison.
+
+The model (what a link is, what is inferred, what the walk cannot see) is in docs/timeline.md,
+"Critical path".
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Iterable
+
+from forge_obs.analysis.critical_path.graph import Graph, load
+from forge_obs.analysis.critical_path.summary import Busy, answer, compare, medians, step_result
+from forge_obs.analysis.critical_path.walk import PathConfig, Walker
+
+__all__ = ["PathConfig", "critical_path", "why", "analyse", "format_text"]
+
+
+def _config(settings: dict) -> PathConfig:
+    valid = [f.name for f in fields(PathConfig)]
+    bad = [k for k in settings if k not in valid]
+    if bad:
+        raise ValueError(f"unknown critical path setting {bad[0]!r}; valid: {', '.join(valid)}")
+    return PathConfig(**settings)
+
+
+def analyse(run: "str | Path | Graph", **settings: Any) -> list:
+    """Every controller step's result (path, stages, slack, cause, one-line answer), by step."""
+    g = run if isinstance(run, Graph) else load(run)
+    walker = Walker(g, _config(settings))
+    busy = Busy(g, walker)
+    results = [step_result(g, walker, busy, w) for w in g.windows]
+    med = medians(_fast(results))
+    for r in results:
+        answer(r, med)
+    return results
+
+
+def _fast(results: list) -> list:
+    done = [r for r in results if not r["unfinished"]]
+    if not done:
+        return []
+    cut = sorted(r["duration_s"] for r in done)[(len(done) - 1) // 2]
+    return [r for r in done if r["duration_s"] <= cut]
+
+
+def why(run_dir: "str | Path", steps: "Iterable[int] | None" = None, slowest: int | None = None,
+        **settings: Any) -> dict:
+    """The critical path of the chosen steps: ``steps`` (ids), or the ``slowest`` K (unfinished
+    steps first), or (neither) the slowest one. Each step's result also has ``compare``: what grew on its path against the
+    fast half of the run's steps. ``settings``: fields of :class:`PathConfig`."""
+    results = analyse(run_dir, **settings)
+    by_step = {r["step"]: r for r in results}
+    if steps is not None:
+        want = list(steps)
+        missing = [s for s in want if s not in by_step]
+        if missing:
+            have = f"{results[0]['step']}..{results[-1]['step']}" if results else "none"
+            raise ValueError(f"step {missing[0]} has no controller step in {run_dir} (steps: {have})")
+        chosen = [by_step[s] for s in want]
+    else:
+        chosen = sorted(results, key=lambda r: (not r["unfinished"], -r["duration_s"]))[:max(int(slowest or 1), 1)]
+    fast = _fast(results)
+    for r in chosen:
+        r["compare"] = compare(r, fast)
+    durs = sorted(r["duration_s"] for r in results)
+    return {"run_dir": str(run_dir), "steps_total": len(results),
+            "median_step_s": durs[(len(durs) - 1) // 2] if durs else None, "steps": chosen}
+
+
+def critical_path(run_dir: "str | Path", step: int, **settings: Any) -> dict:
+    """The critical path of controller step ``step`` (a dict; see :func:`why`)."""
+    return why(run_dir, steps=[step], **settings)["steps"][0]
+
+
+def format_text(result: dict, path_rows: int = 12) -> str:
+    """``forge-obs why``'s text: per step the answer, the stages on the path, the slack, the change."""
+    lines = [f"why: {result['steps_total']} step(s), median {result['median_step_s'] or 0:.3f} s"]
+    for r in result["steps"]:
+        lines.append(r["answer"])
+        lines.append("  on the path:")
+        for a in r["stages"][:path_rows]:
+            flag = " (wait)" if a["wait"] else ""
+            lines.append(f"    {a['path_s']:8.3f} s {100 * a['share']:5.1f} %  {a['mesh']}/r{a['rank']} {a['name']}{flag}")
+        if r["slack"]:
+            lines.append("  busy / idle while the step ran:")
+            for s in r["slack"]:
+                lines.append(f"    {s['mesh']}/r{s['rank']}: busy {s['busy_s']:.3f} s, waiting {s['waiting_s']:.3f} s, "
+                             f"idle {s['idle_s']:.3f} s, on the path {s['on_path_s']:.3f} s")
+        c = r.get("compare")
+        if c and c["grew"]:
+            lines.append(f"  against the {c['fast_steps']} fast step(s) (median {c['fast_median_s']:.3f} s):")
+            for x in c["grew"]:
+                lines.append(f"    +{x['delta_s']:.3f} s  {x['mesh']}/r{x['rank']} {x['name']} "
+                             f"({x['fast_s']:.3f} -> {x['step_s']:.3f} s)")
+    return "\n".join(lines)

@@ -1,0 +1,165 @@
+"""The span graph of a run: every span of ``events/*.jsonl`` with its parent on its own track,
+its flow, its process, and the controller's step windows.
+
+    >>> import tempfile
+    >>> from forge_obs import timeline
+    >>> run_dir = tempfile.mkdtemp()
+    >>> timeline.configure(run_dir)
+    True
+    >>> timeline.set_step(0)
+    >>> with timeline.record_span("controller_step"):
+    ...     with timeline.record_span("update"):
+    ...         pass
+    >>> timeline.close()
+    >>> g = load(run_dir)
+    >>> [(s.name, s.parent.name if s.parent else None) for s in g.spans]
+    [('controller_step', None), ('update', 'controller_step')]
+
+A *link* is what makes one span depend on another (docs/timeline.md, "Critical path"):
+
+- **nested**: a span inside another on the same track (one thread or asyncio task) of one process;
+- **flow**: spans that share a ``flow=`` id, in the order they started (a message is received
+  after it is sent, whatever the clocks say);
+- **inferred**: a track's top-level span in another process that ran inside a controller span
+  with no other explanation for that time (the controller awaited it).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from forge_obs.analysis import reader
+from forge_obs.analysis.reader import OPEN, SPAN, STEP
+
+__all__ = ["Span", "Graph", "Window", "load"]
+
+
+class Span:
+    """One span: times in epoch µs (clock-offset corrected), ``dur`` measured on one clock."""
+
+    __slots__ = ("stream", "lane", "name", "step", "start", "end", "dur", "flow", "unfinished",
+                 "parent", "children", "waits", "index")
+
+    def __init__(self, stream: reader.Stream, lane: int, name: str, step: Any, start: int, dur: int,
+                 flow: Any, unfinished: bool) -> None:
+        self.stream, self.lane, self.name, self.step = stream, lane, name, step
+        self.start, self.dur, self.end = start, dur, start + dur
+        self.flow, self.unfinished = flow, unfinished
+        self.parent: Span | None = None
+        self.children: list[Span] = []
+        self.waits = -1  # µs of its children that wait on others (computed on demand)
+        self.index = 0
+
+    def __repr__(self) -> str:
+        return f"<{self.stream.label} {self.name} {self.start}+{self.dur}>"
+
+
+@dataclass(frozen=True)
+class Window:
+    """A controller step: ``root`` is its top-level span (None: the window runs from its
+    ``set_step`` to the next one)."""
+
+    step: int
+    start: int
+    end: int
+    root: Span | None
+    unfinished: bool = False
+
+
+@dataclass
+class Graph:
+    run: reader.Run
+    spans: list = field(default_factory=list)  # every Span, by start
+    roots: list = field(default_factory=list)  # top-level spans of their track, by end
+    root_ends: list = field(default_factory=list)
+    flows: dict = field(default_factory=dict)  # flow id -> [Span] by start
+    windows: list = field(default_factory=list)  # [Window] by step
+    end: int = 0  # last timestamp of the data
+
+    def controller(self, s: Span) -> bool:
+        return bool(s.stream.header.get("ctl"))
+
+
+def _flow_key(ex: Any) -> Any:
+    if not ex or "f" not in ex:
+        return None
+    f = ex["f"]
+    return f if isinstance(f, (str, int)) else repr(f)
+
+
+def load(run_dir: "str | Path") -> Graph:
+    """One pass over the run's timeline files: spans nested per track, flows, step windows."""
+    run = reader.scan(run_dir)
+    g = Graph(run=run)
+    opens: list = []
+    steps: dict[int, int] = {}
+    for it in reader.walk(run):
+        k = it[0]
+        if k is SPAN:
+            _k, st, lane, name, step, ts, dur, ex = it
+            g.spans.append(Span(st, lane, name, step, ts, max(dur, 0), _flow_key(ex), False))
+        elif k is OPEN:
+            opens.append(it)
+        elif k is STEP and it[1].header.get("ctl") and it[3] is not None:
+            steps.setdefault(it[3], it[4])
+    g.end = reader.run_end(run) or 0
+    for _k, st, lane, name, step, ts, ex in opens:
+        g.spans.append(Span(st, lane, name, step, ts, max(g.end - ts, 0), _flow_key(ex), True))
+    _nest(g)
+    for s in g.spans:
+        if s.flow is not None:
+            g.flows.setdefault(s.flow, []).append(s)
+    g.windows = _windows(g, steps)
+    return g
+
+
+def _nest(g: Graph) -> None:
+    """Parents per (process, track): a span's parent is the innermost span that contains it."""
+    g.spans.sort(key=lambda s: (s.start, -s.end))
+    stacks: dict[tuple, list] = {}
+    for i, s in enumerate(g.spans):
+        s.index = i
+        stack = stacks.setdefault((id(s.stream), s.lane), [])
+        while stack and (stack[-1].end < s.end or (stack[-1].end <= s.start and stack[-1].dur > 0)):
+            stack.pop()
+        if stack:
+            s.parent = stack[-1]
+            stack[-1].children.append(s)
+        else:
+            g.roots.append(s)
+        stack.append(s)
+    g.roots.sort(key=lambda s: s.end)
+    g.root_ends = [s.end for s in g.roots]
+
+
+def _windows(g: Graph, steps: dict[int, int]) -> list:
+    """Per controller step: its longest top-level controller span tagged with the step, else the
+    time from its ``set_step`` to the next step's."""
+    best: dict[int, Span] = {}
+    for s in g.roots:
+        if s.step is None or not g.controller(s):
+            continue
+        b = best.get(s.step)
+        if b is None or s.dur > b.dur:
+            best[s.step] = s
+    out = []
+    order = sorted(set(best) | set(steps))
+    for i, n in enumerate(order):
+        r = best.get(n)
+        if r is not None:
+            out.append(Window(n, r.start, r.end, r, r.unfinished))
+            continue
+        nxt = [steps[m] for m in order[i + 1:] if m in steps]
+        end = nxt[0] if nxt else g.end
+        out.append(Window(n, steps[n], end, None, not nxt))
+    return out
+
+
+def roots_between(g: Graph, lo: int, hi: int) -> list:
+    """Top-level spans that end in ``(lo, hi]``, by end."""
+    a = bisect.bisect_right(g.root_ends, lo)
+    b = bisect.bisect_right(g.root_ends, hi)
+    return g.roots[a:b]

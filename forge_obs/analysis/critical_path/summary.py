@@ -1,0 +1,223 @@
+"""A step's critical path as plain data: the path, time on it per stage, every process's busy
+time and slack, the one-line answer, and what changed against the fast steps.
+
+A *stage* is (mesh, actor, rank, span name): ``generator_1`` ``generate`` on rank 0. Every value
+is JSON-serialisable (seconds as floats, times as epoch µs).
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from typing import Any
+
+from forge_obs.analysis.critical_path.graph import Graph, Window
+from forge_obs.analysis.critical_path.walk import Segment, Walker
+
+__all__ = ["step_result", "stage_label", "answer", "compare", "Busy"]
+
+
+def _who(st: Any) -> dict:
+    return {"mesh": st.mesh, "actor": st.actor, "rank": st.rank, "host": st.host, "pid": st.pid}
+
+
+def stage_label(s: dict) -> str:
+    """``generator_1 `generate` (rank 0)``."""
+    return f"{s['mesh']} `{s['name']}` (rank {s['rank']})"
+
+
+def _segments(path: list, walker: Walker) -> list:
+    out = []
+    for seg in path:
+        sp = seg.span
+        out.append({**_who(sp.stream), "name": sp.name, "task": sp.stream.lanes.get(sp.lane, str(sp.lane)),
+                    "step": sp.step, "start_us": seg.start, "end_us": seg.end,
+                    "duration_s": (seg.end - seg.start) / 1e6, "link": seg.link,
+                    "controller": bool(sp.stream.header.get("ctl")), "wait": walker.is_wait(sp.name),
+                    "unfinished": sp.unfinished})
+    return out
+
+
+def _stages(segs: list, total_s: float) -> list:
+    acc: dict[tuple, dict] = {}
+    for s in segs:
+        k = (s["mesh"], s["actor"], s["rank"], s["name"])
+        a = acc.get(k)
+        if a is None:
+            a = acc[k] = {"mesh": s["mesh"], "actor": s["actor"], "rank": s["rank"], "name": s["name"], "path_s": 0.0,
+                          "controller": s["controller"], "wait": s["wait"], "root": False, "unfinished": False}
+        a["path_s"] += s["duration_s"]
+        a["unfinished"] |= s["unfinished"]
+        a["root"] |= s["link"] == "root"
+    out = sorted(acc.values(), key=lambda a: -a["path_s"])
+    for a in out:
+        a["share"] = a["path_s"] / total_s if total_s > 0 else 0.0
+    return out
+
+
+def _by(stages: list, key: str) -> dict:
+    out: dict[str, float] = {}
+    for a in stages:
+        out[str(a[key])] = out.get(str(a[key]), 0.0) + a["path_s"]
+    return out
+
+
+class Busy:
+    """Per process: its top-level spans by start, to measure busy time in a window fast."""
+
+    def __init__(self, g: Graph, walker: Walker) -> None:
+        self.per: dict[int, tuple] = {}
+        self.streams = {}
+        for s in sorted(g.roots, key=lambda s: s.start):
+            if s.stream.header.get("ctl"):
+                continue
+            p = self.per.setdefault(id(s.stream), ([], [], [0]))
+            p[0].append(s.start)
+            p[1].append((s.start, s.end, walker.waits(s), s.dur))
+            p[2][0] = max(p[2][0], s.dur)
+            self.streams[id(s.stream)] = s.stream
+
+    def window(self, lo: int, hi: int) -> dict:
+        """stream id -> (busy µs, µs in waits) within ``[lo, hi]``."""
+        out = {}
+        for key, (starts, spans, longest) in self.per.items():
+            a = bisect.bisect_left(starts, lo - longest[0])
+            b = bisect.bisect_left(starts, hi)
+            busy = waits = 0
+            cur_s = cur_e = None
+            for s, e, w, d in spans[a:b]:
+                s, e = max(s, lo), min(e, hi)
+                if e <= s:
+                    continue
+                waits += w * (e - s) // d if d else 0
+                if cur_e is None or s > cur_e:
+                    if cur_e is not None:
+                        busy += cur_e - cur_s
+                    cur_s, cur_e = s, e
+                else:
+                    cur_e = max(cur_e, e)
+            if cur_e is not None:
+                busy += cur_e - cur_s
+            out[key] = (busy, waits)
+        return out
+
+
+def _slack(busy: Busy, w: Window, segs: list) -> list:
+    span_us = max(w.end - w.start, 0)
+    on_path: dict[tuple, float] = {}
+    for s in segs:
+        k = (s["host"], s["pid"], s["mesh"], s["rank"])
+        on_path[k] = on_path.get(k, 0.0) + s["duration_s"]
+    out = []
+    for key, (b, wt) in busy.window(w.start, w.end).items():
+        st = busy.streams[key]
+        if st.first_ts is not None and (st.first_ts > w.end or (st.last_ts or 0) < w.start):
+            continue
+        work = max(b - wt, 0)
+        out.append({**_who(st), "busy_s": work / 1e6, "waiting_s": wt / 1e6, "idle_s": (span_us - work) / 1e6,
+                    "on_path_s": on_path.get((st.host, st.pid, st.mesh, st.rank), 0.0)})
+    out.sort(key=lambda r: (r["mesh"], r["rank"], r["host"], r["pid"]))
+    return out
+
+
+def step_result(g: Graph, walker: Walker, busy: Busy, w: Window) -> dict:
+    """The critical path of window ``w`` and what it is made of (no answer yet: see :func:`answer`)."""
+    path: list[Segment] = walker.path(w)
+    segs = _segments(path, walker)
+    total_s = (w.end - w.start) / 1e6
+    stages = _stages(segs, total_s)
+    root = w.root.name if w.root is not None else "step"
+    return {"step": w.step, "root": root, "start_us": w.start, "end_us": w.end, "duration_s": total_s,
+            "unfinished": w.unfinished or any(s["unfinished"] for s in segs), "path": segs, "stages": stages,
+            "by_mesh": _by(stages, "mesh"), "by_name": _by(stages, "name"), "slack": _slack(busy, w, segs)}
+
+
+def _cause(r: dict) -> dict | None:
+    """The stage the step waited on: the largest that is neither a wait nor the step span's own
+    time, else the largest that is not a wait, else the largest."""
+    st = r["stages"]
+    for pick in (lambda a: not a["root"] and not a["wait"], lambda a: not a["wait"], lambda a: True):
+        c = [a for a in st if pick(a)]
+        if c:
+            return c[0]
+    return None
+
+
+def _family(mesh: str) -> str:
+    """``generator_1`` -> ``generator``: replicas compare with each other."""
+    head, _sep, tail = mesh.rpartition("_")
+    return head if head and tail.isdigit() else mesh
+
+
+def _key(a: dict) -> tuple:
+    return (a["mesh"], a["actor"], a["rank"], a["name"])
+
+
+def answer(r: dict, medians: dict) -> None:
+    """Adds ``cause``, ``idle`` and ``answer`` (the one line) to step result ``r``. ``medians``:
+    :func:`medians` of the run's fast steps."""
+    c = _cause(r)
+    line = f"step {r['step']}: {r['duration_s']:.3f} s"
+    if r["unfinished"]:
+        line += " (unfinished)"
+    if c is None:
+        r["cause"], r["idle"], r["answer"] = None, None, line + ", no span on its path"
+        return
+    med = next((medians[k][0] for k in (_key(c), (c["mesh"], None, None, c["name"]),
+                                        (_family(c["mesh"]), None, None, c["name"])) if k in medians), 0.0)
+    c = dict(c, median_path_s=med, ratio_to_median=(c["path_s"] / med) if med > 0 else None)
+    verb = "in" if c["controller"] else "waiting on"
+    line += f", {c['path_s']:.3f} s ({100 * c['share']:.0f} %) {verb} {stage_label(c)}"
+    if c["unfinished"]:
+        line += " (unfinished: still running at the end of the data)"
+    elif c["ratio_to_median"] is not None:
+        line += f", {c['ratio_to_median']:.1f}x its median in the fast steps"
+    else:
+        line += ", never on the path in the fast steps"
+    idle = _idle_mesh(r, c["mesh"])
+    if idle is not None:
+        line += f"; {idle['mesh']} idle {idle['idle_s']:.3f} s"
+    r["cause"], r["idle"], r["answer"] = c, idle, line
+
+
+def _idle_mesh(r: dict, skip: str) -> dict | None:
+    """The mesh (other than the cause's) that did the most work in the step, with its idle time
+    (its least idle rank's): what the slow stage kept waiting."""
+    idle: dict[str, float] = {}
+    work: dict[str, float] = {}
+    for s in r["slack"]:
+        if s["mesh"] == skip:
+            continue
+        idle[s["mesh"]] = min(idle.get(s["mesh"], s["idle_s"]), s["idle_s"])
+        work[s["mesh"]] = work.get(s["mesh"], 0.0) + s["busy_s"]
+    if not work:
+        return None
+    mesh = max(work, key=lambda m: work[m])
+    return {"mesh": mesh, "idle_s": idle[mesh]} if idle[mesh] > 0 else None
+
+
+def medians(results: list) -> dict:
+    """stage key -> (median seconds on the path over the steps of ``results`` it is on, how many)."""
+    keys: dict[tuple, list] = {}
+    for r in results:
+        for a in r["stages"]:
+            for k in (_key(a), (a["mesh"], None, None, a["name"]), (_family(a["mesh"]), None, None, a["name"])):
+                keys.setdefault(k, []).append(a["path_s"])
+    return {k: (statistics.median(v), len(v)) for k, v in keys.items()}
+
+
+def compare(r: dict, fast: list, top: int = 3) -> dict:
+    """What changed on ``r``'s path against the ``fast`` steps: the stages whose path time grew
+    most over their median there."""
+    ref = medians(fast) if fast else {}
+    mine = {_key(a): a for a in r["stages"]}
+    rows = []
+    for k in set(k for k in ref if k[1] is not None) | set(mine):
+        now = mine[k]["path_s"] if k in mine else 0.0
+        was, n = ref.get(k, (0.0, 0))
+        rows.append({"mesh": k[0], "actor": k[1], "rank": k[2], "name": k[3], "step_s": now, "fast_s": was,
+                     "fast_steps_on_path": n, "delta_s": now - was})
+    rows.sort(key=lambda x: -x["delta_s"])
+    med = statistics.median(f["duration_s"] for f in fast) if fast else None
+    return {"fast_steps": len(fast), "fast_median_s": med, "grew": [x for x in rows[:top] if x["delta_s"] > 0],
+            "shrank": sorted((x for x in rows if x["delta_s"] < 0), key=lambda x: x["delta_s"])[:top]}

@@ -1,0 +1,199 @@
+"""The critical path of one controller step: walk back from the step's end to its start, at each
+moment into the dependency that finished last (the classic critical path of a span graph).
+
+The walk covers ``[lo, hi]`` of a span: the dependency that ended last before ``hi`` is on the
+path (covered recursively), then the walk goes on from that dependency's start; time no
+dependency explains is the span's own (``self``). Dependencies, in the order they are trusted:
+
+1. after a dependency reached by a flow (or inferred), the flow's previous point: what that
+   span waited for (a rollout's ``buffer_add`` waited for its ``reference_logprobs``, ...);
+2. exact links: the span's children on its own track, and spans of other tracks or processes
+   that share its flow id and ran within it;
+3. inferred (controller spans only): a top-level span of another track or process that ran
+   entirely inside a stretch of the controller span that 1. and 2. leave unexplained, unless its
+   flow ties it to another step's controller span.
+
+Among spans of one mesh that finished together (a collective: every rank leaves the all-reduce
+at once), the one that spent least in waits (``wait_spans``) is on the path: the straggler the
+others waited for.
+
+Clocks: a dependency on another host may appear to end after the span that awaited it (the
+clock offsets are one-way estimates). Causality wins: the dependency is placed to end where the
+waiter resumed, keeping its measured duration, so no part of the path runs backwards in time.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from forge_obs.analysis.critical_path.graph import Graph, Span, Window, roots_between
+
+__all__ = ["PathConfig", "Segment", "Walker"]
+
+DEFAULT_WAIT_SPANS = (r"wait|idle|allreduce|all_reduce|allgather|all_gather|reduce_scatter|barrier|collective|recv"
+                      r"|sleep|queue")
+
+
+@dataclass(kw_only=True, slots=True)
+class PathConfig:
+    """Settings of the critical-path walk (``forge-obs why --set NAME=VALUE``)."""
+
+    #: span names that wait on others (the doctor's ``wait_spans``): never the answer's cause
+    wait_spans: str = DEFAULT_WAIT_SPANS
+    #: a dependency on another host may appear to end up to this long after its waiter resumed
+    #: (clock offset estimates are one-way); it is then placed to end where the waiter resumed
+    skew_tol_s: float = 0.05
+    #: spans of one mesh ending within this of each other ended together (a collective)
+    tie_s: float = 0.002
+
+    def __post_init__(self) -> None:
+        re.compile(self.wait_spans)
+        for k in ("skew_tol_s", "tie_s"):
+            v = float(getattr(self, k))
+            if v < 0:
+                raise ValueError(f"critical path setting {k} must be >= 0, got {v!r}")
+            setattr(self, k, v)
+
+
+@dataclass(slots=True)
+class Segment:
+    """``[start, end]`` (µs, in causal order) of the path spent in ``span`` itself; ``link``:
+    how the walk reached ``span`` (``root``, ``nested``, ``flow``, ``inferred``)."""
+
+    span: Span
+    start: int
+    end: int
+    link: str
+
+
+class Walker:
+    def __init__(self, g: Graph, cfg: PathConfig | None = None) -> None:
+        self.g = g
+        self.cfg = cfg or PathConfig()
+        self.wait_re = re.compile(self.cfg.wait_spans)
+        self.skew = int(self.cfg.skew_tol_s * 1e6)
+        self.tie = int(self.cfg.tie_s * 1e6)
+        self.used: set = set()
+        #: flows of the controller's step spans: a span sharing one belongs to that step
+        self.step_flows = {w.root.flow for w in g.windows if w.root is not None and w.root.flow is not None}
+
+    # ------------------------------------------------------------------ the walk
+    def path(self, w: Window) -> list:
+        """The path of step window ``w``, as :class:`Segment` in time order."""
+        root = w.root or self._virtual(w)
+        self.used = {id(root)}
+        out: list = []
+        self._cover(root, w.start, w.end, 0, "root", out, (root,))
+        out.reverse()
+        return out
+
+    def _cover(self, node: Span, lo: int, hi: int, shift: int, link: str, out: list, anc: tuple) -> None:
+        """Appends (latest first) the segments of ``[lo, hi]`` inside ``node``; ``shift`` moves the
+        spans on ``node``'s host into causal order (see the module docstring)."""
+        exact = self._exact(node, lo, hi, shift)
+        t, chain = hi, None
+        while t > lo:
+            d = self._pred(chain, node, lo, t, shift, anc) if chain is not None else None
+            how = "flow"
+            if d is None:
+                d = self._pick(exact, t, lo, node, shift)
+                how = "nested" if d is not None and (d.parent is node or node.lane == -1) else "flow"
+                gap_lo = self._end(d, node, shift) if d is not None else lo
+                if self.g.controller(node):
+                    inf = self._pick(self._inferred(node, max(gap_lo, lo), t, shift, anc), t, lo, node, shift)
+                    if inf is not None:
+                        d, how = inf, "inferred"
+            if d is None:
+                break
+            self.used.add(id(d))
+            d_end = min(self._end(d, node, shift), t)
+            d_start = max(d_end - d.dur, lo)
+            if d_end < t:
+                out.append(Segment(node, d_end, t, link))
+            d_shift = d_end - d.end
+            self._cover(d, d_start, d_end, d_shift, how, out, anc + (d,))
+            t = d_start
+            chain = d if d.flow is not None and how != "nested" else None
+        if t > lo:
+            out.append(Segment(node, lo, t, link))
+
+    # ------------------------------------------------------------------ dependencies
+    def _end(self, s: Span, node: Span, shift: int) -> int:
+        """``s``'s end in the walk's time: shifted with ``node`` when on ``node``'s host."""
+        return s.end + shift if s.stream.host == node.stream.host else s.end
+
+    def _tol(self, s: Span, node: Span) -> int:
+        return 0 if s.stream.host == node.stream.host else self.skew
+
+    def _exact(self, node: Span, lo: int, hi: int, shift: int) -> list:
+        out = list(node.children)
+        if node.flow is not None:
+            for s in self.g.flows.get(node.flow, ()):
+                if s is node or (s.stream is node.stream and s.lane == node.lane):
+                    continue
+                tol = self._tol(s, node)
+                if s.start + (shift if not tol else 0) >= node.start + shift - tol and self._end(s, node, shift) <= hi + tol:
+                    out.append(s)
+        return out
+
+    def _inferred(self, node: Span, lo: int, hi: int, shift: int, anc: tuple) -> list:
+        """Top-level spans of other tracks that ran entirely inside ``(lo, hi]``."""
+        ids = {id(a) for a in anc}
+        out = []
+        for s in roots_between(self.g, lo - self.skew, hi + self.skew):
+            if id(s) in ids or (s.stream is node.stream and s.lane == node.lane):
+                continue
+            if s.flow in self.step_flows and all(a.flow != s.flow for a in anc):
+                continue  # linked to another step's span
+            tol = self._tol(s, node)
+            e = self._end(s, node, shift)
+            if e <= hi + tol and e > lo and s.start + (e - s.end) >= lo - tol:
+                out.append(s)
+        return out
+
+    def _pred(self, d: Span, node: Span, lo: int, t: int, shift: int, anc: tuple) -> Span | None:
+        """The previous point of ``d``'s flow (by start: message order) that ended after ``lo``:
+        what ``d`` waited for."""
+        ids = {id(a) for a in anc}
+        cands = [p for p in self.g.flows.get(d.flow, ()) if p.start < d.start and p.end < d.end and id(p) not in ids
+                 and not (p.stream is d.stream and p.lane == d.lane)]
+        return self._pick(cands, t, lo, node, shift)
+
+    def _pick(self, cands: list, t: int, lo: int, node: Span, shift: int) -> Span | None:
+        """The candidate that ended last by ``t`` (after ``lo``); of spans of one mesh and name
+        that ended together, the one that waited least."""
+        best, best_e = None, None
+        for s in cands:
+            if id(s) in self.used:
+                continue
+            e = self._end(s, node, shift)
+            if e <= lo or e > t + self._tol(s, node):
+                continue
+            if best is None or e > best_e:
+                best, best_e = s, e
+        if best is None:
+            return None
+        group = [s for s in cands if id(s) not in self.used and s.name == best.name
+                 and s.stream.mesh == best.stream.mesh and s.stream is not best.stream
+                 and best_e - self.tie <= self._end(s, node, shift) <= t + self._tol(s, node)]
+        if group:
+            best = min([best, *group], key=self.waits)
+        return best
+
+    def waits(self, s: Span) -> int:
+        """µs of ``s`` spent in spans that wait on others (``wait_spans``)."""
+        if s.waits < 0:
+            s.waits = sum(c.dur if self.wait_re.search(c.name) else self.waits(c) for c in s.children)
+        return s.waits
+
+    def _virtual(self, w: Window) -> Span:
+        """A stand-in root for a step whose controller records no step span: its top-level
+        controller spans in the window are its children."""
+        ctl = next((st for st in self.g.run.streams.values() if st.header.get("ctl")), None)
+        root = Span(ctl, -1, "step", w.step, w.start, w.end - w.start, None, w.unfinished)
+        root.children = [s for s in roots_between(self.g, w.start, w.end)
+                         if s.stream is ctl and s.start >= w.start]
+        return root
+
+    def is_wait(self, name: str) -> bool:
+        return bool(self.wait_re.search(name))
