@@ -78,9 +78,13 @@ class Graph:
     flows: dict = field(default_factory=dict)  # flow id -> [Span] by start
     windows: list = field(default_factory=list)  # [Window] by step
     end: int = 0  # last timestamp of the data
+    ctl: set = field(default_factory=set)  # ids of the controller's streams
 
     def controller(self, s: Span) -> bool:
-        return bool(s.stream.header.get("ctl"))
+        return id(s.stream) in self.ctl
+
+    def is_ctl(self, st: reader.Stream) -> bool:
+        return id(st) in self.ctl
 
 
 def _flow_key(ex: Any) -> Any:
@@ -96,6 +100,9 @@ def load(run_dir: "str | Path") -> Graph:
     g = Graph(run=run)
     opens: list = []
     steps: dict[int, int] = {}
+    g.ctl = {id(st) for st in run.streams.values() if st.header.get("ctl")}
+    if not g.ctl and len(run.streams) == 1:  # a standalone script: its one process steps
+        g.ctl = {id(st) for st in run.streams.values()}
     for it in reader.walk(run):
         k = it[0]
         if k is SPAN:
@@ -103,7 +110,7 @@ def load(run_dir: "str | Path") -> Graph:
             g.spans.append(Span(st, lane, name, step, ts, max(dur, 0), _flow_key(ex), False))
         elif k is OPEN:
             opens.append(it)
-        elif k is STEP and it[1].header.get("ctl") and it[3] is not None:
+        elif k is STEP and id(it[1]) in g.ctl and it[3] is not None:
             steps.setdefault(it[3], it[4])
     g.end = reader.run_end(run) or 0
     for _k, st, lane, name, step, ts, ex in opens:
@@ -136,8 +143,9 @@ def _nest(g: Graph) -> None:
 
 
 def _windows(g: Graph, steps: dict[int, int]) -> list:
-    """Per controller step: its longest top-level controller span tagged with the step, else the
-    time from its ``set_step`` to the next step's."""
+    """Per controller step: its longest top-level controller span tagged with the step (when it
+    covers at least half of the time from the step's ``set_step`` to the next one, if any), else
+    that time."""
     best: dict[int, Span] = {}
     for s in g.roots:
         if s.step is None or not g.controller(s):
@@ -148,13 +156,12 @@ def _windows(g: Graph, steps: dict[int, int]) -> list:
     out = []
     order = sorted(set(best) | set(steps))
     for i, n in enumerate(order):
-        r = best.get(n)
-        if r is not None:
-            out.append(Window(n, r.start, r.end, r, r.unfinished))
-            continue
         nxt = [steps[m] for m in order[i + 1:] if m in steps]
-        end = nxt[0] if nxt else g.end
-        out.append(Window(n, steps[n], end, None, not nxt))
+        r = best.get(n)
+        if r is not None and (n not in steps or not nxt or 2 * r.dur >= nxt[0] - steps[n]):
+            out.append(Window(n, r.start, r.end, r, r.unfinished))
+        elif n in steps:
+            out.append(Window(n, steps[n], nxt[0] if nxt else g.end, None, not nxt))
     return out
 
 

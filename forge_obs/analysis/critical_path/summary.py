@@ -33,7 +33,7 @@ def _segments(path: list, walker: Walker) -> list:
         out.append({**_who(sp.stream), "name": sp.name, "task": sp.stream.lanes.get(sp.lane, str(sp.lane)),
                     "step": sp.step, "start_us": seg.start, "end_us": seg.end,
                     "duration_s": (seg.end - seg.start) / 1e6, "link": seg.link,
-                    "controller": bool(sp.stream.header.get("ctl")), "wait": walker.is_wait(sp.name),
+                    "controller": bool(sp.stream.header.get("ctl")) or sp.lane == -1, "wait": walker.is_wait(sp.name),
                     "unfinished": sp.unfinished})
     return out
 
@@ -69,7 +69,7 @@ class Busy:
         self.per: dict[int, tuple] = {}
         self.streams = {}
         for s in sorted(g.roots, key=lambda s: s.start):
-            if s.stream.header.get("ctl"):
+            if g.is_ctl(s.stream):
                 continue
             p = self.per.setdefault(id(s.stream), ([], [], [0]))
             p[0].append(s.start)

@@ -11,11 +11,13 @@ dependency explains is the span's own (``self``). Dependencies, in the order the
    that share its flow id and ran within it;
 3. inferred (controller spans only): a top-level span of another track or process that ran
    entirely inside a stretch of the controller span that 1. and 2. leave unexplained, unless its
-   flow ties it to another step's controller span.
+   flow ties it to another step's controller span that it started during.
 
 Among spans of one mesh that finished together (a collective: every rank leaves the all-reduce
 at once), the one that spent least in waits (``wait_spans``) is on the path: the straggler the
-others waited for.
+others waited for. A wait span on the path (``grad_allreduce``) is on it only from the moment
+the last rank of its mesh entered the same span; before that, the path runs through what that
+last rank did (link ``collective``).
 
 Clocks: a dependency on another host may appear to end after the span that awaited it (the
 clock offsets are one-way estimates). Causality wins: the dependency is placed to end where the
@@ -58,7 +60,7 @@ class PathConfig:
 @dataclass(slots=True)
 class Segment:
     """``[start, end]`` (µs, in causal order) of the path spent in ``span`` itself; ``link``:
-    how the walk reached ``span`` (``root``, ``nested``, ``flow``, ``inferred``)."""
+    how the walk reached ``span`` (``root``, ``nested``, ``flow``, ``inferred``, ``collective``)."""
 
     span: Span
     start: int
@@ -74,8 +76,10 @@ class Walker:
         self.skew = int(self.cfg.skew_tol_s * 1e6)
         self.tie = int(self.cfg.tie_s * 1e6)
         self.used: set = set()
-        #: flows of the controller's step spans: a span sharing one belongs to that step
-        self.step_flows = {w.root.flow for w in g.windows if w.root is not None and w.root.flow is not None}
+        self._names: dict | None = None
+        #: flow -> the controller step span that carries it: a span sharing it that started
+        #: during that step belongs to that step
+        self.step_flows = {w.root.flow: w.root for w in g.windows if w.root is not None and w.root.flow is not None}
 
     # ------------------------------------------------------------------ the walk
     def path(self, w: Window) -> list:
@@ -90,6 +94,9 @@ class Walker:
     def _cover(self, node: Span, lo: int, hi: int, shift: int, link: str, out: list, anc: tuple) -> None:
         """Appends (latest first) the segments of ``[lo, hi]`` inside ``node``; ``shift`` moves the
         spans on ``node``'s host into causal order (see the module docstring)."""
+        if node.parent is not None and self.is_wait(node.name) and not self.g.controller(node):
+            if self._collective(node, lo, hi, shift, link, out, anc):
+                return
         exact = self._exact(node, lo, hi, shift)
         t, chain = hi, None
         while t > lo:
@@ -117,6 +124,33 @@ class Walker:
         if t > lo:
             out.append(Segment(node, lo, t, link))
 
+    def _collective(self, node: Span, lo: int, hi: int, shift: int, link: str, out: list, anc: tuple) -> bool:
+        """``node`` waits in a collective: the rank of its mesh that entered the same span last
+        kept it waiting; the path goes on through what that rank did before."""
+        peers = self._by_name().get((node.stream.mesh, node.name), ())
+        last = None
+        for p in peers:
+            if p.stream is not node.stream and node.start < p.start <= node.end and p.parent is not None \
+                    and (last is None or p.start > last.start):
+                last = p
+        if last is None:
+            return False
+        p_start = min(max(last.start + (shift if last.stream.host == node.stream.host else 0), lo), hi)
+        out.append(Segment(node, p_start, hi, link))
+        if p_start > lo:
+            par = last.parent
+            p_shift = (shift if par.stream.host == node.stream.host else 0)
+            self._cover(par, lo, p_start, p_shift, "collective", out, anc + (par,))
+        return True
+
+    def _by_name(self) -> dict:
+        if self._names is None:
+            self._names = {}
+            for s in self.g.spans:
+                if self.wait_re.search(s.name):
+                    self._names.setdefault((s.stream.mesh, s.name), []).append(s)
+        return self._names
+
     # ------------------------------------------------------------------ dependencies
     def _end(self, s: Span, node: Span, shift: int) -> int:
         """``s``'s end in the walk's time: shifted with ``node`` when on ``node``'s host."""
@@ -143,8 +177,9 @@ class Walker:
         for s in roots_between(self.g, lo - self.skew, hi + self.skew):
             if id(s) in ids or (s.stream is node.stream and s.lane == node.lane):
                 continue
-            if s.flow in self.step_flows and all(a.flow != s.flow for a in anc):
-                continue  # linked to another step's span
+            owner = self.step_flows.get(s.flow)
+            if owner is not None and owner not in anc and s.start <= owner.end + self._tol(s, owner):
+                continue  # another step's work
             tol = self._tol(s, node)
             e = self._end(s, node, shift)
             if e <= hi + tol and e > lo and s.start + (e - s.end) >= lo - tol:
@@ -155,8 +190,7 @@ class Walker:
         """The previous point of ``d``'s flow (by start: message order) that ended after ``lo``:
         what ``d`` waited for."""
         ids = {id(a) for a in anc}
-        cands = [p for p in self.g.flows.get(d.flow, ()) if p.start < d.start and p.end < d.end and id(p) not in ids
-                 and not (p.stream is d.stream and p.lane == d.lane)]
+        cands = [p for p in self.g.flows.get(d.flow, ()) if p.start < d.start and p.end < d.end and id(p) not in ids]
         return self._pick(cands, t, lo, node, shift)
 
     def _pick(self, cands: list, t: int, lo: int, node: Span, shift: int) -> Span | None:
@@ -189,7 +223,7 @@ class Walker:
     def _virtual(self, w: Window) -> Span:
         """A stand-in root for a step whose controller records no step span: its top-level
         controller spans in the window are its children."""
-        ctl = next((st for st in self.g.run.streams.values() if st.header.get("ctl")), None)
+        ctl = next((st for st in self.g.run.streams.values() if self.g.is_ctl(st)), None)
         root = Span(ctl, -1, "step", w.step, w.start, w.end - w.start, None, w.unfinished)
         root.children = [s for s in roots_between(self.g, w.start, w.end)
                          if s.stream is ctl and s.start >= w.start]

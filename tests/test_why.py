@@ -1,0 +1,183 @@
+"""``forge-obs why``: the critical path of a step, on GRPO-shaped runs with planted faults whose
+answer is known to the microsecond (tests/path_runs.py): the named stage and its share of the
+step are asserted, and the path covers the step exactly, in causal order."""
+
+from __future__ import annotations
+
+import doctest
+import json
+
+import pytest
+
+from forge_obs.analysis import critical_path as cp
+from forge_obs.analysis.critical_path import critical_path, format_text, why
+from forge_obs.analysis.critical_path import graph as cp_graph
+from tests.path_runs import grpo_run
+
+SLOW_FROM = 6
+CLEAN_STEP_S = 0.3935  # one step of the planted run without a fault (see path_runs.grpo_run)
+
+
+def _check_path(r: dict) -> None:
+    """The path tiles the step window: in order, no gap, no overlap, nothing backwards."""
+    segs = r["path"]
+    assert segs[0]["start_us"] == r["start_us"] and segs[-1]["end_us"] == r["end_us"], segs
+    for a, b in zip(segs, segs[1:]):
+        assert a["end_us"] == b["start_us"], (a, b)
+    assert all(s["end_us"] > s["start_us"] for s in segs)
+    assert sum(s["duration_s"] for s in segs) == pytest.approx(r["duration_s"], abs=1e-9)
+    assert sum(a["share"] for a in r["stages"]) == pytest.approx(1.0)
+
+
+def _cause(r: dict) -> tuple:
+    c = r["cause"]
+    return c["mesh"], c["rank"], c["name"]
+
+
+def test_doctests():
+    for m in (cp, cp_graph):
+        assert doctest.testmod(m).failed == 0, m
+
+
+@pytest.mark.parametrize("fault, step, cause, cause_s, step_s", [
+    # a clean run: the trainer's update bounds every step (the rank picked of two equal ones: rank 0)
+    ({}, 8, ("trainer", 0, "forward_backward"), 0.2, CLEAN_STEP_S),
+    # replica 1 serves odd steps; its generate takes 0.8 s (0.002 s of it in its nested tokenize)
+    ({"slow_replica": (1, 0.8)}, 7, ("generator_1", 0, "generate"), 0.798, CLEAN_STEP_S + 0.7),
+    # trainer rank 1 is 0.7 s slower in forward_backward; rank 0 waits in the all-reduce (a wait, not the cause)
+    ({"slow_rank": (1, 0.9)}, 8, ("trainer", 1, "forward_backward"), 0.9, CLEAN_STEP_S + 0.7),
+    # the replica that serves the step's rollout loads weights for 0.6 s first
+    ({"slow_sync_s": 0.6}, 8, ("generator_0", 0, "weights_load"), 0.6, CLEAN_STEP_S + 0.601),
+    # the buffer's successful sample takes 0.5 s
+    ({"slow_sample": (0.5,)}, 8, ("buffer", 0, "buffer_sample"), 0.5, CLEAN_STEP_S + 0.497),
+    # the router starves the rollout: 0.7 s in the controller's route before its generate
+    ({"starved": (0.7,)}, 8, ("controller", 0, "route"), 0.7, CLEAN_STEP_S + 0.701),
+])
+def test_planted_fault_is_named_with_its_share(tmp_path, fault, step, cause, cause_s, step_s):
+    grpo_run(tmp_path, 12, slow_from=SLOW_FROM, **fault)
+    r = critical_path(tmp_path, step)
+    _check_path(r)
+    assert r["duration_s"] == pytest.approx(step_s, abs=1e-6)
+    assert _cause(r) == cause, r["answer"]
+    assert r["cause"]["path_s"] == pytest.approx(cause_s, abs=1e-6)
+    assert r["cause"]["share"] == pytest.approx(cause_s / step_s, abs=1e-6)
+    assert r["answer"].startswith(f"step {step}: {r['duration_s']:.3f} s, {cause_s:.3f} s ({100 * cause_s / step_s:.0f} %)")
+    assert f"{cause[0]} `{cause[2]}` (rank {cause[1]})" in r["answer"]
+    if fault:  # what changed against the fast steps: the planted stage grew most
+        grew = r["compare"]["grew"][0]
+        assert (grew["mesh"], grew["rank"], grew["name"]) == cause, r["compare"]
+        assert grew["delta_s"] == pytest.approx(cause_s - grew["fast_s"]) and grew["delta_s"] >= 0.49
+        assert r["compare"]["fast_steps"] >= SLOW_FROM
+
+
+def test_rollouts_concurrent_with_training_are_not_on_the_path(tmp_path):
+    """The other replica's rollout runs during training (flow rollout-N-bg): busy, never on the path."""
+    grpo_run(tmp_path, 8)
+    r = critical_path(tmp_path, 5)
+    assert not [s for s in r["path"] if s["name"] == "generate" and s["mesh"] == "generator_0"]
+    (g0,) = [s for s in r["slack"] if s["mesh"] == "generator_0"]
+    assert g0["busy_s"] == pytest.approx(0.15) and g0["on_path_s"] == 0.0
+    assert g0["idle_s"] == pytest.approx(r["duration_s"] - 0.15)
+    # the rollout the step waited for: generate -> reward -> reference -> buffer_add, linked by its flow
+    links = [(s["name"], s["link"]) for s in r["path"] if s["mesh"] in ("generator_1", "reward", "reference", "buffer")]
+    assert ("generate", "flow") in links and ("reward", "flow") in links and ("buffer_add", "inferred") in links
+
+
+def test_slow_rank_slack_names_the_waiting_rank(tmp_path):
+    grpo_run(tmp_path, 10, slow_rank=(1, 0.9))
+    r = critical_path(tmp_path, 4)
+    sl = {(s["mesh"], s["rank"]): s for s in r["slack"]}
+    # rank 0 waited 0.7 s + 0.01 s in the all-reduce for rank 1
+    assert sl[("trainer", 0)]["waiting_s"] == pytest.approx(0.71)
+    assert sl[("trainer", 1)]["waiting_s"] == pytest.approx(0.01)
+    assert sl[("trainer", 1)]["on_path_s"] == pytest.approx(0.925)  # batch, fb, all-reduce, optimizer
+    assert r["idle"]["mesh"] == "generator_1" and r["idle"]["idle_s"] == pytest.approx(r["duration_s"] - 0.15)
+
+
+def test_hung_rank_ends_the_path_unfinished(tmp_path):
+    """Trainer rank 1 hangs in forward_backward at step 5: the path ends at the hung span."""
+    grpo_run(tmp_path, 10, hang=(5,))
+    res = why(tmp_path, slowest=1)
+    (r,) = res["steps"]
+    assert r["step"] == 5 and r["unfinished"]  # an unfinished step comes first
+    _check_path(r)
+    last = r["path"][-1]
+    assert (last["mesh"], last["rank"], last["name"], last["unfinished"]) == ("trainer", 1, "forward_backward", True)
+    assert _cause(r) == ("trainer", 1, "forward_backward") and r["cause"]["unfinished"]
+    assert "(unfinished: still running at the end of the data)" in r["answer"]
+
+
+@pytest.mark.parametrize("skew_s", [0.04, -0.04])
+def test_clock_offset_between_hosts_does_not_reverse_causality(tmp_path, skew_s):
+    """The trainer's host clock is 40 ms off and no clock sample corrects it: its spans appear to
+    end after (or start before) the controller span that awaited them. Durations are kept and the
+    order follows the awaits, so the answer is the one of the same run on one host."""
+    grpo_run(tmp_path / "a", 12, slow_rank=(0, 0.9), slow_from=SLOW_FROM, trainer_host="node1", trainer_skew_s=skew_s)
+    grpo_run(tmp_path / "b", 12, slow_rank=(0, 0.9), slow_from=SLOW_FROM)
+    r = critical_path(tmp_path / "a", 8)
+    ref = critical_path(tmp_path / "b", 8)
+    _check_path(r)
+    assert _cause(r) == _cause(ref) == ("trainer", 0, "forward_backward")
+    assert r["cause"]["path_s"] == pytest.approx(0.9, abs=1e-6)
+    by = {(a["mesh"], a["name"]): a["path_s"] for a in r["stages"]}
+    assert by[("trainer", "weights_push")] == pytest.approx(0.02, abs=1e-6)
+    assert by[("generator_0", "generate")] == pytest.approx(0.098, abs=1e-6)
+
+
+def test_cli_text_json_and_errors(tmp_path, capsys):
+    from forge_obs.cli import main
+
+    grpo_run(tmp_path, 12, slow_replica=(1, 0.8), slow_from=SLOW_FROM)
+    assert main(["why", str(tmp_path), "--slowest", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("why: 12 step(s), median 0.394 s\n"), out
+    assert out.count("waiting on generator_1 `generate` (rank 0)") == 2, out
+    assert "+0.700 s  generator_1/r0 generate (0.098 -> 0.798 s)" in out, out
+    assert main(["why", str(tmp_path), "--step", "7", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    (r,) = res["steps"]
+    assert r["step"] == 7 and r["cause"]["ratio_to_median"] == pytest.approx(0.798 / 0.098)
+    assert main(["why", str(tmp_path), "--step", "99"]) == 2
+    assert "step 99 has no controller step" in capsys.readouterr().err
+    assert main(["why", str(tmp_path), "--set", "tie=3"]) == 2
+    assert "NAME one of wait_spans, skew_tol_s, tie_s" in capsys.readouterr().err
+    assert main(["why", str(tmp_path / "nope")]) == 2
+
+
+def test_sql_critical_path_and_slack(tmp_path):
+    pytest.importorskip("duckdb")
+    from forge_obs.analysis.sql import connect
+
+    grpo_run(tmp_path, 12, slow_rank=(1, 0.9), slow_from=SLOW_FROM)
+    con = connect(tmp_path)
+    rows = con.execute("SELECT step, round(sum(dur_ms), 3), any_value(step_ms) FROM critical_path GROUP BY step "
+                       "ORDER BY step").fetchall()
+    assert [r[0] for r in rows] == list(range(12)) and all(r[1] == pytest.approx(r[2], abs=1e-3) for r in rows)
+    (top,) = con.execute("SELECT mesh, rank, name, sum(dur_ms) FROM critical_path WHERE step = 9 AND NOT wait "
+                         "GROUP BY ALL ORDER BY 4 DESC LIMIT 1").fetchall()
+    assert top[:3] == ("trainer", 1, "forward_backward") and top[3] == pytest.approx(900.0)
+    (idle,) = con.execute("SELECT idle_ms, waiting_ms FROM slack WHERE step = 9 AND mesh = 'trainer' AND rank = 0").fetchall()
+    assert idle[1] == pytest.approx(710.0)
+
+
+def test_a_step_without_a_step_span_uses_set_step(tmp_path):
+    """A controller that calls set_step and awaits its meshes without a step span: the window is
+    set_step to set_step, the meshes' spans inside it are inferred dependencies."""
+    from tests.path_runs import Proc
+
+    ev = tmp_path / "events"
+    ev.mkdir()
+    ctl, tr = Proc("controller", 0, 1, ctl=True), Proc("trainer", 0, 2)
+    for n in range(4):
+        t = n * 1.0
+        ctl.step(t, n)
+        tr.span("train_step", t + 0.1, 0.3 if n != 2 else 0.8, n)
+        ctl.span("log", t + 0.95 if n != 2 else t + 0.92, 0.01, n)
+    ctl.step(4.0, 4)
+    for p in (ctl, tr):
+        p.write(ev)
+    r = critical_path(tmp_path, 2)
+    _check_path(r)
+    assert r["root"] == "step" and _cause(r) == ("trainer", 0, "train_step")
+    assert r["cause"]["path_s"] == pytest.approx(0.8) and r["duration_s"] == pytest.approx(1.0)
+    assert format_text(why(tmp_path, steps=[2])).splitlines()[1].startswith("step 2: 1.000 s, 0.800 s (80 %) waiting on trainer")
