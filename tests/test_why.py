@@ -181,3 +181,30 @@ def test_a_step_without_a_step_span_uses_set_step(tmp_path):
     assert r["root"] == "step" and _cause(r) == ("trainer", 0, "train_step")
     assert r["cause"]["path_s"] == pytest.approx(0.8) and r["duration_s"] == pytest.approx(1.0)
     assert format_text(why(tmp_path, steps=[2])).splitlines()[1].startswith("step 2: 1.000 s, 0.800 s (80 %) waiting on trainer")
+
+
+@pytest.mark.timeout(600)
+def test_grpo_app_slow_trainer_rank_is_named(tmp_path, capsys):
+    """The GRPO app itself (Hugging Face generate, rollouts concurrent with training), trainer
+    rank 1 0.3 s slower in forward_backward from step 3: `forge-obs why` names it in most slow
+    steps, and in none of the steps before."""
+    pytest.importorskip("transformers")
+    from forge_obs.cli import main
+    from tests.test_grpo import run_grpo
+
+    run_dir = run_grpo(tmp_path, "why", "--generator", "torch", "--replicas", "1", "--steps", "8", "--batch-groups", "3",
+                       "--fault-slow-trainer-rank", "1", "--fault-slow-trainer-s", "0.3",
+                       "--fault-slow-trainer-from", "3", "--no-report")
+    assert main(["why", str(run_dir), "--slowest", "8", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["steps_total"] == 8
+    by = {r["step"]: r for r in res["steps"]}
+    for r in by.values():
+        _check_path(r)
+    named = [s for s in range(3, 8) if _cause(by[s]) == ("trainer", 1, "forward_backward")]
+    assert len(named) >= 3, {s: by[s]["answer"] for s in by}
+    for s in named:  # rank 1's extra 0.3 s is on the path (its peer's own forward_backward overlaps the rest)
+        assert by[s]["cause"]["path_s"] >= 0.15 and by[s]["cause"]["share"] >= 0.3, by[s]["answer"]
+    assert not [s for s in range(0, 3) if by[s]["cause"]["path_s"] >= 0.3 and _cause(by[s])[:2] == ("trainer", 1)]
+    assert main(["why", str(run_dir), "--step", str(named[0])]) == 0
+    assert "waiting on trainer `forward_backward` (rank 1)" in capsys.readouterr().out

@@ -40,12 +40,13 @@ __all__ = ["Span", "Graph", "Window", "load"]
 class Span:
     """One span: times in epoch µs (clock-offset corrected), ``dur`` measured on one clock."""
 
-    __slots__ = ("stream", "lane", "name", "step", "start", "end", "dur", "flow", "unfinished",
+    __slots__ = ("stream", "host", "lane", "name", "step", "start", "end", "dur", "flow", "unfinished",
                  "parent", "children", "waits", "index")
 
     def __init__(self, stream: reader.Stream, lane: int, name: str, step: Any, start: int, dur: int,
                  flow: Any, unfinished: bool) -> None:
         self.stream, self.lane, self.name, self.step = stream, lane, name, step
+        self.host = stream.host if stream is not None else ""
         self.start, self.dur, self.end = start, dur, start + dur
         self.flow, self.unfinished = flow, unfinished
         self.parent: Span | None = None

@@ -26,6 +26,7 @@ waiter resumed, keeping its measured duration, so no part of the path runs backw
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass
 from forge_obs.analysis.critical_path.graph import Graph, Span, Window, roots_between
@@ -77,6 +78,7 @@ class Walker:
         self.tie = int(self.cfg.tie_s * 1e6)
         self.used: set = set()
         self._names: dict | None = None
+        self._wait_names: dict[str, bool] = {}
         #: flow -> the controller step span that carries it: a span sharing it that started
         #: during that step belongs to that step
         self.step_flows = {w.root.flow: w.root for w in g.windows if w.root is not None and w.root.flow is not None}
@@ -127,37 +129,40 @@ class Walker:
     def _collective(self, node: Span, lo: int, hi: int, shift: int, link: str, out: list, anc: tuple) -> bool:
         """``node`` waits in a collective: the rank of its mesh that entered the same span last
         kept it waiting; the path goes on through what that rank did before."""
-        peers = self._by_name().get((node.stream.mesh, node.name), ())
+        starts, peers = self._by_name().get((node.stream.mesh, node.name), ((), ()))
         last = None
-        for p in peers:
+        a, b = bisect.bisect_right(starts, node.start), bisect.bisect_right(starts, node.end)
+        for p in peers[a:b]:
             if p.stream is not node.stream and node.start < p.start <= node.end and p.parent is not None \
                     and (last is None or p.start > last.start):
                 last = p
         if last is None:
             return False
-        p_start = min(max(last.start + (shift if last.stream.host == node.stream.host else 0), lo), hi)
+        p_start = min(max(last.start + (shift if last.host == node.host else 0), lo), hi)
         out.append(Segment(node, p_start, hi, link))
         if p_start > lo:
             par = last.parent
-            p_shift = (shift if par.stream.host == node.stream.host else 0)
+            p_shift = (shift if par.host == node.host else 0)
             self._cover(par, lo, p_start, p_shift, "collective", out, anc + (par,))
         return True
 
     def _by_name(self) -> dict:
+        """(mesh, wait span name) -> (starts, spans) by start."""
         if self._names is None:
-            self._names = {}
-            for s in self.g.spans:
-                if self.wait_re.search(s.name):
-                    self._names.setdefault((s.stream.mesh, s.name), []).append(s)
+            acc: dict = {}
+            for s in self.g.spans:  # by start already
+                if self.is_wait(s.name):
+                    acc.setdefault((s.stream.mesh, s.name), []).append(s)
+            self._names = {k: ([s.start for s in v], v) for k, v in acc.items()}
         return self._names
 
     # ------------------------------------------------------------------ dependencies
     def _end(self, s: Span, node: Span, shift: int) -> int:
         """``s``'s end in the walk's time: shifted with ``node`` when on ``node``'s host."""
-        return s.end + shift if s.stream.host == node.stream.host else s.end
+        return s.end + shift if s.host == node.host else s.end
 
     def _tol(self, s: Span, node: Span) -> int:
-        return 0 if s.stream.host == node.stream.host else self.skew
+        return 0 if s.host == node.host else self.skew
 
     def _exact(self, node: Span, lo: int, hi: int, shift: int) -> list:
         out = list(node.children)
@@ -217,7 +222,7 @@ class Walker:
     def waits(self, s: Span) -> int:
         """µs of ``s`` spent in spans that wait on others (``wait_spans``)."""
         if s.waits < 0:
-            s.waits = sum(c.dur if self.wait_re.search(c.name) else self.waits(c) for c in s.children)
+            s.waits = sum(c.dur if self.is_wait(c.name) else self.waits(c) for c in s.children)
         return s.waits
 
     def _virtual(self, w: Window) -> Span:
@@ -230,4 +235,7 @@ class Walker:
         return root
 
     def is_wait(self, name: str) -> bool:
-        return bool(self.wait_re.search(name))
+        w = self._wait_names.get(name)
+        if w is None:
+            w = self._wait_names[name] = bool(self.wait_re.search(name))
+        return w
