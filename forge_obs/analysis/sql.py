@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import tempfile
 from pathlib import Path
@@ -170,7 +171,12 @@ def _write_paths(run_dir: Path, path_csv: Path, slack_csv: Path) -> None:
         wp, wsl = csv.writer(fp), csv.writer(fs)
         wp.writerow(PATH_COLS)
         wsl.writerow(SLACK_COLS)
-        for r in analyse(run_dir):
+        try:
+            results = analyse(run_dir)
+        except Exception as e:  # noqa: BLE001 - the other views stay usable; the tables stay empty
+            logging.getLogger("forge_obs").warning("forge_obs: %s: no critical_path / slack tables (%s)", run_dir, e)
+            results = []
+        for r in results:
             step_ms = r["duration_s"] * 1e3
             for i, p in enumerate(r["path"]):
                 wp.writerow((r["step"], i, p["mesh"], p["actor"], p["rank"], p["host"], p["pid"], p["task"], p["name"],
