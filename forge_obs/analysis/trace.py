@@ -85,9 +85,11 @@ def export_trace(
     steps: tuple[int, int] | None = None,
     ranks: Any = None,
     meshes: set | None = None,
+    critical_path: bool = False,
 ) -> dict[str, Any]:
     """Write ``out`` (Chrome JSON trace), atomically (a ``.tmp`` file renamed at the end). Returns
-    counts: slices, instants, unfinished, cut_by_shutdown, errors, flows, tracks."""
+    counts: slices, instants, unfinished, cut_by_shutdown, errors, flows, tracks (and, with
+    ``critical_path``, ``path_slices``: a "critical path" process, see :func:`_path_events`)."""
     run = reader.scan(run_dir, make_keep(ranks, meshes))
     out = Path(out)
     tmp = out.with_name(out.name + ".tmp")
@@ -100,6 +102,8 @@ def export_trace(
         trace.emit(_unfinished_events(trace, reader.run_end(run) or 0))
         trace.emit(_flow_events(trace))
         trace.emit(_metadata_events(trace, run))
+        if critical_path:
+            trace.emit(_path_events(trace, run.run_dir, steps))
         other = {"run_dir": str(run.run_dir), "clock_offsets_us": run.offsets, "attempts": run.attempts,
                  "generator": "forge_obs.recording.timeline"}
         f.write(f'\n],"displayTimeUnit":"ms","otherData":{_dumps(other, default=str)}}}\n')
@@ -327,6 +331,36 @@ def _flow_events(trace: _TraceFile) -> list[str]:
             lines.append(f'{{"ph":"s","cat":"flow","name":"flow","id":{fid},"pid":{a[1]},"tid":{a[2]},"ts":{a[0]}}}')
             lines.append(f'{{"ph":"f","bp":"e","cat":"flow","name":"flow","id":{fid},"pid":{b[1]},"tid":{b[2]},"ts":{b[0]}}}')
     trace.stats["flows"] = fid
+    return lines
+
+
+def _path_events(trace: _TraceFile, run_dir: Path, steps: tuple[int, int] | None) -> list[str]:
+    """A "critical path" process after every other: on thread 1 one slice per controller step
+    named with its one-line answer, on thread 2 one slice per segment of its critical path
+    (``mesh/rN name``; args: the segment's process, link, wait, unfinished). The segments of a
+    step tile it in time order, so the slices never overlap."""
+    from forge_obs.analysis.critical_path import analyse
+
+    pid = trace._next_pid
+    trace._next_pid += 1
+    lines = [f'{{"ph":"M","name":"process_name","pid":{pid},"args":{{"name":"critical path"}}}}',
+             f'{{"ph":"M","name":"process_sort_index","pid":{pid},"args":{{"sort_index":-1}}}}',
+             f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":1,"args":{{"name":"steps"}}}}',
+             f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":2,"args":{{"name":"path"}}}}']
+    n = 0
+    for r in analyse(run_dir):
+        if steps is not None and not steps[0] <= r["step"] <= steps[1]:
+            continue
+        lines.append(f'{{"ph":"X","cat":"critical_path","pid":{pid},"tid":1,"ts":{r["start_us"]},'
+                     f'"dur":{r["end_us"] - r["start_us"]},"name":{_dumps(r["answer"])},"args":{{"step":{r["step"]}}}}}')
+        for sg in r["path"]:
+            args = {k: sg[k] for k in ("step", "mesh", "actor", "rank", "host", "pid", "task", "link", "wait", "unfinished")}
+            args["step"] = r["step"]
+            label = _dumps(f"{sg['mesh']}/r{sg['rank']} {sg['name']}")
+            lines.append(f'{{"ph":"X","cat":"critical_path","pid":{pid},"tid":2,"ts":{sg["start_us"]},'
+                         f'"dur":{sg["end_us"] - sg["start_us"]},"name":{label},"args":{_dumps(args, default=str)}}}')
+            n += 1
+    trace.stats["path_slices"] = n
     return lines
 
 
