@@ -230,3 +230,19 @@ def test_trace_marks_the_critical_path(tmp_path, capsys):
     assert sum(e["dur"] for e in segs) == steps[0]["dur"]
     fb = [e for e in segs if e["name"] == "trainer/r1 forward_backward"]
     assert sum(e["dur"] for e in fb) == 900_000 and fb[0]["args"]["link"] == "nested"
+
+
+def test_doctor_findings_cite_the_critical_path(tmp_path):
+    """The doctor's straggler names the rank; its citation says it bounded every step it covers,
+    with its share of the step."""
+    from forge_obs.analysis.doctor import diagnose_run
+
+    grpo_run(tmp_path, 20, slow_rank=(1, 0.9), slow_from=SLOW_FROM)
+    d = diagnose_run(tmp_path)
+    (f,) = [f for f in d.findings if f.kind == "straggler"]
+    assert (f.mesh, f.rank, f.steps) == ("trainer", 1, [SLOW_FROM, 19])
+    c = f.critical_path
+    assert c["steps_judged"] == c["steps_on_path"] == 14
+    assert c["median_path_s"] == pytest.approx(0.9) and c["median_share"] == pytest.approx(0.9 / (CLEAN_STEP_S + 0.7))
+    assert "on the critical path in 14/14 of its steps (median 0.900 s, 82 % of the step" in f.message, f.message
+    assert d.to_dict()["findings"][0]["critical_path"]["steps_on_path"] == 14

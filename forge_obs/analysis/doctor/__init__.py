@@ -19,7 +19,8 @@ line with its own history), ``hang``, ``stall``, ``sync_bottleneck``, ``dropped`
 objects the live ``"alerts"`` backend runs): ``nonfinite``, ``missing_ranks``, ``quiet_rank``,
 ``staleness``, ``throughput_drop``, ``threshold`` (``--rule``); ``straggler`` / ``slowdown`` /
 ``sync_bottleneck`` on duration metrics when the run has no timeline. Thresholds:
-:class:`~forge_obs.analysis.doctor.config.DoctorConfig`.
+:class:`~forge_obs.analysis.doctor.config.DoctorConfig`. Findings about time cite the controller
+step's critical path (:mod:`.path`): how much of their steps they were on it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from forge_obs.analysis.doctor.config import DoctorConfig
 from forge_obs.analysis.doctor.finding import Finding, format_findings
 from forge_obs.analysis.doctor.identity import Identities
 from forge_obs.analysis.doctor.merge import merge_root_events
+from forge_obs.analysis.doctor.path import cite_paths
 from forge_obs.analysis.doctor.replay import metric_findings
 from forge_obs.analysis.doctor.rules import UserRule
 from forge_obs.analysis.doctor.timeline import timeline_findings
@@ -73,7 +75,13 @@ def diagnose_run(run_dir: "str | Path", config: DoctorConfig | None = None, rule
                                      if (run_dir / "metrics.jsonl").exists() else ""))
     m, n = metric_findings(run_dir, config, ids, user_rules, has_timeline)
     notes += n
-    return Diagnosis(merge_root_events(found + m), notes)
+    findings = merge_root_events(found + m)
+    if has_timeline:
+        try:
+            cite_paths(run_dir, findings, config.wait_spans)
+        except Exception as e:  # noqa: BLE001 - the findings stand without their citation
+            notes.append(f"critical path: not judged ({type(e).__name__}: {e})")
+    return Diagnosis(findings, notes)
 
 
 def diagnose(run_dir: "str | Path", **settings: Any) -> list[Finding]:

@@ -37,6 +37,9 @@ class Finding:
     onset_step: int | None = None
     #: what followed from this event: ``[{"kind", "where", "message", "steps", ...}]``
     consequences: list = field(default_factory=list)
+    #: how much of its steps it was on the controller step's critical path (:mod:`.path`); None
+    #: where not judged
+    critical_path: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
