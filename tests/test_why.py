@@ -246,3 +246,38 @@ def test_doctor_findings_cite_the_critical_path(tmp_path):
     assert c["median_path_s"] == pytest.approx(0.9) and c["median_share"] == pytest.approx(0.9 / (CLEAN_STEP_S + 0.7))
     assert "on the critical path in 14/14 of its steps (median 0.900 s, 82 % of the step" in f.message, f.message
     assert d.to_dict()["findings"][0]["critical_path"]["steps_on_path"] == 14
+
+
+def test_report_has_the_per_step_path_chart(tmp_path):
+    """The report's "Critical path" section: a stacked chart of path time by stage per step
+    (the series are the walk's numbers), and the slowest steps' answers with their commands."""
+    import re
+
+    from forge_obs.analysis.report.html import render_report
+    grpo_run(tmp_path, 12, slow_replica=(1, 0.8), slow_from=SLOW_FROM)
+    rows = [{"step": s, "mode": "global_reduce", "wall_time": 1.0 + s, "metrics": {"controller/step_s": 0.5}} for s in range(12)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = render_report(tmp_path)
+    assert '<a href="#critical-path">critical path</a>' in page and 'id="p-critical"' in page
+    data = json.loads(re.search(r'<script type="application/json" id="run-data">(.*?)</script>', page, re.S).group(1))
+    gen1 = data["x"]["path:generator_1 generate"]
+    assert gen1[7] == pytest.approx(0.798) and gen1[6] == 0.0 and gen1[1] == pytest.approx(0.098)
+    assert f'<li id="step-7">{critical_path(tmp_path, 7)["answer"]} ' in page, page[page.find('id="step-7"'):][:300]
+    assert "--steps 7 --critical-path --open" in page
+
+
+def test_report_path_chart_draws_in_headless_chromium(tmp_path):
+    """The critical-path chart draws (one stacked area per stage and "other") without script errors."""
+    from forge_obs.analysis.report.html import write_report
+    from tests.browser import Browser
+
+    grpo_run(tmp_path, 12, slow_replica=(1, 0.8), slow_from=SLOW_FROM)
+    rows = [{"step": s, "mode": "global_reduce", "wall_time": 1.0 + s, "metrics": {"controller/step_s": 0.5}} for s in range(12)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = write_report(tmp_path)
+    with Browser() as b:
+        page = b.open(out.as_uri(), width=1400, height=900)
+        page.wait_for("document.body.dataset.ready === '1'")
+        assert page.errors == []
+        areas = page.evaluate("document.querySelectorAll('#p-critical svg polygon').length")
+        assert int(areas) == 7  # the 6 biggest stages and "other"

@@ -16,6 +16,9 @@ The page, top to bottom:
   first and last 10 points), the step-time breakdown (stacked), and the doctor's findings, each
   linked to the charts of the metric keys it names (a chart a finding names carries a badge
   back to it).
+- **Critical path** (runs with a timeline): per controller step, the time on its critical path
+  stacked by stage (``forge-obs why``), and the slowest steps' one-line answers with the
+  commands that open their slice of the trace.
 - **Run**: status, times, steps, host; the app's settings (``meta.json``'s ``app_settings``, e.g.
   the GRPO app's command-line flags) and the forge_obs config, both through
   :func:`forge_obs.core.run.redact`.
@@ -120,6 +123,7 @@ class Page:
         self.chart_keys = set(data.chart_keys())
         self.flat_keys = set(data.flat_keys())
         # finding index -> [(key, anchor)], key -> [finding index]
+        self.has_paths = False  # the report has a critical-path section
         self.links: list[list[tuple[str, str]]] = []
         self.badges: dict[str, list[int]] = {}
         self._link_findings()
@@ -284,6 +288,59 @@ def _overview(page: Page) -> str:
                                legend=legend, badges=badges))
     body = f'<div class="grid big">{"".join(figs)}</div>' if figs else '<p class="muted">no metrics in metrics.jsonl</p>'
     return f'<section id="overview"><h2>Overview</h2>{body}{_findings(page)}</section>'
+
+
+#: stages drawn in the critical-path chart (the rest is stacked as "other")
+PATH_STAGES = 6
+
+
+def critical_paths(run_dir: Path) -> list[dict[str, Any]]:
+    """Every controller step's critical path (:mod:`forge_obs.analysis.critical_path`); [] when
+    the run has no controller steps or the walk fails (the rest of the report stands)."""
+    if not (run_dir / "events").is_dir():
+        return []
+    try:
+        from forge_obs.analysis.critical_path import analyse
+
+        return analyse(run_dir)
+    except Exception:  # noqa: BLE001 - a report is written whatever the timeline holds
+        return []
+
+
+def _path_section(page: Page, results: list[dict[str, Any]], run_dir: Path) -> str:
+    """Per step, the critical path's time stacked by stage (mesh and span name; the biggest
+    :data:`PATH_STAGES`, then "other"), and the slowest steps' one-line answers with the commands
+    that open their slice of the trace."""
+    if not results:
+        return ""
+    totals: dict[str, float] = {}
+    per_step: dict[int, dict[str, float]] = {}
+    for r in results:
+        acc = per_step.setdefault(r["step"], {})
+        for a in r["stages"]:
+            k = f"{a['mesh']} {a['name']}"
+            acc[k] = acc.get(k, 0.0) + a["path_s"]
+            totals[k] = totals.get(k, 0.0) + a["path_s"]
+    top = sorted(totals, key=lambda k: -totals[k])[:PATH_STAGES]
+    rows = sorted(page._index, key=lambda r: page._index[r])
+    fig = ""
+    if rows:
+        lines = []
+        for i, k in enumerate([*top, "other"]):
+            vals = [None if s not in per_step else (per_step[s].get(k, 0.0) if k != "other" else
+                    sum(v for n, v in per_step[s].items() if n not in top)) for s, _w in rows]
+            name = page.derived(f"path:{k}", vals)
+            lines.append({"src": "x", "key": name, "name": k, "color": COLORS[i % len(COLORS)] if k != "other" else "#bbbbbb"})
+        legend = [(ln["color"], f"{ln['name']}: {totals.get(ln['name'], 0.0):.1f} s on the path") for ln in lines]
+        fig = figure("p-critical", "critical path", "time on the critical path per step, by stage (s)",
+                     "stacked; the stages the controller's step waited on", lines, BIG_H, legend=legend, stack=True)
+        fig = f'<div class="grid big">{fig}</div>'
+    slow = sorted(results, key=lambda r: (not r["unfinished"], -r["duration_s"]))[:5]
+    items = "".join(f'<li id="step-{r["step"]}">{esc(r["answer"])} <span class="muted">· <code>forge-obs why {esc(run_dir)} '
+                    f'--step {r["step"]}</code> · <code>forge-obs trace {esc(run_dir)} --steps {r["step"]} '
+                    f'--critical-path --open</code></span></li>' for r in slow)
+    return (f'<section id="critical-path"><h2>Critical path</h2>{fig}<h3>Slowest steps</h3>'
+            f'<ul class="findings">{items}</ul></section>')
 
 
 def doctor_findings(run_dir: Path) -> tuple[str, list[dict[str, Any]] | None]:
@@ -526,7 +583,10 @@ def _header(page: Page, run_id: str) -> str:
     n = len(page.findings)
     if page.findings_or_none is not None:
         facts.append(f'<a href="#findings">{n} finding{"s" if n != 1 else ""}</a>' if n else "no findings")
-    nav = ['<a href="#overview">overview</a>', '<a href="#run">run</a>']
+    nav = ['<a href="#overview">overview</a>']
+    if page.has_paths:
+        nav.append('<a href="#critical-path">critical path</a>')
+    nav.append('<a href="#run">run</a>')
     nav += [f'<a href="#g-{esc(slug(g))}">{esc(g)}</a>' for g, _c, _f in data.groups()]
     if page.rank_keys:
         nav.append('<a href="#ranks">per rank</a>')
@@ -548,7 +608,10 @@ def render_report(run_dir: "str | Path", smoothing: float = SMOOTHING) -> str:
     page = Page(data, findings, smoothing)
     page.doctor_status, page.findings_or_none = status, findings
     run_id = data.meta.get("run_id") or run_dir.name
-    body = [_overview(page), _run_section(page), _groups(page), _ranks(page), _samples(data)]
+    paths = critical_paths(run_dir)
+    page.has_paths = bool(paths)
+    body = [_overview(page), _path_section(page, paths, run_dir), _run_section(page), _groups(page),
+            _ranks(page), _samples(data)]
     generated = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
