@@ -281,3 +281,34 @@ def test_report_path_chart_draws_in_headless_chromium(tmp_path):
         assert page.errors == []
         areas = page.evaluate("document.querySelectorAll('#p-critical svg polygon').length")
         assert int(areas) == 7  # the 6 biggest stages and "other"
+
+
+def test_live_straggler_alert_names_the_path_cause(tmp_path):
+    """The live alerts backend, on a run whose timeline is on disk: the straggler alert carries
+    the critical path of the slowest step since its onset, and its one-line answer."""
+    from forge_obs.alerts.backend import AlertsBackend
+    from forge_obs.backends.record import RunContext
+    from tests.test_alerts import Collect, record
+
+    run_dir = grpo_run(tmp_path / "t", 16, slow_rank=(1, 0.9), slow_from=SLOW_FROM)
+    cb = Collect()
+    be = AlertsBackend({"callback": cb, "sinks": ["callback"]})
+    be.init(run=RunContext(run_id="t", run_dir=run_dir))
+    try:
+        for s in range(16):
+            slow = s >= SLOW_FROM
+            be.log_step(record(s, per_rank={
+                "trainer/Trainer/r0": {"trainer/forward_backward_s": 0.2, "trainer/idle_s": 0.7 if slow else 0.0},
+                "trainer/Trainer/r1": {"trainer/forward_backward_s": 0.9 if slow else 0.2}}))
+    finally:
+        be.finish()
+    (a,) = [a for a in cb.alerts if a["rule"] == "straggler" and a["state"] == "firing"]
+    p = a["critical_path"]
+    assert SLOW_FROM <= p["step"] < a["step"]
+    assert (p["cause"]["mesh"], p["cause"]["rank"], p["cause"]["name"]) == ("trainer", 1, "forward_backward")
+    assert p["cause"]["path_s"] == pytest.approx(0.9)
+    # judged against the steps before the onset: rank 1's forward_backward was never on the path then
+    assert p["answer"] == (f"step {p['step']}: 1.093 s, 0.900 s (82 %) waiting on trainer `forward_backward` (rank 1), "
+                           "4.5x its median in the fast steps; generator_1 idle 0.944 s".replace(
+                               "generator_1", "generator_1" if p["step"] % 2 == 0 else "generator_0"))
+    assert f"; critical path of step {p['step']}: " in a["message"] and "waiting on trainer `forward_backward` (rank 1)" in a["message"]

@@ -11,7 +11,9 @@ alert fires once when its condition starts and once when it clears, to the conso
 ``runs/<run_id>/alerts.jsonl``, W&B (``run.alert``, when a W&B run is active), Python callbacks and
 webhooks. The backend's own CPU (rules, watchdog, sink thread) is reported as
 ``obs/cpu_alerts_s``; ``alerts/active`` (MAX, recorded at the steps it changes) counts the
-conditions currently on.
+conditions currently on. An alert about time (straggler, slowdown, sync bottleneck, throughput
+drop) cites the critical path of the slowest step since its onset, read from the run's timeline
+files when it fires (``critical_path``: step, one-line answer, cause).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ logger = logging.getLogger("forge_obs")
 #: conditions whose onset explains a drop or a slowdown that starts right after
 _ROOT_RULES = ("missing_ranks", "quiet_rank", "nonfinite", "straggler", "sync_bottleneck", "stall")
 _SYMPTOM_RULES = ("throughput_drop", "slowdown")
+#: alerts about time that cite the critical path of their slowest step (when the run has a timeline)
+_PATH_RULES = ("slowdown", "straggler", "sync_bottleneck", "throughput_drop")
 
 
 class AlertsBackend(LoggerBackend):
@@ -75,12 +79,14 @@ class AlertsBackend(LoggerBackend):
         self._stop = threading.Event()
         self._watchdog: threading.Thread | None = None
         self.run_id = ""
+        self.run_dir: Any = None  # the run directory (its events/ is read when an alert cites the path)
 
     # ------------------------------------------------------------------ lifecycle
     def init(self, run=None, **kwargs: Any) -> None:
         super().init(run)
         s = self.settings
         self.run_id = run.run_id if run is not None else ""
+        self.run_dir = getattr(run, "run_dir", None)
         self.flush_timeout_s = float(getattr(run, "flush_timeout_s", 10.0) or 10.0)
         if "console" in s.sinks:
             self._sync_sinks.append(("console", console_sink))
@@ -151,11 +157,34 @@ class AlertsBackend(LoggerBackend):
 
     # ------------------------------------------------------------------ alerts
     def _emit_event(self, e: Event) -> None:
+        path = self._path_of(e) if e.state == "firing" and e.rule in _PATH_RULES else None
         with self._lock:
-            self._emit_locked(e)
+            self._emit_locked(e, path)
 
-    def _emit_locked(self, e: Event) -> None:
+    def _path_of(self, e: Event) -> dict | None:
+        """The critical path of the slowest step from the alert's onset to the step before it
+        (what every process has written by now): its one-line answer and cause."""
+        events = self.run_dir / "events" if self.run_dir is not None else None
+        if events is None or not events.is_dir():
+            return None
+        try:
+            from forge_obs.analysis.critical_path import explain
+
+            r = explain(self.run_dir, e.onset_step, max(e.step - 1, e.onset_step))
+        except Exception as err:  # noqa: BLE001 - the alert goes out without its citation
+            logger.warning("forge_obs: alerts: no critical path for %s: %r", e.key, err)
+            return None
+        if r is None:
+            return None
+        c = r["cause"] or {}
+        return {"step": r["step"], "answer": r["answer"],
+                "cause": {k: c.get(k) for k in ("mesh", "actor", "rank", "name", "path_s", "share")}}
+
+    def _emit_locked(self, e: Event, path: dict | None = None) -> None:
         alert = e.to_dict()
+        if path is not None:
+            alert["critical_path"] = path
+            alert["message"] += f"; critical path of step {path['answer'].removeprefix('step ')}"
         alert["run_id"] = self.run_id
         alert["ts"] = time.time()
         if e.state == "firing":

@@ -33,7 +33,7 @@ from forge_obs.analysis.critical_path.graph import Graph, load
 from forge_obs.analysis.critical_path.summary import Busy, answer, compare, medians, step_result
 from forge_obs.analysis.critical_path.walk import PathConfig, Walker
 
-__all__ = ["PathConfig", "critical_path", "why", "analyse", "format_text"]
+__all__ = ["PathConfig", "critical_path", "why", "analyse", "explain", "format_text"]
 
 
 def _config(settings: dict) -> PathConfig:
@@ -91,6 +91,24 @@ def why(run_dir: "str | Path", steps: "Iterable[int] | None" = None, slowest: in
 def critical_path(run_dir: "str | Path", step: int, **settings: Any) -> dict:
     """The critical path of controller step ``step`` (a dict; see :func:`why`)."""
     return why(run_dir, steps=[step], **settings)["steps"][0]
+
+
+def explain(run_dir: "str | Path", first_step: int, last_step: int, history: int = 32, **settings: Any) -> dict | None:
+    """The slowest finished controller step in ``[first_step, last_step]`` with its answer, judged
+    against the fast half of the (up to) ``history`` steps before it: what a live alert cites.
+    None when none of those steps is on disk yet."""
+    g = load(run_dir)
+    walker = Walker(g, _config(settings))
+    busy = Busy(g, walker)
+    wins = [w for w in g.windows if first_step - history <= w.step <= last_step and not w.unfinished]
+    results = [step_result(g, walker, busy, w) for w in wins]
+    inside = [r for r in results if first_step <= r["step"] <= last_step]
+    if not inside:
+        return None
+    before = [r for r in results if r["step"] < first_step] or results
+    r = max(inside, key=lambda r: r["duration_s"])
+    answer(r, medians(_fast(before)))
+    return r
 
 
 def format_text(result: dict, path_rows: int = 12) -> str:
