@@ -312,3 +312,38 @@ def test_live_straggler_alert_names_the_path_cause(tmp_path):
                            "4.5x its median in the fast steps; generator_1 idle 0.944 s".replace(
                                "generator_1", "generator_1" if p["step"] % 2 == 0 else "generator_0"))
     assert f"; critical path of step {p['step']}: " in a["message"] and "waiting on trainer `forward_backward` (rank 1)" in a["message"]
+
+
+def test_spmd_run_without_a_controller_names_the_slow_rank(tmp_path):
+    """An SPMD job (4 ranks, no controller process): rank 0's steps are the steps; every rank
+    waits in the all-reduce for rank 2, whose forward_backward is 0.5 s longer."""
+    from tests.path_runs import Proc
+
+    ev = tmp_path / "events"
+    ev.mkdir()
+    ranks = [Proc("trainer", r, 50 + r, ws=4) for r in range(4)]
+    t = 0.0
+    for n in range(8):
+        fb = [0.1 + (0.5 if r == 2 and n >= 4 else 0.0) for r in range(4)]
+        ar_end = t + 0.01 + max(fb) + 0.02
+        for r, p in enumerate(ranks):
+            p.step(t, n)
+            p.span("data", t, 0.01, n)
+            p.span("forward_backward", t + 0.01, fb[r], n)
+            p.span("all_reduce", t + 0.01 + fb[r], ar_end - (t + 0.01 + fb[r]), n)
+            p.span("optimizer", ar_end, 0.03, n)
+            p.span("train_step", t, ar_end + 0.03 - t, n)
+        t = ar_end + 0.031
+    for p in ranks:
+        p.write(ev)
+    r = critical_path(tmp_path, 6)
+    _check_path(r)
+    assert r["root"] == "train_step" and _cause(r) == ("trainer", 2, "forward_backward")
+    # rank 2's forward_backward from the moment rank 0 entered the all-reduce (rank 0's own before)
+    assert r["cause"]["path_s"] == pytest.approx(0.5) and r["duration_s"] == pytest.approx(0.66)
+    by = {(a["rank"], a["name"]): a["path_s"] for a in r["stages"]}
+    assert by[(0, "forward_backward")] == pytest.approx(0.1) and by[(0, "all_reduce")] == pytest.approx(0.02)
+    assert [(s["rank"], s["name"]) for s in r["path"]] == [
+        (0, "data"), (0, "forward_backward"), (2, "forward_backward"), (0, "all_reduce"), (0, "optimizer")]
+    (r2,) = [s for s in r["slack"] if s["rank"] == 2]
+    assert r2["waiting_s"] == pytest.approx(0.02)

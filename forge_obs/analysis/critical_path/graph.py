@@ -96,14 +96,17 @@ def _flow_key(ex: Any) -> Any:
 
 
 def load(run_dir: "str | Path") -> Graph:
-    """One pass over the run's timeline files: spans nested per track, flows, step windows."""
+    """One pass over the run's timeline files: spans nested per track, flows, step windows. The
+    steps are the controller's (the process whose header says ``ctl``); without one (a plain
+    script, an SPMD job launched by torchrun) the first rank 0's."""
     run = reader.scan(run_dir)
     g = Graph(run=run)
     opens: list = []
     steps: dict[int, int] = {}
     g.ctl = {id(st) for st in run.streams.values() if st.header.get("ctl")}
-    if not g.ctl and len(run.streams) == 1:  # a standalone script: its one process steps
-        g.ctl = {id(st) for st in run.streams.values()}
+    if not g.ctl and run.streams:  # a standalone script, or an SPMD job: its (first) rank 0 steps
+        first = min(run.streams.values(), key=lambda st: (st.rank, st.attempt, st.mesh, st.host or "", st.pid))
+        g.ctl = {id(first)}
     for it in reader.walk(run):
         k = it[0]
         if k is SPAN:

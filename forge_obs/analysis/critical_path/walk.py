@@ -96,7 +96,7 @@ class Walker:
     def _cover(self, node: Span, lo: int, hi: int, shift: int, link: str, out: list, anc: tuple) -> None:
         """Appends (latest first) the segments of ``[lo, hi]`` inside ``node``; ``shift`` moves the
         spans on ``node``'s host into causal order (see the module docstring)."""
-        if node.parent is not None and self.is_wait(node.name) and not self.g.controller(node):
+        if node.parent is not None and self.is_wait(node.name):
             if self._collective(node, lo, hi, shift, link, out, anc):
                 return
         exact = self._exact(node, lo, hi, shift)
