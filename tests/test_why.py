@@ -133,6 +133,7 @@ def test_cli_text_json_and_errors(tmp_path, capsys):
     assert out.startswith("why: 12 step(s), median 0.394 s\n"), out
     assert out.count("waiting on generator_1 `generate` (rank 0)") == 2, out
     assert "+0.700 s  generator_1/r0 generate (0.098 -> 0.798 s)" in out, out
+    assert json.loads(json.dumps(why(tmp_path, slowest=3)))["steps_total"] == 12  # plain JSON, no default=
     assert main(["why", str(tmp_path), "--step", "7", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     (r,) = res["steps"]
