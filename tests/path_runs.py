@@ -79,7 +79,7 @@ class Proc:
 def grpo_run(run_dir: "str | Path", steps: int = 12, *, slow_replica: tuple | None = None,
              slow_rank: tuple | None = None, slow_sync_s: float = 0.0, slow_sample: tuple | None = None,
              starved: tuple | None = None, hang: tuple | None = None, trainer_host: str = "node0",
-             trainer_skew_s: float = 0.0, slow_from: int = 0) -> Path:
+             trainer_skew_s: float = 0.0, slow_from: int = 0, carried_sync_s: float = 0.0) -> Path:
     """Writes the run; every fault applies from step ``slow_from`` on.
 
     ``slow_replica=(i, s)``: replica i's ``generate`` takes s; ``slow_rank=(r, s)``: trainer rank r's
@@ -88,7 +88,10 @@ def grpo_run(run_dir: "str | Path", steps: int = 12, *, slow_replica: tuple | No
     successful ``buffer_sample`` takes s; ``starved=(s,)``: the rollout waits s in the controller's
     ``route`` (no replica free) before its ``generate``; ``hang=(step,)``: trainer rank 1's
     ``forward_backward`` never ends at that step (nothing after it is written);
-    ``trainer_host``/``trainer_skew_s``: the trainer runs on another host whose clock is ahead.
+    ``trainer_host``/``trainer_skew_s``: the trainer runs on another host whose clock is ahead;
+    ``carried_sync_s``: the replica's ``weights_load`` of the policy just published starts 1.5 ms
+    before the step (right after the previous step's publish) and the rollout's ``generate``
+    waits for it.
     """
     run_dir = Path(run_dir)
     ev = run_dir / "events"
@@ -112,6 +115,8 @@ def grpo_run(run_dir: "str | Path", steps: int = 12, *, slow_replica: tuple | No
         g0 = t + 0.002
         if slow_sync_s and on:
             g0 = gens[i].span("weights_load", t + 0.002, slow_sync_s, n, lane=1, flow=f"policy-v{n}") + 0.001
+        if carried_sync_s and on:
+            g0 = gens[i].span("weights_load", t - 0.0015, carried_sync_s, n, lane=1, flow=f"policy-v{n}") + 0.001
         if starved and on:
             g0 = ctl.span("route", t + 0.002, starved[0], n, lane=1, flow=flow) + 0.001
         gen_s = slow_replica[1] if slow_replica and slow_replica[0] == i and on else 0.1

@@ -48,6 +48,9 @@ def test_doctests():
     ({"slow_rank": (1, 0.9)}, 8, ("trainer", 1, "forward_backward"), 0.9, CLEAN_STEP_S + 0.7),
     # the replica that serves the step's rollout loads weights for 0.6 s first
     ({"slow_sync_s": 0.6}, 8, ("generator_0", 0, "weights_load"), 0.6, CLEAN_STEP_S + 0.601),
+    # the weight load of the policy the previous step published starts before this step and takes 0.6 s:
+    # 0.5985 s of it is inside the step
+    ({"carried_sync_s": 0.6}, 8, ("generator_0", 0, "weights_load"), 0.5985, CLEAN_STEP_S + 0.5975),
     # the buffer's successful sample takes 0.5 s
     ({"slow_sample": (0.5,)}, 8, ("buffer", 0, "buffer_sample"), 0.5, CLEAN_STEP_S + 0.497),
     # the router starves the rollout: 0.7 s in the controller's route before its generate

@@ -87,6 +87,12 @@ class Graph:
     def is_ctl(self, st: reader.Stream) -> bool:
         return id(st) in self.ctl
 
+    def awaits(self, s: Span) -> bool:
+        """Whether ``s`` runs on a controller process (header ``ctl``): its spans await other
+        processes' work, so their unexplained time may be inferred from it. A stepping rank of an
+        SPMD job computes: its spans wait only on what they are linked to."""
+        return bool(s.stream.header.get("ctl"))
+
 
 def _flow_key(ex: Any) -> Any:
     if not ex or "f" not in ex:

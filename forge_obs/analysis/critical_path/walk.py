@@ -10,8 +10,9 @@ dependency explains is the span's own (``self``). Dependencies, in the order the
 2. exact links: the span's children on its own track, and spans of other tracks or processes
    that share its flow id and ran within it;
 3. inferred (controller spans only): a top-level span of another track or process that ran
-   entirely inside a stretch of the controller span that 1. and 2. leave unexplained, unless its
-   flow ties it to another step's controller span that it started during.
+   entirely inside a stretch of the controller span that 1. and 2. leave unexplained (or, for
+   the stretch from the step's start, ended inside it: work carried over from the previous
+   step), unless its flow ties it to another step's controller span that it started during.
 
 Among spans of one mesh that finished together (a collective: every rank leaves the all-reduce
 at once), the one that spent least in waits (``wait_spans``) is on the path: the straggler the
@@ -78,6 +79,8 @@ class Walker:
         self.tie = int(self.cfg.tie_s * 1e6)
         self.used: set = set()
         self._names: dict | None = None
+        self.win_lo = 0  # the start of the step being walked
+        self.root: Span | None = None  # its root
         self._wait_names: dict[str, bool] = {}
         #: flow -> the controller step span that carries it: a span sharing it that started
         #: during that step belongs to that step
@@ -88,6 +91,7 @@ class Walker:
         """The path of step window ``w``, as :class:`Segment` in time order."""
         root = w.root or self._virtual(w)
         self.used = {id(root)}
+        self.win_lo, self.root = w.start, root
         out: list = []
         self._cover(root, w.start, w.end, 0, "root", out, (root,))
         out.reverse()
@@ -108,8 +112,10 @@ class Walker:
                 d = self._pick(exact, t, lo, node, shift)
                 how = "nested" if d is not None and (d.parent is node or node.lane == -1) else "flow"
                 gap_lo = self._end(d, node, shift) if d is not None else lo
-                if self.g.controller(node):
-                    inf = self._pick(self._inferred(node, max(gap_lo, lo), t, shift, anc), t, lo, node, shift)
+                if self.g.awaits(node):
+                    early = gap_lo <= lo <= self.win_lo + self.tie and self._steps_track(node)
+                    cands = self._inferred(node, max(gap_lo, lo), t, shift, anc, early)
+                    inf = self._pick(cands, t, lo, node, shift)
                     if inf is not None:
                         d, how = inf, "inferred"
             if d is None:
@@ -175,8 +181,16 @@ class Walker:
                     out.append(s)
         return out
 
-    def _inferred(self, node: Span, lo: int, hi: int, shift: int, anc: tuple) -> list:
-        """Top-level spans of other tracks that ran entirely inside ``(lo, hi]``."""
+    def _steps_track(self, node: Span) -> bool:
+        """Whether ``node`` runs on the step's own track (the step span or a span in it; for a
+        step without a step span, the controller's spans in the step)."""
+        r = self.root
+        return node is r or (node.stream is r.stream and node.lane == r.lane) or (r.lane == -1 and node in r.children)
+
+    def _inferred(self, node: Span, lo: int, hi: int, shift: int, anc: tuple, early: bool) -> list:
+        """Top-level spans of other tracks that ran entirely inside ``(lo, hi]`` (``early``: the
+        stretch starts with the step, and a span that began before it and ended inside counts
+        too: work carried over from the previous step that the step found running)."""
         ids = {id(a) for a in anc}
         out = []
         for s in roots_between(self.g, lo - self.skew, hi + self.skew):
@@ -187,7 +201,7 @@ class Walker:
                 continue  # another step's work
             tol = self._tol(s, node)
             e = self._end(s, node, shift)
-            if e <= hi + tol and e > lo and s.start + (e - s.end) >= lo - tol:
+            if e <= hi + tol and e > lo and (early or s.start + (e - s.end) >= lo - tol):
                 out.append(s)
         return out
 
