@@ -54,7 +54,7 @@ def test_printed_commands_work_as_printed(grpo_run):
     cwd, env, stdout = grpo_run
     cmds = _printed_commands(stdout)
     assert [c.split()[0] if c.startswith("cat ") else c.split()[1] if not c.split()[0].endswith("python")
-            else c.split()[3] for c in cmds] == ["doctor", "trace", "report", "sql", "cat"], cmds
+            else c.split()[3] for c in cmds] == ["doctor", "why", "trace", "report", "sql", "cat"], cmds
     run_dir = RUN_ID.search(stdout).group(0)
     assert (cwd / run_dir / "report.html").exists() and f"report: {run_dir}/report.html" in stdout
     for cmd in cmds:
@@ -68,6 +68,8 @@ def test_printed_commands_work_as_printed(grpo_run):
             assert res.returncode == 0, (cmd, res.stdout, res.stderr)
         if " sql " in cmd:
             assert "train_step" in res.stdout and "median_ms" in res.stdout, res.stdout
+        if " why " in cmd:
+            assert res.stdout.startswith("why: 4 step(s)") and res.stdout.count("\nstep ") == 3, res.stdout
         if " report " in cmd:
             assert res.stdout.strip() == f"{run_dir}/report.html"
         if cmd.startswith("cat "):  # the live alerts of the run: one JSON object per line (none on a clean run)

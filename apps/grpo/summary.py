@@ -72,6 +72,7 @@ def end_text(run_dir: str, with_report: bool, with_alerts: bool = False) -> str:
     lines = [
         f"[grpo] run directory: {run_dir}{report}",
         f"  {fo} doctor {d}           # findings: stragglers, hangs, stalls, NaNs, missing ranks",
+        f"  {fo} why {d} --slowest 3  # why the slowest steps were slow: their critical path across actors",
         f"  {fo} trace {d} --open     # the timeline in the Perfetto UI (offline, 127.0.0.1)",
         f"  {fo} report {d}           # (re)write report.html",
         f"  {fo} sql {d} \"SELECT name, count(*) AS n, median(dur_ms) AS median_ms FROM spans GROUP BY name ORDER BY n DESC\"",
