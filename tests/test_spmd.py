@@ -98,6 +98,16 @@ def test_exact_steps_under_torchrun(tmp_path, world):
     r1 = [r for r in per_rank if r["source"]["label"].startswith("trainer/r1[") and r["step"] == 2][0]
     assert r1["metrics"]["loss"] == 12 and r1["metrics"]["stage_loss"] == 9
     assert "SHUTDOWN 0" in res.stdout
+    if world == 4:  # the timeline and the metrics can be grouped by the parallel coordinates
+        from forge_obs.analysis.sql import connect
+
+        con = connect(run_dir)
+        spans = con.execute("SELECT pp, dp_shard, count(*), min(rank) FROM spans WHERE name = 'train_step' "
+                            "GROUP BY ALL ORDER BY ALL").fetchall()
+        assert spans == [(0, 0, 5, 0), (0, 1, 5, 1), (1, 0, 5, 2), (1, 1, 5, 3)]
+        loss = con.execute("SELECT pp, dp_shard, avg(value) FROM metrics WHERE key = 'loss' AND mode = 'per_rank_reduce' "
+                           "GROUP BY ALL ORDER BY ALL").fetchall()
+        assert loss == [(p, d, (p * 2 + d) * 10 + 2.0) for p in (0, 1) for d in (0, 1)]  # mean over steps 0..4
 
 
 def test_slow_rank_does_not_block_the_flush(tmp_path):

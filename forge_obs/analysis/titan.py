@@ -121,7 +121,7 @@ def _records(recs: list[dict], run_id: str, session: str) -> Iterator[Any]:
             lane = lanes[lk] = len(lanes) + 1
             yield ["L", lane, str(r.get("task_name") or f"thread {r.get('tid')}")]
         step = _int(r.get("step"))
-        if step != last_step:
+        if step != last_step and step is not None:
             last_step = step
             yield ["S", rel, lane, step]
         for tag in r.get("step_tags") or ():
