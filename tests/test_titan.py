@@ -85,6 +85,11 @@ def test_rank_filter_and_rotation(tmp_path):
     for rank in (0, 1, 2, 3):
         run_as_user(SCRIPTS / "titan_forge_logger.py", tmp_path, str(out), str(rank), "every:2")
     assert sorted({r["rank"] for r in sql(out, "SELECT DISTINCT rank FROM spans")}) == [0, 2]
+    rotated = tmp_path / "rotated"
+    for rank in (0, 1):
+        run_as_user(SCRIPTS / "titan_forge_logger.py", tmp_path, str(rotated), str(rank), "all", "0.0002")
+    assert len(list((rotated / "events").glob("*.jsonl"))) > 2  # a file of ~200 bytes at most, then the next
+    check_run(rotated, [0, 1])
 
 
 def test_skipped_while_compiling(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""The same script on forge_obs: one import changed. argv: output_dir rank [ranks]."""
+"""The same script on forge_obs: one import changed. argv: output_dir rank [ranks [max_file_mb]]."""
 
 import sys
 
@@ -6,7 +6,8 @@ from forge_obs import titan as sl
 
 out, rank = sys.argv[1], int(sys.argv[2])
 ranks = sys.argv[3] if len(sys.argv) > 3 else "all"
-sl.init_structured_logger(source="trainer", output_dir=out, rank=rank, ranks=ranks, run_id="exp7")
+max_file_mb = float(sys.argv[4]) if len(sys.argv) > 4 else 64.0
+sl.init_structured_logger(source="trainer", output_dir=out, rank=rank, ranks=ranks, run_id="exp7", max_file_mb=max_file_mb)
 sl.log_trace_instant("training_start")
 for step in range(1, 4):
     sl.set_step(step)
