@@ -162,3 +162,20 @@ def test_docs_example_under_torchrun(tmp_path):
     assert values("stage_loss") == [0.0, 0.5, 1.0]
     runs = list((tmp_path / "runs").iterdir())
     assert len(runs) == 1 and len(list((runs[0] / "events").glob("*.jsonl"))) == 2  # one timeline per rank
+
+
+def test_late_states_are_counted_and_kept(tmp_path):
+    """Rank 1 flushes step 2 only after rank 0's backends logged step 2 without it: step 2 names
+    it missing, its late states are counted (obs/late_states) and join a later step; over the
+    run every value is logged exactly once."""
+    run_dir = tmp_path / "runs" / "late"
+    torchrun(2, run_dir, "late", "6")
+    got = rows(run_dir)
+    assert [r["step"] for r in got] == list(range(7))
+    assert got[2]["missing"] == ["trainer/r1[pp=0,dp_shard=1]"]
+    assert got[2]["metrics"]["tokens"] == 1 and got[2]["metrics"]["loss"] == 2
+    assert got[-1]["metrics"]["obs/late_states"] >= 1
+    late_steps = [r for r in got[3:] if "stage_loss" in r["metrics"] and r["metrics"]["tokens"] > 3]
+    assert late_steps  # rank 1's step 2 went into a later step, never an earlier one
+    assert sum(r["metrics"].get("tokens", 0) for r in got) == 6 * (1 + 2)  # nothing lost, nothing twice
+    assert sum(r["metrics"].get("after_last", 0) for r in got) == 2
