@@ -179,3 +179,35 @@ def test_late_states_are_counted_and_kept(tmp_path):
     assert late_steps  # rank 1's step 2 went into a later step, never an earlier one
     assert sum(r["metrics"].get("tokens", 0) for r in got) == 6 * (1 + 2)  # nothing lost, nothing twice
     assert sum(r["metrics"].get("after_last", 0) for r in got) == 2
+
+
+def test_one_process_mistakes_and_switch(tmp_path):
+    """Without torchrun (one rank): config mistakes raise at init naming the valid choices; a
+    step that is not an int is ignored with a warning; FORGE_DISABLE_METRICS turns it off."""
+    from tests.helpers import run_as_user
+
+    script = tmp_path / "one.py"
+    script.write_text('''
+import os
+from forge_obs import Reduce, record_metric, spmd
+for bad, kw in (({"nope": {}}, {}), ({"console": {"logging_mode": "bogus"}}, {}), ({}, {"timeout_s": 0})):
+    try:
+        spmd.init(bad, **kw)
+    except ValueError as e:
+        print("RAISED", str(e).replace(chr(10), " ")[:200])
+obs = spmd.init({"console": {"logging_mode": "global_reduce"}}, run_dir="run")
+record_metric("loss", 2.0, Reduce.MEAN)
+obs.flush("three")
+obs.flush(3)
+record_metric("loss", 4.0, Reduce.MEAN)
+print("SUMMARY", obs.shutdown())
+''')
+    res = run_as_user(script, tmp_path)
+    raised = [line for line in res.stdout.splitlines() if line.startswith("RAISED")]
+    assert len(raised) == 3 and "valid" in raised[1] and "timeout_s" in raised[2], res.stdout
+    assert "nope" in raised[0]
+    assert "needs an int step" in res.stderr
+    got = rows(tmp_path / "run")
+    assert [(r["step"], r["metrics"]["loss"]) for r in got] == [(3, 2.0), (4, 4.0)]
+    off = run_as_user(script, tmp_path, env={"FORGE_DISABLE_METRICS": "true"})
+    assert "SUMMARY {}" in off.stdout

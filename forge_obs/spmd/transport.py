@@ -54,8 +54,8 @@ def store_endpoint() -> tuple[str, int]:
 
 def job_namespace(session: int) -> str:
     """The store keys of one ``spmd.init`` session of this job (every rank computes the same one):
-    torchrun's run id and restart count, and the session's number in the process."""
-    run = os.environ.get("TORCHELASTIC_RUN_ID") or "job"
+    torchrun's run id (or Slurm's job id) and restart count, and the session's number in the process."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID") or "job"
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
     return f"forge_obs/{run}/{restart}/{session}"
 
