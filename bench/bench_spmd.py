@@ -4,12 +4,15 @@ reaches rank 0's backends, and TorchTitan's structured logger beside ``forge_obs
     .venv/bin/python bench/bench_spmd.py [--nproc 2] [--steps 300]   # table on stdout, JSON to bench/results/
 
 It runs itself under ``torchrun --standalone`` (gloo, CPU). Each rank records ``KEYS`` values
-per step (MEAN / SUM / MAX keys) and calls ``obs.flush(step)``; a ``dist.barrier()`` before each
-flush (the benchmark's, not forge_obs's) lines the ranks up so that rank 0's latency to its
-backends is the pipeline's, not a rank's lag. Figures (medians unless said otherwise):
+per step (MEAN / SUM / MAX keys), calls ``obs.flush(step)``, then idles ``--step-ms`` (the
+device's part of a training step, 20 ms by default: the CPU is free meanwhile); a
+``dist.barrier()`` before each flush (the benchmark's, not forge_obs's) lines the ranks up so
+that rank 0's latency to its backends is the pipeline's, not a rank's lag. Figures (medians
+unless said otherwise):
 
 - ``flush on the training thread``: one ``obs.flush(step)`` call (target <= 50 us); beside it,
-  in the same run, a gloo ``dist.barrier()``: the floor of any flush that synchronises ranks;
+  in the same run, the collector's swap alone in the same loop (the floor of any exact cut) and
+  a gloo ``dist.barrier()`` (the floor of any flush that synchronises ranks);
 - ``shipping CPU per step``: the shipper thread's CPU (export + pickle + push) per step, per rank;
 - ``step at rank 0's backends``: from rank 0's ``flush(step)`` to the step's ``log_step`` on a
   backend (merge of every rank included), median and p99;
@@ -53,7 +56,7 @@ def _pct(xs: list, q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def worker(steps: int, out: Path) -> None:
+def worker(steps: int, out: Path, step_ms: float) -> None:
     import torch.distributed as dist
 
     from forge_obs import Reduce, record_metric, spmd
@@ -74,10 +77,12 @@ def worker(steps: int, out: Path) -> None:
         sent[step] = t2
         barrier_us.append((t1 - t0) * 1e6)
         flush_us.append((t2 - t1) * 1e6)
+        time.sleep(step_ms / 1000)  # the device's part of the step (the CPU idles)
+    swap_us = _swap_alone(steps, step_ms)
     transport = _transport(rank, world)
     summary = obs.shutdown()
     res = {"rank": rank, "flush_us": statistics.median(flush_us), "flush_p99_us": _pct(flush_us, 0.99),
-           "barrier_us": statistics.median(barrier_us), "ship_cpu_us_per_step": obs.ship_cpu_s / max(1, obs.shipped) * 1e6,
+           "barrier_us": statistics.median(barrier_us), "swap_alone_us": swap_us, "ship_cpu_us_per_step": obs.ship_cpu_s / max(1, obs.shipped) * 1e6,
            "transport": transport, "summary": {k: v for k, v in summary.items() if k != "unfinished_backends"}}
     if rank == 0:
         import bench_spmd  # the module the backend was created from (this file runs as __main__)
@@ -87,6 +92,28 @@ def worker(steps: int, out: Path) -> None:
         res.update(steps_at_backend=len(lat), backend_ms=statistics.median(lat), backend_p99_ms=_pct(lat, 0.99))
     (out / f"rank{rank}.json").write_text(json.dumps(res))
     dist.destroy_process_group()
+
+
+def _swap_alone(steps: int, step_ms: float) -> float:
+    """The same loop with the collector's swap alone in place of ``flush`` (the floor of any
+    exact cut; its values are dropped): median µs."""
+    import torch.distributed as dist
+
+    from forge_obs import Reduce, record_metric
+    from forge_obs.recording.collector import MetricCollector
+
+    c = MetricCollector()
+    rank = dist.get_rank()
+    xs = []
+    for step in range(steps):
+        for k in range(KEYS):
+            record_metric(f"k{k}", float(rank + step + k), (Reduce.MEAN, Reduce.SUM, Reduce.MAX)[k % 3])
+        dist.barrier()
+        t1 = time.perf_counter()
+        c.swap()
+        xs.append((time.perf_counter() - t1) * 1e6)
+        time.sleep(step_ms / 1000)
+    return statistics.median(xs)
 
 
 def _transport(rank: int, world: int, n: int = 300) -> dict:
@@ -170,20 +197,21 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--step-ms", type=float, default=20.0)
     args = ap.parse_args()
     here = Path(__file__).resolve().parent
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here), str(here.parent)]), OMP_NUM_THREADS="1")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc), "--standalone",
-               str(Path(__file__).resolve()), "--worker", str(args.steps), str(tmp)]
+               str(Path(__file__).resolve()), "--worker", str(args.steps), str(tmp), str(args.step_ms)]
         subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
         ranks = [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(args.nproc)]
         titan = titan_costs(tmp)
     r0, r1 = ranks[0], ranks[1]
     rows = [
         ("flush on the training thread (median, rank 0)", f"{r0['flush_us']:.1f} us", "<= 50 us",
-         f"gloo barrier {r0['barrier_us']:.0f} us"),
+         f"collector swap alone {r0['swap_alone_us']:.1f} us; gloo barrier {r0['barrier_us']:.0f} us"),
         ("flush p99 (rank 0)", f"{r0['flush_p99_us']:.1f} us", "", ""),
         ("shipping CPU per step (rank 1 / rank 0)", f"{r1['ship_cpu_us_per_step']:.0f} / {r0['ship_cpu_us_per_step']:.0f} us",
          "off the training thread", ""),
@@ -198,11 +226,12 @@ def main() -> None:
          f"TorchTitan {titan['scalar_torchtitan_us']:.2f} us"),
     ]
     w = max(len(r[0]) for r in rows)
-    print(f"SPMD mode, {args.nproc} ranks (torchrun, gloo, CPU), {args.steps} steps, {KEYS} keys/step; {platform.node()}")
+    print(f"SPMD mode, {args.nproc} ranks (torchrun, gloo, CPU), {args.steps} steps of {args.step_ms:g} ms, "
+          f"{KEYS} keys/step; {platform.node()}")
     print(f"{'':{w}}  {'forge_obs':>18}  {'target':>24}  baseline (same run)")
     for name, fig, target, base in rows:
         print(f"{name:{w}}  {fig:>18}  {target:>24}  {base}")
-    result = {"nproc": args.nproc, "steps": args.steps, "keys": KEYS, "ranks": ranks, "titan": titan}
+    result = {"nproc": args.nproc, "steps": args.steps, "step_ms": args.step_ms, "keys": KEYS, "ranks": ranks, "titan": titan}
     out = here / "results"
     out.mkdir(exist_ok=True)
     (out / "bench_spmd.json").write_text(json.dumps(result, indent=2))
@@ -211,6 +240,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        worker(int(sys.argv[2]), Path(sys.argv[3]))
+        worker(int(sys.argv[2]), Path(sys.argv[3]), float(sys.argv[4]))
     else:
         main()

@@ -49,7 +49,7 @@ KEEP_STEPS = 4096
 #: the shipper looks for new cuts this often after one, backing off to POLL_MAX_S while there is
 #: none: waking a thread from ``flush`` would cost the training thread a wake-up (~10 µs) per step
 POLL_MIN_S = 0.001
-POLL_MAX_S = 0.01
+POLL_MAX_S = 0.005
 
 _COLLECTOR = MetricCollector()
 
