@@ -272,6 +272,8 @@ class SpmdSession:
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
         deadline = time.monotonic() + timeout
         step = 0 if self.last_step is None else self.last_step + 1
+        if self.is_logger:  # before its own final states begin the last cut
+            self._take_queued(deadline)
         self._put((FINAL, step, _COLLECTOR.swap()))
         self._stop.set()
         self._shipper.join(max(0.0, deadline - time.monotonic()))
@@ -282,16 +284,21 @@ class SpmdSession:
         _COLLECTOR.initialized = False
         return out
 
+    def _take_queued(self, deadline: float) -> None:
+        """Let the receiver take every message ranks queued before now (a late rank's states
+        among them: it answers again, and the last cut waits for it)."""
+        if self._recv_thread is None:
+            return
+        from forge_obs.spmd.transport import SYNC
+
+        try:
+            self._transport.push(SYNC)
+            self._synced.wait(max(0.0, deadline - time.monotonic()))
+        except Exception:  # noqa: BLE001 - the store is gone: nothing more can arrive
+            pass
+
     def _end_logger(self, deadline: float) -> dict[str, Any]:
         asm, pipeline = self._assembly, self.pipeline
-        if self._recv_thread is not None:  # what ranks sent before now is taken first (a late rank answers again)
-            from forge_obs.spmd.transport import SYNC
-
-            try:
-                self._transport.push(SYNC)
-                self._synced.wait(max(0.0, deadline - time.monotonic()))
-            except Exception:  # noqa: BLE001 - the store is gone: nothing more can arrive
-                pass
         unfinished = asm.wait_finished(deadline)
         asm.close()
         if self._recv_thread is not None:
@@ -302,6 +309,9 @@ class SpmdSession:
                 self._recv_thread.join(max(1.0, deadline - time.monotonic()))
             except Exception:  # noqa: BLE001 - a daemon thread; the store may be gone
                 pass
+        with asm.cv:  # states that came after their step, and after the last cut began: one more step
+            if asm.last_step is not None:
+                pipeline.begin_cut(asm.last_step + 1, None, ranks={}, final=True)
         left = _run_coro(pipeline.close(max(1.0, deadline - time.monotonic())))
         write_meta(self.run_dir, end_time=time.time(), status="finished", steps_logged=pipeline.steps_logged,
                    backend_errors=pipeline.backend_errors, backends=pipeline.backend_report(),
