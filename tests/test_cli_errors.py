@@ -100,7 +100,7 @@ def test_a_directory_that_is_not_a_run_exits_2_with_one_line(tmp_path, argv, wha
     res = _cli_without([], argv[0], str(d), *argv[1:])
     assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
     lines = res.stderr.strip().splitlines()
-    assert lines == [f"forge-obs {argv[0]}: {d} is not a run directory (no metrics.jsonl, meta.json or events/; "
-                     "pass runs/<run_id>)"], res.stderr
+    assert lines == [f"forge-obs {argv[0]}: {d} is not a run directory (no metrics.jsonl, meta.json, events/ or "
+                     "TorchTitan structured_logs/; pass runs/<run_id>)"], res.stderr
     left = sorted(p.name for p in d.iterdir()) if d.exists() else None
     assert left == {"empty": [], "other files": ["notes.txt", "sub"], "missing": None}[what]

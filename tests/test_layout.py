@@ -22,7 +22,7 @@ PKG = ROOT / "forge_obs"
 
 LAYERS = ["core", "recording", "wire", "backends", "alerts", "analysis", "controller", "top"]
 #: alerts and analysis are one layer (the live alerts run the doctor's rules)
-RANK = {"core": 0, "recording": 1, "wire": 2, "backends": 3, "alerts": 4, "analysis": 4, "controller": 5, "_compat": 6, "top": 6}
+RANK = {"core": 0, "recording": 1, "wire": 2, "backends": 3, "alerts": 4, "analysis": 4, "controller": 5, "spmd": 5, "_compat": 6, "top": 6}
 #: torchforge's import paths and the public shims: re-exports only
 REEXPORTS = {"metrics", "metric_actors", "perf_tracker", "utils", "env", "timeline", "store"}
 

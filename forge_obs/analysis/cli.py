@@ -75,16 +75,23 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
-#: what makes a directory a run directory: any of these in it
-RUN_MARKERS = ("metrics.jsonl", "meta.json", "events")
+#: what makes a directory a run directory: any of these in it (or TorchTitan's own per-rank files)
+RUN_MARKERS = ("metrics.jsonl", "meta.json", "events", "structured_logs")
+
+
+def _titan_files(p: Path) -> list:
+    from forge_obs.analysis.titan import titan_files
+
+    return titan_files(p)
 
 
 def _check_run_dir(p: Path, cmd: str) -> bool:
     """Whether ``p`` is a run directory (holds one of :data:`RUN_MARKERS`); if not, one line on
     stderr says so (every subcommand then exits 2)."""
-    if p.is_dir() and any((p / name).exists() for name in RUN_MARKERS):
+    if p.is_dir() and (any((p / name).exists() for name in RUN_MARKERS) or _titan_files(p)):
         return True
-    print(f"forge-obs {cmd}: {p} is not a run directory (no metrics.jsonl, meta.json or events/; pass runs/<run_id>)",
+    print(f"forge-obs {cmd}: {p} is not a run directory (no metrics.jsonl, meta.json, events/ or TorchTitan "
+          "structured_logs/; pass runs/<run_id>)",
           file=sys.stderr)
     return False
 

@@ -25,6 +25,10 @@ Views (times in epoch µs, clock-offset corrected; ``attempt`` separates restart
 - ``metrics``: run_id, step, mode, source (rank label, or 'global'), mesh, actor, rank, key,
   value (DOUBLE; NaN and ±inf preserved), wall_time
 
+and, last in every view, the rank's coordinates in the parallel dimensions of an SPMD job:
+pp, dp_replicate, dp_shard, cp, tp (NULL where the rank has none), e.g. the slowest DP rank of
+each pipeline stage: ``SELECT pp, dp_shard, avg(dur_ms) FROM spans WHERE name='train_step' GROUP BY ALL``.
+
 The files are parsed in Python (compact records, JSON ``NaN``) into CSV in a temporary
 directory and loaded with DuckDB's CSV reader.
 """
@@ -40,8 +44,9 @@ from typing import Any
 
 from forge_obs.analysis import reader
 from forge_obs.analysis.reader import END, INSTANT, OPEN, SPAN, STEP, TAG
+from forge_obs.core.identity import PARALLEL_DIMS
 
-__all__ = ["SPAN_COLS", "EVENT_COLS", "METRIC_COLS", "connect", "format_result"]
+__all__ = ["SPAN_COLS", "EVENT_COLS", "METRIC_COLS", "DIM_COLS", "connect", "format_result"]
 
 SPAN_COLS = {
     "run_id": "VARCHAR", "attempt": "INTEGER", "host": "VARCHAR", "pid": "BIGINT", "mesh": "VARCHAR",
@@ -58,6 +63,22 @@ METRIC_COLS = {
     "run_id": "VARCHAR", "step": "BIGINT", "mode": "VARCHAR", "source": "VARCHAR", "mesh": "VARCHAR",
     "actor": "VARCHAR", "rank": "INTEGER", "key": "VARCHAR", "value": "DOUBLE", "wall_time": "DOUBLE",
 }
+#: the last columns of every view: the rank's coordinates in the parallel dimensions (NULL when
+#: it has none: a Monarch rank, the global rows)
+DIM_COLS = {d: "INTEGER" for d in PARALLEL_DIMS}
+SPAN_COLS.update(DIM_COLS)
+EVENT_COLS.update(DIM_COLS)
+METRIC_COLS.update(DIM_COLS)
+
+
+def _dims(coords: Any) -> tuple:
+    """A row's parallel coordinates, in :data:`DIM_COLS`' order."""
+    if not isinstance(coords, dict):
+        return _NO_DIMS
+    return tuple(v if type(v := coords.get(d)) is int else None for d in PARALLEL_DIMS)
+
+
+_NO_DIMS = (None,) * len(PARALLEL_DIMS)
 
 
 def _num(v: Any) -> Any:
@@ -93,33 +114,39 @@ def _write_timeline(run_dir: Path, spans_csv: Path, events_csv: Path) -> None:
         def who(st: reader.Stream) -> tuple:
             w = ident.get(id(st))
             if w is None or w[5] != st.actor:
-                w = ident[id(st)] = (st.header.get("run"), st.attempt, st.host, st.pid, st.mesh, st.actor, st.rank)
-                # (run, attempt, host, pid, mesh, actor, rank) -- index 5 is the actor
+                w = ident[id(st)] = (st.header.get("run"), st.attempt, st.host, st.pid, st.mesh, st.actor, st.rank,
+                                     _dims(st.header.get("coords")))
+                # (run, attempt, host, pid, mesh, actor, rank, dims) -- index 5 is the actor
             return w
 
         for it in reader.walk(run):
             k = it[0]
             if k is SPAN:
                 _k, st, lane, name, step, ts, dur, ex = it
-                ws.writerow((*who(st), st.lanes.get(lane, lane), name, step, ts, ts + dur, dur, True,
-                             ex.get("e") if ex else None, _flow(ex), _attrs(ex)))
+                w = who(st)
+                ws.writerow((*w[:7], st.lanes.get(lane, lane), name, step, ts, ts + dur, dur, True,
+                             ex.get("e") if ex else None, _flow(ex), _attrs(ex), *w[7]))
             elif k is INSTANT:
                 _k, st, lane, name, step, ts, ex = it
-                we.writerow((*who(st), st.lanes.get(lane, lane), "event", name, step, ts, _flow(ex), _attrs(ex)))
+                w = who(st)
+                we.writerow((*w[:7], st.lanes.get(lane, lane), "event", name, step, ts, _flow(ex), _attrs(ex), *w[7]))
             elif k is STEP:
                 _k, st, lane, step, ts = it
-                we.writerow((*who(st), st.lanes.get(lane, lane), "step", "step", step, ts, None, None))
+                w = who(st)
+                we.writerow((*w[:7], st.lanes.get(lane, lane), "step", "step", step, ts, None, None, *w[7]))
             elif k is TAG:
                 _k, st, lane, step, tag, ts = it
-                we.writerow((*who(st), st.lanes.get(lane, lane), "tag", tag, step, ts, None, None))
+                w = who(st)
+                we.writerow((*w[:7], st.lanes.get(lane, lane), "tag", tag, step, ts, None, None, *w[7]))
             elif k is OPEN:
                 opens.append(it)
             elif k is END:
                 pass
         end = reader.run_end(run) or 0
         for _k, st, lane, name, step, ts, ex in opens:
-            ws.writerow((*who(st), st.lanes.get(lane, lane), name, step, ts, end, max(end - ts, 0), False,
-                         None, _flow(ex), _attrs(ex)))
+            w = who(st)
+            ws.writerow((*w[:7], st.lanes.get(lane, lane), name, step, ts, end, max(end - ts, 0), False,
+                         None, _flow(ex), _attrs(ex), *w[7]))
 
 
 def _write_metrics(run_dir: Path, path: Path) -> None:
@@ -136,14 +163,15 @@ def _write_metrics(run_dir: Path, path: Path) -> None:
             label = s.get("label", "global") if s else "global"
             base = (row.get("run_id"), row.get("step"), row.get("mode"), label, s.get("mesh"), s.get("actor"), s.get("rank"))
             wt = row.get("wall_time")
+            dims = _dims(s.get("coords")) if s else _NO_DIMS
             for key, v in (row.get("metrics") or {}).items():
-                w.writerow((*base, key, _num(v), wt))
+                w.writerow((*base, key, _num(v), wt, *dims))
             for item in row.get("values") or ():
                 try:
                     key, v, t = item[0], item[1], item[2] if len(item) > 2 else wt
                 except (TypeError, IndexError):
                     continue
-                w.writerow((*base, key, _num(v), t))
+                w.writerow((*base, key, _num(v), t, *dims))
 
 
 def _cols(d: dict[str, str]) -> str:

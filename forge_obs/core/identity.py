@@ -17,7 +17,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-__all__ = ["ProcessIdentity", "rank_label", "unique_mesh_name", "start_naming_run", "release_mesh_name", "mesh_selected", "current_identity", "set_identity", "DEFAULT_MESH_NAME"]
+__all__ = ["ProcessIdentity", "rank_label", "PARALLEL_DIMS", "parallel_coords", "split_label", "unique_mesh_name", "start_naming_run", "release_mesh_name", "mesh_selected", "current_identity", "set_identity", "DEFAULT_MESH_NAME"]
 
 
 @dataclass
@@ -33,7 +33,7 @@ class ProcessIdentity:
     @property
     def label(self) -> str:
         """A short, stable rank label, e.g. ``trainer/TrainActor/r3`` (or ``trainer/r3``)."""
-        return rank_label(self.mesh, self.actor, self.rank)
+        return rank_label(self.mesh, self.actor, self.rank, self.coords)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -41,13 +41,60 @@ class ProcessIdentity:
         return d
 
 
-def rank_label(mesh: str, actor: str | None, rank: int) -> str:
-    """The one way a rank is labelled everywhere: ``mesh/Actor/rN`` (``mesh/rN`` without actor).
+#: the parallel dimensions of an SPMD trainer a rank's label carries (TorchTitan's names), in
+#: the order they are written
+PARALLEL_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+def parallel_coords(coords: "dict[str, Any] | None") -> dict[str, int]:
+    """The parallel dimensions (:data:`PARALLEL_DIMS`) among ``coords``, in their order; other
+    coordinates (a Monarch mesh's ``hosts`` / ``procs``) are not part of a label.
+
+        >>> parallel_coords({"tp": 1, "procs": 3, "pp": 0})
+        {'pp': 0, 'tp': 1}
+    """
+    if not coords:
+        return {}
+    return {d: int(coords[d]) for d in PARALLEL_DIMS if d in coords}
+
+
+def rank_label(mesh: str, actor: str | None, rank: int, coords: "dict[str, Any] | None" = None) -> str:
+    """The one way a rank is labelled everywhere: ``mesh/Actor/rN`` (``mesh/rN`` without actor),
+    followed by the rank's coordinates in the parallel dimensions when it has any
+    (``trainer/r5[pp=1,dp_shard=0,tp=1]``).
 
         >>> rank_label("trainer", "Trainer", 1), rank_label("buffer", "", 0)
         ('trainer/Trainer/r1', 'buffer/r0')
+        >>> rank_label("trainer", "", 5, {"tp": 1, "pp": 1, "dp_shard": 0})
+        'trainer/r5[pp=1,dp_shard=0,tp=1]'
     """
-    return f"{mesh}/{actor}/r{rank}" if actor else f"{mesh}/r{rank}"
+    base = f"{mesh}/{actor}/r{rank}" if actor else f"{mesh}/r{rank}"
+    dims = parallel_coords(coords)
+    if not dims:
+        return base
+    return base + "[" + ",".join(f"{d}={v}" for d, v in dims.items()) + "]"
+
+
+def split_label(label: str) -> tuple[str, dict[str, int]]:
+    """A label without its parallel coordinates, and those coordinates (inverse of the suffix
+    :func:`rank_label` writes).
+
+        >>> split_label("trainer/r5[pp=1,tp=0]")
+        ('trainer/r5', {'pp': 1, 'tp': 0})
+        >>> split_label("buffer/r0")
+        ('buffer/r0', {})
+    """
+    s = str(label)
+    if not s.endswith("]") or "[" not in s:
+        return s, {}
+    base, _, inner = s[:-1].rpartition("[")
+    dims: dict[str, int] = {}
+    for part in inner.split(","):
+        k, eq, v = part.partition("=")
+        if not eq or k not in PARALLEL_DIMS or not v.lstrip("-").isdigit():
+            return s, {}
+        dims[k] = int(v)
+    return base, dims
 
 
 #: the name of a mesh spawned without one

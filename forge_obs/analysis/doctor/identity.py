@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from forge_obs.core.identity import DEFAULT_MESH_NAME
+from forge_obs.core.identity import DEFAULT_MESH_NAME, split_label
 
 __all__ = ["GLOBAL", "label_of", "describe", "Identities", "parse_label"]
 
@@ -114,8 +114,9 @@ def _split(mesh: str) -> tuple[str, int]:
 
 
 def parse_label(label: str) -> tuple[str, str | None, int | None]:
-    """``mesh/actor/r3`` / ``mesh/r3`` / ``Controller`` -> (mesh, actor or None, rank or None)."""
-    parts = str(label).split("/")
+    """``mesh/actor/r3`` / ``mesh/r3`` / ``Controller`` -> (mesh, actor or None, rank or None); a
+    label's parallel coordinates (``trainer/r3[pp=0]``) are not part of them."""
+    parts = split_label(label)[0].split("/")
     rank = None
     if len(parts) > 1 and parts[-1][:1] == "r" and parts[-1][1:].isdigit():
         rank = int(parts[-1][1:])
