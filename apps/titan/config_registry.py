@@ -56,7 +56,7 @@ def titan_debugmodel() -> ObservedTrainer.Config:
         optimizer=default_adamw(lr=8e-4),
         lr_scheduler=LRSchedulersContainer.Config(warmup_steps=2, decay_ratio=0.8, decay_type="linear",
                                                   min_lr_factor=0.0),
-        training=TrainingConfig(local_batch_size=1, seq_len=128, steps=6),
+        training=TrainingConfig(local_batch_size=1, seq_len=128, steps=6, disable_cuda_graphs=True),
         dataloader=HuggingFaceTextDataLoader.Config(dataset="c4_test",
                                                      dataset_path=os.path.join(assets, "data")),
         metrics=ObservedMetricsProcessor.Config(log_freq=1, enable_tensorboard=True, disable_color_printing=True),

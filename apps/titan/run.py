@@ -33,7 +33,7 @@ def parse_args(argv: "list[str] | None" = None) -> argparse.Namespace:
     ap.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree (the rest is data parallel)")
     ap.add_argument("--steps", type=int, default=6, help="training steps")
     ap.add_argument("--fault-slow-rank", type=int, default=-1, help="a rank whose data loading is slowed each step")
-    ap.add_argument("--fault-slow-s", type=float, default=0.5, help="seconds the slowed rank loses per step")
+    ap.add_argument("--fault-slow-s", type=float, default=1.5, help="seconds the slowed rank loses per step")
     ap.add_argument("--run-root", default="runs", help="the run directory is <run-root>/<run-id>/")
     ap.add_argument("--run-id", default=None, help="default: titan-<date-time>")
     ap.add_argument("titan_args", nargs=argparse.REMAINDER, help="after --: TorchTitan config overrides")
@@ -57,6 +57,8 @@ def torchrun_command(args: argparse.Namespace, run_dir: Path) -> list[str]:
     cmd += ["--parallelism.pipeline_parallel_degree", str(args.pp),
             "--parallelism.data_parallel_replicate_degree", str(args.nproc // args.pp),
             "--parallelism.data_parallel_shard_degree", "1"]
+    if args.pp > 1:  # a schedule needs at least one microbatch (of 1 sequence) per stage
+        cmd += ["--training.local_batch_size", str(args.pp)]
     return cmd + list(args.titan_args)
 
 

@@ -17,6 +17,7 @@ from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.trainer import Trainer
 
 from apps.titan import obs
+from apps.titan.compat import presplit_schedule
 
 __all__ = ["ObsConfig", "ObservedTrainer", "ObservedMetricsProcessor", "ObservedCheckpointManager"]
 
@@ -89,6 +90,8 @@ class ObservedTrainer(Trainer):
 
     def __init__(self, config: Config):
         super().__init__(config)
+        if self.parallel_dims.pp_enabled:
+            self.pp_schedule = presplit_schedule(self.pp_schedule)
         self.metrics_processor.has_loss = (not self.parallel_dims.pp_enabled) or self.pp_has_last_stage
         run_dir = config.obs.run_dir or os.path.join(config.dump_folder, "obs")
         self.obs = obs.start(run_dir=run_dir, parallel_dims=self.parallel_dims, timeout_s=config.obs.flush_timeout_s)
