@@ -21,8 +21,8 @@ import pytest
 
 from tests.helpers import ROOT
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
-                                reason="torchtitan is not installed (pip install -e '.[titan]')")
+needs_titan = pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
+                                 reason="torchtitan is not installed (pip install -e '.[titan]')")
 
 # TorchTitan's console line per step and rank: "step:  1  loss:  7.93539  grad_norm:  1.6779  ..."
 TITAN_LINE = re.compile(r"step:\s*(\d+)\s+loss:\s*(-?[\d.]+)\s+grad_norm:\s*([\d.]+)")
@@ -52,6 +52,11 @@ def pp_run(tmp_path_factory):
 def forge_steps(run_dir: Path) -> dict[int, dict]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return {r["step"]: r["metrics"] for r in rows if r.get("mode") == "global_reduce"}
+
+
+def _coords(run_dir: Path) -> set[str]:
+    return {json.dumps(r["source"].get("coords"), sort_keys=True)
+            for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r.get("source")}
 
 
 def titan_console(out: str) -> dict[int, set[tuple[str, str]]]:
@@ -88,6 +93,7 @@ def assert_equal_to_titan(run_dir: Path, out: str, steps: int) -> dict[int, dict
     return fo
 
 
+@needs_titan
 def test_dp2_loss_and_grad_norm_equal_torchtitans_own(dp_run):
     run_dir, out = dp_run
     fo = assert_equal_to_titan(run_dir, out, DP_STEPS)
@@ -98,6 +104,7 @@ def test_dp2_loss_and_grad_norm_equal_torchtitans_own(dp_run):
     assert all(m["throughput/tokens"] == 2 * 128 for m in fo.values())
 
 
+@needs_titan
 def test_dp2_records_the_other_keys_and_spans(dp_run):
     run_dir, out = dp_run
     fo = forge_steps(run_dir)
@@ -113,12 +120,11 @@ def test_dp2_records_the_other_keys_and_spans(dp_run):
     for rank in (0, 1):
         assert n[(rank, "train_step")] == n[(rank, "forward_backward")] == n[(rank, "data_loading")] == DP_STEPS
         assert n[(rank, "checkpoint/save")] == DP_STEPS  # one call per step; a save that does work at 3, 6, 8
-    # rank labels carry the coordinates from TorchTitan's mesh
-    labels = {json.dumps(r.get("source", {}).get("coords"), sort_keys=True)
-              for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r.get("source")}
-    assert labels == {'{"dp_replicate": 0}', '{"dp_replicate": 1}'}
+    # rank labels carry the coordinates in TorchTitan's parallel dimensions
+    assert _coords(run_dir) == {'{"dp_replicate": 0}', '{"dp_replicate": 1}'}
 
 
+@needs_titan
 def test_doctor_names_the_slowed_rank(dp_run):
     run_dir, _ = dp_run
     res = subprocess.run([sys.executable, "-m", "forge_obs.cli", "doctor", str(run_dir)], capture_output=True,
@@ -128,6 +134,7 @@ def test_doctor_names_the_slowed_rank(dp_run):
     assert "trainer/r1" in stragglers[0] and "data_loading" in stragglers[0], stragglers
 
 
+@needs_titan
 def test_pp2_real_loss_on_rank0_console(pp_run):
     run_dir, out = pp_run
     fo = assert_equal_to_titan(run_dir, out, PP_STEPS)
@@ -140,4 +147,21 @@ def test_pp2_real_loss_on_rank0_console(pp_run):
     shown = [float(v) for v in re.findall(r"^loss:\s+(\S+)$", out, re.M)]
     assert len(shown) == PP_STEPS and all(v > 0 for v in shown), shown
     # (4 significant digits printed)
+    assert _coords(run_dir) == {'{"pp": 0}', '{"pp": 1}'}
     assert all(abs(v - fo[s]["loss"]) <= 5e-4 * fo[s]["loss"] for s, v in zip(range(1, PP_STEPS + 1), shown)), shown
+
+
+def test_assets_are_built_here_and_the_same_every_time(tmp_path):
+    pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer
+
+    from apps.titan.assets import EOS, VOCAB_SIZE, build
+
+    a, b = build(tmp_path / "a"), build(tmp_path / "b")
+    for rel in ("tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json", "data/train.jsonl"):
+        assert (a.root / rel).read_bytes() == (b.root / rel).read_bytes(), rel
+    tok = Tokenizer.from_file(str(a.tokenizer_dir / "tokenizer.json"))
+    assert tok.get_vocab_size() <= VOCAB_SIZE and tok.token_to_id(EOS) is not None
+    docs = [json.loads(line)["text"] for line in (a.data_dir / "train.jsonl").read_text().splitlines()]
+    assert len(docs) == 600 and all(d.startswith(f"Document {i}. ") for i, d in enumerate(docs))
+    assert build(tmp_path / "a") == a  # a complete build is reused
