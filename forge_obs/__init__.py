@@ -68,7 +68,15 @@ _LAZY = {
 }
 
 
+#: subpackages reachable as attributes (``forge_obs.spmd.init(...)``) without importing them first
+_SUBMODULES = ("spmd", "titan")
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        value = importlib.import_module(f"forge_obs.{name}")
+        globals()[name] = value
+        return value
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'forge_obs' has no attribute {name!r}")

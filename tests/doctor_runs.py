@@ -26,7 +26,7 @@ def _header(mesh: str, rank: int, ws: int, actor: str, pid: int, ctl: bool = Fal
 def write_timeline(run_dir: Path, meshes: dict[str, int], steps: int, spans: SpanFn, *,
                    gap_s: float = 0.002, startup_s: float = 0.0, wait_s: Callable[[int], float] | None = None,
                    actors: dict[str, str] | None = None, open_at: dict | None = None,
-                   dead: dict | None = None) -> None:
+                   dead: dict | None = None, coords: "Callable[[str, int], dict] | None" = None) -> None:
     """One file per (mesh, rank) plus the controller's. Every step starts when the slowest rank of
     the previous one ended (+ ``gap_s``); a rank's spans run back to back from the step's start.
 
@@ -34,7 +34,8 @@ def write_timeline(run_dir: Path, meshes: dict[str, int], steps: int, spans: Spa
     ``wait_for_batch`` at the start of its ``controller_step`` (concurrent with the ranks' work); ``startup_s``: a one-off ``startup`` span on
     the controller before step 0; ``open_at[(mesh, rank)] = (step, name)``: that span never ends
     and the process writes nothing after it; ``dead[(mesh, rank)] = step``: the process stops
-    writing at that step without closing its file."""
+    writing at that step without closing its file. ``coords(mesh, rank)``: the rank's coordinates
+    in the header (default ``{"procs": rank}``)."""
     ev = Path(run_dir) / "events"
     ev.mkdir(parents=True, exist_ok=True)
     actors = actors or {}
@@ -47,6 +48,8 @@ def write_timeline(run_dir: Path, meshes: dict[str, int], steps: int, spans: Spa
             pid += 1
             streams[(mesh, r)] = {"h": _header(mesh, r, n, actors.get(mesh, mesh.capitalize()), pid), "lines": [],
                                   "names": {}, "stopped": False}
+            if coords is not None:
+                streams[(mesh, r)]["h"]["coords"] = coords(mesh, r)
     ctl = {"h": _header("controller", 0, 1, "", 1, ctl=True), "lines": [], "names": {}, "stopped": False}
 
     def name_id(s: dict, name: str) -> int:

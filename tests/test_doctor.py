@@ -330,3 +330,19 @@ def test_docs_python_example(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "straggler trainer/Trainer/r1 8 ['slowdown']" in out, out
     assert "role: trainer/Trainer/r0 alone does 'push_weights'" in out
+
+
+def test_straggler_among_the_dp_ranks_of_one_pipeline_stage(tmp_path):
+    """An SPMD job, 2 pipeline stages x 3 DP ranks: stage 1's step takes 3x stage 0's (its work,
+    not a straggler); rank 5 (pp=1, dp_shard=2) takes 2x its stage's peers from step 10. The
+    doctor compares each rank with the ranks of its own stage: only rank 5 is named."""
+
+    def spans(mesh, rank, step):
+        s = 0.01 * (3 if rank // 3 == 1 else 1)
+        return [("train_step", s * (2 if rank == 5 and step >= 10 else 1))]
+
+    write_timeline(tmp_path, {"trainer": 6}, steps=40, spans=spans,
+                   coords=lambda mesh, rank: {"pp": rank // 3, "dp_shard": rank % 3})
+    found = [f for f in diagnose(tmp_path) if f.kind == "straggler"]
+    assert [(f.rank, f.onset_step) for f in found] == [(5, 10)], [f.message for f in found]
+    assert "trainer[pp=1]" in found[0].message

@@ -112,3 +112,19 @@ def test_skipped_while_compiling(tmp_path, monkeypatch):
     timeline.close()
     names = [r["name"] for r in sql(tmp_path, "SELECT name FROM spans UNION ALL SELECT name FROM events WHERE kind='event'")]
     assert names == ["eager"]
+
+
+def test_docs_example(tmp_path):
+    """docs/spmd.md's forge_obs.titan example, as a user's script."""
+    import re
+
+    block = re.findall(r"```python\n(.*?)^```", (ROOT / "docs" / "spmd.md").read_text(), re.S | re.M)[1]
+    script = tmp_path / "example.py"
+    script.write_text(block + "\nfrom forge_obs.recording import timeline\ntimeline.close()\n")
+    run_as_user(script, tmp_path)
+    out = tmp_path / "outputs"
+    assert sql(out, "SELECT name, step FROM spans") == [{"name": "fwd_bwd", "step": 5}]
+    ev = sql(out, "SELECT kind, name, step, attrs FROM events WHERE kind <> 'step' ORDER BY ts_us")
+    assert ev == [{"kind": "tag", "name": "gc", "step": 5, "attrs": None},
+                  {"kind": "event", "name": "train.loss", "step": 5, "attrs": '{"value": 2.5}'},
+                  {"kind": "event", "name": "checkpoint_saved", "step": 5, "attrs": None}]

@@ -2,8 +2,8 @@
 
 On every rank, :meth:`SpmdSession.flush` is the cut: it swaps the process's collector (O(1), the
 values recorded before it are the step's) and enqueues what it took; nothing else runs on the
-caller's thread. A shipper thread exports and pickles each cut, in order, and pushes it to the
-logger rank (:mod:`forge_obs.spmd.transport`), or hands it over directly on the logger rank.
+caller's thread. A shipper thread (which polls for cuts, so that ``flush`` wakes no thread)
+exports and pickles each cut, in order, and pushes it to the logger rank (:mod:`forge_obs.spmd.transport`), or hands it over directly on the logger rank.
 
 On the logger rank, the messages of every rank feed a :class:`~forge_obs.controller.pipeline.FlushPipeline`
 (the one the Monarch controller drives): the first message of a step begins its cut, expecting
@@ -16,9 +16,9 @@ puts states that arrive after their step left into the next step emitted (``obs/
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import pickle
-import queue
 import threading
 import time
 from pathlib import Path
@@ -46,6 +46,10 @@ STATES, FINAL = "S", "F"
 MESH_ID = "spmd"
 #: steps whose cut number the logger rank remembers (a rank later than this is counted late)
 KEEP_STEPS = 4096
+#: the shipper looks for new cuts this often after one, backing off to POLL_MAX_S while there is
+#: none: waking a thread from ``flush`` would cost the training thread a wake-up (~10 µs) per step
+POLL_MIN_S = 0.001
+POLL_MAX_S = 0.005
 
 _COLLECTOR = MetricCollector()
 
@@ -147,8 +151,9 @@ class SpmdSession:
         self._transport = transport
         self._receiver = receiver
         self._ident = identity.to_dict()
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self._put = self._q.put
+        self._q: collections.deque = collections.deque()
+        self._put = self._q.append
+        self._stop = threading.Event()  # set by shutdown: the shipper ships what is queued and ends
         self._closed = False
         self.shipped = 0
         self.ship_errors = 0
@@ -221,28 +226,36 @@ class SpmdSession:
         self._put((STATES, step, taken))
 
     def _ship(self) -> None:
+        q, stop, wait = self._q, self._stop, POLL_MIN_S
         while True:
-            item = self._q.get()
-            if item is None:
-                return
-            kind, step, taken = item
-            cpu0 = time.thread_time()
-            try:
-                snap = _COLLECTOR.export(taken, packed=True)
-                snap["self_cpu"] = SELF_OBS.take()
-                data = dumps(snap, lambda key, reason, n: taken.drop(reason, n))
-                msg = (kind, self.rank, step, self._ident, data)
-                if self.is_logger:
-                    self._assembly.take(*msg)
-                else:
-                    self._transport.push(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
-                self.shipped += 1
-            except Exception as e:  # noqa: BLE001 - one step's states lost, counted and reported
-                self.ship_errors += 1
-                logger.error("forge_obs.spmd: rank %s could not ship step %s: %r", self.rank, step, e)
-            dt = time.thread_time() - cpu0
-            self.ship_cpu_s += dt
-            SELF_OBS.add("export", dt)
+            if not q:
+                if stop.is_set():
+                    return
+                stop.wait(wait)
+                wait = min(wait * 2, POLL_MAX_S)
+                continue
+            wait = POLL_MIN_S
+            self._ship_one(*q.popleft())
+
+    def _ship_one(self, kind: str, step: int, taken: Any) -> None:
+        """Export, pickle and send one cut (never raises: a failure is counted and logged)."""
+        cpu0 = time.thread_time()
+        try:
+            snap = _COLLECTOR.export(taken, packed=True)
+            snap["self_cpu"] = SELF_OBS.take()
+            data = dumps(snap, lambda key, reason, n: taken.drop(reason, n))
+            msg = (kind, self.rank, step, self._ident, data)
+            if self.is_logger:
+                self._assembly.take(*msg)
+            else:
+                self._transport.push(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+            self.shipped += 1
+        except Exception as e:  # noqa: BLE001 - one step's states lost, counted and reported
+            self.ship_errors += 1
+            logger.error("forge_obs.spmd: rank %s could not ship step %s: %r", self.rank, step, e)
+        dt = time.thread_time() - cpu0
+        self.ship_cpu_s += dt
+        SELF_OBS.add("export", dt)
 
     def shutdown(self, timeout_s: float | None = None) -> dict[str, Any]:
         """Ship what was recorded since the last flush (as step ``last + 1``), then, on the logger
@@ -256,7 +269,7 @@ class SpmdSession:
         deadline = time.monotonic() + timeout
         step = 0 if self.last_step is None else self.last_step + 1
         self._put((FINAL, step, _COLLECTOR.swap()))
-        self._put(None)
+        self._stop.set()
         self._shipper.join(max(0.0, deadline - time.monotonic()))
         out: dict[str, Any] = {"rank": self.rank, "shipped": self.shipped, "ship_errors": self.ship_errors}
         if self.is_logger:

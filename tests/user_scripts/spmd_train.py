@@ -4,7 +4,10 @@ merged steps by arithmetic.
 
 modes: exact (every rank the same keys; only rank 1 records "stage_loss"), slow (rank 1 waits
 until rank 0 has flushed every step: a flush that blocked on rank 1 would never return), kill
-(rank 1 exits at step 3 without a word), many (a long run for drain checks)."""
+(rank 1 exits at step 3 without a word), late (rank 1 flushes step 2 only after rank 0's
+backends logged step 2 without it)."""
+
+import json
 
 import os
 import sys
@@ -23,8 +26,17 @@ dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 obs = spmd.init({"console": {"logging_mode": "global_reduce"}, "jsonl": {"logging_mode": ["global_reduce", "per_rank_reduce"]}},
                 run_dir=run_dir, coords={"pp": rank // 2, "dp_shard": rank % 2},
-                timeout_s=2.0 if mode == "kill" else 60.0)
+                timeout_s=2.0 if mode in ("kill", "late") else 60.0)
 done = Path(run_dir) / "rank0_flushed_all"
+
+
+def _logged(step: int) -> bool:
+    try:
+        lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return False
+    return any(json.loads(line).get("step") == step for line in lines if line.endswith("}"))
+
 
 for step in range(steps):
     if mode == "kill" and rank == 1 and step == 3:
@@ -34,6 +46,9 @@ for step in range(steps):
         os._exit(1)
     if mode == "slow" and rank == 1 and step == 2:
         while not done.exists():  # rank 0 went through every flush without rank 1
+            os.sched_yield()
+    if mode == "late" and rank == 1 and step == 2:
+        while not _logged(2):  # rank 0's step 2 left without rank 1 (after the timeout)
             os.sched_yield()
     with record_span("train_step"):
         t = torch.tensor([float(rank)])
@@ -48,6 +63,15 @@ for step in range(steps):
     if rank == 0 and step == steps - 1:
         done.touch()
 
+if mode == "late":  # rank 0 shuts down once rank 1's steps were all sent
+    flushed = Path(run_dir) / "rank1_flushed_all"
+    if rank == 1:
+        while obs.shipped < steps:
+            os.sched_yield()
+        flushed.touch()
+    else:
+        while not flushed.exists():
+            os.sched_yield()
 record_metric("after_last", 1, Reduce.SUM)  # recorded after the last flush: logged at shutdown
 out = obs.shutdown()
 print("SHUTDOWN", rank, out, flush=True)

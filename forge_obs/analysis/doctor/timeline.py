@@ -27,6 +27,7 @@ from forge_obs.recording.timeline.schema import rank_selected
 
 __all__ = [
     "Tables",
+    "peer_group",
     "scan",
     "straggler_findings",
     "hang_findings",
@@ -59,9 +60,20 @@ class Tables:
     end_by_attempt: dict = field(default_factory=dict)
 
 
+def peer_group(st: Any) -> str:
+    """The name ranks are compared under: the mesh, or, for the ranks of an SPMD job with pipeline
+    stages, the mesh and the stage (``trainer[pp=1]``): ranks doing the same work (the DP, TP and
+    CP ranks of one stage) are each other's peers; two stages are not."""
+    coords = st.header.get("coords")
+    if isinstance(coords, dict) and type(coords.get("pp")) is int:
+        return f"{st.mesh}[pp={coords['pp']}]"
+    return st.mesh
+
+
 def scan(run_dir: Path, cfg: DoctorConfig) -> Tables:
     run = reader.scan(run_dir)
     t = Tables(run)
+    peers: dict[int, str] = {}  # id(stream) -> its peer group
     lifecycle: dict[str, bool] = {}
     sync: dict[str, bool] = {}
     per_step, step_wall, longest, window = t.per_step, t.step_wall, t.longest, t.window
@@ -74,7 +86,10 @@ def scan(run_dir: Path, cfg: DoctorConfig) -> Tables:
             life = lifecycle.get(name)
             if life is None:
                 life = lifecycle[name] = bool(life_re.search(name))
-            g = (st.attempt, st.mesh, name)
+            mesh = peers.get(id(st))
+            if mesh is None:
+                mesh = peers[id(st)] = peer_group(st)
+            g = (st.attempt, mesh, name)
             if dur > longest[g]:
                 longest[g] = dur
             if life:
@@ -91,7 +106,7 @@ def scan(run_dir: Path, cfg: DoctorConfig) -> Tables:
                 cell = per_step[g][step].get(st.rank)
                 if cell is None:
                     per_step[g][step][st.rank] = [dur, ts, end]
-                    t.stream_of[(st.attempt, st.mesh, st.rank)] = st
+                    t.stream_of[(st.attempt, mesh, st.rank)] = st
                 else:
                     cell[0] += dur
                     if ts < cell[1]:
@@ -108,7 +123,7 @@ def scan(run_dir: Path, cfg: DoctorConfig) -> Tables:
                         sw[1] = end
                 t.last_step[st.key] = step
             elif not st.header.get("ctl"):
-                t.unstepped[(st.attempt, st.mesh)] += 1
+                t.unstepped[(st.attempt, mesh)] += 1
             s = sync.get(name)
             if s is None:
                 s = sync[name] = bool(sync_re.search(name))
@@ -436,7 +451,7 @@ def hang_findings(t: Tables, cfg: DoctorConfig, ids: Identities) -> list[Finding
     for _k, st, lane, name, step, ts, _ex in t.opens:
         end = t.end_by_attempt.get(st.attempt, ts)
         open_us = end - ts
-        hist = t.longest.get((st.attempt, st.mesh, name), 0)
+        hist = t.longest.get((st.attempt, peer_group(st), name), 0)
         limit = max(cfg.stall_min_s * 1e6, cfg.hang_factor * hist) if hist else max(cfg.stall_min_s * 1e6, 60e6)
         if open_us > limit:
             by_stream[st.key].append((ts, st, lane, name, step, open_us, hist))
@@ -447,7 +462,7 @@ def hang_findings(t: Tables, cfg: DoctorConfig, ids: Identities) -> list[Finding
         w = _where(ids, st)
         at = f"step {step}" if step is not None else "no step"
         msg = (f"{w['where']}: span '{name}' ({at}) is still open after {open_us / 1e6:.2f}s at the end of "
-               f"the data; the longest finished '{name}' in {st.mesh} took {hist / 1e6:.3f}s"
+               f"the data; the longest finished '{name}' in {peer_group(st)} took {hist / 1e6:.3f}s"
                f" (on {st.lanes.get(lane, 'track ' + str(lane))})")
         f = Finding("hang", msg, steps=[step] if step is not None else [], onset_step=step,
                     details={"span": name, "open_s": open_us / 1e6, "longest_finished_s": hist / 1e6,
