@@ -34,20 +34,20 @@ PARALLEL_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 
 def coords_of(parallel_dims: Any) -> dict[str, int]:
-    """This rank's coordinate in each enabled parallel dimension of TorchTitan's world mesh."""
-    import torch.distributed as dist
-
-    degrees = {"pp": parallel_dims.pp, "dp_replicate": parallel_dims.dp_replicate,
-               "dp_shard": parallel_dims.dp_shard, "cp": parallel_dims.cp, "tp": parallel_dims.tp}
+    """This rank's coordinate in each parallel dimension of degree > 1, read from TorchTitan's
+    DeviceMeshes (``dp_shard`` from the ``fsdp`` mesh, which spans ``dp_shard x cp``, ``cp``
+    fastest)."""
     coords: dict[str, int] = {}
-    stride = 1
-    rank = dist.get_rank()
-    # TorchTitan's world mesh is laid out pp, dp_replicate, dp_shard, cp, tp (tp fastest)
-    for dim in reversed(PARALLEL_DIMS):
-        if degrees[dim] > 1:
-            coords[dim] = (rank // stride) % degrees[dim]
-        stride *= degrees[dim]
-    return {d: coords[d] for d in PARALLEL_DIMS if d in coords}
+    for dim in PARALLEL_DIMS:
+        if dim == "dp_shard":
+            mesh = parallel_dims.get_optional_mesh("fsdp") if parallel_dims.dp_shard > 1 else None
+            if mesh is not None:
+                coords[dim] = mesh.get_local_rank() // parallel_dims.cp
+            continue
+        mesh = parallel_dims.get_optional_mesh(dim)
+        if mesh is not None:
+            coords[dim] = mesh.get_local_rank()
+    return coords
 
 
 def backends(run_dir: str) -> dict[str, Any]:
