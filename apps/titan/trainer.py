@@ -30,7 +30,7 @@ class ObsConfig:
     fault_slow_rank: int = -1
     """a global rank whose data loading sleeps ``fault_slow_s`` per batch (-1: none)"""
 
-    fault_slow_s: float = 0.3
+    fault_slow_s: float = 1.5
     """seconds the slowed rank sleeps per batch"""
 
     flush_timeout_s: float = 30.0
@@ -95,19 +95,22 @@ class ObservedTrainer(Trainer):
         self.metrics_processor.has_loss = (not self.parallel_dims.pp_enabled) or self.pp_has_last_stage
         run_dir = config.obs.run_dir or os.path.join(config.dump_folder, "obs")
         self.obs = obs.start(run_dir=run_dir, parallel_dims=self.parallel_dims, timeout_s=config.obs.flush_timeout_s)
-        self._flushed_step = self.step  # a step restored from a checkpoint was flushed by its run
+        self._flushed_step: "int | None" = None  # set at this process's first step (after a checkpoint load)
         self._slow_s = config.obs.fault_slow_s if torch.distributed.get_rank() == config.obs.fault_slow_rank else 0.0
 
     def train_step(self, data_iterator):
         # every rank starts each step here: the previous step (its checkpoint save included) is
-        # complete, so it is flushed here; the last step is flushed in close()
+        # complete, so it is flushed here; the last step is flushed in close(). A step restored
+        # from a checkpoint was flushed by the run that saved it.
+        if self._flushed_step is None:
+            self._flushed_step = self.step - 1
         self._flush_through(self.step - 1)
         obs.set_step(self.step)
         with obs.span("train_step"):
             super().train_step(data_iterator)
 
     def _flush_through(self, step: int) -> None:
-        if self.obs is not None and step > self._flushed_step:
+        if self.obs is not None and self._flushed_step is not None and step > self._flushed_step:
             self.obs.flush(step)
             self._flushed_step = step
 
