@@ -165,3 +165,15 @@ def test_assets_are_built_here_and_the_same_every_time(tmp_path):
     docs = [json.loads(line)["text"] for line in (a.data_dir / "train.jsonl").read_text().splitlines()]
     assert len(docs) == 600 and all(d.startswith(f"Document {i}. ") for i, d in enumerate(docs))
     assert build(tmp_path / "a") == a  # a complete build is reused
+
+
+def test_run_command_line():
+    from apps.titan.run import parse_args, torchrun_command
+
+    with pytest.raises(SystemExit):
+        parse_args(["--nproc", "3", "--pp", "2"])  # ranks must split evenly into stages
+    a = parse_args(["--pp", "2", "--", "--training.steps", "5"])
+    cmd = torchrun_command(a, Path("runs/x"))
+    i = cmd.index("--parallelism.data_parallel_replicate_degree")
+    assert cmd[i + 1] == "1" and cmd[cmd.index("--training.local_batch_size") + 1] == "2"
+    assert cmd[-2:] == ["--training.steps", "5"]  # TorchTitan's own overrides come last: they win

@@ -62,7 +62,8 @@ def titan_debugmodel() -> ObservedTrainer.Config:
         metrics=ObservedMetricsProcessor.Config(log_freq=1, enable_tensorboard=True, disable_color_printing=True),
         parallelism=ParallelismConfig(data_parallel_replicate_degree=2, data_parallel_shard_degree=1,
                                       pipeline_parallel_schedule="1F1B", spmd_backend="partial_dtensor"),
-        checkpoint=ObservedCheckpointManager.Config(enable=True, interval=3, last_save_model_only=False),
+        checkpoint=ObservedCheckpointManager.Config(enable=True, interval=3, keep_latest_k=2,
+                                                last_save_model_only=False),
         activation_checkpoint=None,
         debug=DebugConfig(seed=42, deterministic=True),
     )

@@ -73,7 +73,9 @@ def main(argv: "list[str] | None" = None) -> int:
     env.setdefault("HF_DATASETS_CACHE", str((root / "titan-assets" / "hf-cache").resolve()))
     env.setdefault("OMP_NUM_THREADS", "1")
     rc = subprocess.call(torchrun_command(args, run_dir), env=env)
-    print(f"titan run directory: {run_dir}", flush=True)
+    print(f"titan run directory: {run_dir}\n"
+          f"  forge-obs doctor {run_dir}\n  forge-obs trace {run_dir} --open\n"
+          f"  forge-obs sql {run_dir} 'SELECT rank, name, avg(dur_us) FROM spans GROUP BY rank, name'", flush=True)
     return rc
 
 
