@@ -109,6 +109,12 @@ def test_exact_steps_under_torchrun(tmp_path, world):
         loss = con.execute("SELECT pp, dp_shard, avg(value) FROM metrics WHERE key = 'loss' AND mode = 'per_rank_reduce' "
                            "GROUP BY ALL ORDER BY ALL").fetchall()
         assert loss == [(p, d, (p * 2 + d) * 10 + 2.0) for p in (0, 1) for d in (0, 1)]  # mean over steps 0..4
+        trace = tmp_path / "trace.json"
+        subprocess.run([sys.executable, "-m", "forge_obs.cli", "trace", str(run_dir), "-o", str(trace)], env=_env(),
+                       check=True, capture_output=True)
+        names = sorted(e["args"]["name"].split(" (")[0] for e in json.loads(trace.read_text())["traceEvents"]
+                       if e.get("name") == "process_name")
+        assert names == [f"trainer r{r}[pp={r // 2},dp_shard={r % 2}]" for r in range(4)]
 
 
 def test_slow_rank_does_not_block_the_flush(tmp_path):

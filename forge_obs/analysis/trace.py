@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator
 
 from forge_obs.analysis import reader
 from forge_obs.analysis.reader import END, INSTANT, OPEN, SPAN, STEP, TAG
-from forge_obs.core.identity import mesh_selected
+from forge_obs.core.identity import coords_suffix, mesh_selected
 from forge_obs.recording.timeline.schema import parse_ranks, rank_selected
 
 __all__ = ["parse_steps", "parse_names", "make_keep", "export_trace"]
@@ -341,8 +341,11 @@ def _metadata_events(trace: _TraceFile, run: reader.Run) -> list[str]:
         pid = st.track
         actor = f"/{st.actor}" if st.actor else ""
         att = f" [attempt {st.attempt}]" if multi else ""
-        pname = f"{st.mesh}{actor} r{st.rank}{att} ({st.host}:{st.pid})"
+        dims = coords_suffix(st.header.get("coords") if isinstance(st.header.get("coords"), dict) else None)
+        pname = f"{st.mesh}{actor} r{st.rank}{dims}{att} ({st.host}:{st.pid})"
         labels = f"host={st.host},pid={st.pid},mesh={st.mesh},actor={st.actor},rank={st.rank},attempt={st.attempt}"
+        if dims:
+            labels += "," + dims[1:-1]
         lines.append(f'{{"ph":"M","name":"process_name","pid":{pid},"args":{{"name":{_dumps(pname)}}}}}')
         lines.append(f'{{"ph":"M","name":"process_labels","pid":{pid},"args":{{"labels":{_dumps(labels)}}}}}')
         lines.append(f'{{"ph":"M","name":"process_sort_index","pid":{pid},"args":{{"sort_index":{pid}}}}}')

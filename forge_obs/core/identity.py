@@ -17,7 +17,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-__all__ = ["ProcessIdentity", "rank_label", "PARALLEL_DIMS", "parallel_coords", "split_label", "unique_mesh_name", "start_naming_run", "release_mesh_name", "mesh_selected", "current_identity", "set_identity", "DEFAULT_MESH_NAME"]
+__all__ = ["ProcessIdentity", "rank_label", "PARALLEL_DIMS", "parallel_coords", "coords_suffix", "split_label", "unique_mesh_name", "start_naming_run", "release_mesh_name", "mesh_selected", "current_identity", "set_identity", "DEFAULT_MESH_NAME"]
 
 
 @dataclass
@@ -69,10 +69,17 @@ def rank_label(mesh: str, actor: str | None, rank: int, coords: "dict[str, Any] 
         'trainer/r5[pp=1,dp_shard=0,tp=1]'
     """
     base = f"{mesh}/{actor}/r{rank}" if actor else f"{mesh}/r{rank}"
+    return base + coords_suffix(coords)
+
+
+def coords_suffix(coords: "dict[str, Any] | None") -> str:
+    """``[pp=1,tp=0]`` for a rank's parallel coordinates; ``""`` when it has none.
+
+        >>> coords_suffix({"tp": 0, "pp": 1, "procs": 3}), coords_suffix({"procs": 3})
+        ('[pp=1,tp=0]', '')
+    """
     dims = parallel_coords(coords)
-    if not dims:
-        return base
-    return base + "[" + ",".join(f"{d}={v}" for d, v in dims.items()) + "]"
+    return "[" + ",".join(f"{d}={v}" for d, v in dims.items()) + "]" if dims else ""
 
 
 def split_label(label: str) -> tuple[str, dict[str, int]]:

@@ -161,6 +161,7 @@ class SpmdSession:
         self.pipeline: FlushPipeline | None = None
         self._assembly: _Assembly | None = None
         self._recv_thread: threading.Thread | None = None
+        self._synced = threading.Event()  # the receiver took every message queued before the logger's shutdown
         self._shipper = threading.Thread(target=self._ship, name="forge_obs-spmd-ship", daemon=True)
 
     # ------------------------------------------------------------ logger rank
@@ -186,7 +187,7 @@ class SpmdSession:
             self._recv_thread.start()
 
     def _receive(self) -> None:
-        from forge_obs.spmd.transport import STOP
+        from forge_obs.spmd.transport import STOP, SYNC
 
         while True:
             try:
@@ -197,6 +198,9 @@ class SpmdSession:
                 return
             if data == STOP:
                 return
+            if data == SYNC:
+                self._synced.set()
+                continue
             cpu0 = time.thread_time()
             try:
                 self._assembly.take(*pickle.loads(data))
@@ -280,6 +284,14 @@ class SpmdSession:
 
     def _end_logger(self, deadline: float) -> dict[str, Any]:
         asm, pipeline = self._assembly, self.pipeline
+        if self._recv_thread is not None:  # what ranks sent before now is taken first (a late rank answers again)
+            from forge_obs.spmd.transport import SYNC
+
+            try:
+                self._transport.push(SYNC)
+                self._synced.wait(max(0.0, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - the store is gone: nothing more can arrive
+                pass
         unfinished = asm.wait_finished(deadline)
         asm.close()
         if self._recv_thread is not None:

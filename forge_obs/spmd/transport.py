@@ -22,10 +22,12 @@ import datetime
 import os
 from typing import Any
 
-__all__ = ["StoreTransport", "store_endpoint", "job_namespace", "STOP"]
+__all__ = ["StoreTransport", "store_endpoint", "job_namespace", "STOP", "SYNC"]
 
 #: what the logger rank pushes to its own queue to end its receiver thread
 STOP = b"\x00forge_obs-stop"
+#: what the logger rank pushes to its own queue to learn that every message queued before it was taken
+SYNC = b"\x00forge_obs-sync"
 #: how long one blocking pop waits before it is retried (a pop that times out is not an error)
 POP_WAIT_S = 3600.0
 

@@ -24,8 +24,14 @@ steps = int(sys.argv[3]) if len(sys.argv) > 3 else 5
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
+if world == 4:  # the coordinates from a DeviceMesh (the same ones)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    where = {"device_mesh": init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp_shard"))}
+else:
+    where = {"coords": {"pp": rank // 2, "dp_shard": rank % 2}}
 obs = spmd.init({"console": {"logging_mode": "global_reduce"}, "jsonl": {"logging_mode": ["global_reduce", "per_rank_reduce"]}},
-                run_dir=run_dir, coords={"pp": rank // 2, "dp_shard": rank % 2},
+                run_dir=run_dir, **where,
                 timeout_s=2.0 if mode in ("kill", "late") else 60.0)
 done = Path(run_dir) / "rank0_flushed_all"
 
