@@ -9,7 +9,8 @@ Configure in ``init_backends({"alerts": {...}})`` (see :mod:`forge_obs.alerts.co
 docs/alerts.md). Nothing here imports Monarch or torch.
 """
 
-from forge_obs.alerts.backend import AlertsBackend
-from forge_obs.alerts.config import AlertsConfig
+from forge_obs.core.lazy import lazy_exports
 
 __all__ = ["AlertsBackend", "AlertsConfig"]
+__getattr__, __dir__ = lazy_exports(__name__, {"AlertsBackend": "forge_obs.alerts.backend",
+                                               "AlertsConfig": "forge_obs.alerts.config"}, __all__, globals())

@@ -5,14 +5,16 @@
     ('ConsoleBackend', True)
 """
 
-from forge_obs.backends.base import (
-    LoggerBackend,
-    backend_names,
-    get_logger_backend_class,
-    register_backend,
-)
-from forge_obs.backends.console import ConsoleBackend
-from forge_obs.backends.jsonl import JsonlBackend
+from forge_obs.core.lazy import lazy_exports
+
+_NAMES = {
+    "LoggerBackend": "forge_obs.backends.base",
+    "backend_names": "forge_obs.backends.base",
+    "get_logger_backend_class": "forge_obs.backends.base",
+    "register_backend": "forge_obs.backends.base",
+    "ConsoleBackend": "forge_obs.backends.console",
+    "JsonlBackend": "forge_obs.backends.jsonl",
+}
 
 __all__ = [
     "LoggerBackend",
@@ -22,3 +24,5 @@ __all__ = [
     "get_logger_backend_class",
     "backend_names",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _NAMES, __all__, globals())
