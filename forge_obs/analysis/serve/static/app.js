@@ -61,13 +61,13 @@ function route() {
   const h = decodeURIComponent(location.hash.slice(1) || "/");
   const parts = h.split("/").filter(Boolean);
   document.getElementById("drill").hidden = true;
-  if (parts[0] === "run" && parts.length >= 2) return runPage(parts.slice(1).join("/"));
-  if (parts[0] === "compare" && parts.length === 3) return comparePage(parts[1], parts[2]);
-  return runsPage();
+  const shown = parts[0] === "run" && parts.length >= 2 ? runPage(parts.slice(1).join("/"))
+    : parts[0] === "compare" && parts.length === 3 ? comparePage(parts[1], parts[2]) : runsPage();
+  shown.catch((e) => document.getElementById("main").replaceChildren(el("p", { class: "muted", text: "could not load: " + e.message })));
 }
 
 function stopRun() {
-  if (S.timer) clearInterval(S.timer);
+  if (S.timer) { clearInterval(S.timer); clearTimeout(S.timer); }
   S.timer = null;
   for (const c of S.charts.values()) if (c.u) c.u.destroy();
   S.charts.clear();
@@ -123,6 +123,12 @@ async function runPage(id) {
   S.run = id;
   document.getElementById("crumb").textContent = id;
   const main = document.getElementById("main");
+  const listed = (await api("runs")).runs.some((r) => r.id === id);
+  if (!listed) {  // not written yet (a run that is starting): look again in a second
+    main.replaceChildren(el("p", { class: "muted", text: "waiting for run " + id + " to appear under the runs root…" }));
+    S.timer = setTimeout(() => { if (S.run === id) runPage(id); }, 1000);
+    return;
+  }
   const info = await api("run", { id });
   S.info = info; S.version = info.version;
   setStatus(info.status);
