@@ -1,5 +1,5 @@
 // forge-obs serve: the page. Every value from a run reaches the DOM through textContent or an
-// attribute set by name (never innerHTML), so a key or a SAMPLE row holding markup stays text.
+// attribute set by name (never parsed as HTML), so a key or a SAMPLE row holding markup stays text.
 "use strict";
 
 const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -224,7 +224,7 @@ async function refreshFindings() {
 
 function stepLink(step) {
   if (typeof step !== "number") return null;
-  return el("a", { href: "javascript:void 0", text: " → step " + step, onclick: () => openDrill(step, []) });
+  return el("button", { class: "link", text: "→ step " + step, onclick: () => openDrill(step, []) });
 }
 
 // ------------------------------------------------------------------ charts
