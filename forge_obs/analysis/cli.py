@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from forge_obs.analysis.store import RUN_MARKERS
+
 __all__ = ["COMMANDS", "command", "SHOW_MODES", "RUN_MARKERS"]
 
 #: subcommand name -> (help, add_arguments, run) ; filled by @command below
@@ -76,8 +78,6 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
-#: what makes a directory a run directory: any of these in it
-RUN_MARKERS = ("metrics.jsonl", "meta.json", "events")
 
 
 def _check_run_dir(p: Path, cmd: str) -> bool:

@@ -16,10 +16,10 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from forge_obs.analysis.cli import RUN_MARKERS
 from forge_obs.analysis.report.data import QUANTILES, group_of, group_sort_key, overview_panels
 from forge_obs.analysis.serve.series import align, merge_to
 from forge_obs.analysis.serve.state import RunState, ServeConfig, read_meta
+from forge_obs.analysis.store import RUN_MARKERS
 
 __all__ = ["Runs", "jsonable", "named_keys", "critical_path_at", "MAX_CHART_POINTS", "MAX_RANK_LINES"]
 
@@ -127,6 +127,10 @@ class Runs:
         self._open: OrderedDict[str, tuple[RunState, _Findings]] = OrderedDict()
         self._lock = threading.Lock()
         self._trace = _TraceSlot()
+        self.poll_s = 0.25
+        self._stop, self._wake = threading.Event(), threading.Event()
+        self._reader = threading.Thread(target=self._read_on, name="forge_obs-serve-reader", daemon=True)
+        self._reader.start()
 
     def ids(self) -> list[str]:
         if self.single:
@@ -159,8 +163,23 @@ class Runs:
                 while len(self._open) > self.max_open:
                     self._open.popitem(last=False)
             self._open.move_to_end(run_id)
-        ent[0].update()
+        ent[0].update(chunks=1, wait=False)  # a large run is read on by the reader thread
+        self._wake.set()
         return ent
+
+    def _read_on(self) -> None:
+        """The reader thread: every open run is read to its end, a chunk at a time (requests
+        are answered between chunks), then looked at again every ``poll_s``."""
+        while not self._stop.is_set():
+            with self._lock:
+                states = [st for st, _f in self._open.values()]
+            busy = False
+            for st in states:
+                st.update(chunks=1)
+                busy = busy or st.metrics.behind
+            if not busy:
+                self._wake.wait(self.poll_s)
+                self._wake.clear()
 
     # ------------------------------------------------------------------ endpoints
     def runs(self) -> dict[str, Any]:
@@ -205,6 +224,7 @@ class Runs:
             return jsonable({
                 "id": rid, "run_dir": str(st.run_dir), "status": st.status(), "version": st.version,
                 "last_step": st.last_step, "steps": len(st.steps), "t0": st.t0, "last_wall": st.last_wall,
+                "reading": _reading(st),
                 "meta": {k: meta.get(k) for k in ("run_id", "status", "start_time", "end_time", "steps_logged",
                                                   "process_name") if k in meta},
                 "panels": panels,
@@ -221,7 +241,7 @@ class Runs:
         if ent is None:
             return None
         st = ent[0]
-        return jsonable({"version": st.version, "last_step": st.last_step, "status": st.status(),
+        return jsonable({"version": st.version, "last_step": st.last_step, "status": st.status(), "reading": _reading(st),
                          "alerts": len(st.alerts)})
 
     def series(self, rid: str, keys: list[str], n: int, axis: str, lo: int | None, hi: int | None) -> dict | None:
@@ -318,7 +338,16 @@ class Runs:
         return self._trace.open(p, step)
 
     def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._reader.join(timeout=10)
         self._trace.close()
+
+
+def _reading(st: RunState) -> dict[str, Any] | None:
+    """How far a run being opened is read (None once it is read to its end)."""
+    t = st.metrics
+    return {"bytes": t.offset, "of": t.size} if t.behind else None
 
 
 def _is_run(p: Path) -> bool:

@@ -102,15 +102,22 @@ class RunState:
         self.version = 0  # grows with each update that read something
         self.malformed = 0
         self._rank_cap = self.cfg.rank_points
+        self._policy_keys: set[str] = set()
         self._n_rank = 0
         self._seen_at = time.time()  # when a row last arrived
         self._meta: tuple[float, dict] = (-1.0, {})
+        self._gone_at: tuple[float, str | None] = (-1e9, None)
 
     # ------------------------------------------------------------------ reading
-    def update(self) -> bool:
-        """Read what was appended since the last call; True when something was."""
-        with self.lock:
+    def update(self, chunks: int | None = None, wait: bool = True) -> bool:
+        """Read what was appended since the last call (at most ``chunks`` reads of
+        ``Tail.max_bytes`` each; None: all of it); True when something was read. ``wait=False``
+        returns at once when another thread is reading."""
+        if not self.lock.acquire(blocking=wait):
+            return False
+        try:
             got = False
+            n_chunks = 0
             while True:
                 n = 0
                 for off, row in self.metrics.read():
@@ -120,7 +127,8 @@ class RunState:
                     else:
                         self.malformed += 1
                 got = got or n > 0
-                if not self.metrics.behind:
+                n_chunks += 1
+                if not self.metrics.behind or (chunks is not None and n_chunks >= chunks):
                     break
             for _off, a in self.alerts_tail.read():
                 if isinstance(a, dict):
@@ -130,6 +138,13 @@ class RunState:
                 self.version += 1
                 self._seen_at = time.time()
             return got
+        finally:
+            self.lock.release()
+
+    @property
+    def behind(self) -> bool:
+        """Whether more of ``metrics.jsonl`` is written than read (a large run being opened)."""
+        return self.metrics.size > self.metrics.offset + 1 or self.metrics.behind
 
     def _add(self, off: int, row: dict) -> None:
         mode = row.get("mode", "global_reduce")
@@ -155,7 +170,14 @@ class RunState:
             self._add_rank(step, str((row.get("source") or {}).get("label") or "?"), metrics)
 
     def _add_global(self, step: int, metrics: dict, ent: list) -> None:
+        series = self.series
         for key, v in metrics.items():
+            t = type(v)
+            if t is float or t is int:  # the common case: a known key, not the policy version
+                s = series.get(key)
+                if s is not None and key not in self._policy_keys:
+                    s.add(step, float(v))
+                    continue
             if isinstance(v, list):
                 if v and all(isinstance(r, dict) for r in v):
                     self.sample_keys[key] = (step, v[-self.cfg.sample_rows:])
@@ -169,12 +191,22 @@ class RunState:
                 if s is None:
                     s = self.series[k] = Buckets(self.cfg.global_points)
                 s.add(step, x)
-                if POLICY_KEY.search(k):
+                if s.n == 1 and POLICY_KEY.search(k):
+                    self._policy_keys.add(k)
+                if k in self._policy_keys:
                     ent[1] = x
 
     def _add_rank(self, step: int, label: str, metrics: dict) -> None:
         self.ranks.add(label)
+        rank_series = self.rank_series
         for key, v in metrics.items():
+            t = type(v)
+            if t is float or t is int:  # the common case
+                by = rank_series.get(key)
+                s = by.get(label) if by is not None else None
+                if s is not None:
+                    s.add(step, float(v))
+                    continue
             if is_distribution(v):  # per rank: the median is the line worth comparing
                 v, key = v["p50"], f"{key}/p50"
             flat: dict[str, float] = {}
@@ -225,7 +257,7 @@ class RunState:
         firing = {a.get("id"): a for a in self.alerts if a.get("rule") == "stall"}
         if any(a.get("state") == "firing" for a in firing.values()):
             return {"state": "hung", "why": "a stall alert is firing (no step reached the logger)"}
-        gone = _controller_gone(self.run_dir) if st == "running" else None
+        gone = self._gone() if st == "running" else None
         if gone:
             return {"state": "crashed", "why": f"meta.json says running but {gone}"}
         last = self._last_activity()
@@ -234,6 +266,13 @@ class RunState:
             return {"state": "stalled", "why": f"no new step for {now - last:.0f}s (limit {limit:.0f}s)",
                     "silent_s": now - last}
         return {"state": "running" if st in (None, "running", "reconfigured") else str(st), "why": ""}
+
+    def _gone(self) -> str | None:
+        """:func:`_controller_gone`, looked at most every 5 s."""
+        now = time.monotonic()
+        if now - self._gone_at[0] >= 5.0:
+            self._gone_at = (now, _controller_gone(self.run_dir))
+        return self._gone_at[1]
 
     def _last_activity(self) -> float | None:
         try:
@@ -312,24 +351,28 @@ def _finite(d: dict[str, float]) -> dict[str, Any]:
 
 
 def _controller_gone(run_dir: Path) -> str | None:
-    """Why the controller that writes ``run_dir`` is known to be gone (its timeline header names
-    a pid on this host that no longer exists), else None."""
+    """Why the controller that writes ``run_dir`` is known to be gone (the latest controller
+    header of its timeline names a pid on this host that no longer exists), else None."""
     ev = run_dir / "events"
     if not ev.is_dir():
         return None
     host = socket.gethostname()
-    for p in sorted(ev.glob("*.jsonl"))[:256]:
+    latest: dict | None = None
+    for p in sorted(ev.glob("*.jsonl"))[:4096]:
         try:
             with open(p, "rb") as f:
                 h = json.loads(f.readline())
         except (OSError, ValueError):
             continue
-        if isinstance(h, dict) and h.get("ctl") and h.get("host") == host and isinstance(h.get("pid"), int):
-            try:
-                os.kill(h["pid"], 0)
-            except ProcessLookupError:
-                return f"its controller process {h['pid']} is gone"
-            except OSError:
-                return None
-            return None
+        if isinstance(h, dict) and h.get("ctl") and isinstance(h.get("pid"), int):
+            if latest is None or (_num(h.get("start")) and h["start"] > (latest.get("start") or 0)):
+                latest = h
+    if latest is None or latest.get("host") != host:
+        return None  # another host's process: not judged
+    try:
+        os.kill(latest["pid"], 0)
+    except ProcessLookupError:
+        return f"its controller process {latest['pid']} is gone"
+    except OSError:
+        return None
     return None

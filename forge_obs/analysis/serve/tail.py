@@ -30,7 +30,7 @@ _decode = json.JSONDecoder().raw_decode
 
 
 class Tail:
-    def __init__(self, path: Path, max_bytes: int = 64 << 20) -> None:
+    def __init__(self, path: Path, max_bytes: int = 4 << 20) -> None:
         self.path = path
         self.offset = 0  # bytes consumed: the start of the first line not yet yielded
         self.max_bytes = max_bytes

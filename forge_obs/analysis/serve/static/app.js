@@ -309,6 +309,7 @@ async function poll() {
   try {
     const p = await api("poll", { id: S.run });
     setStatus(p.status);
+    if (p.reading) document.getElementById("status").textContent += " · reading the run: " + Math.round(100 * p.reading.bytes / Math.max(1, p.reading.of)) + " %";
     if (p.version !== S.version) {
       const info = await api("run", { id: S.run });
       const alertsChanged = info.version !== S.version && p.alerts !== S.alerts;
