@@ -85,7 +85,9 @@ def test_tail_reads_only_what_was_appended(tmp_path):
 def test_run_state_incremental_and_exact_drill_down(tmp_path):
     d = make_run(tmp_path, steps=20)
     st = RunState(d)
+    st.metrics.max_bytes = 500  # read in many chunks: update() reads them all, each row once
     assert st.update() and st.last_step == 19 and st.series["trainer/loss"].n == 20
+    assert st.metrics.offset == (d / "metrics.jsonl").stat().st_size
     v = st.version
     assert not st.update() and st.version == v  # nothing new: nothing read
     with open(d / "metrics.jsonl", "a") as f:

@@ -4,7 +4,10 @@ the step, markup in keys and SAMPLE rows stays text, no console error."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import struct
+import urllib.request
 import subprocess
 import sys
 import zlib
@@ -126,6 +129,14 @@ def test_live_run_in_chromium(tmp_path):
             assert f"view live: forge-obs serve {root}" in err
             page.wait_for("document.getElementById('status').textContent.startsWith('finished')", timeout_s=30)
             assert page.errors == []
+            # the step's timeline, exported from the run's events/ and served in the bundled Perfetto UI
+            c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=120)
+            c.request("GET", f"/api/perfetto?id=live&step={step}")
+            url = json.loads(c.getresponse().read())["url"]
+            with urllib.request.urlopen(url + "localtrace", timeout=60) as r:
+                events = json.loads(r.read())["traceEvents"]
+            spans = [e for e in events if e.get("ph") == "X" and "train_step" in str(e.get("name"))]
+            assert len(spans) == 2, [e.get("name") for e in events]  # the step's span on each of the 2 ranks
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -141,11 +141,6 @@ class RunState:
         finally:
             self.lock.release()
 
-    @property
-    def behind(self) -> bool:
-        """Whether more of ``metrics.jsonl`` is written than read (a large run being opened)."""
-        return self.metrics.size > self.metrics.offset + 1 or self.metrics.behind
-
     def _add(self, off: int, row: dict) -> None:
         mode = row.get("mode", "global_reduce")
         step = row["step"]

@@ -37,6 +37,7 @@ class Tail:
         self.malformed = 0
         self.size = 0
         self.resets = 0
+        self._more = False
 
     def read(self) -> Iterator[tuple[int, Any]]:
         """(offset, value) of each complete line written since the last call."""
@@ -53,6 +54,7 @@ class Tail:
         with open(self.path, "rb") as f:
             f.seek(self.offset)
             data = f.read(min(size - self.offset, self.max_bytes))
+        self._more = len(data) >= self.max_bytes  # a full chunk: more may follow
         end = data.rfind(b"\n")
         if end < 0:
             if len(data) >= self.max_bytes:  # one line longer than a read: skipped
@@ -82,5 +84,6 @@ class Tail:
 
     @property
     def behind(self) -> bool:
-        """Whether bytes written before the last call are still unread (a large file's first read)."""
-        return self.size - self.offset > self.max_bytes
+        """Whether the last call stopped at ``max_bytes`` with more written (a large file's first
+        read): call again."""
+        return self._more and self.size > self.offset
