@@ -16,6 +16,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from forge_obs.analysis.report.data import QUANTILES, group_of, group_sort_key, overview_panels
 from forge_obs.analysis.serve.series import align, merge_to
 from forge_obs.analysis.serve.state import RunState, ServeConfig, read_meta
@@ -364,13 +366,13 @@ def _count_firing(path: Path) -> int:
 
 def _summary(key: str, st: RunState) -> dict[str, Any]:
     s = st.series[key]
-    los = [v for v in s.lo if math.isfinite(v)]
-    his = [v for v in s.hi if math.isfinite(v)]
-    nonfinite = sum(s.nonfinite)
-    last = s.last[-1] if len(s) else None
-    flat = bool(los) and min(los) == max(his) and not nonfinite
-    return {"key": key, "points": s.n, "last": last, "min": min(los) if los else None,
-            "max": max(his) if his else None, "nonfinite": nonfinite, "flat": flat or s.n < 2}
+    lo, hi = s.lo[~np.isnan(s.lo)], s.hi[~np.isnan(s.hi)]
+    nonfinite = int(s.nonfinite.sum())
+    last = float(s.last[-1]) if len(s) else None
+    mn, mx = (float(lo.min()), float(hi.max())) if len(lo) else (None, None)
+    flat = mn is not None and mn == mx and not nonfinite
+    return {"key": key, "points": s.n, "last": last, "min": mn, "max": mx, "nonfinite": nonfinite,
+            "flat": flat or s.n < 2}
 
 
 def _at_step(item: dict, step: int) -> bool:

@@ -5,154 +5,166 @@
     ...     s.add(step, float(step % 3))
     >>> s.width, len(s)                      # 10 steps in at most 4 buckets: 4 steps a bucket
     (4, 3)
-    >>> [round(v, 1) for v in s.points()[1]]  # each bucket's min then max, at their steps
+    >>> [round(v, 1) for v in s.points()[1]]  # each bucket's min and max, in the order of their steps
     [0.0, 2.0, 2.0, 0.0, 2.0, 0.0]
 
 A series holds at most ``cap`` buckets whatever the number of steps: a bucket covers ``width``
-steps (a power of two) and keeps the first step, the minimum and the maximum with the steps they
-were at, and the last value. When a new bucket would exceed ``cap``, the width doubles and
-neighbouring buckets merge. The minimum and maximum of every stretch of steps survive every
-merge, so a spike stays visible at any zoom. Non-finite values (NaN is a signal) are counted per
-bucket and never hide a finite minimum or maximum.
+steps (a power of two) and keeps the minimum and the maximum with the steps they were at, the
+last value and its count of non-finite values. When there would be more than ``cap`` buckets,
+the width doubles and neighbouring buckets merge. The minimum and maximum of every stretch of
+steps survive every merge, so a spike stays visible at any zoom. Non-finite values (NaN is a
+signal) are counted per bucket and never hide a finite minimum or maximum.
+
+:meth:`Buckets.add` only appends to a buffer of at most ``cap`` raw points; the buffer is folded
+into the buckets with numpy when it is full or when the buckets are read.
 """
 
 from __future__ import annotations
 
-import math
 from array import array
-from typing import Iterable
+
+import numpy as np
 
 __all__ = ["Buckets", "merge_to", "align"]
 
+_FIELDS = ("b", "lo", "lo_s", "hi", "hi_s", "last", "nf")
+
+
+def _regroup(f: dict) -> dict:
+    """Buckets sorted by key ``b`` with equal keys merged (min/max with their steps, the last
+    value, non-finite counts summed)."""
+    b = f["b"]
+    if len(b) < 2 or not (b[1:] == b[:-1]).any():
+        return f
+    starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
+    counts = np.diff(np.r_[starts, len(b)])
+    gid = np.repeat(np.arange(len(starts)), counts)
+    out = {"b": b[starts], "last": f["last"][starts + counts - 1], "nf": np.add.reduceat(f["nf"], starts)}
+    for ext, red in (("lo", np.fmin), ("hi", np.fmax)):
+        vals = red.reduceat(f[ext], starts)
+        steps = f[ext + "_s"][starts].copy()
+        hit = np.flatnonzero(f[ext] == vals[gid])  # NaN never equals: an all-NaN bucket keeps its first step
+        if len(hit):
+            g, first = np.unique(gid[hit], return_index=True)
+            steps[g] = f[ext + "_s"][hit[first]]
+        out[ext], out[ext + "_s"] = vals, steps
+    return out
+
 
 class Buckets:
-    __slots__ = ("cap", "width", "b", "lo", "lo_s", "hi", "hi_s", "last", "nonfinite", "n")
+    __slots__ = ("cap", "_w", "_f", "_ps", "_pv", "_folded")
 
     def __init__(self, cap: int = 1024) -> None:
         self.cap = max(2, cap)
-        self.width = 1
-        self.b = array("q")  # bucket index: first step // width
-        self.lo, self.hi, self.last = array("d"), array("d"), array("d")
-        self.lo_s, self.hi_s = array("q"), array("q")
-        self.nonfinite = array("l")
-        self.n = 0  # points added
-
-    def __len__(self) -> int:
-        return len(self.b)
+        self._w = 1
+        self._f = {k: np.empty(0, np.float64 if k in ("lo", "hi", "last") else np.int64) for k in _FIELDS}
+        self._ps, self._pv = array("q"), array("d")  # raw points not folded yet
+        self._folded = 0
 
     def add(self, step: int, v: float) -> None:
-        self.n += 1
-        fin = math.isfinite(v)
-        k = step // self.width
-        if self.b and self.b[-1] == k:
-            i = len(self.b) - 1
-            self.last[i] = v
-            if not fin:
-                self.nonfinite[i] += 1
-            elif math.isnan(self.lo[i]) or v < self.lo[i]:
-                self.lo[i], self.lo_s[i] = v, step
-                if math.isnan(self.hi[i]):
-                    self.hi[i], self.hi_s[i] = v, step
-            elif v > self.hi[i]:
-                self.hi[i], self.hi_s[i] = v, step
-            return
-        if self.b and k < self.b[-1]:  # a step older than the last bucket (a resumed run): merged there
-            self._add_old(step, v, fin)
-            return
-        x = v if fin else math.nan
-        self.b.append(k)
-        self.lo.append(x)
-        self.hi.append(x)
-        self.lo_s.append(step)
-        self.hi_s.append(step)
-        self.last.append(v)
-        self.nonfinite.append(0 if fin else 1)
-        if len(self.b) > self.cap:
-            self.compact()
+        self._ps.append(step)
+        self._pv.append(v)
+        if len(self._ps) >= self.cap:
+            self._fold()
 
-    def _add_old(self, step: int, v: float, fin: bool) -> None:
-        import bisect
+    @property
+    def width(self) -> int:
+        """Steps per bucket."""
+        self._fold()
+        return self._w
 
-        k = step // self.width
-        i = max(0, min(bisect.bisect_right(self.b, k) - 1, len(self.b) - 1))
-        if not fin:
-            self.nonfinite[i] += 1
-        elif math.isnan(self.lo[i]) or v < self.lo[i]:
-            self.lo[i], self.lo_s[i] = v, step
-            if math.isnan(self.hi[i]):
-                self.hi[i], self.hi_s[i] = v, step
-        elif v > self.hi[i]:
-            self.hi[i], self.hi_s[i] = v, step
+    @property
+    def n(self) -> int:
+        """Points added."""
+        return self._folded + len(self._ps)
+
+    def _fold(self) -> None:
+        if not self._ps:
+            return
+        ps = np.array(self._ps, dtype=np.int64)
+        pv = np.array(self._pv, dtype=np.float64)
+        self._folded += len(ps)
+        self._ps, self._pv = array("q"), array("d")
+        fin = np.where(np.isfinite(pv), pv, np.nan)
+        new = {"b": ps // self._w, "lo": fin, "lo_s": ps, "hi": fin.copy(), "hi_s": ps.copy(), "last": pv,
+               "nf": (~np.isfinite(pv)).astype(np.int64)}
+        f = {k: np.concatenate((self._f[k], new[k])) for k in _FIELDS}
+        if len(f["b"]) > 1 and (f["b"][1:] < f["b"][:-1]).any():  # a step older than the last (a resumed run)
+            order = np.argsort(f["b"], kind="stable")
+            f = {k: v[order] for k, v in f.items()}
+        self._f = _regroup(f)
+        self._shrink()
+
+    def _shrink(self) -> None:
+        while len(self._f["b"]) > self.cap:
+            self._w *= 2
+            self._f = _regroup(dict(self._f, b=self._f["b"] // 2))
 
     def compact(self, cap: int | None = None) -> None:
         """Double the width until at most ``cap`` (default: own cap) buckets remain."""
         if cap is not None:
             self.cap = max(2, cap)
-        while len(self.b) > self.cap:
-            self.width *= 2
-            out = Buckets(self.cap)
-            out.width = self.width
-            for i in range(len(self.b)):
-                _merge_into(out, self.b[i] // 2, self.lo[i], self.lo_s[i], self.hi[i], self.hi_s[i], self.last[i], self.nonfinite[i])
-            for name in ("b", "lo", "hi", "lo_s", "hi_s", "last", "nonfinite"):
-                setattr(self, name, getattr(out, name))
+        self._fold()
+        self._shrink()
+
+    def _get(self, k: str) -> np.ndarray:
+        self._fold()
+        return self._f[k]
+
+    def __len__(self) -> int:
+        return len(self._get("b"))
+
+    lo = property(lambda self: self._get("lo"))
+    hi = property(lambda self: self._get("hi"))
+    last = property(lambda self: self._get("last"))
+    nonfinite = property(lambda self: self._get("nf"))
 
     def points(self, lo_step: int | None = None, hi_step: int | None = None) -> tuple[list[int], list[float | None]]:
         """Each bucket's minimum and maximum at their steps, in step order (one point when they
-        are at one step; None for a bucket of non-finite values only)."""
+        are at one step; None for a bucket of non-finite values only), those within
+        ``[lo_step, hi_step]``."""
+        f = self._in_range(lo_step, hi_step)
+        nan = np.isnan(f["lo"])
+        first = np.where(nan, f["b"] * self._w, np.minimum(f["lo_s"], f["hi_s"]))
+        a_s, a_v = np.where(f["lo_s"] <= f["hi_s"], f["lo_s"], f["hi_s"]), np.where(f["lo_s"] <= f["hi_s"], f["lo"], f["hi"])
+        b_s, b_v = np.where(f["lo_s"] <= f["hi_s"], f["hi_s"], f["lo_s"]), np.where(f["lo_s"] <= f["hi_s"], f["hi"], f["lo"])
         xs: list[int] = []
-        ys: list[float | None] = []
-        for i in range(len(self.b)):
-            a, b = (self.lo_s[i], self.lo[i]), (self.hi_s[i], self.hi[i])
-            if (lo_step is not None and max(a[0], b[0]) < lo_step) or (hi_step is not None and min(a[0], b[0]) > hi_step):
-                continue
-            if math.isnan(a[1]):
-                xs.append(self.b[i] * self.width)
+        ys: list = []
+        for i, (s1, v1, s2, v2) in enumerate(zip(a_s.tolist(), a_v.tolist(), b_s.tolist(), b_v.tolist())):
+            if nan[i]:
+                xs.append(int(first[i]))
                 ys.append(None)
                 continue
-            for s, v in sorted({a, b}):
-                xs.append(s)
-                ys.append(v)
+            for st, v in ((s1, v1), (s2, v2)) if s2 != s1 else ((s1, v1),):
+                if (lo_step is None or st >= lo_step) and (hi_step is None or st <= hi_step):
+                    xs.append(st)
+                    ys.append(v)
         return xs, ys
 
-    def buckets(self) -> Iterable[tuple]:
-        for i in range(len(self.b)):
-            yield self.b[i], self.lo[i], self.lo_s[i], self.hi[i], self.hi_s[i], self.last[i], self.nonfinite[i]
+    def _in_range(self, lo_step: int | None, hi_step: int | None) -> dict:
+        f = {k: self._get(k) for k in _FIELDS}
+        if lo_step is None and hi_step is None:
+            return f
+        first = np.minimum(f["lo_s"], f["hi_s"])
+        last = np.maximum(f["lo_s"], f["hi_s"])
+        keep = np.ones(len(first), bool)
+        if lo_step is not None:
+            keep &= last >= lo_step
+        if hi_step is not None:
+            keep &= first <= hi_step
+        return {k: v[keep] for k, v in f.items()}
 
     def nbytes(self) -> int:
-        return sum(a.itemsize * len(a) for a in (self.b, self.lo, self.hi, self.lo_s, self.hi_s, self.last,
-                                                   self.nonfinite))
-
-
-def _merge_into(out: Buckets, k: int, lo: float, lo_s: int, hi: float, hi_s: int, last: float, nf: int) -> None:
-    if out.b and out.b[-1] == k:
-        i = len(out.b) - 1
-        out.last[i] = last
-        out.nonfinite[i] += nf
-        if not math.isnan(lo) and (math.isnan(out.lo[i]) or lo < out.lo[i]):
-            out.lo[i], out.lo_s[i] = lo, lo_s
-        if not math.isnan(hi) and (math.isnan(out.hi[i]) or hi > out.hi[i]):
-            out.hi[i], out.hi_s[i] = hi, hi_s
-        return
-    out.b.append(k)
-    out.lo.append(lo)
-    out.hi.append(hi)
-    out.lo_s.append(lo_s)
-    out.hi_s.append(hi_s)
-    out.last.append(last)
-    out.nonfinite.append(nf)
+        return sum(v.nbytes for v in self._f.values()) + 8 * (len(self._ps) + len(self._pv))
 
 
 def merge_to(s: Buckets, n: int, lo_step: int | None = None, hi_step: int | None = None) -> Buckets:
     """``s`` within ``[lo_step, hi_step]`` in at most ``n`` buckets (min and max kept)."""
     out = Buckets(max(2, n))
-    out.width = s.width
-    for k, lo, lo_s, hi, hi_s, last, nf in s.buckets():
-        first = lo_s if not math.isnan(lo) else k * s.width
-        if (lo_step is not None and max(lo_s, hi_s, first) < lo_step) or (hi_step is not None and first > hi_step):
-            continue
-        _merge_into(out, k, lo, lo_s, hi, hi_s, last, nf)
-    out.compact()
+    out._w = s._w
+    out._f = s._in_range(lo_step, hi_step)
+    out._folded = s.n
+    out._shrink()
     return out
 
 
