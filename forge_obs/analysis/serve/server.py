@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from forge_obs.analysis.serve.api import Runs
 from forge_obs.analysis.serve.state import ServeConfig
 
 __all__ = ["ASSETS", "STATIC", "ServeServer", "is_loopback"]
+
+logger = logging.getLogger("forge_obs")
 
 STATIC = Path(__file__).resolve().parent / "static"
 #: URL path -> (file in static/, content type)
@@ -141,6 +144,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     do_POST = do_PUT = do_DELETE = do_PATCH = _refuse  # noqa: N815
 
 
+class _HTTPServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A browser that closed a connection (a page left, a chart no longer in view) is not an
+        error; anything else is logged once per request, with its traceback."""
+        import sys
+
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        logger.exception("forge-obs serve: a request from %s failed", client_address)
+
+
 class ServeServer:
     """``forge-obs serve``'s server on ``host`` (default 127.0.0.1), ``port`` 0: a free one."""
 
@@ -148,8 +164,7 @@ class ServeServer:
                  config: ServeConfig | None = None) -> None:
         self.runs = Runs(root, config)
         handler = type("Handler", (_Handler,), {"runs": self.runs, "hosts": set()})
-        self.httpd = http.server.ThreadingHTTPServer((host, port), handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _HTTPServer((host, port), handler)
         self.host, self.port = host, self.httpd.server_address[1]
         if is_loopback(host):
             handler.hosts = {f"{h}:{self.port}" for h in ("127.0.0.1", "localhost", "[::1]")}
