@@ -18,8 +18,8 @@ process (its RSS is that process's), measured over HTTP as the page calls it:
 - **server RSS** after all that, and its peak (VmHWM);
 - baseline, same machine, same file: one full re-read of ``metrics.jsonl`` (JSON-decoding every
   line), what a viewer without incremental tailing pays at every update.
-- with ``--browser`` (Chromium installed): headless Chromium from navigation to the overview's
-  charts drawn.
+- with ``--browser`` (Chromium installed): headless Chromium (already started) from navigation
+  to the overview's charts drawn.
 
     python bench/bench_serve.py                       # full size (generates ~1 GB under /tmp)
     python bench/bench_serve.py --steps 2000 --keys 200 --ranks 16
@@ -155,6 +155,7 @@ def browser_paint_s(url: str) -> float | None:
     if chromium_path() is None:
         return None
     with Browser(skip=False) as b:
+        b.open("about:blank")  # the browser's own start-up is not the page's
         t = time.perf_counter()
         page = b.open(url)
         page.wait_for("document.querySelectorAll('#overview .chart canvas').length >= 2", timeout_s=600)

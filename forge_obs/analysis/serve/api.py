@@ -129,6 +129,7 @@ class Runs:
         self._open: OrderedDict[str, tuple[RunState, _Findings]] = OrderedDict()
         self._lock = threading.Lock()
         self._trace = _TraceSlot()
+        self._info: dict[str, tuple] = {}  # run id -> (version, state, the last /api/run answer)
         self.poll_s = 0.25
         self._stop, self._wake = threading.Event(), threading.Event()
         self._reader = threading.Thread(target=self._read_on, name="forge_obs-serve-reader", daemon=True)
@@ -213,6 +214,9 @@ class Runs:
             return None
         st = ent[0]
         with st.lock:
+            cached = self._info.get(rid)
+            if cached is not None and cached[0] == st.version and cached[1] is st:  # nothing read since
+                return dict(cached[2], status=jsonable(st.status()), reading=_reading(st))
             keys = sorted(st.series)
             charts = [k for k in keys if st.dist_of(k) is None]
             groups: dict[str, list] = {}
@@ -223,7 +227,7 @@ class Runs:
             panels = [{"title": p.title, "keys": p.keys + ([p.total] if p.total else []), "stacked": p.stacked}
                       for p in overview_panels(charts)]
             meta = st.meta()
-            return jsonable({
+            out = jsonable({
                 "id": rid, "run_dir": str(st.run_dir), "status": st.status(), "version": st.version,
                 "last_step": st.last_step, "steps": len(st.steps), "t0": st.t0, "last_wall": st.last_wall,
                 "reading": _reading(st),
@@ -237,6 +241,8 @@ class Runs:
                 "policy_axis": any(v[1] is not None for v in st.steps.values()),
                 "malformed": st.malformed + st.metrics.malformed,
             })
+            self._info[rid] = (st.version, st, out)
+            return out
 
     def poll(self, rid: str) -> dict[str, Any] | None:
         ent = self.get(rid)

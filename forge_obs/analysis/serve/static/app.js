@@ -4,7 +4,7 @@
 
 const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
   "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"];
-const S = { run: null, info: null, version: -1, charts: new Map(), timer: null, observer: null,
+const S = { run: null, info: null, version: -1, charts: new Map(), byId: new Map(), timer: null, observer: null, groupObserver: null,
             x: "step", smooth: 0, drillStep: null, drillKeys: [] };
 window.forgeObs = S;  // for tests and the curious: the page's state
 
@@ -71,7 +71,9 @@ function stopRun() {
   S.timer = null;
   for (const c of S.charts.values()) if (c.u) c.u.destroy();
   S.charts.clear();
+  S.byId.clear();
   if (S.observer) S.observer.disconnect();
+  if (S.groupObserver) S.groupObserver.disconnect();
   S.run = null; S.info = null; S.version = -1;
   setStatus(null);
 }
@@ -160,26 +162,42 @@ function runLine(info) {
     " · " + info.run_dir + (info.malformed ? " · " + info.malformed + " malformed lines skipped" : "");
 }
 
+// A group's chart slots are made when the group comes near the viewport (a run with a thousand
+// keys does not build a thousand slots before drawing its first chart).
 function renderGroups(info) {
   const box = document.getElementById("groups");
+  if (!S.groupObserver) S.groupObserver = new IntersectionObserver((ents) => {
+    for (const e of ents) if (e.isIntersecting) fillGroup(e.target);
+  }, { rootMargin: "400px" });
   for (const g of info.groups) {
     let det = box.querySelector(`details[data-group="${CSS.escape(g.group)}"]`);
     if (!det) {
       det = el("details", { class: "group", "data-group": g.group }, el("summary", { text: g.group }),
         el("div", { class: "grid" }), el("div", { class: "flat" }));
       if (g.group !== "obs") det.open = true;
+      det.addEventListener("toggle", () => { S.groupObserver.unobserve(det); S.groupObserver.observe(det); });  // fill it if in view
       box.append(det);
+      S.groupObserver.observe(det);
     }
     det.querySelector("summary").textContent = g.group + " (" + g.keys.length + ")";
-    const grid = det.querySelector(".grid"), flat = det.querySelector(".flat");
-    const flats = [];
-    for (const k of g.keys) {
-      if (k.flat) { flats.push(k); continue; }
-      const id = (k.dist ? "d:" : "c:") + k.key;
-      if (!findChart(id)) addChart(grid, { id, title: k.key, keys: k.dist ? ["p50", "p90", "p99"].map((q) => k.key + "/" + q) : [k.key], kind: k.dist ? "dist" : "series" });
-    }
-    flat.replaceChildren(...flats.map((k) => el("span", {}, el("code", { text: k.key }), " = " + fmt(k.last) + "  ")));
+    det.groupKeys = g.keys;
+    if (det.filled) fillGroup(det);
+    else det.querySelector(".grid").style.minHeight = Math.ceil(g.keys.filter((k) => !k.flat).length / 2) * 210 + "px";  // its place until filled
   }
+}
+
+function fillGroup(det) {
+  if (!det.open || !det.groupKeys) return;
+  det.filled = true;
+  const grid = det.querySelector(".grid"), flat = det.querySelector(".flat");
+  grid.style.minHeight = "";
+  const flats = [];
+  for (const k of det.groupKeys) {
+    if (k.flat) { flats.push(k); continue; }
+    const id = (k.dist ? "d:" : "c:") + k.key;
+    if (!findChart(id)) addChart(grid, { id, title: k.key, keys: k.dist ? ["p50", "p90", "p99"].map((q) => k.key + "/" + q) : [k.key], kind: k.dist ? "dist" : "series" });
+  }
+  flat.replaceChildren(...flats.map((k) => el("span", {}, el("code", { text: k.key }), " = " + fmt(k.last) + "  ")));
 }
 
 function renderRanks(info) {
@@ -228,7 +246,7 @@ function stepLink(step) {
 }
 
 // ------------------------------------------------------------------ charts
-function findChart(id) { for (const c of S.charts.values()) if (c.id === id) return c; return null; }
+function findChart(id) { return S.byId.get(id) || null; }
 
 function addChart(parent, spec) {
   const box = el("div", { class: "chart", "data-kind": spec.kind, "data-title": spec.title },
@@ -236,6 +254,7 @@ function addChart(parent, spec) {
   parent.append(box);
   const c = Object.assign({ id: spec.id || "o:" + spec.title, box, visible: false, u: null, version: -1, loading: false }, spec);
   S.charts.set(box, c);
+  S.byId.set(c.id, c);
   S.observer.observe(box);
   return c;
 }
