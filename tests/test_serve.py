@@ -287,3 +287,16 @@ def test_cli_serve(tmp_path):
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=30)
     assert proc.returncode == 0
+
+
+def test_run_start_line_and_quiet(tmp_path, monkeypatch, capsys):
+    from forge_obs.backends.record import RunContext
+    from forge_obs.controller.logger import _announce
+
+    run = RunContext(run_id="x", run_dir=tmp_path / "runs" / "x")
+    monkeypatch.delenv("FORGE_OBS_QUIET", raising=False)
+    _announce(run)
+    assert capsys.readouterr().err == f"forge_obs: run x in {run.run_dir}; view live: forge-obs serve {tmp_path / 'runs'}\n"
+    monkeypatch.setenv("FORGE_OBS_QUIET", "1")
+    _announce(run)
+    assert capsys.readouterr().err == ""

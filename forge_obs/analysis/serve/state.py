@@ -104,7 +104,6 @@ class RunState:
         self._rank_cap = self.cfg.rank_points
         self._policy_keys: set[str] = set()
         self._n_rank = 0
-        self._seen_at = time.time()  # when a row last arrived
         self._meta: tuple[float, dict] = (-1.0, {})
         self._gone_at: tuple[float, str | None] = (-1e9, None)
 
@@ -136,7 +135,6 @@ class RunState:
                     got = True
             if got:
                 self.version += 1
-                self._seen_at = time.time()
             return got
         finally:
             self.lock.release()
