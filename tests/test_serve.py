@@ -300,3 +300,19 @@ def test_run_start_line_and_quiet(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FORGE_OBS_QUIET", "1")
     _announce(run)
     assert capsys.readouterr().err == ""
+
+
+def test_a_large_run_is_read_in_chunks_while_requests_are_answered(tmp_path):
+    make_run(tmp_path, "big", steps=600, ranks=4)
+    with ServeServer(tmp_path, config=ServeConfig(read_chunk_bytes=4096)).start() as srv:
+        first = _api(srv, "/api/run?id=big")
+        assert first["reading"] is not None and first["steps"] < 600  # answered before the run is read
+        deadline = time.monotonic() + 120
+        while _api(srv, "/api/poll?id=big")["reading"] is not None:
+            assert time.monotonic() < deadline
+            threading.Event().wait(0.05)
+        info = _api(srv, "/api/run?id=big")
+        assert info["steps"] == 600 and info["last_step"] == 599 and info["malformed"] == 0
+        st = srv.runs.get("big")[0]
+        assert st.series["trainer/loss"].n == 600  # every row once, whatever the chunks
+        assert all(s.n == 600 for s in st.rank_series["trainer/loss"].values())

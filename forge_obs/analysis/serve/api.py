@@ -166,7 +166,9 @@ class Runs:
                 while len(self._open) > self.max_open:
                     self._open.popitem(last=False)
             self._open.move_to_end(run_id)
-        ent[0].update(chunks=1, wait=False)  # a large run is read on by the reader thread
+        st = ent[0]
+        if st.metrics.offset or st.metrics.file_size() <= st.metrics.max_bytes:
+            st.update(chunks=1, wait=False)  # what was appended; a large run is read by the reader thread
         self._wake.set()
         return ent
 
@@ -355,7 +357,9 @@ class Runs:
 def _reading(st: RunState) -> dict[str, Any] | None:
     """How far a run being opened is read (None once it is read to its end)."""
     t = st.metrics
-    return {"bytes": t.offset, "of": t.size} if t.behind else None
+    if t.behind or (t.offset == 0 and t.file_size() > t.max_bytes):
+        return {"bytes": t.offset, "of": max(t.size, t.file_size())}
+    return None
 
 
 def _is_run(p: Path) -> bool:

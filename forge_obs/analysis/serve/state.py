@@ -68,6 +68,8 @@ class ServeConfig:
     stall_factor: float = 10.0
     #: bytes a step's rows may span in metrics.jsonl when read back for the drill-down
     max_step_bytes: int = 64 << 20
+    #: bytes read per chunk (requests are answered between chunks while a large run is read)
+    read_chunk_bytes: int = 2 << 20
 
 
 def read_meta(run_dir: Path) -> dict[str, Any]:
@@ -87,7 +89,7 @@ class RunState:
         self.run_dir = Path(run_dir)
         self.cfg = config or ServeConfig()
         self.lock = threading.RLock()
-        self.metrics = Tail(self.run_dir / "metrics.jsonl")
+        self.metrics = Tail(self.run_dir / "metrics.jsonl", self.cfg.read_chunk_bytes)
         self.alerts_tail = Tail(self.run_dir / "alerts.jsonl")
         self.series: dict[str, Buckets] = {}
         self.rank_series: dict[str, dict[str, Buckets]] = {}

@@ -30,7 +30,7 @@ _decode = json.JSONDecoder().raw_decode
 
 
 class Tail:
-    def __init__(self, path: Path, max_bytes: int = 4 << 20) -> None:
+    def __init__(self, path: Path, max_bytes: int = 2 << 20) -> None:
         self.path = path
         self.offset = 0  # bytes consumed: the start of the first line not yet yielded
         self.max_bytes = max_bytes
@@ -81,6 +81,13 @@ class Tail:
                     self.malformed += 1
                     continue
             yield off, value
+
+    def file_size(self) -> int:
+        """The file's size now (0 when it does not exist)."""
+        try:
+            return os.stat(self.path).st_size
+        except OSError:
+            return 0
 
     @property
     def behind(self) -> bool:
