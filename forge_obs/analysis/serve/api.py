@@ -75,12 +75,14 @@ def critical_path_at(run_dir: Path, step: int) -> dict[str, Any]:
 
 
 class _Findings:
-    """The doctor's findings of a run, computed on a thread when asked for and the run's files
-    changed (at most once per ``min_interval_s``); the last result is served meanwhile."""
+    """The doctor's findings of a run, computed (in a child process, watched by a thread) when
+    asked for and the run's files changed, at most once per ``min_interval_s``; the last result is
+    served meanwhile."""
 
-    def __init__(self, run_dir: Path, min_interval_s: float = 10.0) -> None:
+    def __init__(self, run_dir: Path, min_interval_s: float = 10.0, timeout_s: float = 600.0) -> None:
         self.run_dir = run_dir
         self.min_interval_s = min_interval_s
+        self.timeout_s = timeout_s
         self.result: dict[str, Any] = {"findings": [], "notes": [], "state": "not computed yet"}
         self._sig: Any = None
         self._busy = False
@@ -106,10 +108,18 @@ class _Findings:
             return dict(self.result, computing=self._busy)
 
     def _compute(self, sig: tuple) -> None:
-        try:
-            from forge_obs.analysis.doctor import diagnose_run
+        """``forge-obs doctor --json`` in a process of its own: its memory and CPU are not the
+        server's (a long run's doctor reads the whole run)."""
+        import json
+        import subprocess
+        import sys
 
-            d = diagnose_run(self.run_dir).to_dict()
+        try:
+            p = subprocess.run([sys.executable, "-m", "forge_obs.cli", "doctor", str(self.run_dir), "--json"],
+                               capture_output=True, text=True, timeout=self.timeout_s)
+            if p.returncode not in (0, 1):
+                raise RuntimeError((p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1])
+            d = json.loads(p.stdout)
             res = {"findings": jsonable(d["findings"]), "notes": jsonable(d["notes"]), "state": "ok"}
         except Exception as e:  # noqa: BLE001 - the page still works
             res = {"findings": [], "notes": [], "state": f"the doctor failed: {type(e).__name__}: {e}"}

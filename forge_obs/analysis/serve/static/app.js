@@ -226,6 +226,7 @@ function sampleTable(rows, caption) {
 
 async function refreshFindings() {
   if (!S.run) return;
+  S.findingsAt = Date.now();
   const d = await api("findings", { id: S.run });
   S.findings = d;
   const ul = document.getElementById("findings");
@@ -338,7 +339,7 @@ async function poll() {
       for (const p2 of info.panels) if (!findChart("o:" + p2.title)) addChart(document.getElementById("overview"), { title: p2.title, keys: p2.keys, kind: "series" });
       if (info.samples.length && !document.getElementById("samplekey")) renderSamples(info);
       for (const c of S.charts.values()) if (c.visible) loadChart(c);
-      if (alertsChanged) refreshFindings();
+      if (alertsChanged || Date.now() - (S.findingsAt || 0) > 10000) refreshFindings();  // the doctor re-reads at most every 10 s
     }
   } catch (e) { /* the server is gone or restarting: the status says so */ setStatus({ state: "unreachable", why: String(e.message) }); }
   finally { S.polling = false; }
