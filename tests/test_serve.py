@@ -251,9 +251,32 @@ def test_page_script_never_inserts_html():
     assert (STATIC / "uPlot.LICENSE").read_text().startswith("The MIT License")
 
 
-def test_markup_in_keys_labels_rows_and_alerts_is_inert_in_chromium(tmp_path):
+def _fake_critical_path(monkeypatch) -> None:
+    """``forge_obs.analysis.critical_path`` as the drill-down calls it (the module is another
+    branch's work): ``critical_path(run_dir, step)`` -> answer, stages, slack."""
+    import types
+
+    mod = types.ModuleType("forge_obs.analysis.critical_path")
+    mod.critical_path = lambda run_dir, step: {
+        "step": step, "answer": f"step {step}: <img src=z onerror=alert(5)> waited on trainer/r1 update",
+        "stages": [{"mesh": "trainer", "rank": 1, "name": "update", "path_s": 0.5, "share": 0.8, "wait": False}],
+        "slack": [{"mesh": "trainer", "rank": 0, "busy_s": 0.1, "waiting_s": 0.4, "idle_s": 0.0, "on_path_s": 0.0}]}
+    monkeypatch.setitem(sys.modules, "forge_obs.analysis.critical_path", mod)
+
+
+def test_critical_path_hook(tmp_path, monkeypatch):
+    make_run(tmp_path, "r1", steps=10)
+    with ServeServer(tmp_path).start() as srv:
+        assert _api(srv, "/api/step?id=r1&step=3")["critical_path"]["available"] in (False, True)
+        _fake_critical_path(monkeypatch)
+        cp = _api(srv, "/api/step?id=r1&step=3")["critical_path"]
+        assert cp["available"] and cp["path"]["step"] == 3 and cp["path"]["stages"][0]["name"] == "update"
+
+
+def test_markup_in_keys_labels_rows_and_alerts_is_inert_in_chromium(tmp_path, monkeypatch):
     from tests.browser import Browser
 
+    _fake_critical_path(monkeypatch)
     make_run(tmp_path, "r1", steps=30)
     with ServeServer(tmp_path).start() as srv, Browser() as b:
         page = b.open(srv.url + "#/run/r1")
@@ -265,6 +288,8 @@ def test_markup_in_keys_labels_rows_and_alerts_is_inert_in_chromium(tmp_path):
         page.evaluate("document.querySelector('#findings .alert button').click()")  # drill down from the alert
         page.wait_for("document.getElementById('drill-ranks') !== null")
         assert XSS_LABEL in page.evaluate("document.getElementById('drill-ranks').textContent")
+        path = page.wait_for("document.getElementById('drill-path')?.textContent")
+        assert "step 7: <img src=z onerror=alert(5)> waited on trainer/r1 update" in path and "80 %" in path
         assert page.evaluate("document.querySelectorAll('main img, aside img, main b, main script, aside script').length") == 0
         dialogs = [e for e in b.events if e.get("method") == "Page.javascriptDialogOpening"]
         assert dialogs == [] and page.errors == []

@@ -62,14 +62,15 @@ def named_keys(obj: Any, keys: "list[str]") -> list[str]:
 def critical_path_at(run_dir: Path, step: int) -> dict[str, Any]:
     """The step's critical path and slack, when :mod:`forge_obs.analysis.critical_path` exists.
 
-    The hook: ``critical_path(run_dir, step=step)`` returning a JSON-able dict (its spans along
-    the path, each with its slack); until that module exists the drill-down says "not available"."""
+    The hook: ``forge_obs.analysis.critical_path.critical_path(run_dir, step)``, a JSON-able dict
+    (``answer``, ``stages`` along the path, ``slack`` per process: the page draws these, any other
+    shape as JSON); until that module exists the drill-down says "not available"."""
     try:
         from forge_obs.analysis.critical_path import critical_path  # type: ignore[import-not-found]
     except ImportError:
         return {"available": False, "why": "critical-path analysis is not available in this version of forge_obs"}
     try:
-        return {"available": True, "path": jsonable(critical_path(run_dir, step=step))}
+        return {"available": True, "path": jsonable(critical_path(run_dir, step))}
     except Exception as e:  # noqa: BLE001 - the drill-down still shows the rest
         return {"available": False, "why": f"critical path failed: {type(e).__name__}: {e}"}
 

@@ -371,7 +371,7 @@ async function openDrill(step, keys) {
   const sk = Object.keys(d.samples);
   parts.push(sec("SAMPLE rows", sk.length ? sk.map((k) => sampleTable(d.samples[k], k)) : el("p", { class: "muted", text: "none at this step" })));
   const cp = d.critical_path;
-  parts.push(sec("critical path and slack", cp.available ? el("pre", { text: JSON.stringify(cp.path, null, 1) }) : el("p", { class: "muted", text: "not available: " + cp.why })));
+  parts.push(sec("critical path and slack", cp.available ? criticalPath(cp.path) : el("p", { class: "muted", text: "not available: " + cp.why })));
   const tl = el("div", {}, el("code", { text: d.trace_command }));
   const open = el("button", { text: "open this step in the Perfetto UI", onclick: async () => {
     const r = await api("perfetto", { id: S.run, step: d.step });
@@ -380,6 +380,20 @@ async function openDrill(step, keys) {
   } });
   parts.push(sec("timeline", open, tl));
   box.replaceChildren(...parts);
+}
+
+// The step's critical path (forge_obs.analysis.critical_path's result: answer, stages, slack);
+// any other shape is shown as its JSON.
+function criticalPath(r) {
+  if (!r || !Array.isArray(r.stages)) return el("pre", { text: JSON.stringify(r, null, 1) });
+  const table = (cols, rows) => el("table", {}, el("tr", {}, cols.map((c) => el("th", { text: c[0] }))),
+    rows.map((x) => el("tr", {}, cols.map((c) => el("td", { class: "num", text: c[1](x) })))));
+  const where = (x) => (x.mesh ?? "?") + "/r" + (x.rank ?? "?");
+  return el("div", { id: "drill-path" }, el("p", { text: r.answer || "" }),
+    table([["on the path (s)", (a) => fmt(a.path_s)], ["share", (a) => Math.round(100 * (a.share || 0)) + " %"],
+           ["where", where], ["span", (a) => a.name + (a.wait ? " (wait)" : "")]], r.stages.slice(0, 12)),
+    Array.isArray(r.slack) && r.slack.length ? table([["where", where], ["busy (s)", (x) => fmt(x.busy_s)],
+      ["waiting (s)", (x) => fmt(x.waiting_s)], ["idle (s)", (x) => fmt(x.idle_s)], ["on the path (s)", (x) => fmt(x.on_path_s)]], r.slack) : null);
 }
 
 // ------------------------------------------------------------------ controls
