@@ -71,6 +71,8 @@ def critical_path_at(run_dir: Path, step: int) -> dict[str, Any]:
         return {"available": False, "why": "critical-path analysis is not available in this version of forge_obs"}
     try:
         return {"available": True, "path": jsonable(critical_path(run_dir, step))}
+    except ValueError as e:  # e.g. no controller step span at this step
+        return {"available": False, "why": str(e)}
     except Exception as e:  # noqa: BLE001 - the drill-down still shows the rest
         return {"available": False, "why": f"critical path failed: {type(e).__name__}: {e}"}
 
