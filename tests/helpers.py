@@ -91,15 +91,21 @@ def rank_rows(tmp_path: Path, run_id: str = "t") -> list[dict[str, Any]]:
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def user_env(env: dict | None = None) -> dict:
+    """The environment a user's script runs with: forge_obs from this checkout, no forge_obs
+    switch inherited from the test process unless ``env`` sets it."""
+    full = {k: v for k, v in os.environ.items() if k not in ("FORGE_DISABLE_METRICS", "FORGE_OBS_RUN_ID", "FORGE_OBS_ROOT")}
+    full.update(PYTHONPATH=str(ROOT), MONARCH_FILE_LOG="error", **(env or {}))
+    return full
+
+
 def run_as_user(script: "str | Path", cwd: Path, *args: str, env: dict | None = None,
                 timeout: int = 300) -> subprocess.CompletedProcess:
     """``python script *args`` as a user runs it: a fresh process in ``cwd`` (not the repository,
     so nothing of the script is importable by its children), forge_obs from this checkout, and no
     forge_obs switch inherited from the test process unless ``env`` sets it. Fails the test with
     the output's tail when the script fails."""
-    full = {k: v for k, v in os.environ.items() if k not in ("FORGE_DISABLE_METRICS", "FORGE_OBS_RUN_ID", "FORGE_OBS_ROOT")}
-    full.update(PYTHONPATH=str(ROOT), MONARCH_FILE_LOG="error", **(env or {}))
-    res = subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=full, capture_output=True, text=True,
+    res = subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=user_env(env), capture_output=True, text=True,
                          timeout=timeout)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     return res

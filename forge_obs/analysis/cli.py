@@ -6,6 +6,7 @@
     forge-obs doctor runs/<run_id>             # findings; exit 1 when there are any
     forge-obs report runs/<run_id>             # self-contained HTML report
     forge-obs why    runs/<run_id> --step 37   # the step's critical path across actors, and slack
+    forge-obs serve  runs/                     # live local web view of every run (or runs/<run_id>)
 
 A subcommand is a ``run(args) -> exit code`` function registered with :func:`command` together
 with its help and its ``add_arguments``; :func:`forge_obs.cli.main` (the installed entry point)
@@ -13,7 +14,7 @@ builds the parser from :data:`COMMANDS` and turns a missing optional package int
 Heavy imports (duckdb, the doctor, the report) happen inside each subcommand.
 
     >>> sorted(COMMANDS)
-    ['doctor', 'report', 'show', 'sql', 'trace', 'why']
+    ['doctor', 'report', 'serve', 'show', 'sql', 'trace', 'why']
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import json
 import sys
 from pathlib import Path
 from typing import Callable
+
+from forge_obs.analysis.store import RUN_MARKERS
 
 __all__ = ["COMMANDS", "command", "SHOW_MODES", "RUN_MARKERS"]
 
@@ -74,10 +77,6 @@ def _show(args: argparse.Namespace) -> int:
 
 def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
-
-
-#: what makes a directory a run directory: any of these in it (or TorchTitan's own per-rank files)
-RUN_MARKERS = ("metrics.jsonl", "meta.json", "events", "structured_logs")
 
 
 def _titan_files(p: Path) -> list:
@@ -298,4 +297,39 @@ def _why(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     print(json.dumps(res, indent=2, default=str) if args.json else format_text(res))
+    return 0
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("runs", type=Path, nargs="?", default=Path("runs"), help="a runs root (default: runs) or one run directory")
+    p.add_argument("--port", type=int, default=8765, help="port (default 8765; a free one if taken)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1). There is no authentication: on a shared machine keep "
+                        "127.0.0.1 and reach it through an SSH tunnel")
+
+
+@command("serve", "a live local web view of the runs under a root (or of one run): charts, ranks, drill-down", _serve_args)
+def _serve_live(args: argparse.Namespace) -> int:
+    from forge_obs.analysis.serve import ServeServer
+    from forge_obs.analysis.serve.server import is_loopback
+
+    if not args.runs.is_dir():
+        print(f"forge-obs serve: {args.runs} is not a directory (pass a runs root such as runs/, or runs/<run_id>)",
+              file=sys.stderr)
+        return 2
+    if not is_loopback(args.host):
+        print(f"forge-obs serve: WARNING: binding {args.host}: anyone who can reach this address can read these runs "
+              "(there is no authentication). On a shared machine keep 127.0.0.1 and use an SSH tunnel.", file=sys.stderr)
+    try:
+        srv = ServeServer(args.runs, args.port, args.host)
+    except OSError:  # the port is taken: any free one
+        srv = ServeServer(args.runs, 0, args.host)
+    print(f"forge-obs serve: {args.runs.resolve()} on {srv.url}   (from another machine: "
+          f"ssh -L {srv.port}:127.0.0.1:{srv.port} <host>; Ctrl+C stops)", flush=True)
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.close()
     return 0

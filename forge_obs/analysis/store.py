@@ -22,7 +22,10 @@ from typing import Any, Callable, Iterator
 
 from forge_obs.analysis.jsonl import NOT_JSON, json_lines
 
-__all__ = ["metric_row_problem", "read_jsonl", "read_metrics"]
+__all__ = ["RUN_MARKERS", "metric_row_problem", "read_jsonl", "read_metrics"]
+
+#: what makes a directory a run directory: any of these in it
+RUN_MARKERS = ("metrics.jsonl", "meta.json", "events", "structured_logs")
 
 logger = logging.getLogger("forge_obs")
 

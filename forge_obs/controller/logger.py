@@ -422,6 +422,7 @@ class GlobalLoggingActor(Actor):
 
         if st.run is None or st.run.run_dir != run.run_dir:
             start_naming_run(LOCAL_MESHES.live_names())
+            _announce(run)
         st.run = run
         timeline = _timeline.controller_options(run.run_id, run.start_time, cfg.timeline)
         _timeline.configure(run.run_dir, dict(timeline, _ctl=True))
@@ -562,6 +563,17 @@ def _in_actor() -> bool:
         return context().actor_instance.actor_id.actor_name != "client"
     except Exception:  # noqa: BLE001
         return False
+
+
+def _announce(run: RunContext) -> None:
+    """One line on stderr when a run starts: where it is written and the command that shows it
+    live. ``FORGE_OBS_QUIET=1`` leaves it out."""
+    if env_flag("FORGE_OBS_QUIET"):
+        return
+    import sys
+
+    print(f"forge_obs: run {run.run_id} in {run.run_dir}; view live: forge-obs serve {run.run_dir.parent}",
+          file=sys.stderr, flush=True)
 
 
 def _mark_controller(process_name: str | None) -> None:

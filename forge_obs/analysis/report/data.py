@@ -32,6 +32,8 @@ __all__ = [
     "STEP_TOTAL_KEYS",
     "STEP_PART_PATTERNS",
     "is_distribution",
+    "flatten",
+    "overview_panels",
     "group_of",
     "group_sort_key",
     "Panel",
@@ -66,14 +68,15 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _flatten(key: str, v: Any, out: dict[str, float]) -> None:
+def flatten(key: str, v: Any, out: dict[str, float]) -> None:
+    """``v`` (a number, bool or nested dict of them) into ``out`` as ``key/...`` -> float."""
     if isinstance(v, bool):
         out[key] = float(v)
     elif _is_num(v):
         out[key] = float(v)
     elif isinstance(v, dict):
         for k, x in v.items():
-            _flatten(f"{key}/{k}", x, out)
+            flatten(f"{key}/{k}", x, out)
 
 
 def is_distribution(v: Any) -> bool:
@@ -90,6 +93,27 @@ def group_sort_key(g: str) -> tuple:
 
 def _finite(vals: list[float]) -> list[float]:
     return [v for v in vals if math.isfinite(v)]
+
+
+def overview_panels(keys: "list[str]") -> "list[Panel]":
+    """The run's story panels over global ``keys`` (``obs/`` keys left out): one per
+    :data:`OVERVIEW_PANELS` entry that matches a key, then the step-time breakdown."""
+    keys = [k for k in keys if not k.startswith("obs/")]
+    order = sorted(keys, key=lambda k: (group_sort_key(group_of(k)), k))
+    panels: list[Panel] = []
+    for title, pats in OVERVIEW_PANELS:
+        hit = [k for k in order if any(re.search(p, k) for p in pats)]
+        if hit:
+            panels.append(Panel(title, hit))
+    total = next((k for k in STEP_TOTAL_KEYS if k in keys), None)
+    parts: list[str] = []
+    for pat in STEP_PART_PATTERNS:
+        for k in order:
+            if k != total and k not in parts and re.search(pat, k):
+                parts.append(k)
+    if parts or total:
+        panels.append(Panel("step time breakdown (s)", parts, stacked=True, total=total))
+    return panels
 
 
 @dataclass
@@ -162,7 +186,7 @@ class RunData:
                 if is_distribution(v):
                     self.distributions.add(key)
                 flat: dict[str, float] = {}
-                _flatten(key, v, flat)
+                flatten(key, v, flat)
                 for k, x in flat.items():
                     self.series.setdefault(k, []).append((step, wall, x))
         elif mode == "per_rank_reduce":
@@ -172,7 +196,7 @@ class RunData:
                     v = v["p50"]
                     key = f"{key}/p50"
                 flat = {}
-                _flatten(key, v, flat)
+                flatten(key, v, flat)
                 for k, x in flat.items():
                     self.rank_series.setdefault(k, {}).setdefault(label, []).append((step, wall, x))
         elif mode == "per_rank_no_reduce":
@@ -253,21 +277,7 @@ class RunData:
 
     # ------------------------------------------------------------------ overview
     def overview(self) -> list[Panel]:
-        keys = [k for k in self.series if not k.startswith("obs/") and self.dist_of(k) is None]
-        panels: list[Panel] = []
-        for title, pats in OVERVIEW_PANELS:
-            hit = [k for k in keys if any(re.search(p, k) for p in pats)]
-            if hit:
-                panels.append(Panel(title, sorted(hit, key=lambda k: (group_sort_key(group_of(k)), k))))
-        total = next((k for k in STEP_TOTAL_KEYS if k in self.series), None)
-        parts = []
-        for pat in STEP_PART_PATTERNS:
-            for k in sorted(keys, key=lambda k: (group_sort_key(group_of(k)), k)):
-                if k != total and k not in parts and re.search(pat, k):
-                    parts.append(k)
-        if parts or total:
-            panels.append(Panel("step time breakdown (s)", parts, stacked=True, total=total))
-        return panels
+        return overview_panels([k for k in self.series if self.dist_of(k) is None])
 
     # ------------------------------------------------------------------ summaries
     def summary(self, key: str) -> dict[str, Any]:

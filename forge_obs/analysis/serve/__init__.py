@@ -1,0 +1,16 @@
+"""``forge-obs serve``: a live local web view of one run or of every run under a root.
+
+    forge-obs serve runs/            # every run under runs/, on http://127.0.0.1:<port>/
+    forge-obs serve runs/<run_id>    # one run
+
+The server (:mod:`.server`, the standard library's ``ThreadingHTTPServer``) reads each run's files
+incrementally and holds bounded, downsampled series (:mod:`.state`, :mod:`.series`); the page
+(``static/``: its own small script and uPlot, vendored from its npm release, so it works offline)
+polls it once a second and draws only the charts in view. See docs/serve.md.
+"""
+
+from forge_obs.analysis.serve.api import Runs
+from forge_obs.analysis.serve.server import ServeServer
+from forge_obs.analysis.serve.state import RunState, ServeConfig
+
+__all__ = ["Runs", "RunState", "ServeConfig", "ServeServer"]

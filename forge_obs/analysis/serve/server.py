@@ -1,0 +1,197 @@
+"""The HTTP server of ``forge-obs serve``: the page, its assets and the JSON API, read-only.
+
+    from forge_obs.analysis.serve import ServeServer
+    with ServeServer("runs") as srv:          # 127.0.0.1, a free port (or port=8765)
+        print(srv.url)
+        srv.serve_forever()
+
+Only ``GET`` (and ``HEAD``) are answered. The page and its assets are a fixed set of files of
+this package (:data:`ASSETS`), looked up by name, never joined to a request's path; a run is
+named by its id, which must be a directory listed directly under the runs root
+(:meth:`~forge_obs.analysis.serve.api.Runs.path`): ``..``, absolute paths, encoded variants and
+symbolic links lead nowhere (404). Requests whose ``Host`` is not this server's own address are
+refused (403) on loopback, so a web page elsewhere cannot read the API through DNS rebinding.
+The page's policy (``Content-Security-Policy``) runs only its own scripts.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from forge_obs.analysis.serve.api import Runs
+from forge_obs.analysis.serve.state import ServeConfig
+
+__all__ = ["ASSETS", "STATIC", "ServeServer", "is_loopback"]
+
+logger = logging.getLogger("forge_obs")
+
+STATIC = Path(__file__).resolve().parent / "static"
+#: URL path -> (file in static/, content type)
+ASSETS = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/static/app.css": ("app.css", "text/css; charset=utf-8"),
+    "/static/uPlot.iife.min.js": ("uPlot.iife.min.js", "text/javascript; charset=utf-8"),
+    "/static/uPlot.min.css": ("uPlot.min.css", "text/css; charset=utf-8"),
+}
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+       "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("127.0.0.1", "::1", "localhost") or host.startswith("127.")
+
+
+def _int(q: dict, name: str, default: int | None = None) -> int | None:
+    v = q.get(name, [None])[0]
+    if v in (None, ""):
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise _BadRequest(f"{name} must be an integer") from None
+
+
+class _BadRequest(ValueError):
+    pass
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server_version = "forge-obs-serve"
+    runs: Runs
+    hosts: set
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
+        pass
+
+    def _send(self, code: int, body: bytes, ctype: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Content-Security-Policy", CSP)
+        self.send_header("Referrer-Policy", "no-referrer")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, obj: Any, code: int = 200) -> None:
+        self._send(code, json.dumps(obj, allow_nan=False).encode(), "application/json")
+
+    def _error(self, code: int, why: str) -> None:
+        self._json({"error": why}, code)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self.do_GET()
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        host = (self.headers.get("Host") or "").lower()
+        if self.hosts and host not in self.hosts:
+            return self._error(403, "unknown Host")
+        url = urlsplit(self.path)
+        asset = ASSETS.get(url.path)
+        if asset is not None:
+            return self._send(200, (STATIC / asset[0]).read_bytes(), asset[1])
+        if not url.path.startswith("/api/"):
+            return self._error(404, "not found")
+        try:
+            out = self._api(url.path[5:], parse_qs(url.query))
+        except _BadRequest as e:
+            return self._error(400, str(e))
+        if out is None:
+            return self._error(404, "no such run or endpoint")
+        self._json(out)
+
+    def _api(self, name: str, q: dict) -> Any:
+        runs = self.runs
+        rid = q.get("id", [None])[0]
+        n, axis = _int(q, "n", 800), q.get("x", ["step"])[0]
+        if axis not in ("step", "wall", "policy"):
+            raise _BadRequest("x must be step, wall or policy")
+        lo, hi = _int(q, "lo"), _int(q, "hi")
+        if name == "runs":
+            return runs.runs()
+        if name == "run":
+            return runs.info(rid)
+        if name == "poll":
+            return runs.poll(rid)
+        if name == "series":
+            return runs.series(rid, q.get("k", []), n, axis, lo, hi)
+        if name == "ranks":
+            return runs.ranks(rid, q.get("k", [""])[0], n, axis, lo, hi)
+        if name == "step":
+            return runs.step(rid, _int(q, "step", 0))
+        if name == "findings":
+            return runs.findings(rid)
+        if name == "samples":
+            return runs.samples(rid, q.get("k", [""])[0])
+        if name == "compare":
+            return runs.compare(q.get("a", [None])[0], q.get("b", [None])[0])
+        if name == "perfetto":
+            return runs.perfetto(rid, _int(q, "step", 0))
+        return None
+
+    def _refuse(self) -> None:
+        self._error(405, "read-only: only GET")
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = _refuse  # noqa: N815
+
+
+class _HTTPServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A browser that closed a connection (a page left, a chart no longer in view) is not an
+        error; anything else is logged once per request, with its traceback."""
+        import sys
+
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        logger.exception("forge-obs serve: a request from %s failed", client_address)
+
+
+class ServeServer:
+    """``forge-obs serve``'s server on ``host`` (default 127.0.0.1), ``port`` 0: a free one."""
+
+    def __init__(self, root: "str | Path", port: int = 0, host: str = "127.0.0.1",
+                 config: ServeConfig | None = None) -> None:
+        self.runs = Runs(root, config)
+        handler = type("Handler", (_Handler,), {"runs": self.runs, "hosts": set()})
+        self.httpd = _HTTPServer((host, port), handler)
+        self.host, self.port = host, self.httpd.server_address[1]
+        if is_loopback(host):
+            handler.hosts = {f"{h}:{self.port}" for h in ("127.0.0.1", "localhost", "[::1]")}
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{'127.0.0.1' if self.host in ('', '0.0.0.0') else self.host}:{self.port}/"
+
+    def serve_forever(self) -> None:
+        self.httpd.serve_forever()
+
+    def start(self) -> "ServeServer":
+        """Serve from a background thread."""
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="forge_obs-serve", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self.httpd.shutdown()
+            self._thread.join(timeout=10)
+        self.httpd.server_close()
+        self.runs.close()
+
+    def __enter__(self) -> "ServeServer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
