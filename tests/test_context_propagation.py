@@ -5,6 +5,7 @@ link where inference alone names another process. Real Monarch meshes, a user's 
 
 from __future__ import annotations
 
+import contextvars
 import json
 
 from forge_obs.analysis.critical_path import analyse
@@ -44,6 +45,8 @@ def test_linked_calls_from_a_users_script(tmp_path):
     assert by["unlinked"][0].caller is None and by["unlinked"][0].link is None
     assert by["sync_linked"][0].caller.name == "ctl_sync"
     assert by["sync_unlinked"][0].caller is None and by["sync_unlinked"][0].link is None
+    (leaf,) = by["nested_leaf"]  # a mesh process's call, under its span, to another actor
+    assert leaf.caller.name == "relay" and leaf.caller.stream.mesh == "workers" and by["relay"][0].caller is None
     gen = {s.stream.rank: s for s in by["generate"]}
     assert gen[0].caller.name == "ctl_step" and gen[1].caller is None
 
@@ -68,7 +71,10 @@ def test_call_link_only_under_a_span(tmp_path):
             with tl.record_span("inner"):
                 link = tl.call_link()
             assert type(link) is str and tl.call_link() != link
+            task_ctx = contextvars.copy_context()  # what a task created here inherits
+            assert type(task_ctx.run(tl.call_link)) is str
         assert tl.call_link() is None
+        assert task_ctx.run(tl.call_link) is None  # a task that outlived the span: no longer under it
         # a handler's incoming link marks its top-level spans only
         tl.set_incoming(link, None)
         with tl.record_span("callee"):

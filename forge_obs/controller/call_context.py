@@ -27,7 +27,7 @@ import logging
 import threading
 from typing import Any
 
-from forge_obs.recording.timeline import _cur, _incoming_check, call_link, set_incoming
+from forge_obs.recording.timeline import _cur, _incoming_check, _Span, call_link, set_incoming
 
 __all__ = ["install", "uninstall", "installed"]
 
@@ -99,7 +99,7 @@ def install() -> bool:
     @functools.wraps(orig_check)
     def check(method_name: Any, signature: Any, args: Any, kwargs: Any) -> Any:
         out = orig_check(method_name, signature, args, kwargs)
-        if type(_cur.get()) is int and type(args) is tuple and not isinstance(method_name, init):
+        if type(_cur.get()) is _Span and type(args) is tuple and not isinstance(method_name, init):
             link = call_link()
             if link is not None:
                 _pending.args, _pending.link = args, link

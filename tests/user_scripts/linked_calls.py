@@ -62,6 +62,13 @@ class Worker(Actor):
         return tag
 
     @endpoint
+    async def relay(self, leaf) -> None:
+        from forge_obs.recording.timeline import record_span
+
+        with record_span("relay"):  # a call made from a mesh process, under its span
+            await leaf.work.call_one("nested_leaf")
+
+    @endpoint
     async def plain(self) -> None:
         from forge_obs.recording.timeline import record_span
 
@@ -129,6 +136,7 @@ async def main(root: str) -> None:
     with record_span("ctl_sync"):
         await sw.work.call_one("sync_linked")
     await sw.work.call_one("sync_unlinked")  # the same thread handles it: no link left over
+    await w.relay.call_one(sw)
     print(json.dumps({"check": "concurrent", "tags": tags}))
 
     set_step(1)

@@ -80,8 +80,9 @@ _proc_step: list = [None]  # process-wide step (last set_step anywhere in the pr
 _lanes: dict[int, int] = {}
 _lane_lock = threading.Lock()
 
-#: this context's innermost open span: its track (an int); or, in a message handler before any
-#: span opened, the caller's link (a tuple ``(link id, message token)``, :func:`set_incoming`)
+#: this context's innermost open span (a ``_Span``; a task created in it inherits it, and a span
+#: that ended is no longer open: its ``sid`` is 0); or, in a message handler before any span
+#: opened, the caller's link (a tuple ``(link id, message token)``, :func:`set_incoming`)
 _cur: ContextVar[Any] = ContextVar("forge_obs_timeline_cur", default=None)
 #: ``check(token)``: whether a link's message token is the message being handled (set by the
 #: layer that knows the message; without one, a link holds for its context)
@@ -166,7 +167,7 @@ def _extras(flow: Any, attrs: dict | None) -> dict | None:
 class _Span:
     """A span: context manager, and decorator of sync/async functions (a fresh span per call)."""
 
-    __slots__ = ("name", "extras", "to_metrics", "sid", "t0", "tok")
+    __slots__ = ("name", "extras", "to_metrics", "sid", "t0", "tok", "lane")
 
     def __init__(self, name: str, extras: dict | None, to_metrics: bool) -> None:
         self.name = name
@@ -186,7 +187,8 @@ class _Span:
             cur = _cur.get()
             if cur is not None and type(cur) is tuple:
                 ex = _linked(ex, cur)
-            self.tok = _cur.set(lane)
+            self.lane = lane
+            self.tok = _cur.set(self)
             t = _clock_ns()
             self.t0 = t
             _append((K_BEGIN, sid, t, lane, self.name, step, ex))
@@ -245,14 +247,14 @@ def _linked(ex: dict | None, incoming: tuple) -> dict | None:
 
 def call_link() -> str | None:
     """A message is being sent: when a span is open in this context, a new link id, written as
-    an ``"call"`` instant event (extras ``{"p": id}``) on the open span's track at this moment,
-    so that the span that waits is found in the timeline; None outside any span (one context
-    variable read)."""
-    lane = _cur.get()
-    if type(lane) is not int or not _ON:
+    a ``"call"`` instant event (extras ``{"p": id}``) on the open span's track at this moment,
+    so that the span that waits is found in the timeline; None outside any span, or in a task
+    that outlived the span it was created in (one context variable read)."""
+    span = _cur.get()
+    if type(span) is not _Span or not span.sid or not _ON:
         return None
     link = _link_prefix + str(_next_link())
-    _append((K_EVENT, _next_id(), _clock_ns(), lane, "call", _step(), {"p": link}))
+    _append((K_EVENT, _next_id(), _clock_ns(), span.lane, "call", _step(), {"p": link}))
     return link
 
 
