@@ -117,7 +117,10 @@ def apply_options(options: dict[str, Any] | None, timeline: bool = True) -> None
             from forge_obs.recording.timeline.writer import configure_from_push
 
             tl = options.get("timeline")
-            configure_from_push(options.get("run_dir") if tl is not None else None, tl or {})
+            if configure_from_push(options.get("run_dir") if tl is not None else None, tl or {}):
+                from forge_obs.controller.call_context import install as _link_calls
+
+                _link_calls()
     except Exception as e:  # noqa: BLE001 - configuration never breaks a process
         logger.error("forge_obs: could not apply options %r: %r", options, e)
 

@@ -425,7 +425,10 @@ class GlobalLoggingActor(Actor):
             _announce(run)
         st.run = run
         timeline = _timeline.controller_options(run.run_id, run.start_time, cfg.timeline)
-        _timeline.configure(run.run_dir, dict(timeline, _ctl=True))
+        if _timeline.configure(run.run_dir, dict(timeline, _ctl=True)):
+            from forge_obs.controller.call_context import install as _link_calls
+
+            _link_calls()
         pipeline = FlushPipeline(backends, run.run_id, cfg.flush_timeout_s, st.process_name, st.book,
                                  shutdown_timeout_s=cfg.shutdown_timeout_s, queue_steps=cfg.backend_queue_steps)
         st.aggregate = cfg.aggregate

@@ -20,6 +20,9 @@ A *link* is what makes one span depend on another (docs/timeline.md, "Critical p
 - **nested**: a span inside another on the same track (one thread or asyncio task) of one process;
 - **flow**: spans that share a ``flow=`` id, in the order they started (a message is received
   after it is sent, whatever the clocks say);
+- **call**: a span opened while a Monarch endpoint call made under another span was handled (the
+  call carried the caller's context, :mod:`forge_obs.controller.call_context`): the callee's span is
+  a child of the caller's span that was open on the caller's track when the call was sent;
 - **inferred**: a track's top-level span in another process that ran inside a controller span
   with no other explanation for that time (the controller awaited it).
 """
@@ -32,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from forge_obs.analysis import reader
-from forge_obs.analysis.reader import OPEN, SPAN, STEP
+from forge_obs.analysis.reader import INSTANT, OPEN, SPAN, STEP
 
 __all__ = ["Span", "Graph", "Window", "load", "roots_between"]
 
@@ -41,7 +44,7 @@ class Span:
     """One span: times in epoch µs (clock-offset corrected), ``dur`` measured on one clock."""
 
     __slots__ = ("stream", "host", "lane", "name", "step", "start", "end", "dur", "flow", "unfinished",
-                 "parent", "children", "waits", "index")
+                 "parent", "children", "waits", "index", "link", "caller", "called")
 
     def __init__(self, stream: reader.Stream, lane: int, name: str, step: Any, start: int, dur: int,
                  flow: Any, unfinished: bool) -> None:
@@ -53,6 +56,9 @@ class Span:
         self.children: list[Span] = []
         self.waits = -1  # µs of its children that wait on others (computed on demand)
         self.index = 0
+        self.link: Any = None  # the id of the call whose handling opened it (extras "p")
+        self.caller: Span | None = None  # the span that made that call (link "call")
+        self.called: list = []  # spans opened by calls made under this span
 
     def __repr__(self) -> str:
         return f"<{self.stream.label} {self.name} {self.start}+{self.dur}>"
@@ -101,6 +107,11 @@ def _flow_key(ex: Any) -> Any:
     return f if isinstance(f, (str, int)) else repr(f)
 
 
+def _link_key(ex: Any) -> Any:
+    p = ex.get("p") if ex else None
+    return p if type(p) is str else None
+
+
 def load(run_dir: "str | Path") -> Graph:
     """One pass over the run's timeline files: spans nested per track, flows, step windows. The
     steps are the controller's (the process whose header says ``ctl``); without one (a plain
@@ -108,6 +119,7 @@ def load(run_dir: "str | Path") -> Graph:
     run = reader.scan(run_dir)
     g = Graph(run=run)
     opens: list = []
+    calls: dict[str, tuple] = {}  # link id -> (stream, lane, ts) of the "call" event
     steps: dict[int, int] = {}
     g.ctl = {id(st) for st in run.streams.values() if st.header.get("ctl")}
     if not g.ctl and run.streams:  # a standalone script, or an SPMD job: its (first) rank 0 steps
@@ -117,15 +129,21 @@ def load(run_dir: "str | Path") -> Graph:
         k = it[0]
         if k is SPAN:
             _k, st, lane, name, step, ts, dur, ex = it
-            g.spans.append(Span(st, lane, name, step, ts, max(dur, 0), _flow_key(ex), False))
+            g.spans.append(s := Span(st, lane, name, step, ts, max(dur, 0), _flow_key(ex), False))
+            s.link = _link_key(ex)
+        elif k is INSTANT:
+            if it[3] == "call" and (link := _link_key(it[6])) is not None:
+                calls[link] = (it[1], it[2], it[5])
         elif k is OPEN:
             opens.append(it)
         elif k is STEP and id(it[1]) in g.ctl and it[3] is not None:
             steps.setdefault(it[3], it[4])
     g.end = reader.run_end(run) or 0
     for _k, st, lane, name, step, ts, ex in opens:
-        g.spans.append(Span(st, lane, name, step, ts, max(g.end - ts, 0), _flow_key(ex), True))
+        g.spans.append(s := Span(st, lane, name, step, ts, max(g.end - ts, 0), _flow_key(ex), True))
+        s.link = _link_key(ex)
     _nest(g)
+    _calls(g, calls)
     for s in g.spans:
         if s.flow is not None:
             g.flows.setdefault(s.flow, []).append(s)
@@ -150,6 +168,30 @@ def _nest(g: Graph) -> None:
         stack.append(s)
     g.roots.sort(key=lambda s: s.end)
     g.root_ends = [s.end for s in g.roots]
+
+
+def _calls(g: Graph, calls: dict) -> None:
+    """Each span opened by a linked call gets its caller: the innermost span open on the
+    caller's track when the call was sent (an exact link; none if no span contains the send)."""
+    linked = [s for s in g.spans if s.link is not None and s.link in calls]
+    if not linked:
+        return
+    tracks: dict[tuple, list] = {}
+    for s in g.spans:  # by start
+        tracks.setdefault((id(s.stream), s.lane), []).append(s)
+    starts = {k: [s.start for s in v] for k, v in tracks.items()}
+    for s in linked:
+        st, lane, ts = calls[s.link]
+        key = (id(st), lane)
+        if key not in tracks:
+            continue
+        i = bisect.bisect_right(starts[key], ts) - 1
+        c = tracks[key][i] if i >= 0 else None
+        while c is not None and c.end < ts:
+            c = c.parent
+        if c is not None and c is not s:
+            s.caller = c
+            c.called.append(s)
 
 
 def _windows(g: Graph, steps: dict[int, int]) -> list:

@@ -7,12 +7,14 @@ dependency explains is the span's own (``self``). Dependencies, in the order the
 
 1. after a dependency reached by a flow (or inferred), the flow's previous point: what that
    span waited for (a rollout's ``buffer_add`` waited for its ``reference_logprobs``, ...);
-2. exact links: the span's children on its own track, and spans of other tracks or processes
+2. exact links: the span's children on its own track, the spans opened by endpoint calls made
+   under it (link ``call``: the call carried its context), and spans of other tracks or processes
    that share its flow id and ran within it;
 3. inferred (controller spans only): a top-level span of another track or process that ran
    entirely inside a stretch of the controller span that 1. and 2. leave unexplained (or, for
    the stretch from the step's start, ended inside it: work carried over from the previous
-   step), unless its flow ties it to another step's controller span that it started during.
+   step), unless its flow ties it to another step's controller span that it started during, or
+   a call's context ties it to its caller (an exact link is never replaced by an inferred one).
 
 Among spans of one mesh that finished together (a collective: every rank leaves the all-reduce
 at once), the one that spent least in waits (``wait_spans``) is on the path: the straggler the
@@ -62,7 +64,7 @@ class PathConfig:
 @dataclass(slots=True)
 class Segment:
     """``[start, end]`` (µs, in causal order) of the path spent in ``span`` itself; ``link``:
-    how the walk reached ``span`` (``root``, ``nested``, ``flow``, ``inferred``, ``collective``)."""
+    how the walk reached ``span`` (``root``, ``nested``, ``call``, ``flow``, ``inferred``, ``collective``)."""
 
     span: Span
     start: int
@@ -110,7 +112,8 @@ class Walker:
             how = "flow"
             if d is None:
                 d = self._pick(exact, t, lo, node, shift)
-                how = "nested" if d is not None and (d.parent is node or node.lane == -1) else "flow"
+                how = "nested" if d is not None and (d.parent is node or node.lane == -1) else \
+                    "call" if d is not None and d.caller is node else "flow"
                 gap_lo = self._end(d, node, shift) if d is not None else lo
                 if self.g.awaits(node):
                     early = gap_lo <= lo <= self.win_lo + self.tie and self._steps_track(node)
@@ -172,6 +175,7 @@ class Walker:
 
     def _exact(self, node: Span, lo: int, hi: int, shift: int) -> list:
         out = list(node.children)
+        out += node.called
         if node.flow is not None:
             for s in self.g.flows.get(node.flow, ()):
                 if s is node or (s.stream is node.stream and s.lane == node.lane):
@@ -194,7 +198,7 @@ class Walker:
         ids = {id(a) for a in anc}
         out = []
         for s in roots_between(self.g, lo - self.skew, hi + self.skew):
-            if id(s) in ids or (s.stream is node.stream and s.lane == node.lane):
+            if id(s) in ids or (s.stream is node.stream and s.lane == node.lane) or s.caller is not None:
                 continue
             owner = self.step_flows.get(s.flow)
             if owner is not None and owner not in anc and s.start <= owner.end + self._tol(s, owner):

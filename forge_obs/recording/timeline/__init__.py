@@ -30,6 +30,7 @@ import functools
 import inspect
 import itertools
 import json
+import secrets
 import sys
 import threading
 import time
@@ -52,6 +53,8 @@ __all__ = [
     "flush",
     "close",
     "is_enabled",
+    "call_link",
+    "set_incoming",
 ]
 
 #: the timeline is off for the whole process (read once)
@@ -76,6 +79,16 @@ _step_var: ContextVar[int | None] = ContextVar("forge_obs_timeline_step", defaul
 _proc_step: list = [None]  # process-wide step (last set_step anywhere in the process)
 _lanes: dict[int, int] = {}
 _lane_lock = threading.Lock()
+
+#: this context's innermost open span (a ``_Span``; a task created in it inherits it, and a span
+#: that ended is no longer open: its ``sid`` is 0); or, in a message handler before any span
+#: opened, the caller's link (a tuple ``(link id, message token)``, :func:`set_incoming`)
+_cur: ContextVar[Any] = ContextVar("forge_obs_timeline_cur", default=None)
+#: ``check(token)``: whether a link's message token is the message being handled (set by the
+#: layer that knows the message; without one, a link holds for its context)
+_incoming_check: list = [None]
+_link_prefix = f"{secrets.token_hex(4)}."
+_next_link = itertools.count(1).__next__
 
 
 def _new_lane(key: int, task: Any) -> int:
@@ -154,7 +167,7 @@ def _extras(flow: Any, attrs: dict | None) -> dict | None:
 class _Span:
     """A span: context manager, and decorator of sync/async functions (a fresh span per call)."""
 
-    __slots__ = ("name", "extras", "to_metrics", "sid", "t0")
+    __slots__ = ("name", "extras", "to_metrics", "sid", "t0", "tok", "lane")
 
     def __init__(self, name: str, extras: dict | None, to_metrics: bool) -> None:
         self.name = name
@@ -169,9 +182,16 @@ class _Span:
             step = _step_var.get()
             if step is None:
                 step = _proc_step[0]
+            lane = _lane()
+            ex = self.extras
+            cur = _cur.get()
+            if cur is not None and type(cur) is tuple:
+                ex = _linked(ex, cur)
+            self.lane = lane
+            self.tok = _cur.set(self)
             t = _clock_ns()
             self.t0 = t
-            _append((K_BEGIN, sid, t, _lane(), self.name, step, self.extras))
+            _append((K_BEGIN, sid, t, lane, self.name, step, ex))
         return self
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
@@ -179,6 +199,10 @@ class _Span:
         if sid:
             t = _clock_ns()
             self.sid = 0
+            try:
+                _cur.reset(self.tok)
+            except ValueError:  # ended in another context than it began in: that one keeps its mark
+                pass
             _append((K_END, sid, t, None if ev is None else _err(et, ev)))
             if self.to_metrics:
                 _span_metric(self.name, (t - self.t0) / 1e9)
@@ -206,6 +230,40 @@ class _Span:
                 return fn(*args, **kwargs)
 
         return wrapper
+
+
+def _linked(ex: dict | None, incoming: tuple) -> dict | None:
+    """``ex`` plus the caller's link ``"p"`` when ``incoming`` belongs to the message being handled."""
+    check = _incoming_check[0]
+    try:
+        if check is not None and not check(incoming[1]):
+            return ex
+    except Exception:  # noqa: BLE001 - a link is never worth a failed span
+        return ex
+    d = dict(ex) if ex else {}
+    d["p"] = incoming[0]
+    return d
+
+
+def call_link() -> str | None:
+    """A message is being sent: when a span is open in this context, a new link id, written as
+    a ``"call"`` instant event (extras ``{"p": id}``) on the open span's track at this moment,
+    so that the span that waits is found in the timeline; None outside any span, or in a task
+    that outlived the span it was created in (one context variable read)."""
+    span = _cur.get()
+    if type(span) is not _Span or not span.sid or not _ON:
+        return None
+    link = _link_prefix + str(_next_link())
+    _append((K_EVENT, _next_id(), _clock_ns(), span.lane, "call", _step(), {"p": link}))
+    return link
+
+
+def set_incoming(link: Any, token: Any = None) -> None:
+    """The message being handled in this context was sent under the caller's span ``link``
+    (:func:`call_link`): the spans that open here at top level carry ``"p": link``. ``token``
+    identifies the message (checked by the hook in ``_incoming_check``)."""
+    if type(link) is str:
+        _cur.set((link, token))
 
 
 _torch_loaded = [False]  # refreshed by the writer thread: keeps the torch check off the hot path

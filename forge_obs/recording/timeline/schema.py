@@ -17,6 +17,9 @@ integer microseconds relative to the header's ``t0`` (epoch µs), ``step`` is an
     ["E", 17, 9000]                          ... and ended later (optionally {"e": error}, or
                                              {"x": "shutdown"}: cut short by a clean close)
     ["I", 5100, 0, 2, 43, {"f": "ep-7"}]     instant event: ts, track, name, step[, extras]
+    ["I", 5100, 0, 3, 43, {"p": "9f3a.7"}]   "call": an endpoint call sent under the open span of
+                                             track 0; the callee's top-level spans of that call
+                                             carry {"p": "9f3a.7"} in their extras (the link)
     ["S", 5000, 0, 43]                       set_step(43)
     ["T", 5000, 0, 43, "eval"]               add_step_tag("eval") at step 43
     ["M", {"actor": "TrainActor"}]           identity update (the actor name is learnt late)
