@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import subprocess
 import sys
+import time
 
 from pathlib import Path
 from typing import Any
@@ -73,6 +76,17 @@ async def start_logger(tmp_path: Path, config: dict[str, Any] | None = None, run
     return mlogger
 
 
+async def until_no_rank_lags(timeout_s: float = 30.0) -> None:
+    """Wait until the controller (this process) takes no rank for lagging: a rank that missed a
+    cut and came back has had its late answer taken, so the next cut waits for it again."""
+    from forge_obs.controller.logger import _STATE
+
+    deadline = time.monotonic() + timeout_s
+    while _STATE.pipeline is not None and _STATE.pipeline.lagging:
+        assert time.monotonic() < deadline, f"ranks still lagging after {timeout_s} s: {_STATE.pipeline.lagging}"
+        await asyncio.sleep(0.01)
+
+
 def aggregating() -> bool:
     """Whether this run forces the aggregated route (``FORGE_OBS_AGGREGATE=on``: every mesh's
     ranks on a host answer through one leader, its highest live rank)."""
@@ -99,13 +113,39 @@ def user_env(env: dict | None = None) -> dict:
     return full
 
 
+def start_group(cmd: list, **kw: Any) -> subprocess.Popen:
+    """``cmd`` started in a process group of its own (text output captured), so that
+    :func:`finish_group` can end it and every process it started (torchrun's workers, mesh procs)."""
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)
+
+
+def finish_group(proc: subprocess.Popen, timeout: float) -> subprocess.CompletedProcess:
+    """Wait for ``proc``; past ``timeout``, kill its whole process group (nothing is left running
+    after the test) and raise ``subprocess.TimeoutExpired``."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def run_group(cmd: list, timeout: float, **kw: Any) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True, timeout=...)`` whose timeout also ends
+    every process ``cmd`` started."""
+    return finish_group(start_group(cmd, **kw), timeout)
+
+
 def run_as_user(script: "str | Path", cwd: Path, *args: str, env: dict | None = None,
                 timeout: int = 300) -> subprocess.CompletedProcess:
     """``python script *args`` as a user runs it: a fresh process in ``cwd`` (not the repository,
     so nothing of the script is importable by its children), forge_obs from this checkout, and no
     forge_obs switch inherited from the test process unless ``env`` sets it. Fails the test with
     the output's tail when the script fails."""
-    res = subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=user_env(env), capture_output=True, text=True,
-                         timeout=timeout)
+    res = run_group([sys.executable, str(script), *args], cwd=cwd, env=user_env(env), timeout=timeout)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     return res

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, finish_group, run_group, start_group
 
 SCRIPT = ROOT / "tests" / "user_scripts" / "spmd_train.py"
 
@@ -31,7 +31,7 @@ def _cwd(run_dir: Path) -> Path:
 def torchrun(nproc: int, run_dir: Path, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone",
            str(SCRIPT), str(run_dir), *args]
-    res = subprocess.run(cmd, cwd=_cwd(run_dir), env=_env(), capture_output=True, text=True, timeout=timeout)
+    res = run_group(cmd, cwd=_cwd(run_dir), env=_env(), timeout=timeout)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     return res
 
@@ -46,13 +46,14 @@ def one_process_per_rank(nproc: int, run_dir: Path, *args: str, timeout: int = 1
     for r in range(nproc):
         env = dict(_env(), RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([sys.executable, str(SCRIPT), str(run_dir), *args], cwd=_cwd(run_dir), env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    out = []
-    for p in procs:
-        so, se = p.communicate(timeout=timeout)
-        out.append(subprocess.CompletedProcess(p.args, p.returncode, so, se))
-    return out
+        procs.append(start_group([sys.executable, str(SCRIPT), str(run_dir), *args], cwd=_cwd(run_dir), env=env))
+    try:
+        return [finish_group(p, timeout) for p in procs]
+    finally:  # a rank left running after another one timed out is ended too
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.communicate()
 
 
 def rows(run_dir: Path, mode: str = "global_reduce") -> list[dict]:
@@ -157,7 +158,7 @@ def test_docs_example_under_torchrun(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(_doc_block(0))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", str(script)]
-    res = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    res = run_group(cmd, cwd=tmp_path, env=_env(), timeout=120)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
 
     def values(key):

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run_group
 
 needs_titan = pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
                                  reason="torchtitan is not installed (pip install -e '.[titan]')")
@@ -32,8 +32,8 @@ DP_STEPS, PP_STEPS = 8, 3
 def _run(tmp: Path, run_id: str, *args: str) -> tuple[Path, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("FORGE_DISABLE_METRICS", "FORGE_OBS_RUN_ID")}
     env.update(PYTHONPATH=str(ROOT))
-    res = subprocess.run([sys.executable, "-m", "apps.titan.run", "--run-root", str(tmp), "--run-id", run_id, *args],
-                         cwd=tmp, env=env, capture_output=True, text=True, timeout=400)
+    res = run_group([sys.executable, "-m", "apps.titan.run", "--run-root", str(tmp), "--run-id", run_id, *args],
+                    cwd=tmp, env=env, timeout=400)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-6000:]
     return tmp / run_id, out

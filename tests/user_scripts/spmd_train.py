@@ -11,6 +11,7 @@ import json
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -36,6 +37,17 @@ obs = spmd.init({"console": {"logging_mode": "global_reduce"}, "jsonl": {"loggin
 done = Path(run_dir) / "rank0_flushed_all"
 
 
+def wait_until(cond, what: str, timeout_s: float = 90.0) -> None:
+    """Wait for another rank's progress (polled); a rank that never sees it exits with an error
+    instead of waiting forever."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            print(f"rank {rank}: gave up waiting for {what}", file=sys.stderr, flush=True)
+            os._exit(3)
+        time.sleep(0.001)
+
+
 def _logged(step: int) -> bool:
     try:
         lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
@@ -46,16 +58,14 @@ def _logged(step: int) -> bool:
 
 for step in range(steps):
     if mode == "kill" and rank == 1 and step == 3:
-        while obs.shipped < 3:  # steps 0-2 went out (a rank that dies loses only what it had not shipped)
-            os.sched_yield()
+        # steps 0-2 went out (a rank that dies loses only what it had not shipped)
+        wait_until(lambda: obs.shipped >= 3, "steps 0-2 shipped")
         record_metric("loss", 1000.0, Reduce.MEAN)  # never flushed: the process dies
         os._exit(1)
     if mode == "slow" and rank == 1 and step == 2:
-        while not done.exists():  # rank 0 went through every flush without rank 1
-            os.sched_yield()
+        wait_until(done.exists, "rank 0's last flush")  # rank 0 went through every flush without rank 1
     if mode == "late" and rank == 1 and step == 2:
-        while not _logged(2):  # rank 0's step 2 left without rank 1 (after the timeout)
-            os.sched_yield()
+        wait_until(lambda: _logged(2), "step 2 logged")  # rank 0's step 2 left without rank 1 (after the timeout)
     with record_span("train_step"):
         t = torch.tensor([float(rank)])
         if mode == "exact":  # (a collective couples the ranks: not where one is slow or dies)
@@ -72,12 +82,10 @@ for step in range(steps):
 if mode == "late":  # rank 0 shuts down once rank 1's steps were all sent
     flushed = Path(run_dir) / "rank1_flushed_all"
     if rank == 1:
-        while obs.shipped < steps:
-            os.sched_yield()
+        wait_until(lambda: obs.shipped >= steps, "every step shipped")
         flushed.touch()
     else:
-        while not flushed.exists():
-            os.sched_yield()
+        wait_until(flushed.exists, "rank 1's last shipment")
 record_metric("after_last", 1, Reduce.SUM)  # recorded after the last flush: logged at shutdown
 out = obs.shutdown()
 print("SHUTDOWN", rank, out, flush=True)
