@@ -76,14 +76,18 @@ async def start_logger(tmp_path: Path, config: dict[str, Any] | None = None, run
     return mlogger
 
 
-async def until_no_rank_lags(timeout_s: float = 30.0) -> None:
-    """Wait until the controller (this process) takes no rank for lagging: a rank that missed a
-    cut and came back has had its late answer taken, so the next cut waits for it again."""
+async def until_answered(label: str, timeout_s: float = 30.0) -> None:
+    """Wait until the controller (this process) no longer takes the rank ``label`` for lagging:
+    it missed a cut, came back, and its late answer was taken, so the next cut waits for it."""
     from forge_obs.controller.logger import _STATE
 
+    def lags() -> bool:
+        p = _STATE.pipeline
+        return p is not None and any(p.label_of(k) == label for k in list(p.lagging))
+
     deadline = time.monotonic() + timeout_s
-    while _STATE.pipeline is not None and _STATE.pipeline.lagging:
-        assert time.monotonic() < deadline, f"ranks still lagging after {timeout_s} s: {_STATE.pipeline.lagging}"
+    while lags():
+        assert time.monotonic() < deadline, f"{label} still lagging after {timeout_s} s"
         await asyncio.sleep(0.01)
 
 
