@@ -18,9 +18,10 @@ from __future__ import annotations
 import functools
 import http.server
 import json
-import threading
 from pathlib import Path
 from typing import Any
+
+from forge_obs.analysis.local_server import LocalServer
 
 __all__ = ["ui_dir", "TraceServer"]
 
@@ -74,8 +75,10 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-class TraceServer:
+class TraceServer(LocalServer):
     """An HTTP server on 127.0.0.1 with the bundled Perfetto UI and one trace."""
+
+    thread_name = "forge_obs-perfetto-ui"
 
     def __init__(self, trace: "str | Path", port: int = 0) -> None:
         self.trace = Path(trace).resolve()
@@ -85,29 +88,7 @@ class TraceServer:
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
-        self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/"
-
-    def serve_forever(self) -> None:
-        self.httpd.serve_forever()
-
-    def start(self) -> "TraceServer":
-        """Serve from a background thread (tests)."""
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="forge_obs-perfetto-ui", daemon=True)
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        if self._thread is not None:
-            self.httpd.shutdown()
-            self._thread.join(timeout=10)
-        self.httpd.server_close()
-
-    def __enter__(self) -> "TraceServer":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()

@@ -19,11 +19,11 @@ from __future__ import annotations
 import http.server
 import json
 import logging
-import threading
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from forge_obs.analysis.local_server import LocalServer
 from forge_obs.analysis.serve.api import Runs
 from forge_obs.analysis.serve.state import ServeConfig
 
@@ -157,8 +157,10 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
         logger.exception("forge-obs serve: a request from %s failed", client_address)
 
 
-class ServeServer:
+class ServeServer(LocalServer):
     """``forge-obs serve``'s server on ``host`` (default 127.0.0.1), ``port`` 0: a free one."""
+
+    thread_name = "forge_obs-serve"
 
     def __init__(self, root: "str | Path", port: int = 0, host: str = "127.0.0.1",
                  config: ServeConfig | None = None) -> None:
@@ -168,30 +170,11 @@ class ServeServer:
         self.host, self.port = host, self.httpd.server_address[1]
         if is_loopback(host):
             handler.hosts = {f"{h}:{self.port}" for h in ("127.0.0.1", "localhost", "[::1]")}
-        self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         return f"http://{'127.0.0.1' if self.host in ('', '0.0.0.0') else self.host}:{self.port}/"
 
-    def serve_forever(self) -> None:
-        self.httpd.serve_forever()
-
-    def start(self) -> "ServeServer":
-        """Serve from a background thread."""
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="forge_obs-serve", daemon=True)
-        self._thread.start()
-        return self
-
     def close(self) -> None:
-        if self._thread is not None:
-            self.httpd.shutdown()
-            self._thread.join(timeout=10)
-        self.httpd.server_close()
+        super().close()
         self.runs.close()
-
-    def __enter__(self) -> "ServeServer":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
