@@ -23,7 +23,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from forge_obs.analysis.store import RUN_MARKERS
 
@@ -160,6 +160,11 @@ def _serve(trace: Path, port: int, browser: bool) -> int:
         import webbrowser
 
         webbrowser.open(srv.url)
+    return _serve_until_interrupted(srv)
+
+
+def _serve_until_interrupted(srv: Any) -> int:
+    """Serve in the foreground until Ctrl+C; the port is freed either way."""
     try:
         srv.serve_forever()
     except KeyboardInterrupt:
@@ -326,10 +331,4 @@ def _serve_live(args: argparse.Namespace) -> int:
         srv = ServeServer(args.runs, 0, args.host)
     print(f"forge-obs serve: {args.runs.resolve()} on {srv.url}   (from another machine: "
           f"ssh -L {srv.port}:127.0.0.1:{srv.port} <host>; Ctrl+C stops)", flush=True)
-    try:
-        srv.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        srv.close()
-    return 0
+    return _serve_until_interrupted(srv)
