@@ -424,7 +424,7 @@ def test_a_leader_killed_or_stopped_costs_its_members_nothing(signal):
     assert out["blocked_s"]["2"] < timeout_s * 1.5
     _assert_step_of(steps[3], list(range(5)))
     assert steps[3]["missing"] == ["m/Rec/r5"] and steps[3]["late"] == []
-    assert out["blocked_s"]["3"] < timeout_s / 2  # rank 5 is not waited for again
+    assert out["blocked_s"]["3"] < timeout_s  # rank 5 is not waited for again (that would cost the timeout)
     if signal == "KILL":
         for s in (4, 5):
             _assert_step_of(steps[s], list(range(5)))
