@@ -350,7 +350,7 @@ def test_two_monarch_hosts_are_exact_and_name_a_dead_rank(aggregate):
     assert steps[2]["global"]["obs/bundles"] == 2.0
     assert out["blocked_s"]["3"] < timeout_s  # the leader gave up on it first
     assert steps[4]["missing"] == ["m/Rec/r4"] and steps[4]["late"] == []
-    assert out["blocked_s"]["4"] < timeout_s / 2  # not waited for again
+    assert out["blocked_s"]["4"] < timeout_s  # not waited for again (that would cost the timeout)
 
 
 def test_a_hung_leader_costs_one_timeout_and_its_group_loses_nothing():
@@ -374,7 +374,7 @@ def test_a_hung_leader_costs_one_timeout_and_its_group_loses_nothing():
     assert sum(g["check/sum"] for g in later) == 2 * 21 + 6
     assert later[1]["obs/late_states"] == 1
     assert sum(steps[s]["global"]["check/count"] for s in range(5)) == 5 * 6
-    assert all(out["blocked_s"][str(s)] < timeout_s / 2 for s in (3, 4))
+    assert all(out["blocked_s"][str(s)] < timeout_s for s in (3, 4))  # not waited for again
     assert all(set(steps[s]["missing"]) <= {"m/Rec/r5"} for s in (3, 4))
 
 
