@@ -440,10 +440,7 @@ class SumAccumulator(RowAccumulator):
 
     @classmethod
     def row_value(cls, row):
-        try:
-            return float(row)
-        except OverflowError:
-            return to_float(row)
+        return to_float(row)
 
 
 class MeanAccumulator(RowAccumulator):
@@ -489,10 +486,7 @@ class _Extremum(RowAccumulator):
 
     @classmethod
     def row_value(cls, row):
-        try:
-            return float(row)
-        except OverflowError:
-            return to_float(row)
+        return to_float(row)
 
 
 class MaxAccumulator(_Extremum):
