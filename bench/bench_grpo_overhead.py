@@ -43,12 +43,15 @@ os.environ.setdefault("MONARCH_FILE_LOG", "error")
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
 
-def one_run(disabled: bool, args: argparse.Namespace, root: str, i: int) -> dict:
+def one_run(disabled: bool, args: argparse.Namespace, root: str, i: int, probe: bool = False) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT), MONARCH_FILE_LOG="error")
     env.pop("FORGE_DISABLE_METRICS", None)
+    env.pop("FORGE_OBS_PROBE_ROUND_TRIP", None)
     if disabled:
         env["FORGE_DISABLE_METRICS"] = "true"
-    run_id = f"{'off' if disabled else 'on'}{i}"
+    if probe:
+        env["FORGE_OBS_PROBE_ROUND_TRIP"] = "1"
+    run_id = f"{'probe' if probe else 'off' if disabled else 'on'}{i}"
     cmd = [sys.executable, "-m", "apps.grpo.main", "--steps", str(args.steps), "--seed", "0", "--no-report",
            "--generator", args.generator, "--run-root", root, "--run-id", run_id, "--console-every", "1000000"]
     t0 = time.time()
@@ -65,9 +68,62 @@ def one_run(disabled: bool, args: argparse.Namespace, root: str, i: int) -> dict
     ends = summary.get("step_end_wall") or []
     if len(ends) > args.warmup:
         out["machine_busy"] = sampler.busy_between(ends[args.warmup - 1] if args.warmup else ends[0], ends[-1])
-    if not disabled:
+    if probe:
+        out["cut"] = cut_parts(Path(root) / run_id, args.warmup)
+    elif not disabled:
         out["accounted"] = run_counts(Path(root) / run_id, args.warmup)
     return out
+
+
+def cut_parts(run_dir: Path, warmup: int) -> dict:
+    """Per step after the warm-up: the raw round trip to every rank measured right before the
+    cut (``probe_round_trip``) and the cut's parts (``obs/cut/...``)."""
+    from forge_obs.analysis.store import read_metrics
+    from forge_obs.controller.cut_timing import KEYS
+
+    rows = [r["metrics"] for r in read_metrics(run_dir, "global_reduce") if r["step"] >= warmup]
+    rows = [m for m in rows if m.get("obs/raw_round_trip_s")]
+    out = {k: [m[k] for m in rows if k in m] for k in KEYS}
+    out["ratio"] = [m["obs/cut/blocked_s"] / m["obs/raw_round_trip_s"] for m in rows]
+    return out
+
+
+def _pct(values: list[float], q: float) -> float:
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * len(v)))]
+
+
+def print_cut_table(probes: list[dict]) -> dict:
+    """The cut against the raw round trip, interleaved in the same runs, and where the cut's
+    time went (medians over every measured step of the probe runs)."""
+    keys = list(probes[0]["cut"])
+    pooled = {k: [x for r in probes for x in r["cut"][k]] for k in keys}
+    raw, cut = pooled["obs/raw_round_trip_s"], pooled["obs/cut/blocked_s"]
+    print(f"\nThe cut in the app vs a raw no-op round trip to the same ranks, right before it "
+          f"({len(raw)} steps of {len(probes)} run(s) with probe_round_trip)")
+    print("| figure | median | p90 | target |\n|---|---|---|---|")
+    print(f"| raw round trip (no-op endpoint, every mesh at once) | {statistics.median(raw) * 1e3:.2f} ms | {_pct(raw, 0.9) * 1e3:.2f} ms | |")
+    print(f"| cut, caller blocked | {statistics.median(cut) * 1e3:.2f} ms | {_pct(cut, 0.9) * 1e3:.2f} ms | |")
+    print(f"| cut / raw round trip, per step | {statistics.median(pooled['ratio']):.2f}x | {_pct(pooled['ratio'], 0.9):.2f}x | <= 1.3x |")
+    names = {"obs/cut/send_s": "send (cast to every mesh)", "obs/cut/to_rank_s": "to the closing rank (queueing, flight)",
+             "obs/cut/rank_s": "rank side (swap, ack)", "obs/cut/ack_s": "ack delivery (flight, controller runtime, inbox)",
+             "obs/cut/resume_s": "inbox hop and the caller's resumption", "obs/cut/transit_s": "both flights (to_rank + ack)"}
+    for k, name in names.items():
+        if pooled.get(k):
+            print(f"| cut part: {name} | {statistics.median(pooled[k]) * 1e3:.2f} ms | {_pct(pooled[k], 0.9) * 1e3:.2f} ms | |")
+    return {"raw_round_trip_s_median": statistics.median(raw), "cut_blocked_s_median": statistics.median(cut),
+            "ratio_median": statistics.median(pooled["ratio"]),
+            "parts_median_s": {k: statistics.median(v) for k, v in pooled.items() if v and k.startswith("obs/cut/")}}
+
+
+def pair_interval(pairs: list[float]) -> tuple[float, float, float]:
+    """Mean of the per-pair on/off ratios and its 95 % confidence interval (Student's t)."""
+    mean = statistics.fmean(pairs)
+    if len(pairs) < 2:
+        return mean, float("nan"), float("nan")
+    t95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}.get(len(pairs) - 1, 2.0)
+    half = t95 * statistics.stdev(pairs) / len(pairs) ** 0.5
+    return mean, mean - half, mean + half
 
 
 class CpuSampler:
@@ -125,7 +181,7 @@ def run_counts(run_dir: Path, warmup: int) -> dict:
         **{f"cpu_{part}_s": mean(f"obs/cpu_{part}_s") for part in CPU_PARTS},
         "values_recorded": mean("obs/values_recorded"),
         "ranks_reported": mean("obs/ranks_reported"),
-        "flush_blocked_s_median": statistics.median(m.get("obs/flush_blocked_s", 0.0) for m in rows),
+        "flush_blocked_s_median": statistics.median(m.get("obs/cut/blocked_s", m.get("obs/flush_blocked_s", 0.0)) for m in rows),
         "timeline_records_per_step": records / n_steps,
     }
 
@@ -192,6 +248,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--warmup", type=int, default=10, help="first steps left out of the medians")
     ap.add_argument("--generator", default="auto")
+    ap.add_argument("--probe-runs", type=int, default=1,
+                    help="extra runs with probe_round_trip: the cut against a raw round trip (not in the A/B)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "grpo_overhead.json"))
     args = ap.parse_args()
     rows = []
@@ -202,6 +260,7 @@ def main() -> None:
                 rows.append(r)
                 print(f"  run {r['run_id']:>5}: median step {r['step_s_median'] * 1e3:7.1f} ms  "
                       f"mean {r['step_s_mean'] * 1e3:7.1f} ms  ({r['wall_s']:.0f}s wall)", flush=True)
+        probes = [one_run(False, args, root, i, probe=True) for i in range(args.probe_runs)]
     on = [r["step_s_median"] for r in rows if r["obs"]]
     off = [r["step_s_median"] for r in rows if not r["obs"]]
     med_on, med_off = statistics.median(on), statistics.median(off)
@@ -214,8 +273,10 @@ def main() -> None:
     print(f"  {'FORGE_DISABLE_METRICS=true':<34}{med_off * 1e3:>18.1f}{', '.join(f'{x * 1e3:.0f}' for x in off):>30}")
     pairs = [a["step_s_median"] / b["step_s_median"] for a, b in zip(
         [r for r in rows if r["obs"]], [r for r in rows if not r["obs"]])]
+    mean_pair, lo, hi = pair_interval(pairs)
     print(f"  ratio on/off: {ratio:.3f}  (overhead {100 * (ratio - 1):+.1f} %); "
-          f"per pair: {', '.join(f'{p:.3f}' for p in pairs)}")
+          f"per pair: {', '.join(f'{p:.3f}' for p in pairs)}; mean of pairs {mean_pair:.3f}, "
+          f"95 % CI [{lo:.3f}, {hi:.3f}]")
     busy = [r["machine_busy"] for r in rows if r.get("machine_busy") is not None]
     if busy:
         print(f"  machine busy during the measured steps: {', '.join(f'{100 * b:.0f} %' for b in busy)}")
@@ -246,12 +307,14 @@ def main() -> None:
     print(f"| share of the machine's CPU per step (target < 1 %) | **{100 * machine_share:.2f} %** | total / ({cores} cores x step) |")
     print(f"| share of one core | {100 * core_share:.2f} % | total / step |")
     print(f"| on the controller's critical path (flush blocked, median) | {acc['flush_blocked_s_median'] * 1e3:.2f} ms = {100 * crit_share:.2f} % | |")
+    cut_table = print_cut_table(probes) if probes else None
     out = {"benchmark": "grpo_overhead", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": platform.platform(),
            "cores": os.cpu_count(), "steps": args.steps, "warmup": args.warmup, "runs": rows,
            "median_step_s_on": med_on, "median_step_s_off": med_off, "ratio": ratio, "pair_ratios": pairs,
            "overhead_pct": 100 * (ratio - 1), "unit_costs": costs, "accounted_per_step": acc,
            "accounted_total_s": total, "accounted_machine_share": machine_share, "accounted_core_share": core_share,
-           "critical_path_share": crit_share}
+           "critical_path_share": crit_share, "pair_mean": mean_pair, "pair_ci95": [lo, hi], "cut_vs_raw": cut_table,
+           "probe_runs": probes}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
     print(f"wrote {args.out}")

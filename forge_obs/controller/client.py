@@ -18,7 +18,8 @@ from typing import Any
 from monarch.actor import get_or_spawn_controller
 
 from forge_obs.controller.fetcher import FETCHER_NAME, LocalFetcherActor, current_options, hosts_fetcher
-from forge_obs.controller.logger import GLOBAL_LOGGER_NAME, INBOX_NAME, _STATE, GlobalLoggingActor, ObsInbox, start_flush
+from forge_obs.controller.logger import (GLOBAL_LOGGER_NAME, INBOX_NAME, _STATE, GlobalLoggingActor, ObsInbox, ProbedFlush,
+                                        start_flush)
 from forge_obs.controller.registry import LOCAL_MESHES
 from forge_obs.core.env import env_flag
 from forge_obs.core.identity import current_identity, release_mesh_name, unique_mesh_name
@@ -132,6 +133,8 @@ class _Flush:
 
     def call_one(self, global_step: int) -> Any:
         if _STATE.in_this_process:
+            if _STATE.probe_round_trip and _STATE.pipeline is not None:
+                return ProbedFlush(global_step)
             return start_flush(global_step)
         return self._endpoint.call_one(global_step)
 

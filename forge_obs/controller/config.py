@@ -26,7 +26,7 @@ from forge_obs.wire.messages import DEFAULT_STREAM_INTERVAL_S
 __all__ = ["LoggerConfig", "RESERVED_KEYS", "DEFAULT_FLUSH_TIMEOUT_S", "check_keys", "parse_options"]
 
 RESERVED_KEYS = ("run", "flush_timeout_s", "shutdown_timeout_s", "backend_init_timeout_s", "backend_queue_steps",
-                 "timeline", "stream_interval_s", "aggregate")
+                 "timeline", "stream_interval_s", "aggregate", "probe_round_trip")
 #: ``"aggregate"``: answer cuts through one leader per (mesh, host) ("on"), directly ("off"), or
 #: through leaders from 32 ranks in the job ("auto"); FORGE_OBS_AGGREGATE sets the default
 AGGREGATE_MODES = ("auto", "on", "off")
@@ -57,6 +57,10 @@ class LoggerConfig:
     timeline: dict[str, Any] | None = None
     #: how ranks answer a cut: through one leader per (mesh, host) or directly (AGGREGATE_MODES)
     aggregate: str = DEFAULT_AGGREGATE
+    #: measure, right before each awaited flush, a raw no-op round trip to the same ranks
+    #: (``obs/raw_round_trip_s``, beside the cut's ``obs/cut/...`` parts); it delays every flush
+    #: by that round trip, so it is for benchmarks. FORGE_OBS_PROBE_ROUND_TRIP sets the default
+    probe_round_trip: bool = False
     #: backend name -> its own config dict (``jsonl`` is on unless given as None/False)
     backends: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -78,6 +82,11 @@ class LoggerConfig:
         aggregate = config.pop("aggregate", env_value("FORGE_OBS_AGGREGATE") or DEFAULT_AGGREGATE)
         if aggregate not in AGGREGATE_MODES:
             raise ValueError(f"aggregate must be one of {', '.join(map(repr, AGGREGATE_MODES))}, got {aggregate!r}")
+        from forge_obs.core.env import env_flag
+
+        probe = config.pop("probe_round_trip", env_flag("FORGE_OBS_PROBE_ROUND_TRIP"))
+        if not isinstance(probe, bool):
+            raise ValueError(f"probe_round_trip must be True or False, got {probe!r}")
         timeline = config.pop("timeline", None)
         from forge_obs.recording.timeline.schema import validate_options
 
@@ -94,7 +103,7 @@ class LoggerConfig:
             backends[name] = bcfg
         return cls(run=run, flush_timeout_s=timeout, shutdown_timeout_s=shutdown_timeout, backend_init_timeout_s=init_timeout,
                    backend_queue_steps=queue_steps, stream_interval_s=stream_interval, timeline=timeline,
-                   aggregate=aggregate, backends=backends)
+                   aggregate=aggregate, probe_round_trip=probe, backends=backends)
 
 
 def _seconds(config: dict[str, Any], key: str, default: float) -> float:

@@ -35,10 +35,12 @@ from typing import Any
 import cloudpickle
 from monarch.actor import Actor, context, endpoint
 
+from forge_obs.controller.cut_timing import rank_stamp
 from forge_obs.controller.registry import LOCAL_MESHES
 from forge_obs.core.identity import set_identity
 from forge_obs.core.selfobs import SELF_OBS
 from forge_obs.recording.collector import MetricCollector
+from forge_obs.recording import reduce as _reduce
 from forge_obs.recording.reduce import adopt_reductions, user_reductions
 from forge_obs.recording.timeline import follow_cut
 from forge_obs.wire.messages import ACK, DEFAULT_STREAM_INTERVAL_S, FINAL, STATES, STREAM
@@ -200,10 +202,12 @@ class LocalFetcherActor(Actor):
     # ------------------------------------------------------------ the cut
     @endpoint
     async def cut(self, seq: int, step: int, actor: str, ctl_us: int | None = None, plan: dict | None = None) -> None:
-        """Swap the collector, cut the meshes spawned here, acknowledge; then export and send.
-        Both messages go to the controller's port, or to this rank's group leader when the
-        mesh's ``plan`` (sent when it changed; :mod:`forge_obs.wire.plan`) names one."""
+        """Swap the collector, cut the meshes spawned here, acknowledge; then export and send (a
+        small cut's states go with the ack). The messages go to the controller's port, or to
+        this rank's group leader when the mesh's ``plan`` (sent when it changed;
+        :mod:`forge_obs.wire.plan`) names one."""
         cpu0 = time.thread_time()
+        entered = time.monotonic()
         taken = _COLLECTOR.swap()
         self.last_seq = seq
         self.last_step = step
@@ -218,13 +222,21 @@ class LocalFetcherActor(Actor):
                 target = self.route.target(seq, plan)
             except Exception as e:  # noqa: BLE001 - the direct route always works
                 logger.error("forge_obs: %s answers cut %s directly: %r", self.identity.label, seq, e)
+        # a small cut's states ride with the ack (one message, sent once they are exported); a
+        # large one's, or device values (read back at export), follow it
+        with_ack = target is self.port and _small(taken)
+        data = self._states_bytes(seq, taken) if with_ack else None
+        ack = (ACK, seq, self.key, children, rank_stamp(entered))
+        if data is not None:
+            ack += (self.identity.to_dict(), data)
         try:
-            self._post(target, (ACK, seq, self.key, children))
+            self._post(target, ack)
         except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
             logger.error("forge_obs: %s could not acknowledge step %s: %r", self.identity.label, step, e)
         if ctl_us is not None:
             _clock_sample(ctl_us)
-        self._send(STATES, seq, taken, target)
+        if not with_ack:
+            self._send(STATES, seq, taken, target)
         SELF_OBS.add("export", time.thread_time() - cpu0)  # sent with the next cut
 
     def _post(self, target: Any, msg: tuple) -> None:
@@ -234,15 +246,31 @@ class LocalFetcherActor(Actor):
             self.route.send(target, msg)
 
     def _send(self, kind: str, seq: int, taken: Any, target: Any = None) -> None:
+        data = self._states_bytes(seq, taken)
+        if data is None:
+            return
         try:
-            # pickled here, so that the controller's inbox thread only moves bytes: the decode
-            # happens on its pipeline thread, after the flush that waits for acks resumed
-            snap = _COLLECTOR.export(taken, packed=True)
-            snap["self_cpu"] = SELF_OBS.take()  # forge_obs's own cost here: apart from the user's values
-            data = dumps(snap, lambda key, reason, n: taken.drop(reason, n))  # counted in snap's counters
             self._post(target or self.port, (kind, seq, self.key, self.identity.to_dict(), data))
         except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
             logger.error("forge_obs: %s could not send its states (cut %s): %r", self.identity.label, seq, e)
+
+    def _states_bytes(self, seq: int, taken: Any) -> bytes | None:
+        """``taken``'s states, pickled here, so that the controller's inbox thread only moves
+        bytes (the decode happens on its pipeline thread, after the flush that waits for acks
+        resumed); None (logged) if they cannot be exported."""
+        try:
+            snap = _COLLECTOR.export(taken, packed=True)
+            snap["self_cpu"] = SELF_OBS.take()  # forge_obs's own cost here: apart from the user's values
+            return dumps(snap, lambda key, reason, n: taken.drop(reason, n))  # counted in snap's counters
+        except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
+            logger.error("forge_obs: %s could not export its states (cut %s): %r", self.identity.label, seq, e)
+            return None
+
+    @endpoint
+    async def ping(self) -> None:
+        """Nothing: the raw round trip to this rank that a cut is measured against (the
+        ``probe_round_trip`` option of ``init_backends``)."""
+        return None
 
     @endpoint
     async def resend(self, seq: int, ranks: list[int]) -> None:
@@ -376,6 +404,21 @@ async def configure_all(entries: list, options: dict[str, Any], timeout_s: float
     for f in done:
         if f.exception() is not None:
             logger.info("forge_obs: a mesh did not take its configuration: %r", f.exception())
+
+
+#: a cut that took at most this many values (keys and raw values) sends its states with the ack
+ACK_STATES_MAX_VALUES = 128
+#: forge_obs's own numeric accumulators: exported as packed rows, never running user code
+_ROW_TYPES = frozenset(c for c in vars(_reduce).values() if isinstance(c, type) and issubclass(c, _reduce.RowAccumulator))
+
+
+def _small(taken: Any) -> bool:
+    """Whether ``taken`` exports in about a message's cost: few values, all of built-in numeric
+    reductions (a SAMPLE or custom reduction's export may take any time), no device values."""
+    accs = taken.accs
+    if taken.device is not None or len(accs) + len(taken.raw or ()) > ACK_STATES_MAX_VALUES:
+        return False
+    return all(type(a) in _ROW_TYPES for a in accs.values())
 
 
 def _cut_children(seq: int, step: int) -> list[tuple]:

@@ -62,7 +62,7 @@ from forge_obs.wire.snapshot import has_values
 
 logger = logging.getLogger("forge_obs")
 
-__all__ = ["GlobalLoggingActor", "ObsInbox", "start_flush", "FlushWait", "GLOBAL_LOGGER_NAME", "INBOX_NAME"]
+__all__ = ["GlobalLoggingActor", "ObsInbox", "start_flush", "FlushWait", "ProbedFlush", "probe_round_trip", "GLOBAL_LOGGER_NAME", "INBOX_NAME"]
 
 GLOBAL_LOGGER_NAME = "obs_global_logger"
 INBOX_NAME = "obs_inbox"
@@ -86,6 +86,7 @@ class _ControllerState:
         self.book = RankBook()  # what is known of ranks, across sessions
         self.planner = Planner()  # the aggregated route's groups and leaders, across sessions
         self.aggregate = "off"  # init_backends' "aggregate": "auto" | "on" | "off"
+        self.probe_round_trip = False  # init_backends' "probe_round_trip"
         self.lock = threading.Lock()
         self.inbox: Any = None  # the ObsInbox of this process, and its port (see _local_port)
         self.port: Any = None
@@ -166,6 +167,48 @@ def _ask_resend(seq: int, ranks: dict[str, list[int]]) -> None:
             logger.warning("forge_obs: could not ask mesh %s to resend cut %s: %r", e.name, seq, ex)
 
 
+class ProbedFlush:
+    """A flush with ``probe_round_trip``: awaited, it first times a raw round trip to every live
+    mesh (:func:`probe_round_trip`), then cuts; ``.get()`` from synchronous code only cuts."""
+
+    def __init__(self, step: Any) -> None:
+        self.step = step
+
+    def __await__(self):
+        return self._run().__await__()
+
+    async def _run(self) -> None:
+        raw_s = await probe_round_trip()
+        wait = start_flush(self.step)
+        if wait.cut is not None:
+            wait.cut.raw_round_trip_s = raw_s
+        await wait
+
+    def get(self, timeout: float | None = None) -> None:
+        start_flush(self.step).get(timeout)
+
+
+async def probe_round_trip() -> float | None:
+    """How long a raw no-op endpoint call (:meth:`LocalFetcherActor.ping`) to every live rank
+    takes, all meshes at once, as a cut reaches them; None if a mesh did not answer within
+    ``flush_timeout_s``."""
+    pipeline = _STATE.pipeline
+    live = [e for e in LOCAL_MESHES.entries() if not e.stopping]
+    if pipeline is None or not live:
+        return None
+    t0 = time.monotonic()
+    calls = [asyncio.ensure_future(_awaited(e.fetchers.ping.call())) for e in live]
+    done, pending = await asyncio.wait(calls, timeout=pipeline.flush_timeout_s)
+    for c in pending:
+        c.cancel()
+    failed = pending or [c for c in done if c.exception() is not None]
+    return None if failed else time.monotonic() - t0
+
+
+async def _awaited(fut: Any) -> Any:
+    return await fut
+
+
 def _resolve(fut: asyncio.Future) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -174,6 +217,7 @@ def _resolve(fut: asyncio.Future) -> None:
 def start_flush(step: Any, final: bool = False) -> FlushWait:
     """Cut every rank for ``step``: swap this process's collector, open the cut, cast it to every
     observed mesh. Returns at once; await the result for the cut to complete."""
+    called_at = time.monotonic()
     step = check_step(step)
     st = _STATE
     pipeline = st.pipeline
@@ -204,7 +248,7 @@ def start_flush(step: Any, final: bool = False) -> FlushWait:
         except Exception as ex:  # noqa: BLE001 - a dead mesh is reported as missing ranks
             logger.warning("forge_obs: could not plan mesh %s: %r", e.name, ex)
     groups = planner.groups([e.mesh_id for e, _plan in casts])
-    cut = pipeline.begin_cut(step, taken, ranks, stopping, final=final, groups=groups)
+    cut = pipeline.begin_cut(step, taken, ranks, stopping, final=final, groups=groups, called_at=called_at)
     st.last_step = step
     _COLLECTOR.global_step = step + 1  # the controller's own raw values stream under the next step
     store_options({"last_step": step})  # fetchers spawned from now on predict from it
@@ -216,6 +260,7 @@ def start_flush(step: Any, final: bool = False) -> FlushWait:
             e.fetchers.cut.broadcast(cut.seq, step, e.actor_label, ctl_us, plan)
         except Exception as ex:  # noqa: BLE001 - a dead mesh is reported as missing ranks
             logger.warning("forge_obs: could not cut mesh %s: %r", e.name, ex)
+    cut.sent_at = time.monotonic()
     SELF_OBS.add("flush", time.thread_time() - cpu0)
     return FlushWait(cut, pipeline)
 
@@ -299,8 +344,9 @@ def _take(msg: tuple) -> None:
                     _STATE.early.append(msg[2:])
                 return  # a raw stream with no session: its values' states are in the collector's cut
 
-        if kind == ACK:
-            pipeline.ack(msg[1], msg[2], msg[3])
+        if kind == ACK:  # (seq, rank, children, stamp[, identity, states])
+            states = (msg[5], msg[6]) if len(msg) > 6 else None
+            pipeline.ack(msg[1], msg[2], msg[3], msg[4] if len(msg) > 4 else None, states)
         elif kind == STREAM:
             pipeline.stream(msg[1], _stream_label(msg[1], msg[2]), msg[3], msg[4], msg[5])
         elif kind == STATES:
@@ -432,6 +478,7 @@ class GlobalLoggingActor(Actor):
         pipeline = FlushPipeline(backends, run.run_id, cfg.flush_timeout_s, st.process_name, st.book,
                                  shutdown_timeout_s=cfg.shutdown_timeout_s, queue_steps=cfg.backend_queue_steps)
         st.aggregate = cfg.aggregate
+        st.probe_round_trip = cfg.probe_round_trip
         pipeline.leader_of = st.planner.leader_of
         pipeline.ask_resend = _ask_resend
         pipeline.start()
@@ -516,7 +563,7 @@ class GlobalLoggingActor(Actor):
     async def flush(self, global_step: int) -> None:
         """Cut every rank for ``global_step``; returns once every rank took part (or after
         ``flush_timeout_s``). Reduction and backend I/O happen in the background, in step order."""
-        await start_flush(global_step)
+        await (ProbedFlush(global_step) if _STATE.probe_round_trip else start_flush(global_step))
 
     @endpoint
     async def wait_idle(self) -> None:

@@ -62,6 +62,7 @@ from typing import Any, Callable, Iterable
 from forge_obs.backends.base import LoggerBackend, flattened_clashes
 from forge_obs.backends.record import RankViews, StepRecord
 from forge_obs.controller.backend_worker import DEFAULT_QUEUE_STEPS, BackendWorker
+from forge_obs.controller.cut_timing import breakdown
 from forge_obs.core.counters import add_count, add_counts
 from forge_obs.core.identity import rank_label
 from forge_obs.core.selfobs import CPU_PARTS, SELF_OBS, add_cpu
@@ -134,6 +135,13 @@ class Cut:
     n_left: int = 0
     n_due: int = 0
     woke: bool = False  # the worker was woken once for this closed cut
+    # where the caller's wait went (forge_obs.controller.cut_timing), time.monotonic()
+    called_at: float = 0.0  # flush called
+    sent_at: float = 0.0  # every mesh cast to
+    closed_at: float = 0.0  # the last awaited ack taken, or the timeout
+    resumed_at: float | None = None  # the awaiting caller resumed
+    stamp: Any = None  # the closing rank's cut_timing.rank_stamp
+    raw_round_trip_s: float | None = None  # the probe's raw round trip just before the cut
     _waiters: list = field(default_factory=list)
 
 
@@ -272,6 +280,7 @@ class FlushPipeline:
         stopping: dict[RankKey, str] | None = None,
         final: bool = False,
         groups: dict[RankKey, list[RankKey]] | None = None,
+        called_at: float | None = None,
     ) -> Cut:
         """Open the cut of ``step``. ``ranks``: the live ranks it is cast to (key -> label);
         ``stopping``: ranks of meshes stopped since the last cut, whose final states answer it.
@@ -285,7 +294,9 @@ class FlushPipeline:
         with self._cv:
             self._seq += 1
             now = time.monotonic()
-            cut = Cut(seq=self._seq, step=step, deadline=now + self.flush_timeout_s, local=local, final=final, start=now)
+            called = now if called_at is None else called_at
+            cut = Cut(seq=self._seq, step=step, deadline=now + self.flush_timeout_s, local=local, final=final, start=now,
+                      called_at=called, sent_at=now)
             if groups and self.ask_resend is not None:
                 cut.groups = groups
                 cut.bypass_at = now + BYPASS_FRACTION * self.flush_timeout_s
@@ -313,16 +324,23 @@ class FlushPipeline:
         _run(callbacks)
         return cut
 
-    def ack(self, seq: int, rank_key: RankKey, children: Iterable[ChildMesh] = ()) -> None:
-        """A rank swapped its collector for cut ``seq`` (and cut the meshes it declares)."""
-        self.ack_batch(seq, [(rank_key, children)])
+    def ack(self, seq: int, rank_key: RankKey, children: Iterable[ChildMesh] = (), stamp: Any = None,
+            states: tuple | None = None) -> None:
+        """A rank swapped its collector for cut ``seq`` (and cut the meshes it declares);
+        ``stamp``: its :func:`~forge_obs.controller.cut_timing.rank_stamp`; ``states``:
+        ``(identity, snapshot)`` when its states came with the ack (as :meth:`states` takes them)."""
+        self.ack_batch(seq, [(rank_key, children, stamp)], states={tuple(rank_key): states} if states else None)
 
-    def ack_batch(self, seq: int, items: Iterable[tuple], given_up: Iterable[RankKey] = ()) -> None:
-        """Each rank of ``items`` (``(rank_key, children)``) acknowledged cut ``seq``; the ranks of
+    def ack_batch(self, seq: int, items: Iterable[tuple], given_up: Iterable[RankKey] = (),
+                  states: dict[RankKey, tuple] | None = None) -> None:
+        """Each rank of ``items`` (``(rank_key, children[, stamp])``) acknowledged cut ``seq``; the ranks of
         ``given_up`` did not (their aggregator stopped waiting for them): the cut does not wait for
-        them any more and names them late when it closes. O(len(items)) whatever the cut's size."""
+        them any more and names them late when it closes; ``states``: rank -> ``(identity,
+        snapshot)`` that came with the acks, taken first. O(len(items)) whatever the cut's size."""
         callbacks: list = []
         with self._cv:
+            for k, (identity, snapshot) in (states or {}).items():
+                self._states(seq, k, identity, snapshot)
             cut = self._find(seq)
             if cut is not None and not cut.closed:
                 for k in given_up:
@@ -330,8 +348,10 @@ class FlushPipeline:
                     if k in cut.expected and k not in cut.acked and k not in self.lagging and k not in cut.given_up:
                         cut.given_up.add(k)
                         cut.n_left -= 1
-            for rank_key, children in items:
-                self._ack_locked(cut, tuple(rank_key), children)
+            for item in items:
+                self._ack_locked(cut, tuple(item[0]), item[1])
+                if cut is not None and not cut.closed:
+                    cut.stamp = item[2] if len(item) > 2 else None
             if cut is not None:
                 if self._held:
                     self._claim_held(cut)
@@ -465,6 +485,7 @@ class FlushPipeline:
         """The flush that waited for ``cut`` has resumed (the worker let it run first)."""
         with self._cv:
             cut.resumed = True
+            cut.resumed_at = time.monotonic()
             self._cv.notify_all()
 
     def wait_cut(self, cut: Cut, timeout: float | None = None) -> bool:
@@ -638,7 +659,8 @@ class FlushPipeline:
         if cut.closed:
             return
         cut.closed = True
-        cut.blocked_s = time.monotonic() - cut.start
+        cut.closed_at = time.monotonic()
+        cut.blocked_s = cut.closed_at - cut.start
         cut.awaited = bool(cut._waiters)
         cut.late = sorted(cut.expected - self.lagging - cut.acked, key=str)
         newly = self._to_blame(cut.late)
@@ -855,6 +877,8 @@ class FlushPipeline:
             "obs/bundles": bundles,
             "obs/fenced_bundles": self.fenced_bundles,
             "obs/duplicates_dropped": self.duplicates_dropped,
+            **breakdown(p.called_at, p.sent_at, p.closed_at, p.resumed_at, p.stamp),
+            **({} if p.raw_round_trip_s is None else {"obs/raw_round_trip_s": p.raw_round_trip_s}),
         }
 
     def _decoded_entries(self, p: Cut, drops: KeyDrops) -> list[tuple[dict, dict]]:

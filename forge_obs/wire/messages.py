@@ -4,7 +4,9 @@ is its kind; the second is the cut's number ``seq`` for every kind but ``stream`
 ==========  ===============================  ==========================================================
 kind        from -> to                       what it says
 ==========  ===============================  ==========================================================
-``ack``     a rank -> controller or leader   the rank swapped its collector for the cut ``seq``
+``ack``     a rank -> controller or leader   the rank swapped its collector for the cut ``seq``; it
+                                             carries the rank's timing stamp and, for a small cut
+                                             answered directly, the rank's identity and states
 ``states``  a rank -> controller or leader   what the rank's cut took (its snapshot)
 ``final``   a rank -> controller             what a stopping mesh's rank recorded since its last cut
 ``stream``  a rank -> controller             raw values recorded between flushes
