@@ -7,6 +7,7 @@ from monarch.actor import Actor, endpoint, this_host
 
 from forge_obs import Reduce, record_metric
 from forge_obs.controller.config import LoggerConfig
+from forge_obs.controller.fetcher import ACK_STATES_MAX_VALUES
 from forge_obs.controller.cut_timing import CLOCK_DOMAIN, breakdown
 from tests.helpers import aggregating, global_rows, start_logger
 
@@ -74,3 +75,48 @@ async def test_each_step_has_its_cut_parts_and_the_probe_changes_no_value(tmp_pa
         assert sum(m[k] for k in PARTS) >= m["obs/cut/blocked_s"] - 1e-9
         if m["obs/cut/to_rank_s"] > 0.0:
             assert sum(m[k] for k in PARTS) == pytest.approx(m["obs/cut/blocked_s"], abs=1e-6)
+
+
+class Many(Actor):
+    @endpoint
+    async def record(self, n: int, v: float) -> None:
+        for i in range(n):
+            record_metric(f"many/k{i}", v, Reduce.SUM)
+
+
+@pytest.mark.parametrize("n_keys", [ACK_STATES_MAX_VALUES, ACK_STATES_MAX_VALUES + 1, 1000])
+async def test_small_and_large_cuts_put_every_value_in_its_step(tmp_path, n_keys):
+    """A small cut's states come with the ack; a large cut's ranks hold theirs until the cut
+    closed and the controller asks: either way each step has exactly its own values, also when
+    the mesh stops right after a flush and for the step of shutdown."""
+    mlogger = await start_logger(tmp_path)
+    pm = this_host().spawn_procs(per_host={"procs": 2})
+    m = pm.spawn("Many", Many)
+    for step in range(3):
+        await m.record.call(n_keys, float(step + 1))
+        await mlogger.flush.call_one(step)
+    await m.record.call(n_keys, 10.0)
+    await pm.stop()  # its last values are handed over as final states
+    await mlogger.shutdown.call_one()
+    rows = global_rows(tmp_path)
+    for step in range(3):
+        got = rows[step]["metrics"]
+        assert [got[f"many/k{i}"] for i in (0, n_keys - 1)] == [2.0 * (step + 1)] * 2, step
+        assert got["obs/missing_ranks"] == 0 and got["obs/late_ranks"] == 0
+    last = rows[3]["metrics"]
+    assert last["many/k0"] == last[f"many/k{n_keys - 1}"] == 20.0
+
+
+async def test_a_large_cut_flushed_from_synchronous_code_arrives(tmp_path):
+    """``flush(...).get()`` (no event loop awaits the cut): the held states are asked for too."""
+    import asyncio
+
+    mlogger = await start_logger(tmp_path)
+    pm = this_host().spawn_procs(per_host={"procs": 2})
+    m = pm.spawn("Many", Many)
+    await m.record.call(500, 3.0)
+    await asyncio.get_running_loop().run_in_executor(None, lambda: mlogger.flush.call_one(0).get())
+    await mlogger.shutdown.call_one()
+    await pm.stop()
+    got = global_rows(tmp_path)[0]["metrics"]
+    assert got["many/k0"] == got["many/k499"] == 6.0 and got["obs/missing_ranks"] == 0

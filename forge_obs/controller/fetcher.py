@@ -163,6 +163,7 @@ class LocalFetcherActor(Actor):
         self.key: tuple | None = None
         self._loop: Any = None
         self._timer: Any = None
+        self._held: tuple | None = None  # (seq, taken): a large cut's states, sent once the cut closed
         self._stream_interval_s = DEFAULT_STREAM_INTERVAL_S
         try:
             self._loop = asyncio.get_running_loop()
@@ -208,6 +209,7 @@ class LocalFetcherActor(Actor):
         :mod:`forge_obs.wire.plan`) names one."""
         cpu0 = time.thread_time()
         entered = time.monotonic()
+        self._send_held()  # an earlier cut's, should its export request not have come
         taken = _COLLECTOR.swap()
         self.last_seq = seq
         self.last_step = step
@@ -235,7 +237,13 @@ class LocalFetcherActor(Actor):
             logger.error("forge_obs: %s could not acknowledge step %s: %r", self.identity.label, step, e)
         if ctl_us is not None:
             _clock_sample(ctl_us)
-        if not with_ack:
+        if with_ack:
+            pass
+        elif target is self.port and ctl_us is not None:
+            # a large cut of the controller's: exported once it asks (export), so that the
+            # export does not compete with the cut for the machine while other ranks ack
+            self._held = (seq, taken)
+        else:
             self._send(STATES, seq, taken, target)
         SELF_OBS.add("export", time.thread_time() - cpu0)  # sent with the next cut
 
@@ -265,6 +273,19 @@ class LocalFetcherActor(Actor):
         except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
             logger.error("forge_obs: %s could not export its states (cut %s): %r", self.identity.label, seq, e)
             return None
+
+    @endpoint
+    async def export(self, seq: int) -> None:
+        """Cut ``seq`` closed: send the states held for it (or for an earlier cut)."""
+        if self._held is not None and self._held[0] <= seq:
+            cpu0 = time.thread_time()
+            self._send_held()
+            SELF_OBS.add("export", time.thread_time() - cpu0)
+
+    def _send_held(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            self._send(STATES, held[0], held[1])
 
     @endpoint
     async def ping(self) -> None:
@@ -341,6 +362,7 @@ class LocalFetcherActor(Actor):
         cut as final states (the next flush takes them). From then on this rank is not observed:
         what it records later is not sent, as in torchforge."""
         if self.port is not None:
+            self._send_held()
             self._send(FINAL, self.last_seq, _COLLECTOR.swap())
         if self.route is not None:
             self.route.stop()
@@ -376,6 +398,7 @@ class LocalFetcherActor(Actor):
             self._timer.cancel()
             self._timer = None
         if self.port is not None:
+            self._send_held()
             self._send(FINAL, self.last_seq, _COLLECTOR.swap())
         try:
             from forge_obs.recording.timeline.writer import close

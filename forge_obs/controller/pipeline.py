@@ -142,6 +142,7 @@ class Cut:
     resumed_at: float | None = None  # the awaiting caller resumed
     stamp: Any = None  # the closing rank's cut_timing.rank_stamp
     raw_round_trip_s: float | None = None  # the probe's raw round trip just before the cut
+    exports_asked: bool = False  # the ranks holding their states for this cut were asked for them
     _waiters: list = field(default_factory=list)
 
 
@@ -193,6 +194,10 @@ class FlushPipeline:
         #: ``ask_resend(seq, {mesh_id: [rank, ...]})``: ask those ranks to resend their answer to
         #: cut ``seq`` directly (set by the controller; called on the worker thread, outside the lock)
         self.ask_resend: Callable[[int, dict[str, list[int]]], None] | None = None
+        #: ``ask_exports(seq, [mesh_id, ...])``: cut ``seq`` closed, ask those meshes' ranks for
+        #: the states they hold for it (large cuts, :meth:`LocalFetcherActor.export`); called
+        #: once per cut, outside the lock, by the resumed flush or else the worker
+        self.ask_exports: Callable[[int, list[str]], None] | None = None
         #: streamed values that could not be decoded, counted with the next step assembled
         self._stream_drops = KeyDrops()
         #: rank -> the rank that leads its group on the aggregated route (forge_obs.wire.plan)
@@ -488,6 +493,21 @@ class FlushPipeline:
             cut.resumed_at = time.monotonic()
             self._cv.notify_all()
 
+    def request_exports(self, cut: Cut) -> None:
+        """Once ``cut`` closed: ask the meshes whose ranks' states are still due for them (a
+        large cut's ranks hold them until then). At most once per cut; nothing if all came."""
+        with self._cv:
+            call = self._exports_call(cut)
+        if call is not None:
+            call()
+
+    def _exports_call(self, cut: Cut) -> "Callable[[], None] | None":
+        if cut.exports_asked or not cut.closed or self.ask_exports is None:
+            return None
+        cut.exports_asked = True
+        meshes = sorted({k[0] for k in cut.expected if k not in cut.received and k not in self.lagging})
+        return functools.partial(self.ask_exports, cut.seq, meshes) if meshes else None
+
     def wait_cut(self, cut: Cut, timeout: float | None = None) -> bool:
         """Block until ``cut`` is closed (threads that cannot await); True if it closed."""
         with self._cv:
@@ -704,6 +724,12 @@ class FlushPipeline:
                     self._cv.wait(wait)
                     continue
                 self._close(cut, callbacks)
+            waited = not cut.awaited or cut.resumed or now >= cut.start + cut.blocked_s + RESUME_GRACE_S
+            if not cut.exports_asked and waited:
+                call = self._exports_call(cut)  # a flush that awaited it asks as it resumes
+                if call is not None:
+                    callbacks.append(call)
+                    return _AGAIN
             if cut.n_due > 0 and timeout > 0:
                 self._cv.wait(wait)
                 continue

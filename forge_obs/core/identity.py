@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Iterable
 
 __all__ = ["ProcessIdentity", "rank_label", "PARALLEL_DIMS", "parallel_coords", "coords_suffix", "split_label", "unique_mesh_name", "start_naming_run", "release_mesh_name", "mesh_selected", "current_identity", "set_identity", "DEFAULT_MESH_NAME"]
@@ -36,10 +36,14 @@ class ProcessIdentity:
         return rank_label(self.mesh, self.actor, self.rank, self.coords)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        """Every field (``coords`` copied) and the label: what travels with a rank's states."""
+        d = {f: getattr(self, f) for f in _FIELDS}
+        d["coords"] = dict(self.coords)
         d["label"] = self.label
         return d
 
+
+_FIELDS = tuple(f.name for f in fields(ProcessIdentity))
 
 #: the parallel dimensions of an SPMD trainer a rank's label carries (TorchTitan's names), in
 #: the order they are written
