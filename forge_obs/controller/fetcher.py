@@ -227,7 +227,7 @@ class LocalFetcherActor(Actor):
         # a small cut's states ride with the ack (one message, sent once they are exported); a
         # large one's, or device values (read back at export), follow it
         with_ack = target is self.port and _small(taken)
-        data = self._states_bytes(seq, taken) if with_ack else None
+        data = self._states_bytes(seq, taken, plain=not taken.raw) if with_ack else None
         ack = (ACK, seq, self.key, children, rank_stamp(entered))
         if data is not None:
             ack += (self.identity.to_dict(), data)
@@ -262,13 +262,17 @@ class LocalFetcherActor(Actor):
         except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
             logger.error("forge_obs: %s could not send its states (cut %s): %r", self.identity.label, seq, e)
 
-    def _states_bytes(self, seq: int, taken: Any) -> bytes | None:
+    def _states_bytes(self, seq: int, taken: Any, plain: bool = False) -> Any:
         """``taken``'s states, pickled here, so that the controller's inbox thread only moves
         bytes (the decode happens on its pipeline thread, after the flush that waits for acks
-        resumed); None (logged) if they cannot be exported."""
+        resumed); with ``plain``, the snapshot itself (a small cut of built-in reductions and no
+        raw values: numbers and strings, cheap to take in any thread). None (logged) if they
+        cannot be exported."""
         try:
             snap = _COLLECTOR.export(taken, packed=True)
             snap["self_cpu"] = SELF_OBS.take()  # forge_obs's own cost here: apart from the user's values
+            if plain:
+                return snap
             return dumps(snap, lambda key, reason, n: taken.drop(reason, n))  # counted in snap's counters
         except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
             logger.error("forge_obs: %s could not export its states (cut %s): %r", self.identity.label, seq, e)

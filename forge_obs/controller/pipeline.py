@@ -325,7 +325,10 @@ class FlushPipeline:
             self._pending.append(cut)
             self._begun += 1
             self._maybe_close(cut, callbacks)
-            self._cv.notify_all()
+            if cut.closed or cut.groups:
+                # the worker learns of other cuts when they close or when its idle wait ends,
+                # which is before their deadline (a wake-up now would compete with the cast)
+                self._cv.notify_all()
         _run(callbacks)
         return cut
 
@@ -341,11 +344,10 @@ class FlushPipeline:
         """Each rank of ``items`` (``(rank_key, children[, stamp])``) acknowledged cut ``seq``; the ranks of
         ``given_up`` did not (their aggregator stopped waiting for them): the cut does not wait for
         them any more and names them late when it closes; ``states``: rank -> ``(identity,
-        snapshot)`` that came with the acks, taken first. O(len(items)) whatever the cut's size."""
+        snapshot)`` that came with the acks, taken once a flush waiting for the acks was woken.
+        O(len(items)) whatever the cut's size."""
         callbacks: list = []
         with self._cv:
-            for k, (identity, snapshot) in (states or {}).items():
-                self._states(seq, k, identity, snapshot)
             cut = self._find(seq)
             if cut is not None and not cut.closed:
                 for k in given_up:
@@ -361,8 +363,14 @@ class FlushPipeline:
                 if self._held:
                     self._claim_held(cut)
                 self._maybe_close(cut, callbacks)
-            self._wake(cut)
+            if not states:
+                self._wake(cut)
         _run(callbacks)
+        if states:
+            with self._cv:
+                for k, (identity, snapshot) in states.items():
+                    cut = self._states(seq, k, identity, snapshot)
+                self._wake(cut)
 
     def states(self, seq: int, rank_key: RankKey, identity: dict[str, Any] | None, snapshot: dict[str, Any]) -> None:
         """What a rank took at cut ``seq``."""
@@ -632,7 +640,7 @@ class FlushPipeline:
         wake-up per message would cost the controller a thread switch each for nothing."""
         if cut is None or (cut.closed and cut.n_due <= 0) or cut is not self._pending[0]:
             self._cv.notify_all()
-        elif cut.closed and not cut.woke:
+        elif cut.closed and not cut.woke and not cut.awaited:  # an awaited one: when resumed
             cut.woke = True  # FlushWait.wait_cut and the worker's grace period
             self._cv.notify_all()
 
@@ -710,7 +718,7 @@ class FlushPipeline:
             if not self._pending:
                 if self._closing:
                     return None
-                self._cv.wait()
+                self._cv.wait(self.flush_timeout_s)  # a cut begun meanwhile is due no earlier
                 continue
             now = time.monotonic()
             next_bypass = self._due_bypasses(now, callbacks)
