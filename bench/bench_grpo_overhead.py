@@ -4,7 +4,8 @@
    ``FORGE_DISABLE_METRICS=true``, in separate processes on the same machine, alternating.
    Reports the median controller step time (one policy update: wait for a batch, train on every
    rank, publish weights, flush) after the warm-up steps, and the ratio. On a shared 2-core VM
-   run-to-run noise is several percent, so this bounds the overhead but cannot resolve 1 %.
+   run-to-run noise is several percent, so this bounds the overhead but cannot resolve 1 %; the
+   mean of the per-pair ratios comes with its 95 % confidence interval (Student's t).
 2. **Accounted**: what forge_obs itself spent per step in the "on" runs, from the run's own
    self-observation: ``obs/cpu_s`` (CPU of fetcher exports, the controller's flush / inbox /
    merge / backends, the timeline writer threads, all processes, measured with thread CPU
@@ -16,9 +17,15 @@
    thread's CPU).
    Reported as a share of the machine's CPU per step (cores x step time: the slowdown of a
    CPU-bound run) and of one core.
+3. **The cut against a raw round trip**: ``--probe-runs`` more "on" runs with
+   ``FORGE_OBS_PROBE_ROUND_TRIP=1``, where each flush first times a no-op endpoint call to the
+   same ranks from the same controller process; the table gives, per step, the cut's wait, that
+   raw round trip, their ratio and the cut's parts (``obs/cut/...``). Not part of the A/B (the
+   probe adds its round trip to each step).
 
     python bench/bench_grpo_overhead.py                  # 3 runs each, 80 steps, vLLM when installed
     python bench/bench_grpo_overhead.py --runs 2 --steps 40 --generator torch
+    python bench/bench_grpo_overhead.py --runs 3 --steps 40 --generator torch --probe-runs 1
 
 Prints tables and writes bench/results/grpo_overhead.json. Figures, never timed asserts.
 """

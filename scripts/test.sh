@@ -24,5 +24,5 @@ export MONARCH_FILE_LOG=error HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY=1s
 if [ $# -eq 0 ]; then
   FORGE_OBS_AGGREGATE=on .venv/bin/python -m pytest -q -rs tests/test_cut.py tests/test_actors.py \
     tests/test_isolation.py tests/test_isolation_record.py tests/test_torchforge_compat.py tests/test_timeline_mesh.py \
-    tests/test_alerts_mesh.py tests/test_grpo.py
+    tests/test_alerts_mesh.py tests/test_grpo.py tests/test_cut_timing.py
 fi

@@ -2,6 +2,8 @@
 (``probe_round_trip``), on real Monarch proc meshes: the parts are the caller's own wait, split
 along the closing rank's path, and probing changes no value's step."""
 
+import time
+
 import pytest
 from monarch.actor import Actor, endpoint, this_host
 
@@ -120,3 +122,36 @@ async def test_a_large_cut_flushed_from_synchronous_code_arrives(tmp_path):
     await pm.stop()
     got = global_rows(tmp_path)[0]["metrics"]
     assert got["many/k0"] == got["many/k499"] == 6.0 and got["obs/missing_ranks"] == 0
+
+
+@pytest.mark.parametrize("then", ["next_cut", "mesh_stop"])
+async def test_held_states_go_before_the_next_cut_and_before_final_states(tmp_path, then):
+    """Should the controller's request for a large cut's states never come, the ranks send them
+    before their next acknowledgement, or with their final states when the mesh stops: the
+    step still has exactly its values (nothing waits for a timeout)."""
+    from forge_obs.controller.logger import _STATE
+
+    mlogger = await start_logger(tmp_path, {"flush_timeout_s": 60})
+    asked: list = []
+    _STATE.pipeline.ask_exports = lambda seq, meshes: asked.append(seq)  # requests go nowhere
+    pm = this_host().spawn_procs(per_host={"procs": 2})
+    m = pm.spawn("Many", Many)
+    await m.record.call(300, 1.0)
+    await mlogger.flush.call_one(0)
+    if then == "next_cut":  # cut 1 brings cut 0's states; the shutdown's cut brings cut 1's
+        await m.record.call(300, 2.0)
+        await mlogger.flush.call_one(1)
+        t0 = time.monotonic()
+        await mlogger.shutdown.call_one()
+        await pm.stop()
+    else:
+        t0 = time.monotonic()
+        await pm.stop()
+        await mlogger.shutdown.call_one()
+    assert time.monotonic() - t0 < 30.0  # no step waited for its timeout
+    rows = global_rows(tmp_path)
+    assert asked  # the requests were made (and dropped here)
+    assert rows[0]["metrics"]["many/k0"] == rows[0]["metrics"]["many/k299"] == 2.0
+    if then == "next_cut":
+        assert rows[1]["metrics"]["many/k0"] == rows[1]["metrics"]["many/k299"] == 4.0
+    assert all(r["metrics"]["obs/missing_ranks"] == 0 and r["metrics"]["obs/late_ranks"] == 0 for r in rows.values())
