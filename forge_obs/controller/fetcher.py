@@ -237,13 +237,11 @@ class LocalFetcherActor(Actor):
             logger.error("forge_obs: %s could not acknowledge step %s: %r", self.identity.label, step, e)
         if ctl_us is not None:
             _clock_sample(ctl_us)
-        if with_ack:
-            pass
-        elif target is self.port and ctl_us is not None:
+        if not with_ack and target is self.port and ctl_us is not None:
             # a large cut of the controller's: exported once it asks (export), so that the
             # export does not compete with the cut for the machine while other ranks ack
             self._held = (seq, taken)
-        else:
+        elif not with_ack:
             self._send(STATES, seq, taken, target)
         SELF_OBS.add("export", time.thread_time() - cpu0)  # sent with the next cut
 

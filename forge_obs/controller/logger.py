@@ -173,7 +173,7 @@ class ProbedFlush:
     mesh (:func:`probe_round_trip`), then cuts; ``.get()`` from synchronous code only cuts."""
 
     def __init__(self, step: Any) -> None:
-        self.step = step
+        self.step = check_step(step)  # a bad step raises at the call, as without the probe
 
     def __await__(self):
         return self._run().__await__()
