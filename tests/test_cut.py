@@ -17,7 +17,7 @@ from monarch.actor import Actor, endpoint, this_host
 
 from forge_obs import Reduce, record_metric
 from forge_obs.analysis.store import read_metrics
-from tests.helpers import aggregating, global_rows, start_logger
+from tests.helpers import aggregating, global_rows, start_logger, until_answered
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -100,7 +100,8 @@ async def test_a_hung_rank_costs_one_timeout_then_flush_does_not_wait_for_it(tmp
         second_s = time.monotonic() - t0
     finally:
         os.kill(pid1, signal.SIGCONT)
-    await a.slice(procs=1).pid.call_one()  # rank 1 answers again (and took the old cuts)
+    await a.slice(procs=1).pid.call_one()  # rank 1 answers again (and took the old cuts) ...
+    await until_answered("stall/Stoppable/r1")  # ... and the controller took its late answers
     await mlogger.flush.call_one(2)
     await mlogger.shutdown.call_one()
     await pm.stop()

@@ -2,6 +2,8 @@
 (``probe_round_trip``), on real Monarch proc meshes: the parts are the caller's own wait, split
 along the closing rank's path, and probing changes no value's step."""
 
+import os
+import signal
 import time
 
 import pytest
@@ -155,3 +157,32 @@ async def test_held_states_go_before_the_next_cut_and_before_final_states(tmp_pa
     if then == "next_cut":
         assert rows[1]["metrics"]["many/k0"] == rows[1]["metrics"]["many/k299"] == 4.0
     assert all(r["metrics"]["obs/missing_ranks"] == 0 and r["metrics"]["obs/late_ranks"] == 0 for r in rows.values())
+
+
+class Pid(Actor):
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+async def test_held_states_of_a_cut_closed_by_its_timeout_still_arrive(tmp_path):
+    """Another mesh's rank hangs, so the cut closes at its timeout with no time left: the held
+    states of the ranks that acknowledged are asked for then and still land in the step."""
+    mlogger = await start_logger(tmp_path, {"flush_timeout_s": 1.0})
+    big = this_host().spawn_procs(per_host={"procs": 1}, name="big")
+    m = big.spawn("Many", Many)
+    stall = this_host().spawn_procs(per_host={"procs": 1}, name="hangs")
+    pid = await stall.spawn("Pid", Pid).pid.call_one()
+    await m.record.call(300, 5.0)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        await mlogger.flush.call_one(0)
+        await mlogger.wait_idle.call_one()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    row = global_rows(tmp_path)[0]
+    assert row["metrics"]["many/k0"] == row["metrics"]["many/k299"] == 5.0
+    assert row["missing"] == ["hangs/Pid/r0"]
+    await mlogger.shutdown.call_one()
+    await stall.stop()
+    await big.stop()

@@ -514,7 +514,12 @@ class FlushPipeline:
             return None
         cut.exports_asked = True
         meshes = sorted({k[0] for k in cut.expected if k not in cut.received and k not in self.lagging})
-        return functools.partial(self.ask_exports, cut.seq, meshes) if meshes else None
+        if not meshes:
+            return None
+        # the states asked for now have a timeout of their own: a cut closed by its timeout
+        # has none left for them
+        cut.deadline = max(cut.deadline, time.monotonic() + self.flush_timeout_s)
+        return functools.partial(self.ask_exports, cut.seq, meshes)
 
     def wait_cut(self, cut: Cut, timeout: float | None = None) -> bool:
         """Block until ``cut`` is closed (threads that cannot await); True if it closed."""
