@@ -1,4 +1,5 @@
-"""Timing helpers shared by the CPU micro-benchmarks (bench_tracer.py, bench_vs_torchforge.py).
+"""Timing helpers shared by the benchmarks (bench_tracer.py, bench_vs_torchforge.py,
+bench_spmd.py, bench_grpo_overhead.py).
 
 Imports neither forge_obs nor torch, so a benchmark can set its environment first.
 """
@@ -33,3 +34,9 @@ def tracer_cycle(tracer_cls: type) -> Callable[[], None]:
         t.stop()
 
     return run
+
+
+def percentile(xs: list, q: float) -> float:
+    """The ``q`` quantile of ``xs`` (0 <= q <= 1): the value at that rank, no interpolation."""
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]

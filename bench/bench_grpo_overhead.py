@@ -45,6 +45,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from _timing import percentile  # noqa: E402  (bench/, beside this script)
 from forge_obs.core.selfobs import CPU_PARTS  # noqa: E402
 os.environ.setdefault("MONARCH_FILE_LOG", "error")
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
@@ -95,11 +96,6 @@ def cut_parts(run_dir: Path, warmup: int) -> dict:
     return out
 
 
-def _pct(values: list[float], q: float) -> float:
-    v = sorted(values)
-    return v[min(len(v) - 1, int(q * len(v)))]
-
-
 def print_cut_table(probes: list[dict]) -> dict:
     """The cut against the raw round trip, interleaved in the same runs, and where the cut's
     time went (medians over every measured step of the probe runs)."""
@@ -109,15 +105,15 @@ def print_cut_table(probes: list[dict]) -> dict:
     print(f"\nThe cut in the app vs a raw no-op round trip to the same ranks, right before it "
           f"({len(raw)} steps of {len(probes)} run(s) with probe_round_trip)")
     print("| figure | median | p90 | target |\n|---|---|---|---|")
-    print(f"| raw round trip (no-op endpoint, every mesh at once) | {statistics.median(raw) * 1e3:.2f} ms | {_pct(raw, 0.9) * 1e3:.2f} ms | |")
-    print(f"| cut, caller blocked | {statistics.median(cut) * 1e3:.2f} ms | {_pct(cut, 0.9) * 1e3:.2f} ms | |")
-    print(f"| cut / raw round trip, per step | {statistics.median(pooled['ratio']):.2f}x | {_pct(pooled['ratio'], 0.9):.2f}x | <= 1.3x |")
+    print(f"| raw round trip (no-op endpoint, every mesh at once) | {statistics.median(raw) * 1e3:.2f} ms | {percentile(raw, 0.9) * 1e3:.2f} ms | |")
+    print(f"| cut, caller blocked | {statistics.median(cut) * 1e3:.2f} ms | {percentile(cut, 0.9) * 1e3:.2f} ms | |")
+    print(f"| cut / raw round trip, per step | {statistics.median(pooled['ratio']):.2f}x | {percentile(pooled['ratio'], 0.9):.2f}x | <= 1.3x |")
     names = {"obs/cut/send_s": "send (cast to every mesh)", "obs/cut/to_rank_s": "to the closing rank (queueing, flight)",
              "obs/cut/rank_s": "rank side (swap, ack)", "obs/cut/ack_s": "ack delivery (flight, controller runtime, inbox)",
              "obs/cut/resume_s": "inbox hop and the caller's resumption", "obs/cut/transit_s": "both flights (to_rank + ack)"}
     for k, name in names.items():
         if pooled.get(k):
-            print(f"| cut part: {name} | {statistics.median(pooled[k]) * 1e3:.2f} ms | {_pct(pooled[k], 0.9) * 1e3:.2f} ms | |")
+            print(f"| cut part: {name} | {statistics.median(pooled[k]) * 1e3:.2f} ms | {percentile(pooled[k], 0.9) * 1e3:.2f} ms | |")
     return {"raw_round_trip_s_median": statistics.median(raw), "cut_blocked_s_median": statistics.median(cut),
             "ratio_median": statistics.median(pooled["ratio"]),
             "parts_median_s": {k: statistics.median(v) for k, v in pooled.items() if v and k.startswith("obs/cut/")}}

@@ -36,6 +36,7 @@ import threading
 import time
 from pathlib import Path
 
+from _timing import percentile  # bench/, beside this script
 from forge_obs.backends.base import LoggerBackend
 
 KEYS = 20
@@ -49,11 +50,6 @@ class StampBackend(LoggerBackend):
 
     def log_step(self, record) -> None:
         StampBackend.arrivals[record.step] = time.perf_counter()
-
-
-def _pct(xs: list, q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def worker(steps: int, out: Path, step_ms: float) -> None:
@@ -81,7 +77,7 @@ def worker(steps: int, out: Path, step_ms: float) -> None:
     swap_us = _swap_alone(steps, step_ms)
     transport = _transport(rank, world)
     summary = obs.shutdown()
-    res = {"rank": rank, "flush_us": statistics.median(flush_us), "flush_p99_us": _pct(flush_us, 0.99),
+    res = {"rank": rank, "flush_us": statistics.median(flush_us), "flush_p99_us": percentile(flush_us, 0.99),
            "barrier_us": statistics.median(barrier_us), "swap_alone_us": swap_us, "ship_cpu_us_per_step": obs.ship_cpu_s / max(1, obs.shipped) * 1e6,
            "transport": transport, "summary": {k: v for k, v in summary.items() if k != "unfinished_backends"}}
     if rank == 0:
@@ -89,7 +85,7 @@ def worker(steps: int, out: Path, step_ms: float) -> None:
 
         arrivals = bench_spmd.StampBackend.arrivals
         lat = [(arrivals[s] - sent[s]) * 1e3 for s in sent if s in arrivals]
-        res.update(steps_at_backend=len(lat), backend_ms=statistics.median(lat), backend_p99_ms=_pct(lat, 0.99))
+        res.update(steps_at_backend=len(lat), backend_ms=statistics.median(lat), backend_p99_ms=percentile(lat, 0.99))
     (out / f"rank{rank}.json").write_text(json.dumps(res))
     dist.destroy_process_group()
 
