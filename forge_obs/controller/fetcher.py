@@ -227,7 +227,7 @@ class LocalFetcherActor(Actor):
         # a small cut's states ride with the ack (one message, sent once they are exported); a
         # large one's, or device values (read back at export), follow it
         with_ack = target is self.port and _small(taken)
-        data = self._states_bytes(seq, taken, plain=not taken.raw) if with_ack else None
+        data = self._export_states(seq, taken, plain=not taken.raw) if with_ack else None
         ack = (ACK, seq, self.key, children, rank_stamp(entered))
         if data is not None:
             ack += (self.identity.to_dict(), data)
@@ -252,7 +252,7 @@ class LocalFetcherActor(Actor):
             self.route.send(target, msg)
 
     def _send(self, kind: str, seq: int, taken: Any, target: Any = None) -> None:
-        data = self._states_bytes(seq, taken)
+        data = self._export_states(seq, taken)
         if data is None:
             return
         try:
@@ -260,7 +260,7 @@ class LocalFetcherActor(Actor):
         except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
             logger.error("forge_obs: %s could not send its states (cut %s): %r", self.identity.label, seq, e)
 
-    def _states_bytes(self, seq: int, taken: Any, plain: bool = False) -> Any:
+    def _export_states(self, seq: int, taken: Any, plain: bool = False) -> Any:
         """``taken``'s states, pickled here, so that the controller's inbox thread only moves
         bytes (the decode happens on its pipeline thread, after the flush that waits for acks
         resumed); with ``plain``, the snapshot itself (a small cut of built-in reductions and no

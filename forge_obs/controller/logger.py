@@ -159,13 +159,25 @@ def _ask_resend(seq: int, ranks: dict[str, list[int]]) -> None:
     """Ask ``ranks`` (mesh id -> ranks) to send their answer to cut ``seq`` to the controller
     directly (their group leader did not deliver it in time; the pipeline calls this)."""
     for mesh_id, rs in ranks.items():
-        e = LOCAL_MESHES.get(mesh_id)
-        if e is None:
-            continue
-        try:
-            e.fetchers.resend.broadcast(seq, sorted(rs))
-        except Exception as ex:  # noqa: BLE001 - a gone mesh is reported as missing ranks
-            logger.warning("forge_obs: could not ask mesh %s to resend cut %s: %r", e.name, seq, ex)
+        _ask_mesh(mesh_id, "resend", f"resend cut {seq}", seq, sorted(rs))
+
+
+def _ask_exports(seq: int, mesh_ids: list[str]) -> None:
+    """Cut ``seq`` closed: ask the ranks of ``mesh_ids`` for the states they hold for it."""
+    for mesh_id in mesh_ids:
+        _ask_mesh(mesh_id, "export", f"send its states of cut {seq}", seq)
+
+
+def _ask_mesh(mesh_id: str, endpoint_name: str, what: str, *args: Any) -> None:
+    """Cast ``endpoint_name(*args)`` to the fetchers of a live mesh; a gone one is skipped (it
+    is reported as missing ranks)."""
+    e = LOCAL_MESHES.get(mesh_id)
+    if e is None:
+        return
+    try:
+        getattr(e.fetchers, endpoint_name).broadcast(*args)
+    except Exception as ex:  # noqa: BLE001 - a gone mesh is reported as missing ranks
+        logger.warning("forge_obs: could not ask mesh %s to %s: %r", e.name, what, ex)
 
 
 class ProbedFlush:
@@ -198,32 +210,19 @@ async def probe_round_trip() -> float | None:
     live = [e for e in LOCAL_MESHES.entries() if not e.stopping]
     if pipeline is None or not live:
         return None
-    took: list[float] = []
 
-    async def round_trip() -> None:
+    async def round_trip() -> float:  # timed inside: wait_for's own hop is not part of it
         t0 = time.monotonic()
         calls = [e.fetchers.ping.call() for e in live]
         for c in calls:
             await c
-        took.append(time.monotonic() - t0)
+        return time.monotonic() - t0
 
     try:
-        await asyncio.wait_for(round_trip(), pipeline.flush_timeout_s)
+        return await asyncio.wait_for(round_trip(), pipeline.flush_timeout_s)
     except Exception as e:  # noqa: BLE001 - a probe never fails the flush
         logger.warning("forge_obs: probe_round_trip: no raw round trip this step: %r", e)
-    return took[0] if took else None
-
-
-def _ask_exports(seq: int, mesh_ids: list[str]) -> None:
-    """Cut ``seq`` closed: ask the ranks of ``mesh_ids`` for the states they hold for it."""
-    for mesh_id in mesh_ids:
-        e = LOCAL_MESHES.get(mesh_id)
-        if e is None:
-            continue
-        try:
-            e.fetchers.export.broadcast(seq)
-        except Exception as ex:  # noqa: BLE001 - a gone mesh is reported as missing ranks
-            logger.warning("forge_obs: could not ask mesh %s for its states of cut %s: %r", e.name, seq, ex)
+        return None
 
 
 def _resolve(fut: asyncio.Future) -> None:
