@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+#: what report.html sets once its charts are drawn
+REPORT_READY = "document.body.dataset.ready === '1'"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--disable-dev-shm-usage", "--hide-scrollbars", "--mute-audio", "--remote-debugging-pipe"]
@@ -140,6 +142,12 @@ class Browser:
         self.send("Page.navigate", {"url": url}, session)
         self.wait_event("Page.loadEventFired", session, timeout_s, after=mark)
         return Page(self, session, width, height)
+
+    def open_report(self, path: Any, width: int = 1400, height: int = 900) -> "Page":
+        """``report.html`` at ``path``, once its script marked the page ready."""
+        page = self.open(path.as_uri(), width=width, height=height)
+        page.wait_for(REPORT_READY)
+        return page
 
     def close(self) -> None:
         try:

@@ -208,8 +208,7 @@ def test_report_in_headless_chromium(tmp_path):
     run_dir = make_run(tmp_path, steps=40)
     out = write_report(run_dir)
     with Browser() as b:
-        page = b.open(out.as_uri(), width=1400, height=900)
-        page.wait_for("document.body.dataset.ready === '1'")
+        page = b.open_report(out)
         assert page.errors == []
         closed = page.evaluate("document.querySelectorAll('details:not([open]) figure.chart').length")
         assert int(page.evaluate("document.body.dataset.drawn")) == N_FIGURES - closed
@@ -307,8 +306,7 @@ def test_grpo_sized_report_is_a_third_of_one_chart_per_key(tmp_path):
                app_settings={"steps": steps, "lr": 3e-4, "generator": "vllm"}, config={"console": {"compact": True}})
     out = write_report(run.run_dir)
     with Browser() as b:
-        page = b.open(out.as_uri(), width=1400, height=900)
-        page.wait_for("document.body.dataset.ready === '1'")
+        page = b.open_report(out)
         height = page.content_height()
         assert page.errors == []
         OUT_DIR.mkdir(parents=True, exist_ok=True)
@@ -325,6 +323,5 @@ def test_run_without_metrics_renders_without_script_errors(tmp_path):
     page = out.read_text()
     assert "no metrics in metrics.jsonl" in page and _figures(page) == []
     with Browser() as b:
-        p = b.open(out.as_uri())
-        p.wait_for("document.body.dataset.ready === '1'")
+        p = b.open_report(out)
         assert p.errors == [] and p.evaluate("document.body.dataset.drawn") == "0"

@@ -280,8 +280,7 @@ def test_report_path_chart_draws_in_headless_chromium(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = write_report(tmp_path)
     with Browser() as b:
-        page = b.open(out.as_uri(), width=1400, height=900)
-        page.wait_for("document.body.dataset.ready === '1'")
+        page = b.open_report(out)
         assert page.errors == []
         areas = page.evaluate("document.querySelectorAll('#p-critical svg polygon').length")
         assert int(areas) == 7  # the 6 biggest stages and "other"
