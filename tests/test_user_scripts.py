@@ -168,3 +168,24 @@ def test_gpu_traced_class_sent_by_value(tmp_path):
     assert 0 < v["model/forward/total_duration_avg_s"] <= v["model/forward/total_duration_max_s"]
     assert v["model/forward/memory_peak_max_gb"] > 0 and "model/forward/memory_delta_end_start_avg_gb" in v
     assert v["model/out"] == v["model/out"]  # a number, read from the device once
+
+
+def test_probed_cuts_from_the_docs(tmp_path):
+    """``"probe_round_trip": True`` with actors defined in the script, an unnamed mesh and two
+    replicas spawned with one name: every step has exactly its values, small cuts and large
+    ones alike, beside the raw round trip and the cut's parts."""
+    from forge_obs.analysis.store import read_metrics
+
+    out = run_script("probed_cuts.py", tmp_path, str(tmp_path / "runs"))
+    run_dir = Path(last_json(out)["run_dir"])
+    g = {r["step"]: r["metrics"] for r in read_metrics(run_dir, "global_reduce")}
+    for s in range(4):
+        n_keys = 10 if s % 2 == 0 else 500
+        m = g[s]
+        # 2 worker ranks record step + rank under every key; each replica one request
+        assert [m[f"work/k{i}"] for i in (0, n_keys - 1)] == [2.0 * s + 1.0] * 2, s
+        assert f"work/k{n_keys}" not in m and m["replica/requests"] == 2
+        assert m["obs/missing_ranks"] == 0 and m["obs/late_ranks"] == 0
+        assert m["obs/raw_round_trip_s"] > 0.0 and m["obs/cut/blocked_s"] >= m["obs/cut/send_s"] > 0.0
+    labels = {r["source"]["label"] for r in read_metrics(run_dir, "per_rank_reduce")} - {"Controller"}
+    assert labels == {"mesh/worker/r0", "mesh/worker/r1", "replica/replica/r0", "replica_1/replica/r0"}
