@@ -343,7 +343,7 @@ class RowAccumulator(MetricAccumulator):
         raise NotImplementedError
 
     @classmethod
-    def merge_rows(cls, rows: list) -> Any:  # pragma: no cover - abstract
+    def merge_rows(cls, rows: "list | tuple") -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
 
     @classmethod
@@ -462,7 +462,8 @@ class MeanAccumulator(RowAccumulator):
 
     @classmethod
     def merge_rows(cls, rows):
-        return (exact_fsum([r[0] for r in rows]), sum([r[1] for r in rows]))
+        sums, counts = zip(*rows)
+        return (exact_fsum(sums), sum(counts))
 
     @classmethod
     def row_value(cls, row):

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import time
+from itertools import repeat
+from operator import attrgetter
 from typing import Any, Callable
 
 from forge_obs.core.safe import safe_repr
@@ -242,10 +244,67 @@ def reduce_snapshots(
     different reductions on different ranks is also reported to ``on_conflict(key, reductions)``.
     ``on_overflow(key)``: the merge of finite states exceeded the float range (the value is
     ``±inf`` and kept). ``source`` labels the Metrics (per-rank views)."""
+    aligned = _reduce_aligned(snapshots, on_overflow, source)
+    if aligned is not None:
+        return aligned
     gr = Grouper()
     for snap in snapshots:
         gr.add_snapshot(snap)
     return _reduce_groups(gr, on_conflict, on_drop, on_overflow, source)
+
+
+def _aligned_groups(snapshots: list) -> list[tuple[str, list, list[list]]] | None:
+    """``[(reduction name, keys, [each snapshot's rows])]`` when every snapshot holds only packed
+    rows of built-in reductions, each the same keys in the same order (ranks that run the same
+    code), and each key once in one reduction; else None."""
+    first = snapshots[0] if snapshots else None
+    packed = first.get("packed") if type(first) is dict else None
+    if not packed or type(packed) is not dict:
+        return None
+    out = []
+    for rt, group in packed.items():
+        if rt not in ROW_CLASSES or type(group) is not tuple or len(group) != 2:
+            return None
+        keys = group[0]
+        cols = []
+        for snap in snapshots:
+            p = snap.get("packed") if type(snap) is dict and not snap.get("states") else None
+            g = p.get(rt) if type(p) is dict and len(p) == len(packed) else None
+            if type(g) is not tuple or len(g) != 2 or g[0] != keys or len(g[1]) != len(keys):
+                return None
+            cols.append(g[1])
+        out.append((rt, keys, cols))
+    if len(set().union(*(keys for _rt, keys, _cols in out))) != sum(len(k) for _rt, k, _c in out):
+        return None  # a key twice (a bundle's partial merges) or under two reductions: key by key
+    return out
+
+
+def _reduce_aligned(snapshots: list, on_overflow: Callable | None, source: str | None) -> list[Metric] | None:
+    """:func:`reduce_snapshots` of snapshots that :func:`_aligned_groups` accepts, key by key
+    with the same merges in the same snapshot order, so the same Metrics; merged column-wise,
+    without grouping each row by its key. None for any other snapshots, or if a row cannot be
+    reduced: the general path then reduces them (and sets aside what it must)."""
+    groups = _aligned_groups(snapshots)
+    if groups is None:
+        return None
+    now = time.time()
+    out: list[Metric] = []
+    overflows: list = []  # finite states whose merge exceeds the float range
+    try:
+        for rt, keys, cols in groups:
+            cls = ROW_CLASSES[rt]
+            rows = cols[0] if len(cols) == 1 else list(map(cls.merge_rows, zip(*cols)))
+            values = list(map(cls.row_value, rows))
+            if len(cols) > 1:
+                nonfinite = [i for i, v in enumerate(values) if type(v) is float and v - v]
+                overflows.extend(keys[i] for i in nonfinite if _finite_rows([c[i] for c in cols]))
+            out.extend(map(Metric, keys, values, repeat(reduction_of(rt)), repeat(now), repeat(source)))
+        out.sort(key=attrgetter("key"))
+    except Exception:  # noqa: BLE001 - e.g. a malformed row: the general path, key by key
+        return None
+    for key in sorted(overflows):
+        _call(on_overflow, key)
+    return out
 
 
 def reduce_metrics_states(
