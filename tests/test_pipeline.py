@@ -230,3 +230,31 @@ def test_per_rank_metrics_are_labelled(mode):
     else:
         assert {lbl: [m.value for m in ms] for lbl, ms in rec.per_rank.items()} == {"trainer/r0": [1.0], "trainer/r1": [2.0]}
         assert all(m.source == lbl for lbl, ms in rec.per_rank.items() for m in ms)
+
+
+async def test_states_a_closed_cut_asked_for_are_opened_as_they_come():
+    """A large cut's ranks send their states once asked: each is unpickled as it arrives (the
+    step's assembly then has only the last one's work left); bytes that do not unpickle still
+    cost only their rank, counted."""
+    from forge_obs.wire.snapshot import dumps
+
+    p, bes = _pipeline()
+    asked = []
+    p.ask_exports = lambda seq, meshes: asked.append((seq, meshes))
+    p.start()
+    cut = p.begin_cut(0, None, _ranks(3))
+    for r in range(3):
+        p.ack(cut.seq, ("m", r))
+    p.request_exports(cut)
+    assert asked == [(cut.seq, ["m"])]
+    p.states(cut.seq, ("m", 0), _ident("trainer", 0), dumps(_snap(x=1)))
+    received = p._find(cut.seq).received[("m", 0)]
+    assert isinstance(received[1], dict)  # unpickled; its states, pickled one by one, decoded at assembly
+    p.states(cut.seq, ("m", 1), _ident("trainer", 1), b"not a pickle")
+    p.states(cut.seq, ("m", 2), _ident("trainer", 2), dumps(_snap(x=2)))
+    await p.close()
+    (rec,) = bes["keep"].records
+    g = rec.global_dict()
+    assert g["x"] == 3.0
+    assert g["obs/dropped/undecodable"] == 1
+    assert sorted(rec.per_rank) == ["trainer/r0", "trainer/r2"]

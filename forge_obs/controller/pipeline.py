@@ -73,7 +73,7 @@ from forge_obs.recording.reduce import KeyDrops, Reduce
 from forge_obs.wire.bundle import loads_bundle
 from forge_obs.wire.merge import merge_snapshots, reduce_snapshots, without_keys
 from forge_obs.wire.plan import BYPASS_FRACTION
-from forge_obs.wire.snapshot import decode_raw, loads
+from forge_obs.wire.snapshot import decode_raw, loads, opened
 
 __all__ = ["RankKey", "ChildMesh", "BUNDLED_SEQS", "RESUME_GRACE_S", "RankBook", "Cut", "FlushPipeline"]
 
@@ -372,8 +372,12 @@ class FlushPipeline:
                     cut = self._states(seq, k, identity, snapshot)
                 self._wake(cut)
 
-    def states(self, seq: int, rank_key: RankKey, identity: dict[str, Any] | None, snapshot: dict[str, Any]) -> None:
-        """What a rank took at cut ``seq``."""
+    def states(self, seq: int, rank_key: RankKey, identity: dict[str, Any] | None, snapshot: Any) -> None:
+        """What a rank took at cut ``seq``. States that a closed cut asked for (nobody waits on
+        it any more) are unpickled here as they come, so that the step's assembly, once the
+        last of them came, does not unpickle them all."""
+        if isinstance(snapshot, bytes) and self._exports_asked(seq):
+            snapshot = opened(snapshot)
         with self._cv:
             cut = self._states(seq, tuple(rank_key), identity, snapshot)
             self._wake(cut)
@@ -551,6 +555,11 @@ class FlushPipeline:
             _recent(self._bypassed, cut.seq).add(lead)
             out.setdefault(lead[0], []).extend(m[1] for m in members)
         return out
+
+    def _exports_asked(self, seq: int) -> bool:
+        with self._cv:
+            cut = self._find(seq)
+            return cut is not None and cut.exports_asked
 
     def _find(self, seq: int) -> Cut | None:
         for cut in self._pending:

@@ -26,7 +26,8 @@ from forge_obs.core.pickling import PICKLED, pickle_value
 from forge_obs.core.safe import safe_repr
 from forge_obs.core.warn import WARNER
 
-__all__ = ["dumps", "loads", "has_values", "encode", "decode", "encode_raw", "decode_raw", "pickle_value", "PICKLED"]
+__all__ = ["dumps", "loads", "opened", "has_values", "encode", "decode", "encode_raw", "decode_raw", "pickle_value",
+           "PICKLED"]
 
 #: a snapshot's field that holds the indices of the raw values pickled one by one
 RAW_PICKLED = "raw_pickled"
@@ -44,6 +45,18 @@ def loads(snapshot: Any, on_drop: OnDrop | None = None) -> dict[str, Any]:
     if isinstance(snapshot, (bytes, bytearray, memoryview)):
         snapshot = pickle.loads(snapshot)
     return decode(snapshot, on_drop)
+
+
+def opened(snapshot: Any) -> Any:
+    """A snapshot as sent, unpickled once (what :func:`loads` starts with); the states pickled
+    one by one stay bytes until :func:`decode`. Bytes that do not unpickle are returned as they
+    came: :func:`loads` then reports them."""
+    if not isinstance(snapshot, bytes):
+        return snapshot
+    try:
+        return pickle.loads(snapshot)
+    except Exception:  # noqa: BLE001 - counted where the step is assembled
+        return snapshot
 
 
 def encode(snapshot: dict[str, Any], on_drop: OnDrop | None = None) -> dict[str, Any]:
