@@ -114,7 +114,10 @@ async def test_a_hung_rank_costs_one_timeout_then_flush_does_not_wait_for_it(tmp
         assert rows[1].get("missing", []) in ([], ["stall/Stoppable/r1"])
         assert sum(r["metrics"].get("hang/v", 0.0) for r in rows.values()) == 3.0  # nothing lost
         return
-    assert rows[1]["missing"] == ["stall/Stoppable/r1"] and "late" not in rows[1]
+    # steps leave in order: step 1 may be assembled after rank 1 resumed and answered cut 1 too
+    # (then it is not missing there)
+    if rows[1].get("missing"):
+        assert rows[1]["missing"] == ["stall/Stoppable/r1"] and "late" not in rows[1]
     # ... and arrives with the first step still being assembled when rank 1 resumed (1 or 2): once
     assert rows[1]["metrics"]["hang/v"] in (1.0, 2.0)
     assert sum(r["metrics"].get("hang/v", 0.0) for r in rows.values()) == 3.0  # nothing lost
