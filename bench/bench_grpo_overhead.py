@@ -5,7 +5,10 @@
    Reports the median controller step time (one policy update: wait for a batch, train on every
    rank, publish weights, flush) after the warm-up steps, and the ratio. On a shared 2-core VM
    run-to-run noise is several percent, so this bounds the overhead but cannot resolve 1 %; the
-   mean of the per-pair ratios comes with its 95 % confidence interval (Student's t).
+   mean of the per-pair ratios comes with its 95 % confidence interval (Student's t). The same
+   pairs are also compared in CPU time: the CPU seconds (user + system, from /proc) of the app's
+   process and every process below it, per measured step, on minus off, with its interval and
+   as a share of the machine.
 2. **Accounted**: what forge_obs itself spent per step in the "on" runs, from the run's own
    self-observation: ``obs/cpu_s`` (CPU of fetcher exports, the controller's flush / inbox /
    merge / backends, the timeline writer threads, all processes, measured with thread CPU
@@ -63,11 +66,13 @@ def one_run(disabled: bool, args: argparse.Namespace, root: str, i: int, probe: 
     cmd = [sys.executable, "-m", "apps.grpo.main", "--steps", str(args.steps), "--seed", "0", "--no-report",
            "--generator", args.generator, "--run-root", root, "--run-id", run_id, "--console-every", "1000000"]
     t0 = time.time()
-    sampler = CpuSampler()
-    with sampler:
-        res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise SystemExit(f"run failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err, text=True)
+        with CpuSampler(proc.pid) as sampler:
+            returncode = proc.wait()
+        if returncode != 0:
+            out.seek(0), err.seek(0)
+            raise SystemExit(f"run failed:\n{out.read()[-3000:]}\n{err.read()[-3000:]}")
     summary = json.loads((Path(root) / run_id / "grpo_summary.json").read_text())
     steps = summary["step_s"][args.warmup:]
     out = {"obs": not disabled, "run_id": run_id, "generator": summary["generator"], "wall_s": time.time() - t0,
@@ -75,7 +80,11 @@ def one_run(disabled: bool, args: argparse.Namespace, root: str, i: int, probe: 
            "train_loop_s": sum(summary["step_s"]), "steps": len(summary["step_s"])}
     ends = summary.get("step_end_wall") or []
     if len(ends) > args.warmup:
-        out["machine_busy"] = sampler.busy_between(ends[args.warmup - 1] if args.warmup else ends[0], ends[-1])
+        first = ends[args.warmup - 1] if args.warmup else ends[0]
+        out["machine_busy"] = sampler.busy_between(first, ends[-1])
+        c0, c1 = sampler.tree_cpu_at(first), sampler.tree_cpu_at(ends[-1])
+        if c0 is not None and c1 is not None:  # CPU of all the run's processes per measured step
+            out["cpu_s_per_step"] = (c1 - c0) / (len(ends) - max(args.warmup, 1))
     if probe:
         out["cut"] = cut_parts(Path(root) / run_id, args.warmup)
     elif not disabled:
@@ -120,7 +129,8 @@ def print_cut_table(probes: list[dict]) -> dict:
 
 
 def pair_interval(pairs: list[float]) -> tuple[float, float, float]:
-    """Mean of the per-pair on/off ratios and its 95 % confidence interval (Student's t)."""
+    """Mean of per-pair figures (on/off ratios, on - off differences) and its 95 % confidence
+    interval (Student's t)."""
     mean = statistics.fmean(pairs)
     if len(pairs) < 2:
         return mean, float("nan"), float("nan")
@@ -130,24 +140,56 @@ def pair_interval(pairs: list[float]) -> tuple[float, float, float]:
 
 
 class CpuSampler:
-    """Samples /proc/stat twice a second while a run goes on: how busy the machine was."""
+    """Samples, ten times a second while a run goes on, how busy the machine was (/proc/stat)
+    and the CPU seconds (user + system) that the run's processes have used: the app's process
+    and every process below it (its Monarch procs), read from /proc/<pid>/stat."""
 
-    def __init__(self) -> None:
+    PERIOD_S = 0.1
+
+    def __init__(self, root_pid: int | None = None) -> None:
         import threading
 
-        self.samples: list[tuple[float, int, int]] = []  # (wall time, idle+iowait jiffies, total jiffies)
+        self.root_pid = root_pid
+        # (wall time, idle+iowait jiffies, total jiffies, CPU seconds of the run's processes)
+        self.samples: list[tuple[float, int, int, float]] = []
+        self._tick = os.sysconf("SC_CLK_TCK")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _tree_cpu_s(self) -> float:
+        """CPU seconds of ``root_pid`` and its descendants alive now."""
+        if self.root_pid is None:
+            return 0.0
+        parent, ticks = {}, {}
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # gone meanwhile
+            parent[int(d)] = int(fields[1])
+            ticks[int(d)] = int(fields[11]) + int(fields[12])  # utime + stime
+        total, tree = 0, {self.root_pid}
+        for pid in sorted(parent):  # a child's pid may be smaller than its parent's: walk up
+            p, seen = pid, 0
+            while p not in tree and p in parent and seen < 64:
+                p, seen = parent[p], seen + 1
+            if p in tree:
+                tree.add(pid)
+                total += ticks.get(pid, 0)
+        return total / self._tick
 
     def _run(self) -> None:
         while True:
             try:
                 with open("/proc/stat") as f:
                     vals = [int(x) for x in f.readline().split()[1:]]
-                self.samples.append((time.time(), vals[3] + vals[4], sum(vals)))
+                self.samples.append((time.time(), vals[3] + vals[4], sum(vals), self._tree_cpu_s()))
             except (OSError, ValueError, IndexError):
                 return
-            if self._stop.wait(0.5):
+            if self._stop.wait(self.PERIOD_S):
                 return
 
     def __enter__(self) -> "CpuSampler":
@@ -162,8 +204,15 @@ class CpuSampler:
         inside = [s for s in self.samples if t0 <= s[0] <= t1]
         if len(inside) < 2:
             return None
-        (_, i0, a0), (_, i1, a1) = inside[0], inside[-1]
+        (_, i0, a0, _), (_, i1, a1, _) = inside[0], inside[-1]
         return 1.0 - (i1 - i0) / (a1 - a0) if a1 > a0 else None
+
+    def tree_cpu_at(self, t: float) -> float | None:
+        """The run's processes' CPU seconds at wall time ``t``, interpolated between samples."""
+        for (ta, *_, ca), (tb, *_, cb) in zip(self.samples, self.samples[1:]):
+            if ta <= t <= tb:
+                return ca + (cb - ca) * (t - ta) / (tb - ta) if tb > ta else ca
+        return None
 
 
 def run_counts(run_dir: Path, warmup: int) -> dict:
@@ -245,6 +294,26 @@ def _message_costs(n: int = 2000) -> dict:
     return asyncio.run(run())
 
 
+def cpu_pairs(rows: list[dict], med_on: float) -> dict | None:
+    """The A/B in CPU time: CPU seconds of all the run's processes per measured step, on minus
+    off for each pair of runs, its mean with a 95 % interval, and that as a share of the
+    machine's CPU per step (cores x the median step of the 'on' runs)."""
+    on = [r.get("cpu_s_per_step") for r in rows if r["obs"]]
+    off = [r.get("cpu_s_per_step") for r in rows if not r["obs"]]
+    diffs = [a - b for a, b in zip(on, off) if a is not None and b is not None]
+    if not diffs:
+        return None
+    mean, lo, hi = pair_interval(diffs)
+    machine = (os.cpu_count() or 1) * med_on
+    print(f"  CPU of all the run's processes per step: on {', '.join(f'{x * 1e3:.1f}' for x in on if x is not None)} ms; "
+          f"off {', '.join(f'{x * 1e3:.1f}' for x in off if x is not None)} ms")
+    print(f"  on - off per pair: {', '.join(f'{d * 1e3:+.2f}' for d in diffs)} ms; mean {mean * 1e3:+.2f} ms, "
+          f"95 % CI [{lo * 1e3:+.2f}, {hi * 1e3:+.2f}] ms = {100 * mean / machine:+.2f} % of the machine "
+          f"[{100 * lo / machine:+.2f}, {100 * hi / machine:+.2f}] %")
+    return {"on_s": on, "off_s": off, "diff_s": diffs, "mean_s": mean, "ci95_s": [lo, hi],
+            "machine_share": mean / machine, "machine_share_ci95": [lo / machine, hi / machine]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3, help="runs per setting (alternating on/off)")
@@ -283,6 +352,7 @@ def main() -> None:
     busy = [r["machine_busy"] for r in rows if r.get("machine_busy") is not None]
     if busy:
         print(f"  machine busy during the measured steps: {', '.join(f'{100 * b:.0f} %' for b in busy)}")
+    cpu_ab = cpu_pairs(rows, med_on)
 
     costs = unit_costs()
     acc = {k: statistics.fmean(r["accounted"][k] for r in rows if r["obs"]) for k in rows[0]["accounted"]}
@@ -316,7 +386,8 @@ def main() -> None:
            "median_step_s_on": med_on, "median_step_s_off": med_off, "ratio": ratio, "pair_ratios": pairs,
            "overhead_pct": 100 * (ratio - 1), "unit_costs": costs, "accounted_per_step": acc,
            "accounted_total_s": total, "accounted_machine_share": machine_share, "accounted_core_share": core_share,
-           "critical_path_share": crit_share, "pair_mean": mean_pair, "pair_ci95": [lo, hi], "cut_vs_raw": cut_table,
+           "critical_path_share": crit_share, "pair_mean": mean_pair, "pair_ci95": [lo, hi], "cpu_ab": cpu_ab,
+           "cut_vs_raw": cut_table,
            "probe_runs": probes}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
