@@ -191,3 +191,33 @@ async def test_init_backends_again_with_wandb_continues_the_same_wandb_run(tmp_p
     runs = [read_run(f) for f in find_run_files(tmp_path / "wb" / "wandb")]
     assert {r.run_id for r in runs} == {"wb"}
     assert sorted((row["_step"], row["x"]) for r in runs for row in r.history) == [(s, float(s + 1)) for s in range(4)]
+
+
+def test_call_hook_passes_each_hook_the_keywords_it_takes():
+    """A hook gets only the keyword arguments its own signature names (all of them with
+    ``**kwargs``), whatever another backend's hook of the same name takes; async hooks run."""
+    from forge_obs.backends.base import call_hook
+
+    class Old:
+        def init(self, run=None):
+            return ("old", run)
+
+    class New:
+        def init(self, run=None, role=None, **kw):
+            return ("new", run, role, kw)
+
+    class Async:
+        async def init(self, role=None):
+            return ("async", role)
+
+    class CallableHook:
+        def __call__(self, process_name=None):
+            return ("callable", process_name)
+
+    kw = {"run": 1, "role": "global", "process_name": "Controller"}
+    for _ in range(2):  # the second time from what was read the first time
+        assert call_hook(Old().init, **kw) == ("old", 1)
+        assert call_hook(New().init, **kw) == ("new", 1, "global", {"process_name": "Controller"})
+        assert call_hook(Async().init, **kw) == ("async", "global")
+        assert call_hook(CallableHook(), **kw) == ("callable", "Controller")
+        assert call_hook(lambda: "no args") == "no args"

@@ -37,6 +37,7 @@ import functools
 import importlib
 import inspect
 import threading
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -329,18 +330,36 @@ def parse_modes(value: Any, default: tuple[LoggingMode, ...]) -> tuple[LoggingMo
 def call_hook(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Call a backend hook with the keyword arguments its signature accepts; run it to
     completion if it is a coroutine function (torchforge backends are async)."""
-    try:
-        sig = inspect.signature(fn)
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
-            kwargs = {k: v for k, v in kwargs.items() if k in sig.parameters}
-    except (TypeError, ValueError):
-        pass
+    if kwargs:
+        names = _keyword_names(fn)
+        if names is not None:
+            kwargs = {k: v for k, v in kwargs.items() if k in names}
     out = fn(*args, **kwargs)
     if type(out) is Done:
         return out.value
     if inspect.isawaitable(out):
         return _run_coro(out)
     return out
+
+
+def _keyword_names(fn: Callable[..., Any]) -> "frozenset[str] | None":
+    """The parameter names ``fn`` takes; None if it takes any keyword (or has no signature).
+    Read once per function (a bound method's: once per class)."""
+    func = getattr(fn, "__func__", fn)
+    if isinstance(func, types.FunctionType):
+        return _names_of(func)
+    return _names_of.__wrapped__(fn)  # another callable: read each time
+
+
+@functools.lru_cache(maxsize=1024)
+def _names_of(func: Callable[..., Any]) -> "frozenset[str] | None":
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params)
 
 
 _local = threading.local()  # each backend thread runs its async hooks on a loop of its own
