@@ -72,8 +72,11 @@ def _safe(s: Any) -> str:
     return re.sub(r"[^A-Za-z0-9.\-]", "-", str(s)) or "x"
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)  # holds no state between calls
+
+
 def _dumps(o: Any) -> str:
-    return json.dumps(o, separators=(",", ":"), default=str)
+    return _ENCODER.encode(o)
 
 
 class Writer:
