@@ -262,8 +262,7 @@ class LocalFetcherActor(Actor):
 
     def _export_states(self, seq: int, taken: Any, plain: bool = False) -> Any:
         """``taken``'s states, pickled here, so that the controller's inbox thread only moves
-        bytes (the decode happens on its pipeline thread, after the flush that waits for acks
-        resumed); with ``plain``, the snapshot itself (a small cut of built-in reductions and no
+        bytes while a flush waits (they are decoded once it resumed); with ``plain``, the snapshot itself (a small cut of built-in reductions and no
         raw values: numbers and strings, cheap to take in any thread). None (logged) if they
         cannot be exported."""
         try:

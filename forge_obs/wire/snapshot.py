@@ -8,7 +8,9 @@
 
 ``{"packed": {reduction: (keys, rows)}, "states": {key: state}, "raw": [...] | None,
 "counters": {...}, "wall_time": t}``, pickled by the fetcher (:func:`dumps`) so that the
-controller's inbox thread only moves bytes; the pipeline thread decodes it (:func:`loads`).
+controller's inbox thread only moves bytes while a flush waits; the pipeline thread decodes it
+(:func:`loads`). States that a closed cut asked for are unpickled by the inbox as they come
+(:func:`opened`): nobody waits on that cut any more.
 
 The states of SAMPLE and custom reductions (which may hold any object) travel pickled one by
 one (:data:`PICKLED`), and so do raw values that are not numbers (:func:`encode_raw`): a state
