@@ -262,9 +262,9 @@ class LocalFetcherActor(Actor):
 
     def _export_states(self, seq: int, taken: Any, plain: bool = False) -> Any:
         """``taken``'s states, pickled here, so that the controller's inbox thread only moves
-        bytes while a flush waits (they are decoded once it resumed); with ``plain``, the snapshot itself (a small cut of built-in reductions and no
-        raw values: numbers and strings, cheap to take in any thread). None (logged) if they
-        cannot be exported."""
+        bytes while a flush waits (they are decoded once it resumed); with ``plain``, the
+        snapshot itself (a small cut of built-in reductions and no raw values: numbers and
+        strings, cheap to take in any thread). None (logged) if they cannot be exported."""
         try:
             snap = _COLLECTOR.export(taken, packed=True)
             snap["self_cpu"] = SELF_OBS.take()  # forge_obs's own cost here: apart from the user's values

@@ -462,7 +462,7 @@ class MeanAccumulator(RowAccumulator):
 
     @classmethod
     def merge_rows(cls, rows):
-        sums, counts = zip(*rows)
+        sums, counts = zip(*rows) if rows else ((), ())
         return (exact_fsum(sums), sum(counts))
 
     @classmethod
