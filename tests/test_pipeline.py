@@ -233,9 +233,9 @@ def test_per_rank_metrics_are_labelled(mode):
 
 
 async def test_states_a_closed_cut_asked_for_are_opened_as_they_come():
-    """A large cut's ranks send their states once asked: each is unpickled as it arrives (the
-    step's assembly then has only the last one's work left); bytes that do not unpickle still
-    cost only their rank, counted."""
+    """A large cut's ranks send their states once asked: each is unpickled as it arrives while
+    no flush waits (the step's assembly then has only the last one's work left), and left as
+    bytes while one does; bytes that do not unpickle still cost only their rank, counted."""
     from forge_obs.wire.snapshot import dumps
 
     p, bes = _pipeline()
@@ -250,11 +250,17 @@ async def test_states_a_closed_cut_asked_for_are_opened_as_they_come():
     p.states(cut.seq, ("m", 0), _ident("trainer", 0), dumps(_snap(x=1)))
     received = p._find(cut.seq).received[("m", 0)]
     assert isinstance(received[1], dict)  # unpickled; its states, pickled one by one, decoded at assembly
-    p.states(cut.seq, ("m", 1), _ident("trainer", 1), b"not a pickle")
+    nxt = p.begin_cut(1, None, _ranks(3))  # a flush waits: the inbox thread only moves bytes
     p.states(cut.seq, ("m", 2), _ident("trainer", 2), dumps(_snap(x=2)))
+    assert isinstance(p._find(cut.seq).received[("m", 2)][1], bytes)
+    p.states(cut.seq, ("m", 1), _ident("trainer", 1), b"not a pickle")
+    for r in range(3):
+        p.ack(nxt.seq, ("m", r))
+        p.states(nxt.seq, ("m", r), _ident("trainer", r), _snap(x=10))
     await p.close()
-    (rec,) = bes["keep"].records
+    rec, nxt_rec = bes["keep"].records
     g = rec.global_dict()
     assert g["x"] == 3.0
     assert g["obs/dropped/undecodable"] == 1
     assert sorted(rec.per_rank) == ["trainer/r0", "trainer/r2"]
+    assert nxt_rec.global_dict()["x"] == 30.0

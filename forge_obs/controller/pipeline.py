@@ -373,10 +373,10 @@ class FlushPipeline:
                 self._wake(cut)
 
     def states(self, seq: int, rank_key: RankKey, identity: dict[str, Any] | None, snapshot: Any) -> None:
-        """What a rank took at cut ``seq``. States that a closed cut asked for (nobody waits on
-        it any more) are unpickled here as they come, so that the step's assembly, once the
-        last of them came, does not unpickle them all."""
-        if isinstance(snapshot, bytes) and self._exports_asked(seq):
+        """What a rank took at cut ``seq``. States that a closed cut asked for are unpickled here
+        as they come, while no flush waits, so that the step's assembly, once the last of them
+        came, does not unpickle them all."""
+        if isinstance(snapshot, bytes) and self._open_now(seq):
             snapshot = opened(snapshot)
         with self._cv:
             cut = self._states(seq, tuple(rank_key), identity, snapshot)
@@ -556,10 +556,12 @@ class FlushPipeline:
             out.setdefault(lead[0], []).extend(m[1] for m in members)
         return out
 
-    def _exports_asked(self, seq: int) -> bool:
+    def _open_now(self, seq: int) -> bool:
+        """Whether states of cut ``seq`` may be unpickled now: it asked for them, and no cut is
+        open (a waiting flush has the inbox thread's time for its acks)."""
         with self._cv:
             cut = self._find(seq)
-            return cut is not None and cut.exports_asked
+            return cut is not None and cut.exports_asked and all(c.closed for c in self._pending)
 
     def _find(self, seq: int) -> Cut | None:
         for cut in self._pending:
