@@ -10,7 +10,7 @@
 "counters": {...}, "wall_time": t}``, pickled by the fetcher (:func:`dumps`) so that the
 controller's inbox thread only moves bytes while a flush waits; the pipeline thread decodes it
 (:func:`loads`). States that a closed cut asked for are unpickled by the inbox as they come
-(:func:`opened`): nobody waits on that cut any more.
+(:func:`opened`) when no flush waits.
 
 The states of SAMPLE and custom reductions (which may hold any object) travel pickled one by
 one (:data:`PICKLED`), and so do raw values that are not numbers (:func:`encode_raw`): a state
