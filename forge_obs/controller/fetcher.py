@@ -227,7 +227,7 @@ class LocalFetcherActor(Actor):
         # a small cut's states ride with the ack (one message, sent once they are exported); a
         # large one's, or device values (read back at export), follow it
         with_ack = target is self.port and _small(taken)
-        data = self._export_states(seq, taken, plain=not taken.raw) if with_ack else None
+        data = self._export_states(seq, taken) if with_ack else None
         ack = (ACK, seq, self.key, children, rank_stamp(entered))
         if data is not None:
             ack += (self.identity.to_dict(), data)
@@ -260,16 +260,14 @@ class LocalFetcherActor(Actor):
         except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
             logger.error("forge_obs: %s could not send its states (cut %s): %r", self.identity.label, seq, e)
 
-    def _export_states(self, seq: int, taken: Any, plain: bool = False) -> Any:
-        """``taken``'s states, pickled here, so that the controller's inbox thread only moves
-        bytes while a flush waits (they are decoded once it resumed); with ``plain``, the
-        snapshot itself (a small cut of built-in reductions and no raw values: numbers and
-        strings, cheap to take in any thread). None (logged) if they cannot be exported."""
+    def _export_states(self, seq: int, taken: Any) -> bytes | None:
+        """``taken``'s states, pickled here (:func:`~forge_obs.wire.snapshot.dumps`: a message
+        then carries one bytes object), so that the controller's inbox thread only moves bytes
+        while a flush waits (they are decoded once it resumed). None (logged) if they cannot be
+        exported."""
         try:
             snap = _COLLECTOR.export(taken, packed=True)
             snap["self_cpu"] = SELF_OBS.take()  # forge_obs's own cost here: apart from the user's values
-            if plain:
-                return snap
             return dumps(snap, lambda key, reason, n: taken.drop(reason, n))  # counted in snap's counters
         except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
             logger.error("forge_obs: %s could not export its states (cut %s): %r", self.identity.label, seq, e)
