@@ -189,3 +189,20 @@ def test_probed_cuts_from_the_docs(tmp_path):
         assert m["obs/raw_round_trip_s"] > 0.0 and m["obs/cut/blocked_s"] >= m["obs/cut/send_s"] > 0.0
     labels = {r["source"]["label"] for r in read_metrics(run_dir, "per_rank_reduce")} - {"Controller"}
     assert labels == {"mesh/worker/r0", "mesh/worker/r1", "replica/replica/r0", "replica_1/replica/r0"}
+
+
+def test_ranks_running_the_same_code(tmp_path):
+    """One actor class on an unnamed mesh and on two replicas spawned with one name, all
+    recording the same keys in the same order (the column-wise merge), small cuts and large
+    ones alike; the script's own backend takes only some of the hooks' keywords."""
+    out = run_script("same_code_ranks.py", tmp_path, str(tmp_path / "runs"))
+    steps = {d["step"]: d["values"] for d in map(json.loads, out.splitlines()) if "step" in d}
+    assert sorted(steps) == [0, 1, 2, 3]
+    for s, v in steps.items():
+        n_keys = 10 if s % 2 == 0 else 300
+        assert len(v) == 3 * n_keys, s
+        for i in (0, n_keys // 2, n_keys - 1):
+            assert v[f"loss/k{i}"] == s + (0 + 1 + 2 + 3) / 4  # MEAN of step + rank id over ids 0..3
+            assert v[f"grad/k{i}"] == 10 * 3 + s                # MAX of 10 * id + step
+            assert v[f"tokens/k{i}"] == 4                        # SUM of 1 per rank
+    assert Path(last_json(out)["run_dir"]).is_dir()
