@@ -145,6 +145,9 @@ class CpuSampler:
     and every process below it (its Monarch procs), read from /proc/<pid>/stat."""
 
     PERIOD_S = 0.1
+    #: every this many samples all of /proc is scanned for the run's processes; in between only
+    #: theirs are read (the procs are spawned before the measured steps begin)
+    RESCAN_EVERY = 10
 
     def __init__(self, root_pid: int | None = None) -> None:
         import threading
@@ -153,33 +156,44 @@ class CpuSampler:
         # (wall time, idle+iowait jiffies, total jiffies, CPU seconds of the run's processes)
         self.samples: list[tuple[float, int, int, float]] = []
         self._tick = os.sysconf("SC_CLK_TCK")
+        self._tree: list[int] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _tree_cpu_s(self) -> float:
-        """CPU seconds of ``root_pid`` and its descendants alive now."""
-        if self.root_pid is None:
-            return 0.0
-        parent, ticks = {}, {}
+    @staticmethod
+    def _stat(pid: int) -> tuple[int, int] | None:
+        """(parent pid, utime + stime ticks) of ``pid``; None if it is gone."""
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return int(fields[1]), int(fields[11]) + int(fields[12])
+
+    def _scan(self) -> list[int]:
+        """``root_pid`` and its descendants alive now."""
+        parent = {}
         for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue  # gone meanwhile
-            parent[int(d)] = int(fields[1])
-            ticks[int(d)] = int(fields[11]) + int(fields[12])  # utime + stime
-        total, tree = 0, {self.root_pid}
-        for pid in sorted(parent):  # a child's pid may be smaller than its parent's: walk up
+            st = self._stat(int(d)) if d.isdigit() else None
+            if st is not None:
+                parent[int(d)] = st[0]
+        tree = {self.root_pid}
+        for pid in parent:  # walk up from each process: its ancestors' pids may be larger
             p, seen = pid, 0
             while p not in tree and p in parent and seen < 64:
                 p, seen = parent[p], seen + 1
             if p in tree:
                 tree.add(pid)
-                total += ticks.get(pid, 0)
-        return total / self._tick
+        return sorted(tree)
+
+    def _tree_cpu_s(self) -> float:
+        """CPU seconds of ``root_pid`` and its descendants alive now."""
+        if self.root_pid is None:
+            return 0.0
+        if len(self.samples) % self.RESCAN_EVERY == 0:
+            self._tree = self._scan()
+        stats = (self._stat(pid) for pid in self._tree)
+        return sum(st[1] for st in stats if st is not None) / self._tick
 
     def _run(self) -> None:
         while True:
