@@ -189,12 +189,20 @@ def test_grpo_vllm_end_to_end(tmp_path):
 
 
 def test_grpo_torch_generator(tmp_path):
-    """The fallback without vLLM: Hugging Face generate on both replicas."""
+    """The fallback without vLLM: Hugging Face generate on both replicas; with ``--rollout-lead 0``
+    (the overhead benchmark's A/B), rollout requests start only for the batch the trainer waits
+    for: one request per batch here (4 groups, 8 prompts per request), so by the end of step s at
+    most s + 2 requests (64 episodes each) were started."""
     run_dir = run_grpo(tmp_path, "torch", "--generator", "torch", "--steps", "4", "--batch-groups", "4",
-                       "--no-report")
+                       "--no-report", "--rollout-lead", "0")
     vals = check_metrics(run_dir, 3e-4, vllm=False)
     assert json.loads((run_dir / "grpo_summary.json").read_text())["generator"] == "torch"
     assert len(vals["trainer/loss"]) == 4
+    written = 0.0
+    for row in global_rows(run_dir):
+        written += row["metrics"].get("buffer/written_episodes", 0.0)
+        assert written <= 64 * (row["step"] + 2), (row["step"], written)
+    assert written >= 64 * 4  # every step trained on a batch of new episodes
 
 
 def test_grpo_with_metrics_disabled_still_runs_and_summarizes(tmp_path):

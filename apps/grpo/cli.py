@@ -26,6 +26,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate")
     ap.add_argument("--kl-beta", type=float, default=0.01, help="weight of the KL penalty to the reference model")
     ap.add_argument("--max-policy-age", type=int, default=1, help="oldest policy version a batch may use, behind the trainer")
+    ap.add_argument("--rollout-lead", type=int, default=None, metavar="BATCHES",
+                    help="start rollout requests for at most this many batches beyond the one the trainer waits for "
+                         "(default: no bound, the replicas generate all the time)")
     ap.add_argument("--warm-start-steps", type=int, default=None,
                     help="supervised warm-start steps of the model (default: model.py's; a new count builds a new model)")
     ap.add_argument("--kv-cache-mb", type=int, default=64, help="KV cache of each vLLM replica, MiB")

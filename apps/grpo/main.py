@@ -86,9 +86,25 @@ class Rollouts:
         self.version = 0
         self.requests = 0  # rollout requests started; request k's flow id is rollout-<k>
         self.workers = Workers(args.replicas, self.rollout, ends_on=ReplicaDown)  # ReplicaDown: none left
+        # --rollout-lead: requests may start for the awaited batch and `lead` more, no further
+        self.per_batch = -(-args.batch_groups // args.prompts_per_request)
+        lead = args.rollout_lead
+        self.credits = None if lead is None else asyncio.Semaphore(self.per_batch * (1 + lead))
+        self.in_flight = 0
 
     async def rollout(self) -> None:
         """One rollout request: ``prompts_per_request`` groups of ``group_size`` episodes, into the buffer."""
+        if self.credits is not None:
+            await self.credits.acquire()
+            if self.workers.stopping:
+                return
+        self.in_flight += 1
+        try:
+            await self._rollout()
+        finally:
+            self.in_flight -= 1
+
+    async def _rollout(self) -> None:
         a, k = self.args, self.requests
         self.requests += 1
         flow = f"rollout-{k}"
@@ -112,10 +128,24 @@ class Rollouts:
         while True:
             batch = await self.actors.buffer.sample.call_one(batch_size, min_version, self.version)
             if batch is not None:
+                self.grant(self.per_batch)
                 return batch
             if not self.workers.running():
                 raise RuntimeError("every rollout worker stopped (no healthy generator replica)")
+            if self.in_flight == 0 and self.credits is not None and self.credits.locked():
+                self.grant(1)  # too few fresh episodes and none coming: one more request
             await self.workers.wait_for_progress()
+
+    async def stop(self, timeout_s: float) -> None:
+        """No new rollout requests (one waiting for its turn ends); those in flight finish within ``timeout_s``."""
+        self.workers.stopping = True
+        self.grant(self.args.replicas)
+        await self.workers.stop(timeout_s)
+
+    def grant(self, n: int) -> None:
+        """Let ``n`` more rollout requests start (with ``--rollout-lead``; else they never wait)."""
+        for _ in range(n if self.credits is not None else 0):
+            self.credits.release()
 
 
 async def train(args: argparse.Namespace, actors: Actors, service: GeneratorService, rollouts: Rollouts,
@@ -150,7 +180,7 @@ async def train(args: argparse.Namespace, actors: Actors, service: GeneratorServ
 async def teardown(rollouts: Rollouts, service: GeneratorService, mlogger, actors: Actors) -> None:
     """Rollouts in flight finish (or their replica is found down) within one request timeout;
     the logger flushes every recorded step and stops; every mesh stops; the weight files go."""
-    await rollouts.workers.stop(timeout_s=service.request_timeout() + 2.0)
+    await rollouts.stop(timeout_s=service.request_timeout() + 2.0)
     service.close()
     await rollouts.workers.cancel()
     await mlogger.shutdown.call_one()
