@@ -1,4 +1,4 @@
-"""Overhead of forge_obs on a real GRPO run, measured two ways in the same benchmark run.
+"""Overhead of forge_obs on a real GRPO run, measured three ways in the same benchmark run.
 
 1. **A/B**: the same run (apps/grpo, same seed and config) with observability on, and with
    ``FORGE_DISABLE_METRICS=true``, in separate processes on the same machine, alternating.
@@ -20,7 +20,16 @@
    thread's CPU).
    Reported as a share of the machine's CPU per step (cores x step time: the slowdown of a
    CPU-bound run) and of one core.
-3. **The cut against a raw round trip**: ``--probe-runs`` more "on" runs with
+3. **On and off together** (the A/B that resolves): ``--together-pairs`` pairs of an "on" and
+   an "off" run started at the same moment, so that both meet the same machine (its speed
+   drifts by 10-20 % between runs here, which is what drowns the A/B above), each with
+   ``--rollout-lead 0`` so that every step does the same work (one batch of rollouts, one
+   update) whatever the step takes. Compared: the CPU seconds of all of each run's processes
+   per measured step, and of its controller process; on - off per pair with its 95 % interval,
+   as a share of the off runs' CPU per step (what a CPU-bound run slows down by), beside what
+   the on run accounted for itself (2). ``--aa-pairs`` pairs of two "on" runs show the method's
+   own spread.
+4. **The cut against a raw round trip**: ``--probe-runs`` more "on" runs with
    ``FORGE_OBS_PROBE_ROUND_TRIP=1``, where each flush first times a no-op endpoint call to the
    same ranks from the same controller process; the table gives, per step, the cut's wait, that
    raw round trip, their ratio and the cut's parts (``obs/cut/...``). Not part of the A/B (the
@@ -29,6 +38,7 @@
     python bench/bench_grpo_overhead.py                  # 3 runs each, 80 steps, vLLM when installed
     python bench/bench_grpo_overhead.py --runs 2 --steps 40 --generator torch
     python bench/bench_grpo_overhead.py --runs 3 --steps 40 --generator torch --probe-runs 1
+    python bench/bench_grpo_overhead.py --runs 2 --steps 40 --generator torch --together-pairs 4
 
 Prints tables and writes bench/results/grpo_overhead.json. Figures, never timed asserts.
 """
@@ -54,7 +64,8 @@ os.environ.setdefault("MONARCH_FILE_LOG", "error")
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
 
-def one_run(disabled: bool, args: argparse.Namespace, root: str, i: int, probe: bool = False) -> dict:
+def one_run(disabled: bool, args: argparse.Namespace, root: str, i: int | str, probe: bool = False,
+            lead: int | None = None) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT), MONARCH_FILE_LOG="error")
     env.pop("FORGE_DISABLE_METRICS", None)
     env.pop("FORGE_OBS_PROBE_ROUND_TRIP", None)
@@ -65,6 +76,9 @@ def one_run(disabled: bool, args: argparse.Namespace, root: str, i: int, probe: 
     run_id = f"{'probe' if probe else 'off' if disabled else 'on'}{i}"
     cmd = [sys.executable, "-m", "apps.grpo.main", "--steps", str(args.steps), "--seed", "0", "--no-report",
            "--generator", args.generator, "--run-root", root, "--run-id", run_id, "--console-every", "1000000"]
+    lead = args.rollout_lead if lead is None else lead
+    if lead is not None:
+        cmd += ["--rollout-lead", str(lead)]
     t0 = time.time()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err, text=True)
@@ -84,7 +98,9 @@ def one_run(disabled: bool, args: argparse.Namespace, root: str, i: int, probe: 
         out["machine_busy"] = sampler.busy_between(first, ends[-1])
         c0, c1 = sampler.tree_cpu_at(first), sampler.tree_cpu_at(ends[-1])
         if c0 is not None and c1 is not None:  # CPU of all the run's processes per measured step
-            out["cpu_s_per_step"] = (c1 - c0) / (len(ends) - max(args.warmup, 1))
+            n = len(ends) - max(args.warmup, 1)
+            out["cpu_s_per_step"] = (c1[0] - c0[0]) / n
+            out["controller_cpu_s_per_step"] = (c1[1] - c0[1]) / n
     if probe:
         out["cut"] = cut_parts(Path(root) / run_id, args.warmup)
     elif not disabled:
@@ -153,8 +169,9 @@ class CpuSampler:
         import threading
 
         self.root_pid = root_pid
-        # (wall time, idle+iowait jiffies, total jiffies, CPU seconds of the run's processes)
-        self.samples: list[tuple[float, int, int, float]] = []
+        # (wall time, idle+iowait jiffies, total jiffies, CPU seconds of the run's processes, of
+        # its root process)
+        self.samples: list[tuple[float, int, int, float, float]] = []
         self._tick = os.sysconf("SC_CLK_TCK")
         self._tree: list[int] = []
         self._stop = threading.Event()
@@ -186,21 +203,21 @@ class CpuSampler:
                 tree.add(pid)
         return sorted(tree)
 
-    def _tree_cpu_s(self) -> float:
-        """CPU seconds of ``root_pid`` and its descendants alive now."""
+    def _tree_cpu_s(self) -> tuple[float, float]:
+        """CPU seconds of ``root_pid`` and its descendants alive now, and of ``root_pid``."""
         if self.root_pid is None:
-            return 0.0
+            return 0.0, 0.0
         if len(self.samples) % self.RESCAN_EVERY == 0:
             self._tree = self._scan()
-        stats = (self._stat(pid) for pid in self._tree)
-        return sum(st[1] for st in stats if st is not None) / self._tick
+        ticks = {pid: st[1] for pid, st in ((pid, self._stat(pid)) for pid in self._tree) if st is not None}
+        return sum(ticks.values()) / self._tick, ticks.get(self.root_pid, 0) / self._tick
 
     def _run(self) -> None:
         while True:
             try:
                 with open("/proc/stat") as f:
                     vals = [int(x) for x in f.readline().split()[1:]]
-                self.samples.append((time.time(), vals[3] + vals[4], sum(vals), self._tree_cpu_s()))
+                self.samples.append((time.time(), vals[3] + vals[4], sum(vals), *self._tree_cpu_s()))
             except (OSError, ValueError, IndexError):
                 return
             if self._stop.wait(self.PERIOD_S):
@@ -218,14 +235,16 @@ class CpuSampler:
         inside = [s for s in self.samples if t0 <= s[0] <= t1]
         if len(inside) < 2:
             return None
-        (_, i0, a0, _), (_, i1, a1, _) = inside[0], inside[-1]
+        (_, i0, a0, *_), (_, i1, a1, *_) = inside[0], inside[-1]
         return 1.0 - (i1 - i0) / (a1 - a0) if a1 > a0 else None
 
-    def tree_cpu_at(self, t: float) -> float | None:
-        """The run's processes' CPU seconds at wall time ``t``, interpolated between samples."""
-        for (ta, *_, ca), (tb, *_, cb) in zip(self.samples, self.samples[1:]):
-            if ta <= t <= tb:
-                return ca + (cb - ca) * (t - ta) / (tb - ta) if tb > ta else ca
+    def tree_cpu_at(self, t: float) -> tuple[float, float] | None:
+        """The CPU seconds of the run's processes, and of its root process, at wall time ``t``,
+        interpolated between samples."""
+        for a, b in zip(self.samples, self.samples[1:]):
+            if a[0] <= t <= b[0]:
+                w = (t - a[0]) / (b[0] - a[0]) if b[0] > a[0] else 0.0
+                return a[3] + (b[3] - a[3]) * w, a[4] + (b[4] - a[4]) * w
         return None
 
 
@@ -328,6 +347,57 @@ def cpu_pairs(rows: list[dict], med_on: float) -> dict | None:
             "machine_share": mean / machine, "machine_share_ci95": [lo / machine, hi / machine]}
 
 
+def together(args: argparse.Namespace, root: str, tag: str, settings: tuple[bool, bool]) -> list[dict]:
+    """Two runs started at the same moment (``settings``: disabled or not, for each), each with
+    ``--rollout-lead`` ``args.concurrent_lead``: both see the same machine, for the same time."""
+    import threading
+
+    out: list = [None, None]
+
+    def go(k: int) -> None:
+        out[k] = one_run(settings[k], args, root, f"{tag}{'ab'[k]}", lead=args.concurrent_lead)
+
+    threads = [threading.Thread(target=go, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if None in out:
+        raise SystemExit(f"a run of pair {tag} failed")
+    return out
+
+
+def print_together(pairs: list[list[dict]], aa: list[list[dict]], lead: int) -> dict:
+    """The A/B in CPU time with each on/off pair running together: on - off CPU of all the
+    run's processes (and of the controller's) per measured step, with its 95 % interval, beside
+    what the on run accounted for itself; A/A pairs (both on) show the method's own spread."""
+    print(f"\nThe A/B in CPU time, each on/off pair started together (--rollout-lead {lead}: every step "
+          f"generates one batch and trains on it); CPU per measured step, ms")
+    print("| pair | on: all processes (controller) | off: all processes (controller) | on - off: all (controller) "
+          "| accounted in the on run |\n|---|---|---|---|---|")
+    diffs, ctl, acc = [], [], []
+    for i, (on, off) in enumerate(pairs):
+        d, c = on["cpu_s_per_step"] - off["cpu_s_per_step"], on["controller_cpu_s_per_step"] - off["controller_cpu_s_per_step"]
+        diffs.append(d), ctl.append(c), acc.append(on["accounted"]["obs_cpu_s"])
+        print(f"| {i} | {on['cpu_s_per_step'] * 1e3:.1f} ({on['controller_cpu_s_per_step'] * 1e3:.1f}) | "
+              f"{off['cpu_s_per_step'] * 1e3:.1f} ({off['controller_cpu_s_per_step'] * 1e3:.1f}) | "
+              f"{d * 1e3:+.1f} ({c * 1e3:+.1f}) | {acc[-1] * 1e3:.1f} |")
+    mean, lo, hi = pair_interval(diffs)
+    cmean, clo, chi = pair_interval(ctl)
+    base = statistics.fmean(off["cpu_s_per_step"] for _on, off in pairs)
+    print(f"| **mean [95 % CI]** | | | **{mean * 1e3:+.1f} [{lo * 1e3:+.1f}, {hi * 1e3:+.1f}]** "
+          f"({cmean * 1e3:+.1f} [{clo * 1e3:+.1f}, {chi * 1e3:+.1f}]) | {statistics.fmean(acc) * 1e3:.1f} |")
+    print(f"| **share of the off runs' CPU per step (target < 1 %)** | | | **{100 * mean / base:+.2f} % "
+          f"[{100 * lo / base:+.2f}, {100 * hi / base:+.2f}]** | |")
+    aa_diffs = [a["cpu_s_per_step"] - b["cpu_s_per_step"] for a, b in aa]
+    if aa_diffs:
+        print(f"| A/A (both on), a - b | | | {', '.join(f'{d * 1e3:+.1f}' for d in aa_diffs)} | |")
+    return {"lead": lead, "pairs": [[on, off] for on, off in pairs], "diff_s": diffs, "mean_s": mean, "ci95_s": [lo, hi],
+            "controller_diff_s": ctl, "controller_mean_s": cmean, "controller_ci95_s": [clo, chi],
+            "accounted_s": acc, "off_cpu_s_per_step": base, "share": mean / base,
+            "share_ci95": [lo / base, hi / base], "aa_diff_s": aa_diffs}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3, help="runs per setting (alternating on/off)")
@@ -336,6 +406,13 @@ def main() -> None:
     ap.add_argument("--generator", default="auto")
     ap.add_argument("--probe-runs", type=int, default=1,
                     help="extra runs with probe_round_trip: the cut against a raw round trip (not in the A/B)")
+    ap.add_argument("--rollout-lead", type=int, default=None,
+                    help="the app's --rollout-lead: rollouts for at most this many batches ahead of training")
+    ap.add_argument("--together-pairs", type=int, default=3,
+                    help="on/off pairs run at the same time: the A/B in CPU time that resolves")
+    ap.add_argument("--aa-pairs", type=int, default=1, help="pairs of 'on' runs run at the same time (A/A)")
+    ap.add_argument("--concurrent-lead", type=int, default=0,
+                    help="the app's --rollout-lead in the pairs run together (fixed work per step)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "grpo_overhead.json"))
     args = ap.parse_args()
     rows = []
@@ -347,6 +424,8 @@ def main() -> None:
                 print(f"  run {r['run_id']:>5}: median step {r['step_s_median'] * 1e3:7.1f} ms  "
                       f"mean {r['step_s_mean'] * 1e3:7.1f} ms  ({r['wall_s']:.0f}s wall)", flush=True)
         probes = [one_run(False, args, root, i, probe=True) for i in range(args.probe_runs)]
+        both = [together(args, root, f"t{i}", (False, True)) for i in range(args.together_pairs)]
+        aa = [together(args, root, f"aa{i}", (False, False)) for i in range(args.aa_pairs)]
     on = [r["step_s_median"] for r in rows if r["obs"]]
     off = [r["step_s_median"] for r in rows if not r["obs"]]
     med_on, med_off = statistics.median(on), statistics.median(off)
@@ -395,13 +474,14 @@ def main() -> None:
     print(f"| share of one core | {100 * core_share:.2f} % | total / step |")
     print(f"| on the controller's critical path (flush blocked, median) | {acc['flush_blocked_s_median'] * 1e3:.2f} ms = {100 * crit_share:.2f} % | |")
     cut_table = print_cut_table(probes) if probes else None
+    together_table = print_together(both, aa, args.concurrent_lead) if both else None
     out = {"benchmark": "grpo_overhead", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": platform.platform(),
            "cores": os.cpu_count(), "steps": args.steps, "warmup": args.warmup, "runs": rows,
            "median_step_s_on": med_on, "median_step_s_off": med_off, "ratio": ratio, "pair_ratios": pairs,
            "overhead_pct": 100 * (ratio - 1), "unit_costs": costs, "accounted_per_step": acc,
            "accounted_total_s": total, "accounted_machine_share": machine_share, "accounted_core_share": core_share,
            "critical_path_share": crit_share, "pair_mean": mean_pair, "pair_ci95": [lo, hi], "cpu_ab": cpu_ab,
-           "cut_vs_raw": cut_table,
+           "cut_vs_raw": cut_table, "together": together_table,
            "probe_runs": probes}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
