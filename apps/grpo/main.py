@@ -7,7 +7,7 @@
 Algorithm (``main`` below, top to bottom):
     build the tiny Qwen2 model + tokenizer locally, with a short supervised warm start   (model.py)
     spawn proc meshes: generator replicas, trainer (N ranks), reference, reward, buffer  (meshes.py)
-    rollout workers, concurrently with training, until the run ends:           (Rollouts)
+    rollout workers beside training, up to --rollout-lead batches ahead:           (Rollouts)
         prompts ~ task;  G completions per prompt from the least-loaded replica   (service.py, generator.py)
         rewards by code, group-normalised advantages                               (reward.py)
         reference log-probs                                                        (reference.py)
