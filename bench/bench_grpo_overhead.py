@@ -4,7 +4,7 @@
    ``FORGE_DISABLE_METRICS=true``, in separate processes on the same machine, alternating.
    Reports the median controller step time (one policy update: wait for a batch, train on every
    rank, publish weights, flush) after the warm-up steps, and the ratio. On a shared 2-core VM
-   run-to-run noise is several percent, so this bounds the overhead but cannot resolve 1 %; the
+   the same work costs 10-20 % more or less from run to run, so this cannot resolve 1 % (3 can); the
    mean of the per-pair ratios comes with its 95 % confidence interval (Student's t). The same
    pairs are also compared in CPU time: the CPU seconds (user + system, from /proc) of the app's
    process and every process below it, per measured step, on minus off, with its interval and
@@ -28,7 +28,8 @@
    per measured step, and of its controller process; on - off per pair with its 95 % interval,
    as a share of the off runs' CPU per step (what a CPU-bound run slows down by), beside what
    the on run accounted for itself (2). ``--aa-pairs`` pairs of two "on" runs show the method's
-   own spread.
+   own spread, and ``--ablate VAR=VALUE`` pairs an "on" run with one that has ``VAR=VALUE``
+   (``FORGE_DISABLE_TIMELINE=true``: what the timeline costs).
 4. **The cut against a raw round trip**: ``--probe-runs`` more "on" runs with
    ``FORGE_OBS_PROBE_ROUND_TRIP=1``, where each flush first times a no-op endpoint call to the
    same ranks from the same controller process; the table gives, per step, the cut's wait, that
@@ -65,8 +66,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get
 
 
 def one_run(disabled: bool, args: argparse.Namespace, root: str, i: int | str, probe: bool = False,
-            lead: int | None = None) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), MONARCH_FILE_LOG="error")
+            lead: int | None = None, extra_env: dict | None = None) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MONARCH_FILE_LOG="error", **(extra_env or {}))
     env.pop("FORGE_DISABLE_METRICS", None)
     env.pop("FORGE_OBS_PROBE_ROUND_TRIP", None)
     if disabled:
@@ -347,15 +348,17 @@ def cpu_pairs(rows: list[dict], med_on: float) -> dict | None:
             "machine_share": mean / machine, "machine_share_ci95": [lo / machine, hi / machine]}
 
 
-def together(args: argparse.Namespace, root: str, tag: str, settings: tuple[bool, bool]) -> list[dict]:
-    """Two runs started at the same moment (``settings``: disabled or not, for each), each with
-    ``--rollout-lead`` ``args.concurrent_lead``: both see the same machine, for the same time."""
+def together(args: argparse.Namespace, root: str, tag: str, settings: tuple[bool, bool],
+             extra_env: tuple[dict | None, dict | None] = (None, None)) -> list[dict]:
+    """Two runs started at the same moment (``settings``: disabled or not, for each; each with
+    its ``extra_env``), each with ``--rollout-lead`` ``args.concurrent_lead``: both see the same
+    machine, for the same time."""
     import threading
 
     out: list = [None, None]
 
     def go(k: int) -> None:
-        out[k] = one_run(settings[k], args, root, f"{tag}{'ab'[k]}", lead=args.concurrent_lead)
+        out[k] = one_run(settings[k], args, root, f"{tag}{'ab'[k]}", lead=args.concurrent_lead, extra_env=extra_env[k])
 
     threads = [threading.Thread(target=go, args=(k,)) for k in (0, 1)]
     for t in threads:
@@ -398,6 +401,22 @@ def print_together(pairs: list[list[dict]], aa: list[list[dict]], lead: int) -> 
             "share_ci95": [lo / base, hi / base], "aa_diff_s": aa_diffs}
 
 
+def print_ablations(ablations: dict[str, list[list[dict]]]) -> dict:
+    """What one part costs: pairs run together of an "on" run and an "on" run with ``VAR=VALUE``
+    (e.g. ``FORGE_DISABLE_TIMELINE=true``); on - ablated CPU per measured step, 95 % interval."""
+    out = {}
+    for setting, pairs in ablations.items():
+        diffs = [a["cpu_s_per_step"] - b["cpu_s_per_step"] for a, b in pairs]
+        ctl = [a["controller_cpu_s_per_step"] - b["controller_cpu_s_per_step"] for a, b in pairs]
+        (mean, lo, hi), (cmean, clo, chi) = pair_interval(diffs), pair_interval(ctl)
+        print(f"| on - on with {setting} | {', '.join(f'{d * 1e3:+.1f}' for d in diffs)} ms | "
+              f"mean {mean * 1e3:+.1f} [{lo * 1e3:+.1f}, {hi * 1e3:+.1f}] ms | "
+              f"controller {cmean * 1e3:+.1f} [{clo * 1e3:+.1f}, {chi * 1e3:+.1f}] ms |")
+        out[setting] = {"diff_s": diffs, "mean_s": mean, "ci95_s": [lo, hi], "controller_diff_s": ctl,
+                        "controller_mean_s": cmean, "controller_ci95_s": [clo, chi]}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3, help="runs per setting (alternating on/off)")
@@ -411,10 +430,17 @@ def main() -> None:
     ap.add_argument("--together-pairs", type=int, default=3,
                     help="on/off pairs run at the same time: the A/B in CPU time that resolves")
     ap.add_argument("--aa-pairs", type=int, default=1, help="pairs of 'on' runs run at the same time (A/A)")
+    ap.add_argument("--ablate", action="append", default=[], metavar="VAR=VALUE",
+                    help="also pairs run together of an 'on' run and one with this environment variable "
+                         "(e.g. FORGE_DISABLE_TIMELINE=true): what that part costs (repeatable)")
+    ap.add_argument("--ablate-pairs", type=int, default=3, help="pairs per --ablate setting")
     ap.add_argument("--concurrent-lead", type=int, default=0,
                     help="the app's --rollout-lead in the pairs run together (fixed work per step)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "grpo_overhead.json"))
     args = ap.parse_args()
+    for setting in args.ablate:
+        if "=" not in setting or not setting.split("=", 1)[0]:
+            ap.error(f"--ablate takes VAR=VALUE (e.g. FORGE_DISABLE_TIMELINE=true), not {setting!r}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="grpo_bench_") as root:
         for i in range(args.runs):
@@ -426,6 +452,8 @@ def main() -> None:
         probes = [one_run(False, args, root, i, probe=True) for i in range(args.probe_runs)]
         both = [together(args, root, f"t{i}", (False, True)) for i in range(args.together_pairs)]
         aa = [together(args, root, f"aa{i}", (False, False)) for i in range(args.aa_pairs)]
+        ablations = {setting: [together(args, root, f"x{k}p{i}", (False, False), (None, dict([setting.split("=", 1)])))
+                               for i in range(args.ablate_pairs)] for k, setting in enumerate(args.ablate)}
     on = [r["step_s_median"] for r in rows if r["obs"]]
     off = [r["step_s_median"] for r in rows if not r["obs"]]
     med_on, med_off = statistics.median(on), statistics.median(off)
@@ -475,13 +503,17 @@ def main() -> None:
     print(f"| on the controller's critical path (flush blocked, median) | {acc['flush_blocked_s_median'] * 1e3:.2f} ms = {100 * crit_share:.2f} % | |")
     cut_table = print_cut_table(probes) if probes else None
     together_table = print_together(both, aa, args.concurrent_lead) if both else None
+    if ablations:
+        print("\nParts, each measured by pairs run together (CPU of all processes per measured step)")
+        print("| setting | on - that, per pair | mean [95 % CI] | of it, the controller process |\n|---|---|---|---|")
+    ablation_table = print_ablations(ablations)
     out = {"benchmark": "grpo_overhead", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": platform.platform(),
            "cores": os.cpu_count(), "steps": args.steps, "warmup": args.warmup, "runs": rows,
            "median_step_s_on": med_on, "median_step_s_off": med_off, "ratio": ratio, "pair_ratios": pairs,
            "overhead_pct": 100 * (ratio - 1), "unit_costs": costs, "accounted_per_step": acc,
            "accounted_total_s": total, "accounted_machine_share": machine_share, "accounted_core_share": core_share,
            "critical_path_share": crit_share, "pair_mean": mean_pair, "pair_ci95": [lo, hi], "cpu_ab": cpu_ab,
-           "cut_vs_raw": cut_table, "together": together_table,
+           "cut_vs_raw": cut_table, "together": together_table, "ablations": ablation_table,
            "probe_runs": probes}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
