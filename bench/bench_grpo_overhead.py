@@ -356,17 +356,21 @@ def together(args: argparse.Namespace, root: str, tag: str, settings: tuple[bool
     import threading
 
     out: list = [None, None]
+    errors: list[str] = []
 
     def go(k: int) -> None:
-        out[k] = one_run(settings[k], args, root, f"{tag}{'ab'[k]}", lead=args.concurrent_lead, extra_env=extra_env[k])
+        try:
+            out[k] = one_run(settings[k], args, root, f"{tag}{'ab'[k]}", lead=args.concurrent_lead, extra_env=extra_env[k])
+        except BaseException as e:  # noqa: BLE001 - a thread swallows SystemExit: report it here
+            errors.append(f"{tag}{'ab'[k]}: {e}")
 
     threads = [threading.Thread(target=go, args=(k,)) for k in (0, 1)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    if None in out:
-        raise SystemExit(f"a run of pair {tag} failed")
+    if errors:
+        raise SystemExit("\n".join(errors))
     return out
 
 
