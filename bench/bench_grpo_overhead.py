@@ -374,6 +374,21 @@ def together(args: argparse.Namespace, root: str, tag: str, settings: tuple[bool
     return out
 
 
+def paired(pairs: list[list[dict]]) -> dict:
+    """a - b per pair of runs in CPU seconds per measured step, of all processes and of the
+    controller process, each with its mean and 95 % interval."""
+    out = {}
+    for name, key in (("", "cpu_s_per_step"), ("controller_", "controller_cpu_s_per_step")):
+        diffs = [a[key] - b[key] for a, b in pairs]
+        mean, lo, hi = pair_interval(diffs) if diffs else (float("nan"),) * 3
+        out.update({f"{name}diff_s": diffs, f"{name}mean_s": mean, f"{name}ci95_s": [lo, hi]})
+    return out
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:+.1f}"
+
+
 def print_together(pairs: list[list[dict]], aa: list[list[dict]], lead: int) -> dict:
     """The A/B in CPU time with each on/off pair running together: on - off CPU of all the
     run's processes (and of the controller's) per measured step, with its 95 % interval, beside
@@ -382,27 +397,24 @@ def print_together(pairs: list[list[dict]], aa: list[list[dict]], lead: int) -> 
           f"generates one batch and trains on it); CPU per measured step, ms")
     print("| pair | on: all processes (controller) | off: all processes (controller) | on - off: all (controller) "
           "| accounted in the on run |\n|---|---|---|---|---|")
-    diffs, ctl, acc = [], [], []
+    d = paired(pairs)
+    acc = [on["accounted"]["obs_cpu_s"] for on, _off in pairs]
     for i, (on, off) in enumerate(pairs):
-        d, c = on["cpu_s_per_step"] - off["cpu_s_per_step"], on["controller_cpu_s_per_step"] - off["controller_cpu_s_per_step"]
-        diffs.append(d), ctl.append(c), acc.append(on["accounted"]["obs_cpu_s"])
         print(f"| {i} | {on['cpu_s_per_step'] * 1e3:.1f} ({on['controller_cpu_s_per_step'] * 1e3:.1f}) | "
               f"{off['cpu_s_per_step'] * 1e3:.1f} ({off['controller_cpu_s_per_step'] * 1e3:.1f}) | "
-              f"{d * 1e3:+.1f} ({c * 1e3:+.1f}) | {acc[-1] * 1e3:.1f} |")
-    mean, lo, hi = pair_interval(diffs)
-    cmean, clo, chi = pair_interval(ctl)
+              f"{_ms(d['diff_s'][i])} ({_ms(d['controller_diff_s'][i])}) | {acc[i] * 1e3:.1f} |")
+    (lo, hi), (clo, chi) = d["ci95_s"], d["controller_ci95_s"]
     base = statistics.fmean(off["cpu_s_per_step"] for _on, off in pairs)
-    print(f"| **mean [95 % CI]** | | | **{mean * 1e3:+.1f} [{lo * 1e3:+.1f}, {hi * 1e3:+.1f}]** "
-          f"({cmean * 1e3:+.1f} [{clo * 1e3:+.1f}, {chi * 1e3:+.1f}]) | {statistics.fmean(acc) * 1e3:.1f} |")
-    print(f"| **share of the off runs' CPU per step (target < 1 %)** | | | **{100 * mean / base:+.2f} % "
+    print(f"| **mean [95 % CI]** | | | **{_ms(d['mean_s'])} [{_ms(lo)}, {_ms(hi)}]** "
+          f"({_ms(d['controller_mean_s'])} [{_ms(clo)}, {_ms(chi)}]) | {statistics.fmean(acc) * 1e3:.1f} |")
+    print(f"| **share of the off runs' CPU per step (target < 1 %)** | | | **{100 * d['mean_s'] / base:+.2f} % "
           f"[{100 * lo / base:+.2f}, {100 * hi / base:+.2f}]** | |")
-    aa_diffs = [a["cpu_s_per_step"] - b["cpu_s_per_step"] for a, b in aa]
+    aa_diffs = paired(aa)["diff_s"]
     if aa_diffs:
-        print(f"| A/A (both on), a - b | | | {', '.join(f'{d * 1e3:+.1f}' for d in aa_diffs)} | |")
-    return {"lead": lead, "pairs": [[on, off] for on, off in pairs], "diff_s": diffs, "mean_s": mean, "ci95_s": [lo, hi],
-            "controller_diff_s": ctl, "controller_mean_s": cmean, "controller_ci95_s": [clo, chi],
-            "accounted_s": acc, "off_cpu_s_per_step": base, "share": mean / base,
-            "share_ci95": [lo / base, hi / base], "aa_diff_s": aa_diffs}
+        print(f"| A/A (both on), a - b | | | {', '.join(_ms(x) for x in aa_diffs)} | |")
+    return {"lead": lead, "pairs": [[on, off] for on, off in pairs], **d, "accounted_s": acc,
+            "off_cpu_s_per_step": base, "share": d["mean_s"] / base, "share_ci95": [lo / base, hi / base],
+            "aa_diff_s": aa_diffs}
 
 
 def print_ablations(ablations: dict[str, list[list[dict]]]) -> dict:
@@ -410,14 +422,11 @@ def print_ablations(ablations: dict[str, list[list[dict]]]) -> dict:
     (e.g. ``FORGE_DISABLE_TIMELINE=true``); on - ablated CPU per measured step, 95 % interval."""
     out = {}
     for setting, pairs in ablations.items():
-        diffs = [a["cpu_s_per_step"] - b["cpu_s_per_step"] for a, b in pairs]
-        ctl = [a["controller_cpu_s_per_step"] - b["controller_cpu_s_per_step"] for a, b in pairs]
-        (mean, lo, hi), (cmean, clo, chi) = pair_interval(diffs), pair_interval(ctl)
-        print(f"| on - on with {setting} | {', '.join(f'{d * 1e3:+.1f}' for d in diffs)} ms | "
-              f"mean {mean * 1e3:+.1f} [{lo * 1e3:+.1f}, {hi * 1e3:+.1f}] ms | "
-              f"controller {cmean * 1e3:+.1f} [{clo * 1e3:+.1f}, {chi * 1e3:+.1f}] ms |")
-        out[setting] = {"diff_s": diffs, "mean_s": mean, "ci95_s": [lo, hi], "controller_diff_s": ctl,
-                        "controller_mean_s": cmean, "controller_ci95_s": [clo, chi]}
+        d = out[setting] = paired(pairs)
+        (lo, hi), (clo, chi) = d["ci95_s"], d["controller_ci95_s"]
+        print(f"| on - on with {setting} | {', '.join(_ms(x) for x in d['diff_s'])} ms | "
+              f"mean {_ms(d['mean_s'])} [{_ms(lo)}, {_ms(hi)}] ms | "
+              f"controller {_ms(d['controller_mean_s'])} [{_ms(clo)}, {_ms(chi)}] ms |")
     return out
 
 
