@@ -144,7 +144,9 @@ class Rollouts:
 
     def grant(self, n: int) -> None:
         """Let ``n`` more rollout requests start (with ``--rollout-lead``; else they never wait)."""
-        for _ in range(n if self.credits is not None else 0):
+        if self.credits is None:
+            return
+        for _ in range(n):
             self.credits.release()
 
 
