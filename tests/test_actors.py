@@ -252,6 +252,75 @@ async def test_hung_rank_is_reported_and_its_values_arrive_late_not_lost(tmp_pat
     assert rows[1]["metrics"]["obs/missing_ranks"] == 0
 
 
+class _SlowConfigure:
+    """Stands in for a mesh's fetchers whose ``configure`` is delivered late: Monarch cannot be
+    made to hold one message back, and a message that reaches a fetcher after its mesh's stop
+    stopped it fails the actor that sent it (Monarch 0.7 calls no handler for that)."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self.taken: list = []
+        self.casts: list = []
+        outer = self
+
+        class _Endpoint:
+            async def call(self, options):
+                await asyncio.sleep(outer.delay_s)
+                outer.taken.append(options)
+
+            def broadcast(self, *args):
+                outer.casts.append(args)
+
+        class _Cut:
+            def broadcast(self, *args):
+                pass
+
+        self.configure = _Endpoint()
+        self.cut = _Cut()
+
+
+async def test_shutdown_returns_once_every_mesh_took_its_last_message(tmp_path):
+    """``shutdown`` then ``proc_mesh.stop()`` (the usual teardown): shutdown's message to the
+    meshes (stop streaming, close the timeline) was taken before shutdown returned, so the stop
+    cannot overtake it."""
+    from forge_obs.controller.registry import LOCAL_MESHES
+
+    mlogger = await start_logger(tmp_path, {"flush_timeout_s": 5.0})
+    slow = _SlowConfigure(delay_s=0.5)
+    LOCAL_MESHES.add("slow-mesh", "slow", 0, slow)  # no ranks: no cut waits for it
+    try:
+        await mlogger.flush.call_one(0)
+        await mlogger.shutdown.call_one()
+        assert slow.taken == [{"streaming": False, "run_dir": None, "timeline": None}]
+        assert not slow.casts  # no configuration left in flight to it
+    finally:
+        LOCAL_MESHES.remove("slow-mesh")
+
+
+def test_no_export_or_resend_request_goes_to_a_stopping_mesh():
+    """After ``proc_mesh.stop()`` was called its fetchers hand over what they hold themselves;
+    a request cast to them could reach them stopped, which fails its sender."""
+    from forge_obs.controller import logger as ctl
+    from forge_obs.controller.registry import LOCAL_MESHES
+
+    sent = []
+
+    class _Fetchers:
+        def __getattr__(self, name):
+            return type("E", (), {"broadcast": lambda _self, *args: sent.append((name, args))})()
+
+    LOCAL_MESHES.add("m-live", "live", 1, _Fetchers())
+    LOCAL_MESHES.add("m-stopping", "stopping", 1, _Fetchers())
+    LOCAL_MESHES.mark_stopping("m-stopping")
+    try:
+        ctl._ask_exports(7, ["m-live", "m-stopping"])
+        ctl._ask_resend(7, {"m-live": [0], "m-stopping": [0]})
+    finally:
+        LOCAL_MESHES.remove("m-live")
+        LOCAL_MESHES.remove("m-stopping")
+    assert sent == [("export", (7,)), ("resend", (7, [0]))]
+
+
 async def test_values_recorded_before_init_backends_are_kept(tmp_path):
     provisioner_hooks.install()
     from forge_obs.recording.collector import MetricCollector

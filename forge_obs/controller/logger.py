@@ -169,10 +169,11 @@ def _ask_exports(seq: int, mesh_ids: list[str]) -> None:
 
 
 def _ask_mesh(mesh_id: str, endpoint_name: str, what: str, *args: Any) -> None:
-    """Cast ``endpoint_name(*args)`` to the fetchers of a live mesh; a gone one is skipped (it
-    is reported as missing ranks)."""
+    """Cast ``endpoint_name(*args)`` to the fetchers of a live mesh; a gone or stopping one is
+    skipped (it is reported as missing ranks; a message that reached its actors after they
+    stopped would fail the sender)."""
     e = LOCAL_MESHES.get(mesh_id)
-    if e is None:
+    if e is None or e.stopping:  # a stopping mesh's fetchers hand over what they hold themselves
         return
     try:
         getattr(e.fetchers, endpoint_name).broadcast(*args)
@@ -728,11 +729,9 @@ async def _end_session(final: bool) -> None:
     store_options(options)
     _COLLECTOR.set_streaming(False)
     _COLLECTOR.initialized = False
-    for e in LOCAL_MESHES.entries():  # close the meshes' timelines; no wait
-        try:
-            e.fetchers.configure.broadcast(options)
-        except Exception:  # noqa: BLE001
-            pass
+    # close the meshes' timelines, awaited: a mesh stopped after shutdown returns has taken
+    # this message (one still in flight when its actors stop would fail this actor)
+    await _configure_meshes(options, pipeline.flush_timeout_s)
     try:
         from forge_obs.recording.timeline.writer import close
 
