@@ -1,11 +1,12 @@
 """Timing helpers shared by the benchmarks (bench_tracer.py, bench_vs_torchforge.py,
-bench_spmd.py, bench_grpo_overhead.py).
+bench_spmd.py, bench_grpo_overhead.py, bench_cut_cpu.py).
 
 Imports neither forge_obs nor torch, so a benchmark can set its environment first.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 import timeit
 from typing import Any, Callable
@@ -40,3 +41,14 @@ def percentile(xs: list, q: float) -> float:
     """The ``q`` quantile of ``xs`` (0 <= q <= 1): the value at that rank, no interpolation."""
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def pair_interval(pairs: list[float]) -> tuple[float, float, float]:
+    """Mean of per-pair figures (on/off ratios, on - off differences) and its 95 % confidence
+    interval (Student's t)."""
+    mean = statistics.fmean(pairs)
+    if len(pairs) < 2:
+        return mean, float("nan"), float("nan")
+    t95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}.get(len(pairs) - 1, 2.0)
+    half = t95 * statistics.stdev(pairs) / len(pairs) ** 0.5
+    return mean, mean - half, mean + half

@@ -59,7 +59,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from _timing import percentile  # noqa: E402  (bench/, beside this script)
+from _timing import pair_interval, percentile  # noqa: E402  (bench/, beside this script)
 from forge_obs.core.selfobs import CPU_PARTS  # noqa: E402
 os.environ.setdefault("MONARCH_FILE_LOG", "error")
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
@@ -143,17 +143,6 @@ def print_cut_table(probes: list[dict]) -> dict:
     return {"raw_round_trip_s_median": statistics.median(raw), "cut_blocked_s_median": statistics.median(cut),
             "ratio_median": statistics.median(pooled["ratio"]),
             "parts_median_s": {k: statistics.median(v) for k, v in pooled.items() if v and k.startswith("obs/cut/")}}
-
-
-def pair_interval(pairs: list[float]) -> tuple[float, float, float]:
-    """Mean of per-pair figures (on/off ratios, on - off differences) and its 95 % confidence
-    interval (Student's t)."""
-    mean = statistics.fmean(pairs)
-    if len(pairs) < 2:
-        return mean, float("nan"), float("nan")
-    t95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}.get(len(pairs) - 1, 2.0)
-    half = t95 * statistics.stdev(pairs) / len(pairs) ** 0.5
-    return mean, mean - half, mean + half
 
 
 class CpuSampler:
