@@ -6,19 +6,23 @@
 A controller drives ``--meshes`` meshes of ``--procs`` procs, as an RL loop does its generator,
 trainer, buffer, ...: each step one endpoint call to every rank (the rank records ``--keys``
 values), ``--controller-keys`` values recorded on the controller, then ``--gap-s`` idle (the
-ranks wait, as in an app). Three configurations, each in its own process, run one after the
+ranks wait, as in an app). Four configurations, each in its own process, run one after the
 other in every round (the order rotates between rounds):
 
 - ``off``: ``FORGE_DISABLE_METRICS=true`` (no fetcher, ``record_metric`` does nothing);
 - ``off + raw``: ``off`` plus one more no-op endpoint call to every rank each step: what a
   per-step round trip to every rank costs through Monarch;
+- ``off + socket``: ``off`` plus one 8-byte round trip to every rank each step over a same-host
+  Unix socket, answered by a thread of the rank's (no Monarch message): what the same round trip
+  costs outside Monarch;
 - ``on``: forge_obs at its defaults, ``flush(step)`` each step.
 
 The table gives CPU per step (user + system, /proc) of the controller process and of all ranks,
 for each configuration (median over rounds), and per round the differences ``on - off``
-(forge_obs) and ``raw - off`` (the round trip), with their 95 % intervals (Student's t) and
-their ratio; ``on`` rows also give what forge_obs accounted for itself (``obs/cpu_s``). Results
-go to ``bench/results/cut_cpu.json``. This measures; it asserts nothing.
+(forge_obs), ``raw - off`` and ``socket - off`` (the two round trips), with their 95 % intervals
+(Student's t), and forge_obs's ratio to the raw round trip; the ``on`` row also gives what
+forge_obs accounted for itself (``obs/cpu_s``). Results go to ``bench/results/cut_cpu.json``.
+This measures; it asserts nothing.
 """
 
 from __future__ import annotations
@@ -26,10 +30,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import selectors
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -37,8 +44,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import pair_interval  # noqa: E402  (bench/, beside this script)
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ("off", "off + raw", "on")
-ENVS = {"off": {"FORGE_DISABLE_METRICS": "true"}, "off + raw": {"FORGE_DISABLE_METRICS": "true"}, "on": {}}
+CONFIGS = ("off", "off + raw", "off + socket", "on")
+ENVS = {"off": {"FORGE_DISABLE_METRICS": "true"}, "off + raw": {"FORGE_DISABLE_METRICS": "true"},
+        "off + socket": {"FORGE_DISABLE_METRICS": "true"}, "on": {}}
+FLAGS = {"off + raw": ["--raw"], "off + socket": ["--socket"]}
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -46,6 +55,66 @@ def proc_cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def echo_until_closed(path: str) -> None:
+    """A rank's side of the socket round trip: connect to ``path`` and send back every message,
+    on a thread of its own, until the controller closes the connection."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(path)
+
+    def echo() -> None:
+        with conn:
+            while data := conn.recv(64):
+                conn.sendall(data)
+
+    threading.Thread(target=echo, name="bench-echo", daemon=True).start()
+
+
+class SocketRoundTrip:
+    """The controller's side: one connection per rank; :meth:`round_trip` sends 8 bytes on each
+    and returns once every rank's answer was read by a reader thread, which wakes the caller's
+    event loop as an inbox thread would."""
+
+    def __init__(self) -> None:
+        self.path = f"\0bench-cut-cpu-{os.getpid()}"
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(self.path)
+        self.server.listen(64)
+        self.conns: list[socket.socket] = []
+
+    def accept(self, n: int) -> None:
+        self.conns += [self.server.accept()[0] for _ in range(n)]
+
+    def start(self, loop) -> None:
+        self.loop, self.left, self.done = loop, 0, None
+        self.sel = selectors.DefaultSelector()
+        for c in self.conns:
+            self.sel.register(c, selectors.EVENT_READ)
+        threading.Thread(target=self._read, name="bench-socket-reader", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                for key, _ in self.sel.select():
+                    if not key.fileobj.recv(64):
+                        return  # a rank closed: the run is over
+                    self.left -= 1
+                    if self.left == 0 and not self.loop.is_closed():
+                        self.loop.call_soon_threadsafe(self.done.set_result, None)
+        except (OSError, ValueError):
+            return  # closed by close(): the run is over
+
+    async def round_trip(self, step: int) -> None:
+        self.done, self.left = self.loop.create_future(), len(self.conns)
+        for c in self.conns:
+            c.sendall(step.to_bytes(8, "little"))
+        await self.done
+
+    def close(self) -> None:
+        for c in self.conns:
+            c.close()
+        self.server.close()
 
 
 # ---------------------------------------------------------------- one run (a process of its own)
@@ -64,6 +133,10 @@ async def run_one(args: argparse.Namespace) -> dict:
                 record_metric(f"rank/key_{i}", float(i), Reduce.MEAN)
             return os.getpid()
 
+        @endpoint
+        async def echo_on(self, path: str) -> None:
+            echo_until_closed(path)
+
     provisioner_hooks.install()
     tmp = tempfile.mkdtemp(prefix="cut_cpu_")
     mlogger = await get_or_create_metric_logger(process_name="Controller")
@@ -71,11 +144,20 @@ async def run_one(args: argparse.Namespace) -> dict:
     meshes = [this_host().spawn_procs(per_host={"procs": args.procs}) for _ in range(args.meshes)]
     ranks = [m.spawn("Rank", Rank) for m in meshes]
     pids = sorted({p for r in ranks for _, p in (await r.work.call(0)).items()})
+    sock = SocketRoundTrip() if args.socket else None
+    if sock is not None:
+        for m, r in zip(meshes, ranks):
+            connected = r.echo_on.call(sock.path)
+            await asyncio.get_running_loop().run_in_executor(None, sock.accept, len(m))
+            await connected
+        sock.start(asyncio.get_running_loop())
 
     async def step(s: int) -> None:
         await asyncio.gather(*(r.work.call(args.keys) for r in ranks))
         if args.raw:
             await asyncio.gather(*(r.work.call(0) for r in ranks))
+        if sock is not None:
+            await sock.round_trip(s)
         for i in range(args.controller_keys):
             record_metric(f"ctl/key_{i}", 1.0, Reduce.SUM)
         await mlogger.flush.call_one(s)
@@ -89,6 +171,8 @@ async def run_one(args: argparse.Namespace) -> dict:
         await step(s)
     ctl1, ranks1 = proc_cpu_s(me), sum(proc_cpu_s(p) for p in pids)
     await mlogger.shutdown.call_one()
+    if sock is not None:
+        sock.close()
     out = {"controller_ms": (ctl1 - ctl0) / args.steps * 1e3, "ranks_ms": (ranks1 - ranks0) / args.steps * 1e3,
            "accounted_ms": None}
     if not os.environ.get("FORGE_DISABLE_METRICS"):
@@ -112,8 +196,7 @@ def spawn(config: str, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--child", "--meshes", str(args.meshes), "--procs", str(args.procs),
            "--keys", str(args.keys), "--controller-keys", str(args.controller_keys), "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--gap-s", str(args.gap_s)]
-    if config == "off + raw":
-        cmd.append("--raw")
+    cmd += FLAGS.get(config, [])
     env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
     env.update(ENVS[config], PYTHONPATH=str(ROOT), MONARCH_FILE_LOG="error")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.steps * 2 + 300)
@@ -145,16 +228,18 @@ def print_table(rounds: list[dict], args: argparse.Namespace) -> dict:
         print(f"| {c} | {ctl:.2f} | {rk:.2f} | {ctl + rk:.2f} | {statistics.median(acc):.2f} |" if acc else
               f"| {c} | {ctl:.2f} | {rk:.2f} | {ctl + rk:.2f} | |")
     cut, raw = differences(rounds, "on", "off"), differences(rounds, "off + raw", "off")
+    sock = differences(rounds, "off + socket", "off")
     print("\n| per round | all processes | controller | ranks |")
     print("|---|---|---|---|")
-    for name, d in (("forge_obs: on - off", cut), ("one raw round trip: off + raw - off", raw)):
+    for name, d in (("forge_obs: on - off", cut), ("one raw round trip: off + raw - off", raw),
+                    ("one socket round trip: off + socket - off", sock)):
         cells = [f"{', '.join(f'{x:+.2f}' for x in d[p]['diff_ms'])}; mean {d[p]['mean_ms']:+.2f} "
                  f"[{d[p]['ci95_ms'][0]:+.2f}, {d[p]['ci95_ms'][1]:+.2f}]" for p in ("all", "controller", "ranks")]
         print(f"| {name} | " + " | ".join(cells) + " |")
     ratio = [c_ / r_ if r_ > 0 else float("nan") for c_, r_ in zip(cut["all"]["diff_ms"], raw["all"]["diff_ms"])]
     print(f"\nforge_obs / one raw round trip, all processes: per round {', '.join(f'{x:.2f}' for x in ratio)}; "
           f"median {statistics.median(ratio):.2f}")
-    return {"rounds": rounds, "forge_obs": cut, "raw_round_trip": raw, "ratio_per_round": ratio}
+    return {"rounds": rounds, "forge_obs": cut, "raw_round_trip": raw, "socket_round_trip": sock, "ratio_per_round": ratio}
 
 
 def main() -> None:
@@ -168,13 +253,14 @@ def main() -> None:
     ap.add_argument("--gap-s", type=float, default=0.05, help="idle time per step after the flush")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--raw", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--socket", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return child_main(args)
     rounds = []
     for i in range(args.rounds):
-        order = CONFIGS[i % 3:] + CONFIGS[:i % 3]
+        order = CONFIGS[i % len(CONFIGS):] + CONFIGS[:i % len(CONFIGS)]
         r = {c: spawn(c, args) for c in order}
         rounds.append(r)
         print(f"round {i + 1}: " + ", ".join(f"{c} {r[c]['controller_ms'] + r[c]['ranks_ms']:.2f} ms" for c in CONFIGS), flush=True)
