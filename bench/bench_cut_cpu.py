@@ -73,8 +73,8 @@ def echo_until_closed(path: str) -> None:
 
 class SocketRoundTrip:
     """The controller's side: one connection per rank; :meth:`round_trip` sends 8 bytes on each
-    and returns once every rank's answer was read by a reader thread, which wakes the caller's
-    event loop as an inbox thread would."""
+    and returns once every rank's 8 bytes were read back (counted in bytes: a stream may split or
+    join them) by a reader thread, which wakes the caller's event loop as an inbox thread would."""
 
     def __init__(self) -> None:
         self.path = f"\0bench-cut-cpu-{os.getpid()}"
@@ -97,16 +97,17 @@ class SocketRoundTrip:
         try:
             while True:
                 for key, _ in self.sel.select():
-                    if not key.fileobj.recv(64):
+                    data = key.fileobj.recv(64)
+                    if not data:
                         return  # a rank closed: the run is over
-                    self.left -= 1
+                    self.left -= len(data)
                     if self.left == 0 and not self.loop.is_closed():
                         self.loop.call_soon_threadsafe(self.done.set_result, None)
         except (OSError, ValueError):
             return  # closed by close(): the run is over
 
     async def round_trip(self, step: int) -> None:
-        self.done, self.left = self.loop.create_future(), len(self.conns)
+        self.done, self.left = self.loop.create_future(), 8 * len(self.conns)
         for c in self.conns:
             c.sendall(step.to_bytes(8, "little"))
         await self.done
