@@ -6,10 +6,13 @@ Imports neither forge_obs nor torch, so a benchmark can set its environment firs
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 import timeit
 from typing import Any, Callable
+
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
 def per_call_us(fn: Callable[[], Any], reset: Callable[[], Any], number: int, repeat: int,
@@ -41,6 +44,17 @@ def percentile(xs: list, q: float) -> float:
     """The ``q`` quantile of ``xs`` (0 <= q <= 1): the value at that rank, no interpolation."""
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def proc_stat(pid: int) -> tuple[int, float] | None:
+    """(parent pid, user + system CPU seconds of all its threads) of process ``pid``, from
+    ``/proc/<pid>/stat``; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[1]), (int(fields[11]) + int(fields[12])) * _TICK_S
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def pair_interval(pairs: list[float]) -> tuple[float, float, float]:

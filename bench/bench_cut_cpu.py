@@ -41,20 +41,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import pair_interval  # noqa: E402  (bench/, beside this script)
+from _timing import pair_interval, proc_stat  # noqa: E402  (bench/, beside this script)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ("off", "off + raw", "off + socket", "on")
 ENVS = {"off": {"FORGE_DISABLE_METRICS": "true"}, "off + raw": {"FORGE_DISABLE_METRICS": "true"},
         "off + socket": {"FORGE_DISABLE_METRICS": "true"}, "on": {}}
 FLAGS = {"off + raw": ["--raw"], "off + socket": ["--socket"]}
-
-
-def proc_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def echo_until_closed(path: str) -> None:
@@ -167,10 +160,10 @@ async def run_one(args: argparse.Namespace) -> dict:
     for s in range(args.warmup):
         await step(s)
     me = os.getpid()
-    ctl0, ranks0 = proc_cpu_s(me), sum(proc_cpu_s(p) for p in pids)
+    ctl0, ranks0 = proc_stat(me)[1], sum(proc_stat(p)[1] for p in pids)
     for s in range(args.warmup, args.warmup + args.steps):
         await step(s)
-    ctl1, ranks1 = proc_cpu_s(me), sum(proc_cpu_s(p) for p in pids)
+    ctl1, ranks1 = proc_stat(me)[1], sum(proc_stat(p)[1] for p in pids)
     await mlogger.shutdown.call_one()
     if sock is not None:
         sock.close()

@@ -32,8 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
-TICK = os.sysconf("SC_CLK_TCK")
+from _timing import proc_stat  # noqa: E402  (bench/, beside this script)
 
 
 class ProcCpu:
@@ -46,12 +45,8 @@ class ProcCpu:
         self._t = threading.Thread(target=self._run, daemon=True)
 
     def _read(self) -> float | None:
-        try:
-            with open(f"/proc/{self.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / TICK
-        except (OSError, IndexError, ValueError):
-            return None
+        st = proc_stat(self.pid)
+        return None if st is None else st[1]
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -59,7 +59,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from _timing import pair_interval, percentile  # noqa: E402  (bench/, beside this script)
+from _timing import pair_interval, percentile, proc_stat  # noqa: E402  (bench/, beside this script)
 from forge_obs.core.selfobs import CPU_PARTS  # noqa: E402
 os.environ.setdefault("MONARCH_FILE_LOG", "error")
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
@@ -162,26 +162,15 @@ class CpuSampler:
         # (wall time, idle+iowait jiffies, total jiffies, CPU seconds of the run's processes, of
         # its root process)
         self.samples: list[tuple[float, int, int, float, float]] = []
-        self._tick = os.sysconf("SC_CLK_TCK")
         self._tree: list[int] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
-
-    @staticmethod
-    def _stat(pid: int) -> tuple[int, int] | None:
-        """(parent pid, utime + stime ticks) of ``pid``; None if it is gone."""
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            return None
-        return int(fields[1]), int(fields[11]) + int(fields[12])
 
     def _scan(self) -> list[int]:
         """``root_pid`` and its descendants alive now."""
         parent = {}
         for d in os.listdir("/proc"):
-            st = self._stat(int(d)) if d.isdigit() else None
+            st = proc_stat(int(d)) if d.isdigit() else None
             if st is not None:
                 parent[int(d)] = st[0]
         tree = {self.root_pid}
@@ -199,8 +188,8 @@ class CpuSampler:
             return 0.0, 0.0
         if len(self.samples) % self.RESCAN_EVERY == 0:
             self._tree = self._scan()
-        ticks = {pid: st[1] for pid, st in ((pid, self._stat(pid)) for pid in self._tree) if st is not None}
-        return sum(ticks.values()) / self._tick, ticks.get(self.root_pid, 0) / self._tick
+        cpu = {pid: st[1] for pid, st in ((pid, proc_stat(pid)) for pid in self._tree) if st is not None}
+        return sum(cpu.values()), cpu.get(self.root_pid, 0.0)
 
     def _run(self) -> None:
         while True:
