@@ -134,6 +134,7 @@ class Rollouts:
                 raise RuntimeError("every rollout worker stopped (no healthy generator replica)")
             if self.in_flight == 0 and self.credits is not None and self.credits.locked():
                 self.grant(1)  # too few fresh episodes and none coming: one more request
+                record_metric("rollout/extra_requests", 1, Reduce.SUM)
             await self.workers.wait_for_progress()
 
     async def stop(self, timeout_s: float) -> None:
