@@ -63,6 +63,28 @@ def test_one_noisy_step_before_the_onset_does_not_move_it(tmp_path):
     assert (f.kind, f.rank, f.onset_step) == ("straggler", 1, 3), f.message
 
 
+def test_a_small_out_of_line_step_just_before_the_onset_does_not_move_it(tmp_path):
+    """Rank 1 0.3 s slower from step 3; at step 2 (a loaded machine) 2.5x its peer, out of line but
+    a tenth of the slowdown: onset is step 3, and step 2 is not one of its steps."""
+    from forge_obs.analysis.doctor.config import DoctorConfig
+    from forge_obs.analysis.doctor.detect import GroupTracker
+    t = GroupTracker(DoctorConfig(), keep=True)
+    for step in range(12):
+        slow = 0.33 if step >= 3 else 0.025 if step == 2 else 0.01
+        t.update(step, {0: 0.01, 1: slow}, step_s=0.15 if step < 3 else 0.4)
+    (ep,) = [e for e in t.finish() if e.kind == "straggler"]
+    assert (ep.rank, ep.onset, ep.end, ep.hit_steps[0], ep.hits) == (1, 3, 11, 3, 9)
+
+
+def test_an_even_straggler_keeps_its_first_step_and_a_ramp_starts_at_half_its_median_excess():
+    from forge_obs.analysis.doctor.detect import Persistence
+    for excess, onset in [([0.3, 0.3, 0.3, 0.3], 0), ([0.2, 0.3, 0.25, 0.3], 0), ([0.05, 0.1, 0.2, 0.4], 1)]:
+        p = Persistence(fire=4, window=5, clear=1, level=lambda pl: pl, lead_share=0.5)
+        for i, x in enumerate(excess):
+            p.update(i, True, x)
+        assert p.onset == onset, (excess, p.onset)
+
+
 def test_persistence_onset_skips_a_lone_leading_hit():
     from forge_obs.analysis.doctor.detect import Persistence
     for pattern, onset in [("HMHHH", 2), ("HHMHH", 0), ("MHHHH", 1), ("HHHMM", None), ("HHHH", 0)]:

@@ -39,6 +39,10 @@ class DoctorConfig:
     fire_steps: int = 4
     window_steps: int = 5
     clear_steps: int = 1
+    #: ``since step N`` is the first of those steps whose excess is at least this share of the
+    #: median excess of the steps that started it (an out-of-line step just before the slowdown,
+    #: much smaller than it, is noise on a loaded machine, not its start)
+    onset_share: float = 0.5
     #: the doctor (seeing whole episodes) reports one only when it held in at least this many steps
     #: and in at least ``persist`` of the steps from its onset to its end: blips and the streaks
     #: of a loaded machine (out of line in 60-65 % of their steps) are not findings

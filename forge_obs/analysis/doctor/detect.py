@@ -57,12 +57,15 @@ def fmedian(xs: Any) -> float:
 class Persistence:
     """Starts when ``fire`` of the last ``window`` judged steps hit; ends when at most ``clear`` do.
     ``onset`` is the first hit of the window that started it, not counting a lone hit that a miss
-    follows (one noisy step before the condition began)."""
+    follows, nor (given ``level``, a hit's payload -> its size) leading hits smaller than
+    ``lead_share`` x the median size of the window's hits: one noisy step just before the
+    condition began is not its start."""
 
-    __slots__ = ("fire", "clear", "recent", "hits", "active", "onset")
+    __slots__ = ("fire", "clear", "recent", "hits", "active", "onset", "level", "lead_share")
 
-    def __init__(self, fire: int, window: int, clear: int) -> None:
+    def __init__(self, fire: int, window: int, clear: int, level: Any = None, lead_share: float = 0.0) -> None:
         self.fire, self.clear = fire, clear
+        self.level, self.lead_share = level, lead_share
         self.recent: deque = deque(maxlen=window)
         self.hits = 0
         self.active = False
@@ -87,13 +90,30 @@ class Persistence:
 
     def _first_sustained_hit(self) -> Any:
         rec = list(self.recent)
-        for i, (s, h, _p) in enumerate(rec):
-            if h and (i + 1 == len(rec) or rec[i + 1][1]):
+        floor = None
+        if self.level is not None and self.lead_share > 0:
+            floor = self.lead_share * fmedian([self.level(p) for _s, h, p in rec if h])
+        for i, (s, h, p) in enumerate(rec):
+            if h and (i + 1 == len(rec) or rec[i + 1][1]) and (floor is None or self.level(p) >= floor):
                 return s
         return rec[-1][0]
 
     def window_hits(self) -> list:
-        return [(s, p) for s, h, p in self.recent if h]
+        """The window's hits from ``onset`` on (the ones before it were not the condition)."""
+        on = self.onset
+        return [(s, p) for s, h, p in self.recent if h and (on is None or not _before(s, on))]
+
+
+def _before(a: Any, b: Any) -> bool:
+    try:
+        return a < b
+    except TypeError:
+        return False
+
+
+def _excess_of(payload: tuple) -> float:
+    """A straggler / slowdown hit's size: its duration minus its reference, in seconds."""
+    return payload[1] - payload[2]
 
 
 class History:
@@ -182,9 +202,9 @@ class _Rank:
     __slots__ = ("peer", "hist", "hist_p", "seen", "role_like", "role", "ep", "hep", "last")
 
     def __init__(self, cfg: DoctorConfig) -> None:
-        self.peer = Persistence(cfg.fire_steps, cfg.window_steps, cfg.clear_steps)
+        self.peer = Persistence(cfg.fire_steps, cfg.window_steps, cfg.clear_steps, _excess_of, cfg.onset_share)
         self.hist = History(cfg.history_steps, cfg.history_min_steps)
-        self.hist_p = Persistence(cfg.fire_steps, cfg.window_steps, cfg.clear_steps)
+        self.hist_p = Persistence(cfg.fire_steps, cfg.window_steps, cfg.clear_steps, _excess_of, cfg.onset_share)
         self.seen = 0
         self.role_like = 0
         self.role: bool | None = None
