@@ -139,6 +139,17 @@ async def test_a_flush_after_shutdown_says_after_shutdown(tmp_path, caplog):
     assert "flush(1) after shutdown" in text and "before init_backends" not in text
 
 
+async def test_a_flush_with_every_backend_turned_off_says_so(tmp_path, caplog):
+    """``{"jsonl": None}`` turns the default store off: flush warns what the config did, not
+    that init_backends failed (it did not)."""
+    mlogger = await start_logger(tmp_path, {"jsonl": None}, run_id="none")
+    with caplog.at_level(logging.WARNING, logger="forge_obs"):
+        await mlogger.flush.call_one(0)
+    await mlogger.shutdown.call_one()
+    assert "turned every backend off" in caplog.text and "failed" not in caplog.text, caplog.text
+    assert not (tmp_path / "none" / "metrics.jsonl").exists()
+
+
 class FailsWhenStartedAgain(LoggerBackend):
     """Starts once; every later instance's ``init`` raises (its dashboard went away)."""
 

@@ -249,8 +249,8 @@ def start_flush(step: Any, final: bool = False) -> FlushWait:
                         "the first flush after it")
         return FlushWait(None, None)
     if not pipeline.workers:
-        WARNER.warn("no_backend", "", f"flush({step}): no backend is running (the last init_backends failed): "
-                    "steps are not logged until init_backends succeeds")
+        WARNER.warn("no_backend", "", f"flush({step}): init_backends' config turned every backend off (None): "
+                    "steps are cut but not logged until an init_backends names one")
     cpu0 = time.thread_time()
     taken = _COLLECTOR.swap()
     live, stopped = LOCAL_MESHES.take_for_cut()
