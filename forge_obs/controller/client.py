@@ -32,10 +32,11 @@ __all__ = ["get_or_create_metric_logger", "MetricLogger", "attach_fetcher", "Log
 class LoggerHandles:
     """The controller actors' handles, as passed to meshes and child processes."""
 
-    def __init__(self, glob: Any, inbox: Any, port: Any) -> None:
+    def __init__(self, glob: Any, inbox: Any, port: Any, socket: tuple | None = None) -> None:
         self.glob = glob
         self.inbox = inbox
-        self.port = port  # the inbox's port: every fetcher answers on it
+        self.port = port  # the inbox's port: every fetcher answers on it ...
+        self.socket = socket  # ... or, on the inbox's host, on its socket (see logger.local_address)
 
 
 _handles: LoggerHandles | None = None
@@ -61,7 +62,7 @@ async def get_or_create_metric_logger(proc_mesh: Any = None, process_name: str |
     needs none (a flush takes its values directly)."""
     glob = await get_or_spawn_controller(GLOBAL_LOGGER_NAME, GlobalLoggingActor, process_name)
     inbox = await get_or_spawn_controller(INBOX_NAME, ObsInbox)
-    handles = LoggerHandles(glob, inbox, await inbox.get_port.call_one())
+    handles = LoggerHandles(glob, inbox, *await inbox.get_address.call_one())
     set_cached_handles(handles)
     if env_flag("FORGE_DISABLE_METRICS"):
         return MetricLogger(glob)
@@ -170,8 +171,8 @@ def spawn_handles_blocking() -> LoggerHandles:
             warnings.simplefilter("ignore")
             glob = get_or_spawn_controller(GLOBAL_LOGGER_NAME, GlobalLoggingActor).get()
             inbox = get_or_spawn_controller(INBOX_NAME, ObsInbox).get()
-            port = inbox.get_port.call_one().get()
-        h = LoggerHandles(glob, inbox, port)
+            port, address = inbox.get_address.call_one().get()
+        h = LoggerHandles(glob, inbox, port, address)
         set_cached_handles(h)
     return h
 
@@ -186,7 +187,7 @@ def attach_fetcher(proc_mesh: Any, handles: LoggerHandles, mesh_name: str | None
     mesh_id = uuid.uuid4().hex[:12]
     name = unique_mesh_name(mesh_name, _name_scope())
     fetchers = proc_mesh.spawn(FETCHER_NAME, LocalFetcherActor, port=handles.port, mesh_id=mesh_id,
-                               mesh_name=name, options=current_options())
+                               mesh_name=name, options={**current_options(), "inbox_socket": handles.socket})
     try:
         proc_mesh._forge_obs_mesh_id = mesh_id
         proc_mesh._uid = mesh_id  # torchforge's names: has_fetcher(proc_mesh._uid)

@@ -28,6 +28,7 @@ rank's states as torchforge's does (:meth:`MetricCollector.flush`).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from typing import Any
@@ -43,7 +44,8 @@ from forge_obs.recording.collector import MetricCollector
 from forge_obs.recording import reduce as _reduce
 from forge_obs.recording.reduce import adopt_reductions, user_reductions
 from forge_obs.recording.timeline import follow_cut
-from forge_obs.wire.messages import ACK, DEFAULT_STREAM_INTERVAL_S, FINAL, STATES, STREAM
+from forge_obs.wire.messages import ACK, CUT, DEFAULT_STREAM_INTERVAL_S, EXPORT, FINAL, STATES, STREAM
+from forge_obs.wire.local_socket import LocalSender
 from forge_obs.wire.snapshot import dumps, encode_raw
 
 logger = logging.getLogger("forge_obs")
@@ -111,7 +113,7 @@ def apply_options(options: dict[str, Any] | None, timeline: bool = True) -> None
         return
     try:
         adopt_reductions(options.get("reductions") or {})
-        _OPTIONS.update({k: v for k, v in options.items() if k != "reductions"})
+        _OPTIONS.update({k: v for k, v in options.items() if k not in ("reductions", "inbox_socket")})
         _COLLECTOR.set_streaming(bool(options.get("streaming")))
         if "run_dir" in options:  # a session's options: init_backends reached this process (or shutdown did)
             _COLLECTOR.initialized = options.get("run_dir") is not None
@@ -158,12 +160,14 @@ class LocalFetcherActor(Actor):
         self.last_seq = 0  # the last cut this rank took (its final states come after it)
         self.last_step: int | None = None  # the step of that cut (raw values stream under last_step + 1)
         self.port: Any = None
+        self.local: LocalSender | None = None  # the port's inbox socket, when on its host
         self.route: Any = None  # where cuts are answered (forge_obs.controller.aggregate.Route), once connected
         self.mesh_id: str | None = None
         self.key: tuple | None = None
         self._loop: Any = None
         self._timer: Any = None
         self._held: tuple | None = None  # (seq, taken): a large cut's states, sent once the cut closed
+        self._ctx: contextvars.Context | None = None  # the actor's context, for cuts that come on the socket
         self._stream_interval_s = DEFAULT_STREAM_INTERVAL_S
         try:
             self._loop = asyncio.get_running_loop()
@@ -178,6 +182,13 @@ class LocalFetcherActor(Actor):
             port.return_undeliverable = False  # a gone controller must not fail this actor
         except Exception:  # noqa: BLE001
             pass
+        if self.local is not None:
+            self.local.close()
+        # on the inbox's host, the same messages go on its socket, in the same order; and the
+        # controller may send this rank its cuts there (they run on this actor's loop)
+        self._ctx = contextvars.copy_context()
+        self.local = LocalSender.connect((options or {}).get("inbox_socket"),
+                                         (mesh_id, self.rank) if self._loop is not None else None, self._on_local)
         self.mesh_id = mesh_id
         self.key = (mesh_id, self.rank)
         try:  # the controller learns this rank's host and port (for the aggregated route)
@@ -194,6 +205,12 @@ class LocalFetcherActor(Actor):
         follow_cut(0 if self.last_step is None else self.last_step + 1)
         self._apply(options)
 
+    def _close_local(self) -> None:
+        """The inbox socket ends after this rank's last message (the controller takes all before it)."""
+        if self.local is not None:
+            self.local.close()
+            self.local = None
+
     def _apply(self, options: dict | None) -> None:
         apply_options(options)
         if options and options.get("stream_interval_s"):
@@ -207,6 +224,26 @@ class LocalFetcherActor(Actor):
         small cut's states go with the ack). The messages go to the controller's port, or to
         this rank's group leader when the mesh's ``plan`` (sent when it changed;
         :mod:`forge_obs.wire.plan`) names one."""
+        self._take_cut(seq, step, actor, ctl_us, plan)
+
+    def _on_local(self, msg: tuple) -> None:
+        """A message of the inbox socket (on its reader thread): a cut runs on this actor's loop,
+        as the endpoint's would, in the order the cuts came."""
+        try:
+            if msg[0] == CUT:
+                self._loop.call_soon_threadsafe(self._local_cut, msg, context=self._ctx)
+            elif msg[0] == EXPORT:
+                self._loop.call_soon_threadsafe(self._send_held_for, msg[1], context=self._ctx)
+        except RuntimeError:  # the actor's loop is closed: it stopped
+            pass
+
+    def _local_cut(self, msg: tuple) -> None:
+        try:
+            self._take_cut(*msg[1:])
+        except Exception as e:  # noqa: BLE001 - the controller names this rank late
+            logger.error("forge_obs: %s could not take cut %s: %r", self.identity.label, msg[1], e)
+
+    def _take_cut(self, seq: int, step: int, actor: str, ctl_us: int | None = None, plan: dict | None = None) -> None:
         cpu0 = time.thread_time()
         entered = time.monotonic()
         self._send_held()  # an earlier cut's, should its export request not have come
@@ -246,10 +283,26 @@ class LocalFetcherActor(Actor):
         SELF_OBS.add("export", time.thread_time() - cpu0)  # sent with the next cut
 
     def _post(self, target: Any, msg: tuple) -> None:
-        if target is self.port or self.route is None:
+        if target is self.port:
+            self._to_inbox(msg)
+        elif self.route is None:
             target.send(msg)
         else:
             self.route.send(target, msg)
+
+    def _to_inbox(self, msg: tuple) -> None:
+        """``msg`` to the controller's inbox: on its socket while that works, then (this message
+        and every later one, so that their order holds) on its port."""
+        local = self.local
+        if local is not None:
+            try:
+                if local.send(msg):
+                    return
+            except Exception as e:  # noqa: BLE001 - cannot be pickled: the port's pickling decides
+                logger.warning("forge_obs: %s answers on the port from now on: %r", self.identity.label, e)
+                local.close()
+            self.local = None
+        self.port.send(msg)
 
     def _send(self, kind: str, seq: int, taken: Any, target: Any = None) -> None:
         data = self._export_states(seq, taken)
@@ -276,6 +329,9 @@ class LocalFetcherActor(Actor):
     @endpoint
     async def export(self, seq: int) -> None:
         """Cut ``seq`` closed: send the states held for it (or for an earlier cut)."""
+        self._send_held_for(seq)
+
+    def _send_held_for(self, seq: int) -> None:
         if self._held is not None and self._held[0] <= seq:
             cpu0 = time.thread_time()
             self._send_held()
@@ -336,7 +392,7 @@ class LocalFetcherActor(Actor):
         # values that are not numbers travel pickled one by one: one the controller cannot
         # unpickle costs that value only (counted there), never the message
         rows, pickled = encode_raw(rows, lambda key, reason, n: _COLLECTOR.count_drop(reason, n))
-        self.port.send((STREAM, self.key, self.identity.label, step, rows, pickled))
+        self._to_inbox((STREAM, self.key, self.identity.label, step, rows, pickled))
         return len(rows)
 
     # ------------------------------------------------------------ configuration, torchforge's endpoints
@@ -363,6 +419,7 @@ class LocalFetcherActor(Actor):
         if self.port is not None:
             self._send_held()
             self._send(FINAL, self.last_seq, _COLLECTOR.swap())
+        self._close_local()
         if self.route is not None:
             self.route.stop()
             self.port = None
@@ -399,6 +456,7 @@ class LocalFetcherActor(Actor):
         if self.port is not None:
             self._send_held()
             self._send(FINAL, self.last_seq, _COLLECTOR.swap())
+        self._close_local()
         try:
             from forge_obs.recording.timeline.writer import close
 

@@ -48,7 +48,7 @@ from forge_obs.controller.fetcher import configure_all, store_options
 from forge_obs.controller.monarch_internals import receiver_with_timeout
 from forge_obs.controller.pipeline import Cut, FlushPipeline, RankBook
 from forge_obs.controller.registry import LOCAL_MESHES
-from forge_obs.core.env import env_flag
+from forge_obs.core.env import env_flag, env_value, parse_flag
 from forge_obs.core.identity import start_naming_run
 from forge_obs.core.run import redact, release_meta_space, reserve_meta_space, write_meta
 from forge_obs.core.selfobs import SELF_OBS
@@ -56,8 +56,9 @@ from forge_obs.core.threads import STOP, stop_port_thread
 from forge_obs.core.types import LoggingMode
 from forge_obs.core.warn import WARNER
 from forge_obs.recording.collector import MetricCollector
-from forge_obs.wire.messages import ACK, ACKB, BUNDLE, FINAL, HELLO, RESENT, STATES, STREAM
+from forge_obs.wire.messages import ACK, ACKB, BUNDLE, CUT, EXPORT, FINAL, HELLO, RESENT, STATES, STREAM
 from forge_obs.wire.plan import Planner
+from forge_obs.wire.local_socket import LocalInbox
 from forge_obs.wire.snapshot import has_values
 
 logger = logging.getLogger("forge_obs")
@@ -90,6 +91,7 @@ class _ControllerState:
         self.lock = threading.Lock()
         self.inbox: Any = None  # the ObsInbox of this process, and its port (see _local_port)
         self.port: Any = None
+        self.local: LocalInbox | None = None  # this process's inbox socket (see local_address)
         self.stream_interval_s = 0.0  # the controller's own raw values: pushed this often (0: off)
         self.stream_timer: Any = None
 
@@ -163,9 +165,16 @@ def _ask_resend(seq: int, ranks: dict[str, list[int]]) -> None:
 
 
 def _ask_exports(seq: int, mesh_ids: list[str]) -> None:
-    """Cut ``seq`` closed: ask the ranks of ``mesh_ids`` for the states they hold for it."""
+    """Cut ``seq`` closed: ask the ranks of ``mesh_ids`` for the states they hold for it (on the
+    channel their cut came on: after it). A rank the request misses sends them before its next
+    cut or final states."""
     for mesh_id in mesh_ids:
-        _ask_mesh(mesh_id, "export", f"send its states of cut {seq}", seq)
+        e = LOCAL_MESHES.get(mesh_id)
+        if e is not None and e.route == "socket" and not e.stopping and _STATE.local:
+            for key in e.rank_keys():
+                _STATE.local.send_to(key, (EXPORT, seq))
+        else:
+            _ask_mesh(mesh_id, "export", f"send its states of cut {seq}", seq)
 
 
 def _ask_mesh(mesh_id: str, endpoint_name: str, what: str, *args: Any) -> None:
@@ -179,6 +188,34 @@ def _ask_mesh(mesh_id: str, endpoint_name: str, what: str, *args: Any) -> None:
         getattr(e.fetchers, endpoint_name).broadcast(*args)
     except Exception as ex:  # noqa: BLE001 - a gone mesh is reported as missing ranks
         logger.warning("forge_obs: could not ask mesh %s to %s: %r", e.name, what, ex)
+
+
+def _cut_route(e: Any, plan: dict | None, pipeline: FlushPipeline) -> str:
+    """How mesh ``e`` takes this cut: on the inbox socket when every one of its ranks is
+    connected there and the cut goes to each rank directly (no ``plan``), else through Monarch.
+    A mesh moves to the socket only when no cut of its own is in flight (its last one closed,
+    none of its ranks lagging), so a cut on the socket never overtakes an earlier cast; it moves
+    back at once when a rank's connection is gone (or a ``plan`` comes): a cut already on the
+    socket was read by the rank before the connection's end."""
+    local = _STATE.local
+    keys = e.rank_keys()
+    if plan is not None or not local or not local.named(keys):
+        e.route = "monarch"
+    elif e.route != "socket":
+        last = e.last_cut
+        if (last is None or last.closed) and pipeline.lagging.isdisjoint(keys):
+            e.route = "socket"
+    return e.route
+
+
+def _cut_on_socket(e: Any, seq: int, step: int, ctl_us: int) -> None:
+    """Send the cut to every rank of ``e`` on the inbox socket. A rank whose connection is gone
+    or full (dead, or its process frozen) misses it, as a dead rank misses a cast."""
+    local = _STATE.local
+    msg = (CUT, seq, step, e.actor_label, ctl_us)
+    for key in e.rank_keys():
+        if not local.send_to(key, msg):
+            logger.debug("forge_obs: rank %s of mesh %s did not take cut %s on the socket", key[1], e.name, seq)
 
 
 class ProbedFlush:
@@ -274,7 +311,11 @@ def start_flush(step: Any, final: bool = False) -> FlushWait:
     ctl_us = now_us()
     for e, plan in casts:
         try:
-            e.fetchers.cut.broadcast(cut.seq, step, e.actor_label, ctl_us, plan)
+            if _cut_route(e, plan, pipeline) == "socket":
+                _cut_on_socket(e, cut.seq, step, ctl_us)
+            else:
+                e.fetchers.cut.broadcast(cut.seq, step, e.actor_label, ctl_us, plan)
+            e.last_cut = cut
         except Exception as ex:  # noqa: BLE001 - a dead mesh is reported as missing ranks
             logger.warning("forge_obs: could not cut mesh %s: %r", e.name, ex)
     cut.sent_at = time.monotonic()
@@ -383,6 +424,29 @@ def _take(msg: tuple) -> None:
         logger.exception("forge_obs: could not take a fetcher message")
 
 
+def local_address() -> tuple | None:
+    """``(host, path)`` of this process's inbox socket (:mod:`forge_obs.wire.local_socket`),
+    started on first use: fetchers of this host answer there rather than on the inbox's port
+    (the same messages, taken by the same ``_take``). None when ``FORGE_OBS_LOCAL_SOCKET`` is
+    false or the socket cannot be made here."""
+    st = _STATE
+    if st.local is None and not _local_socket_off():
+        with st.lock:
+            if st.local is None:
+                try:
+                    st.local = LocalInbox.start(_take, lambda cpu_s: SELF_OBS.add("inbox", cpu_s))
+                    atexit.register(st.local.close)
+                except Exception as e:  # noqa: BLE001 - the port serves every fetcher
+                    logger.warning("forge_obs: no inbox socket (fetchers answer on the port): %r", e)
+                    st.local = False  # type: ignore[assignment]
+    return st.local.address if st.local else None
+
+
+def _local_socket_off() -> bool:
+    v = env_value("FORGE_OBS_LOCAL_SOCKET")
+    return v is not None and not parse_flag(v)
+
+
 class ObsInbox(Actor):
     """Owns the port every fetcher answers on (acks, states, final states), drained by a thread
     of its own; also registers meshes attached by hand from processes that have no fetcher."""
@@ -396,6 +460,11 @@ class ObsInbox(Actor):
     @endpoint
     async def get_port(self) -> Any:
         return self._port
+
+    @endpoint
+    async def get_address(self) -> tuple:
+        """``(port, socket address or None)``: where fetchers answer (see :func:`local_address`)."""
+        return self._port, local_address()
 
     @endpoint
     async def register_mesh(self, fetchers: Any, mesh_id: str, mesh_name: str, num_ranks: int) -> None:
@@ -531,7 +600,7 @@ class GlobalLoggingActor(Actor):
         port = await _local_port()
         from forge_obs.controller.fetcher import current_options
 
-        identities = await fetcher.connect.call(port, proc_id, current_options())
+        identities = await fetcher.connect.call(port, proc_id, {**current_options(), "inbox_socket": local_address()})
         size, name = 0, None
         for _point, ident in identities.items():
             size += 1

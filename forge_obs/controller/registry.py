@@ -36,6 +36,8 @@ class MeshEntry:
     fetchers: Any  # the LocalFetcherActor mesh (None in tests)
     actors: list[str] = field(default_factory=list)  # user actors spawned on the mesh
     stopping: bool = False  # stop() was called: the next cut expects its final states, then forgets it
+    route: str = "monarch"  # how its cuts go: "monarch" (a cast of the endpoint) or "socket" (the inbox socket)
+    last_cut: Any = None  # the last cut sent to it: its route changes only once that one closed
 
     @property
     def actor_label(self) -> str:

@@ -15,6 +15,10 @@ kind        from -> to                       what it says
 ``ackb``    a leader -> controller           its group's acknowledgements, and who did not answer
 ``bundle``  a leader -> controller           its group's states, merged exactly
 ``resent``  a rank -> controller             a state sent again directly (its leader was bypassed)
+``cut``     controller -> a rank             take cut ``seq`` of ``step`` (on the inbox socket; through
+                                             Monarch it is the fetcher's ``cut`` endpoint)
+``export``  controller -> a rank             cut ``seq`` closed: send the states held for it (on the
+                                             inbox socket; through Monarch the ``export`` endpoint)
 ==========  ===============================  ==========================================================
 
     >>> from forge_obs.wire.messages import ACK, KINDS
@@ -24,12 +28,13 @@ kind        from -> to                       what it says
 
 from __future__ import annotations
 
-__all__ = ["ACK", "STATES", "FINAL", "STREAM", "HELLO", "ACKB", "BUNDLE", "RESENT", "EXPECT", "KINDS",
+__all__ = ["ACK", "STATES", "FINAL", "STREAM", "HELLO", "ACKB", "BUNDLE", "RESENT", "EXPECT", "CUT", "EXPORT", "KINDS",
            "DEFAULT_STREAM_INTERVAL_S"]
 
 ACK, STATES, FINAL, STREAM = "ack", "states", "final", "stream"
 HELLO, ACKB, BUNDLE, RESENT, EXPECT = "hello", "ackb", "bundle", "resent", "expect"
-KINDS = frozenset({ACK, STATES, FINAL, STREAM, HELLO, ACKB, BUNDLE, RESENT, EXPECT})
+CUT, EXPORT = "cut", "export"
+KINDS = frozenset({ACK, STATES, FINAL, STREAM, HELLO, ACKB, BUNDLE, RESENT, EXPECT, CUT, EXPORT})
 
 #: how often a rank streams raw values (``per_rank_no_reduce``) unless ``init_backends`` says
 DEFAULT_STREAM_INTERVAL_S = 1.0

@@ -1,0 +1,238 @@
+"""The inbox socket (forge_obs.wire.local_socket): fetchers on the controller's host answer on a Unix
+socket instead of the inbox's Monarch port. Its guarantees: each sender's order, whole frames
+only, this user only, and a sender that loses it answers on the port with nothing lost."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import struct
+import threading
+
+import pytest
+
+from forge_obs.wire.local_socket import LocalInbox, LocalSender, same_host
+from tests.helpers import run_as_user
+
+USER_SCRIPT = '''
+"""A user's loop on two unnamed meshes of 2 procs; with KILL_AT the controller's inbox socket
+goes away before that step (the fetchers then answer on the port)."""
+import asyncio, json, sys
+
+import provisioner_hooks
+from monarch.actor import Actor, current_rank, endpoint, this_host
+
+from forge_obs import Reduce, get_or_create_metric_logger, record_metric
+
+
+class Worker(Actor):
+    @endpoint
+    async def work(self, step: int) -> None:
+        r = current_rank().rank
+        record_metric("work/sum", (r + 1) * (step + 1), Reduce.SUM)
+        record_metric("work/calls", 1, Reduce.SUM)
+        for i in range(300 if step % 2 else 0):  # odd steps: large cuts (states follow the ack)
+            record_metric(f"work/k{i}", float(i), Reduce.MEAN)
+
+
+async def main(root: str, kill_at: int) -> None:
+    from forge_obs.controller.logger import _STATE
+    from forge_obs.controller.registry import LOCAL_MESHES
+
+    provisioner_hooks.install()
+    mlogger = await get_or_create_metric_logger(process_name="Controller")
+    info = await mlogger.init_backends.call_one({"jsonl": {}, "run": {"root": root, "id": "sock"}})
+    meshes = [this_host().spawn_procs(per_host={"procs": 2}) for _ in range(2)]
+    workers = [m.spawn("worker", Worker) for m in meshes]
+    on_socket, routes = [], []  # messages taken on the socket so far; how the last cut went
+    for step in range(6):
+        if step == kill_at:
+            _STATE.local.close()  # the fault: the socket is gone, the port is not
+        await asyncio.gather(*(w.work.call(step) for w in workers))
+        await mlogger.flush.call_one(step)
+        on_socket.append(_STATE.local.messages if _STATE.local else None)
+        routes.append(sorted({e.route for e in LOCAL_MESHES.entries()}))
+    await mlogger.shutdown.call_one()
+    for m in meshes:
+        await m.stop()
+    print(json.dumps({"run_dir": info["run_dir"], "on_socket": on_socket, "routes": routes}), flush=True)
+
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+'''
+
+
+def _serve():
+    got: list = []
+    lock = threading.Lock()
+
+    def take(msg):
+        with lock:
+            got.append(msg)
+    return LocalInbox.start(take), got
+
+
+def test_each_senders_order_holds_with_frames_split_and_joined():
+    """3 senders on threads, 300 messages each, every 50th one 1 MB (split across reads), the
+    others a few bytes (joined in one read): every message taken once, each sender's in order."""
+    inbox, got = _serve()
+    big = b"x" * (1 << 20)
+
+    def send(i):
+        s = LocalSender.connect(inbox.address)
+        for n in range(300):
+            assert s.send(("ack", i, n, big if n % 50 == 0 else b""))
+        s.close()
+    ts = [threading.Thread(target=send, args=(i,)) for i in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert inbox.close(timeout_s=10.0)
+    for i in range(3):
+        mine = [m for m in got if m[1] == i]
+        assert [m[2] for m in mine] == list(range(300))
+        assert all(len(m[3]) == (1 << 20 if m[2] % 50 == 0 else 0) for m in mine)
+    assert inbox.messages == 900
+
+
+def test_a_frame_cut_short_is_dropped_and_the_whole_ones_before_it_are_taken():
+    inbox, got = _serve()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(inbox.address[1])
+    s = LocalSender(sock)
+    assert s.send(("ack", 1)) and s.send(("ack", 2))
+    sock.sendall(struct.pack("!I", 1000) + b"only part of it")  # the sender died mid-frame
+    sock.close()
+    assert inbox.close(timeout_s=10.0)
+    assert got == [("ack", 1), ("ack", 2)]
+
+
+def test_a_gone_inbox_makes_send_return_false_never_raise():
+    inbox, got = _serve()
+    s = LocalSender.connect(inbox.address)
+    assert s.send(("ack", 0))
+    assert inbox.close(timeout_s=10.0)
+    results = [s.send(("ack", n, b"y" * 65536)) for n in range(1, 50)]  # the kernel's buffer fills, then fails
+    assert results[-1] is False and s.closed and s.send(("ack", 99)) is False
+    assert got[0] == ("ack", 0)
+    assert LocalSender.connect(inbox.address) is None  # its file is gone: senders use the port
+
+
+def test_the_socket_is_this_users_alone_and_of_this_host():
+    inbox, _got = _serve()
+    try:
+        path = inbox.address[1]
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+        assert same_host(inbox.address)
+        assert not same_host(("another-host", path)) and LocalSender.connect(("another-host", path)) is None
+        assert not same_host(None) and LocalSender.connect(None) is None
+    finally:
+        inbox.close()
+
+
+def test_a_value_of_a_class_plain_pickle_cannot_take_travels_by_value():
+    """A class pickle cannot reach by name (defined in a function, as in a user's script) goes
+    as cloudpickle sends it, on the same socket (so the order holds)."""
+    class Local:
+        def __init__(self, v):
+            self.v = v
+    inbox, got = _serve()
+    s = LocalSender.connect(inbox.address)
+    assert s.send(("stream", 1)) and s.send(("stream", Local(7))) and s.send(("stream", 3))
+    s.close()
+    assert inbox.close(timeout_s=10.0)
+    assert [m[1] if not hasattr(m[1], "v") else ("Local", m[1].v) for m in got] == [1, ("Local", 7), 3]
+
+
+def _steps(run_dir: str) -> dict[int, dict]:
+    from pathlib import Path
+
+    from tests.helpers import read_metrics
+
+    return {r["step"]: r["metrics"] for r in read_metrics(Path(run_dir), "global_reduce")}
+
+
+@pytest.mark.parametrize("kill_at", [-1, 3])
+def test_a_users_loop_is_exact_on_the_socket_and_after_it_goes(tmp_path, kill_at):
+    """Two unnamed meshes of 2 procs, 6 steps, small and large cuts. Every step has its values
+    (work/sum = 2 meshes x (1 + 2) x (step + 1), work/calls = 4), whether the ranks answer on the
+    socket throughout or lose it before step 3 and answer on the port from then on."""
+    import json
+
+    script = tmp_path / "loop.py"
+    script.write_text(USER_SCRIPT)
+    out = run_as_user(script, tmp_path, str(tmp_path / "runs"), str(kill_at)).stdout
+    res = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
+    steps = _steps(res["run_dir"])
+    assert sorted(steps) == list(range(6))
+    for step, m in steps.items():
+        assert m["work/sum"] == 2 * 3 * (step + 1) and m["work/calls"] == 4, (step, m)
+        assert (m.get("work/k299") == 299.0) == (step % 2 == 1), (step, sorted(m)[:5])
+    on, routes = res["on_socket"], res["routes"]
+    if kill_at < 0:  # every rank's ack (and a large cut's states) came on the socket, and the cuts went there
+        assert all(b - a >= 4 for a, b in zip([0] + on, on)), on
+        assert routes[1:] == [["socket"]] * 5, routes
+    else:  # before the fault on the socket; after it, nothing more there (the port took over)
+        assert on[kill_at - 1] >= 4 * kill_at and len(set(on[kill_at:])) == 1, on
+        assert routes[kill_at - 1] == ["socket"] and routes[kill_at:] == [["monarch"]] * (6 - kill_at), routes
+
+
+def test_with_the_switch_off_every_rank_answers_on_the_port(tmp_path):
+    import json
+
+    script = tmp_path / "loop.py"
+    script.write_text(USER_SCRIPT.replace("_STATE.local.close()", "pass"))
+    out = run_as_user(script, tmp_path, str(tmp_path / "runs"), "-1", env={"FORGE_OBS_LOCAL_SOCKET": "0"}).stdout
+    res = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
+    assert res["on_socket"] == [None] * 6 and res["routes"] == [["monarch"]] * 6
+    steps = _steps(res["run_dir"])
+    assert [steps[s]["work/sum"] for s in range(6)] == [6 * (s + 1) for s in range(6)]
+
+
+class _Local:
+    def __init__(self, named):
+        self._named = set(named)
+
+    def named(self, keys):
+        return all(k in self._named for k in keys)
+
+
+class _Pipeline:
+    def __init__(self, lagging=()):
+        self.lagging = set(lagging)
+
+
+class _Cut:
+    def __init__(self, closed):
+        self.closed = closed
+
+
+def test_a_mesh_moves_to_the_socket_only_with_no_cut_in_flight_and_back_at_once(monkeypatch):
+    """The cut's route per mesh: a cut on the socket never overtakes an earlier cast to the same
+    ranks (the move waits until the mesh's last cut closed and none of its ranks lags); losing a
+    rank's connection, or a plan (the aggregated route), moves it back to Monarch at once."""
+    from forge_obs.controller import logger as lg
+    from forge_obs.controller.registry import MeshEntry
+
+    e = MeshEntry("m", "gen", 2, None)
+    both = [("m", 0), ("m", 1)]
+    monkeypatch.setattr(lg._STATE, "local", _Local(both[:1]))
+    assert lg._cut_route(e, None, _Pipeline()) == "monarch"  # rank 1 not connected yet
+    monkeypatch.setattr(lg._STATE, "local", _Local(both))
+    e.last_cut = _Cut(closed=False)
+    assert lg._cut_route(e, None, _Pipeline()) == "monarch"  # a cast still in flight
+    e.last_cut = _Cut(closed=True)
+    assert lg._cut_route(e, None, _Pipeline(lagging=[("m", 1)])) == "monarch"  # rank 1 may still hold a cast
+    assert lg._cut_route(e, None, _Pipeline()) == "socket"
+    e.last_cut = _Cut(closed=False)
+    assert lg._cut_route(e, None, _Pipeline(lagging=[("m", 1)])) == "socket"  # stays: one channel per rank
+    assert lg._cut_route(e, {"groups": {}}, _Pipeline()) == "monarch"  # a plan: through the leaders
+    e.route = "socket"
+    monkeypatch.setattr(lg._STATE, "local", _Local(both[1:]))
+    assert lg._cut_route(e, None, _Pipeline()) == "monarch"  # rank 0's connection is gone
+    monkeypatch.setattr(lg._STATE, "local", None)
+    e.route = "socket"
+    assert lg._cut_route(e, None, _Pipeline()) == "monarch"  # no socket in this process
