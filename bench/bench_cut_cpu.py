@@ -6,7 +6,7 @@
 A controller drives ``--meshes`` meshes of ``--procs`` procs, as an RL loop does its generator,
 trainer, buffer, ...: each step one endpoint call to every rank (the rank records ``--keys``
 values), ``--controller-keys`` values recorded on the controller, then ``--gap-s`` idle (the
-ranks wait, as in an app). Four configurations, each in its own process, run one after the
+ranks wait, as in an app). Five configurations, each in its own process, run one after the
 other in every round (the order rotates between rounds):
 
 - ``off``: ``FORGE_DISABLE_METRICS=true`` (no fetcher, ``record_metric`` does nothing);
@@ -15,11 +15,13 @@ other in every round (the order rotates between rounds):
 - ``off + socket``: ``off`` plus one 8-byte round trip to every rank each step over a same-host
   Unix socket, answered by a thread of the rank's (no Monarch message): what the same round trip
   costs outside Monarch;
+- ``on, port``: forge_obs with ``FORGE_OBS_LOCAL_SOCKET=0``: the ranks answer on the inbox's
+  Monarch port, not on its socket;
 - ``on``: forge_obs at its defaults, ``flush(step)`` each step.
 
 The table gives CPU per step (user + system, /proc) of the controller process and of all ranks,
 for each configuration (median over rounds), and per round the differences ``on - off``
-(forge_obs), ``raw - off`` and ``socket - off`` (the two round trips), with their 95 % intervals
+(forge_obs), ``on, port - off``, ``raw - off`` and ``socket - off`` (the two round trips), with their 95 % intervals
 (Student's t), and forge_obs's ratio to the raw round trip; the ``on`` row also gives what
 forge_obs accounted for itself (``obs/cpu_s``). Results go to ``bench/results/cut_cpu.json``.
 This measures; it asserts nothing.
@@ -44,9 +46,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import pair_interval, proc_stat  # noqa: E402  (bench/, beside this script)
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ("off", "off + raw", "off + socket", "on")
+CONFIGS = ("off", "off + raw", "off + socket", "on, port", "on")
 ENVS = {"off": {"FORGE_DISABLE_METRICS": "true"}, "off + raw": {"FORGE_DISABLE_METRICS": "true"},
-        "off + socket": {"FORGE_DISABLE_METRICS": "true"}, "on": {}}
+        "off + socket": {"FORGE_DISABLE_METRICS": "true"}, "on, port": {"FORGE_OBS_LOCAL_SOCKET": "0"}, "on": {}}
 FLAGS = {"off + raw": ["--raw"], "off + socket": ["--socket"]}
 
 
@@ -222,18 +224,19 @@ def print_table(rounds: list[dict], args: argparse.Namespace) -> dict:
         print(f"| {c} | {ctl:.2f} | {rk:.2f} | {ctl + rk:.2f} | {statistics.median(acc):.2f} |" if acc else
               f"| {c} | {ctl:.2f} | {rk:.2f} | {ctl + rk:.2f} | |")
     cut, raw = differences(rounds, "on", "off"), differences(rounds, "off + raw", "off")
-    sock = differences(rounds, "off + socket", "off")
+    sock, port = differences(rounds, "off + socket", "off"), differences(rounds, "on, port", "off")
     print("\n| per round | all processes | controller | ranks |")
     print("|---|---|---|---|")
-    for name, d in (("forge_obs: on - off", cut), ("one raw round trip: off + raw - off", raw),
-                    ("one socket round trip: off + socket - off", sock)):
+    for name, d in (("forge_obs: on - off", cut), ("forge_obs answering on the port: on, port - off", port),
+                    ("one raw round trip: off + raw - off", raw), ("one socket round trip: off + socket - off", sock)):
         cells = [f"{', '.join(f'{x:+.2f}' for x in d[p]['diff_ms'])}; mean {d[p]['mean_ms']:+.2f} "
                  f"[{d[p]['ci95_ms'][0]:+.2f}, {d[p]['ci95_ms'][1]:+.2f}]" for p in ("all", "controller", "ranks")]
         print(f"| {name} | " + " | ".join(cells) + " |")
     ratio = [c_ / r_ if r_ > 0 else float("nan") for c_, r_ in zip(cut["all"]["diff_ms"], raw["all"]["diff_ms"])]
     print(f"\nforge_obs / one raw round trip, all processes: per round {', '.join(f'{x:.2f}' for x in ratio)}; "
           f"median {statistics.median(ratio):.2f}")
-    return {"rounds": rounds, "forge_obs": cut, "raw_round_trip": raw, "socket_round_trip": sock, "ratio_per_round": ratio}
+    return {"rounds": rounds, "forge_obs": cut, "forge_obs_port": port, "raw_round_trip": raw, "socket_round_trip": sock,
+            "ratio_per_round": ratio}
 
 
 def main() -> None:
