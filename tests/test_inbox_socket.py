@@ -63,6 +63,15 @@ asyncio.run(main(sys.argv[1], int(sys.argv[2])))
 '''
 
 
+def _until(cond, timeout_s: float = 10.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.001)
+
+
 def _serve():
     got: list = []
     lock = threading.Lock()
@@ -164,7 +173,8 @@ def test_a_users_loop_is_exact_on_the_socket_and_after_it_goes(tmp_path, kill_at
 
     script = tmp_path / "loop.py"
     script.write_text(USER_SCRIPT)
-    out = run_as_user(script, tmp_path, str(tmp_path / "runs"), str(kill_at)).stdout
+    # the direct route (through group leaders, the answers and cuts go through Monarch anyway)
+    out = run_as_user(script, tmp_path, str(tmp_path / "runs"), str(kill_at), env={"FORGE_OBS_AGGREGATE": "off"}).stdout
     res = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
     steps = _steps(res["run_dir"])
     assert sorted(steps) == list(range(6))
@@ -185,7 +195,7 @@ def test_with_the_switch_off_every_rank_answers_on_the_port(tmp_path):
 
     script = tmp_path / "loop.py"
     script.write_text(USER_SCRIPT.replace("_STATE.local.close()", "pass"))
-    out = run_as_user(script, tmp_path, str(tmp_path / "runs"), "-1", env={"FORGE_OBS_LOCAL_SOCKET": "0"}).stdout
+    out = run_as_user(script, tmp_path, str(tmp_path / "runs"), "-1", env={"FORGE_OBS_LOCAL_SOCKET": "0", "FORGE_OBS_AGGREGATE": "off"}).stdout
     res = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
     assert res["on_socket"] == [None] * 6 and res["routes"] == [["monarch"]] * 6
     steps = _steps(res["run_dir"])
@@ -236,3 +246,24 @@ def test_a_mesh_moves_to_the_socket_only_with_no_cut_in_flight_and_back_at_once(
     monkeypatch.setattr(lg._STATE, "local", None)
     e.route = "socket"
     assert lg._cut_route(e, None, _Pipeline()) == "monarch"  # no socket in this process
+
+
+def test_a_message_to_a_sender_that_went_away_is_refused_never_raised():
+    """What a cut on the socket meets when its rank stopped (its connection closed): send_to
+    says False, and the sender is forgotten; through Monarch the same message would fail the
+    controller's actor that sent it."""
+    inbox, _got = _serve()
+    taken: list = []
+    s = LocalSender.connect(inbox.address, name=("m", 0), on_message=taken.append)
+    try:
+        _until(lambda: inbox.named([("m", 0)]))  # its name came (a flush checks this first)
+        assert inbox.send_to(("m", 0), ("cut", 1, 0, "A", 0))
+        _until(lambda: taken)
+        s.close()
+        results = [inbox.send_to(("m", 0), ("cut", n, 0, "A", 0)) for n in range(2, 200)]
+        assert results[-1] is False
+        _until(lambda: ("m", 0) not in inbox.peers)
+        assert taken == [("cut", 1, 0, "A", 0)]
+        assert inbox.send_to(("m", 1), ("cut", 1, 0, "A", 0)) is False  # never connected
+    finally:
+        inbox.close()
