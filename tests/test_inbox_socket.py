@@ -267,3 +267,22 @@ def test_a_message_to_a_sender_that_went_away_is_refused_never_raised():
         assert inbox.send_to(("m", 1), ("cut", 1, 0, "A", 0)) is False  # never connected
     finally:
         inbox.close()
+
+
+def test_a_senders_reader_accounts_its_cpu():
+    """A rank's reader of the inbox socket counts its CPU (the fetcher adds it to ``obs/cpu_inbox_s``)."""
+    inbox, _got = _serve()
+    taken: list = []
+    spent: list = []
+    s = LocalSender.connect(inbox.address, name=("m", 0), on_message=taken.append, account=spent.append)
+    try:
+        _until(lambda: inbox.named([("m", 0)]))
+        for n in range(200):
+            assert inbox.send_to(("m", 0), ("cut", n, n, "A", 0, b"z" * 4096))
+        _until(lambda: len(taken) == 200)
+        assert [m[1] for m in taken] == list(range(200))
+        _until(lambda: spent and sum(spent) > 0)
+        assert all(x >= 0 for x in spent)
+    finally:
+        s.close()
+        inbox.close()

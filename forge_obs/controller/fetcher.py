@@ -188,7 +188,8 @@ class LocalFetcherActor(Actor):
         # controller may send this rank its cuts there (they run on this actor's loop)
         self._ctx = contextvars.copy_context()
         self.local = LocalSender.connect((options or {}).get("inbox_socket"),
-                                         (mesh_id, self.rank) if self._loop is not None else None, self._on_local)
+                                         (mesh_id, self.rank) if self._loop is not None else None, self._on_local,
+                                         lambda cpu_s: SELF_OBS.add("inbox", cpu_s))
         self.mesh_id = mesh_id
         self.key = (mesh_id, self.rank)
         try:  # the controller learns this rank's host and port (for the aggregated route)

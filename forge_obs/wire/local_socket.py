@@ -289,11 +289,12 @@ class LocalSender:
         self.closed = False
 
     @classmethod
-    def connect(cls, address: Any, name: Any = None,
-                on_message: Callable[[Any], None] | None = None) -> "LocalSender | None":
+    def connect(cls, address: Any, name: Any = None, on_message: Callable[[Any], None] | None = None,
+                account: Callable[[float], None] | None = None) -> "LocalSender | None":
         """A connection to ``address`` if it is a socket of this host that accepts; else None.
         With ``name`` and ``on_message``: the inbox may send to ``name``, and a thread of this
-        sender's hands each such message to ``on_message``, in order."""
+        sender's hands each such message to ``on_message``, in order (``account(cpu_s)``: that
+        thread's CPU after each read)."""
         if not same_host(address):
             return None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -305,15 +306,16 @@ class LocalSender:
             return None
         sender = cls(sock)
         if name is not None and on_message is not None:
-            sender._reader = threading.Thread(target=sender._listen, args=(on_message,),
+            sender._reader = threading.Thread(target=sender._listen, args=(on_message, account),
                                               name="forge_obs-local-cuts", daemon=True)
             sender._reader.start()
             if not sender.send((_NAME, name)):
                 return None
         return sender
 
-    def _listen(self, on_message: Callable[[Any], None]) -> None:
+    def _listen(self, on_message: Callable[[Any], None], account: Callable[[float], None] | None) -> None:
         buf = bytearray()
+        cpu = time.thread_time()
         while True:
             try:
                 data = self._sock.recv(1 << 16)
@@ -323,6 +325,10 @@ class LocalSender:
                 return
             buf += data
             _take_frames(buf, on_message)
+            if account is not None:
+                now = time.thread_time()
+                account(now - cpu)
+                cpu = now
 
     def send(self, msg: Any) -> bool:
         """Send ``msg`` whole; False (and closed from then on) if it could not be: the caller
