@@ -286,3 +286,28 @@ def test_a_senders_reader_accounts_its_cpu():
     finally:
         s.close()
         inbox.close()
+
+
+def test_closing_while_a_sender_sends_takes_every_message_it_sent_and_refuses_the_rest():
+    """Every message is either taken (its send returned True) or refused (False: the sender then
+    sends it on the port), never lost in between, whenever the inbox closes."""
+    for trial in range(5):
+        inbox, got = _serve()
+        s = LocalSender.connect(inbox.address)
+        ok: list = []
+        closed = threading.Event()
+
+        def send_all():
+            for n in range(20000):
+                if not s.send(("ack", n, b"p" * 512)):
+                    break
+                ok.append(n)
+                if n == 300 * (trial + 1):
+                    closed.set()
+        t = threading.Thread(target=send_all)
+        t.start()
+        closed.wait(10)
+        assert inbox.close(timeout_s=10.0)
+        t.join(30)
+        assert [m[1] for m in got] == ok, (trial, len(got), len(ok))
+        assert len(ok) < 20000  # the close came before the last message

@@ -69,7 +69,7 @@ def _frame(msg: Any) -> bytes:
 
 def _take_frames(buf: bytearray, take: Callable[[Any], None]) -> None:
     """Hand every whole frame at the start of ``buf`` to ``take`` (and remove it). A frame that
-    does not unpickle is logged and skipped: it never stops the reader."""
+    does not unpickle, or that ``take`` raises on, is logged and skipped: it never stops the reader."""
     pos, n = 0, len(buf)
     while n - pos >= 4:
         size = _LEN.unpack_from(buf, pos)[0]
@@ -78,11 +78,9 @@ def _take_frames(buf: bytearray, take: Callable[[Any], None]) -> None:
         frame = bytes(buf[pos + 4:pos + 4 + size])
         pos += 4 + size
         try:
-            msg = pickle.loads(frame)
+            take(pickle.loads(frame))
         except Exception:  # noqa: BLE001
-            logger.exception("forge_obs: could not read a message of the inbox socket")
-            continue
-        take(msg)
+            logger.exception("forge_obs: could not take a message of the inbox socket")
     if pos:
         del buf[:pos]
 
@@ -224,11 +222,17 @@ class LocalInbox:
                 return False
 
     def _drain(self) -> None:
-        """Closing: take every whole frame the senders sent before it."""
-        while True:
-            ready = [k.data for k, _ev in self._sel.select(timeout=0) if isinstance(k.data, _Conn)]
-            if not ready or not any([self._read(c) for c in ready]):
-                return
+        """Closing: from now on a sender's send fails (it answers on the port); every whole
+        frame it sent before is taken."""
+        conns = [k.data for k in self._sel.get_map().values() if isinstance(k.data, _Conn)]
+        for c in conns:
+            try:
+                c.sock.shutdown(socket.SHUT_RD)
+            except OSError:
+                pass
+        for c in conns:
+            while self._read(c):
+                pass
 
     def _accept(self) -> None:
         try:
@@ -280,7 +284,7 @@ def _peer_is_us(sock: socket.socket) -> bool:
 
 class LocalSender:
     """One sender's connection to a :class:`LocalInbox`; :meth:`send` is thread-safe. Connected
-    with a ``name``, it also takes what the inbox sends it (:meth:`listen`)."""
+    with a ``name``, it also takes what the inbox sends it (see :meth:`connect`)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
