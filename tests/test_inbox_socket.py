@@ -311,3 +311,34 @@ def test_closing_while_a_sender_sends_takes_every_message_it_sent_and_refuses_th
         t.join(30)
         assert [m[1] for m in got] == ok, (trial, len(got), len(ok))
         assert len(ok) < 20000  # the close came before the last message
+
+
+def _python_for_everyone() -> str | None:
+    """A Python interpreter another user may run (the test's own may sit in root's home)."""
+    import shutil
+
+    for p in ("/usr/bin/python3", shutil.which("python3")):
+        if p and os.access(p, os.X_OK) and os.stat(os.path.realpath(p)).st_mode & 0o001:
+            return p
+    return None
+
+
+@pytest.mark.skipif(os.getuid() != 0 or _python_for_everyone() is None,
+                    reason="needs root and a Python any user may run, to run a peer as another user")
+def test_a_process_of_another_user_cannot_send_to_the_inbox(tmp_path):
+    """The socket's directory is this user's alone: another user's process cannot connect (and a
+    peer that did would be refused by its credentials); nothing it tries is taken."""
+    import subprocess
+
+    inbox, got = _serve()
+    try:
+        code = ("import socket, sys\n"
+                "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+                "try:\n    s.connect(sys.argv[1])\nexcept OSError as e:\n    print('refused', type(e).__name__); sys.exit(0)\n"
+                "s.sendall(b'\\x00\\x00\\x00\\x05hello')\nprint('connected')\n")
+        res = subprocess.run([_python_for_everyone(), "-c", code, inbox.address[1]], capture_output=True, text=True,
+                             timeout=60, preexec_fn=lambda: os.setuid(65534), cwd="/")
+        assert res.stdout.startswith("refused PermissionError"), res.stdout + res.stderr
+    finally:
+        assert inbox.close(timeout_s=10.0)
+    assert got == [] and inbox.messages == 0
