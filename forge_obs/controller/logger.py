@@ -91,7 +91,7 @@ class _ControllerState:
         self.lock = threading.Lock()
         self.inbox: Any = None  # the ObsInbox of this process, and its port (see _local_port)
         self.port: Any = None
-        self.local: LocalInbox | None = None  # this process's inbox socket (see local_address)
+        self.local: LocalInbox | bool | None = None  # this process's inbox socket (False: none can be made here)
         self.stream_interval_s = 0.0  # the controller's own raw values: pushed this often (0: off)
         self.stream_timer: Any = None
 
@@ -438,7 +438,7 @@ def local_address() -> tuple | None:
                     atexit.register(st.local.close)
                 except Exception as e:  # noqa: BLE001 - the port serves every fetcher
                     logger.warning("forge_obs: no inbox socket (fetchers answer on the port): %r", e)
-                    st.local = False  # type: ignore[assignment]
+                    st.local = False
     return st.local.address if st.local else None
 
 
