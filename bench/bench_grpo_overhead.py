@@ -60,6 +60,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from _timing import pair_interval, percentile, proc_stat  # noqa: E402  (bench/, beside this script)
+from forge_obs.core.env import local_socket_enabled  # noqa: E402
 from forge_obs.core.selfobs import CPU_PARTS  # noqa: E402
 os.environ.setdefault("MONARCH_FILE_LOG", "error")
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
@@ -408,14 +409,6 @@ def print_ablations(ablations: dict[str, list[list[dict]]]) -> dict:
     return out
 
 
-def _inbox_socket_on() -> bool:
-    """Whether the app's ranks (all on this host) take their cuts on the inbox socket."""
-    from forge_obs.core.env import env_value, parse_flag
-
-    v = env_value("FORGE_OBS_LOCAL_SOCKET")
-    return v is None or parse_flag(v)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3, help="runs per setting (alternating on/off)")
@@ -485,7 +478,7 @@ def main() -> None:
         ("spans and events (inline part)", acc["timeline_records_per_step"] * costs["span_s"],
          f"{acc['timeline_records_per_step']:.1f} x {costs['span_s'] * 1e6:.2f} us"),
     ]
-    if not _inbox_socket_on():  # on the inbox socket a cut's receiving end is in obs/cpu_inbox_s
+    if not local_socket_enabled():  # the app's ranks are on this host: on the socket a cut's receiving end is in obs/cpu_inbox_s
         parts.append(("flush requests, receiving end (Monarch endpoint message)",
                       acc["ranks_reported"] * costs["message_endpoint_recv_s"],
                       f"{acc['ranks_reported']:.0f} ranks x {costs['message_endpoint_recv_s'] * 1e6:.0f} us"))

@@ -48,7 +48,7 @@ from forge_obs.controller.fetcher import configure_all, store_options
 from forge_obs.controller.monarch_internals import receiver_with_timeout
 from forge_obs.controller.pipeline import Cut, FlushPipeline, RankBook
 from forge_obs.controller.registry import LOCAL_MESHES
-from forge_obs.core.env import env_flag, env_value, parse_flag
+from forge_obs.core.env import env_flag, local_socket_enabled
 from forge_obs.core.identity import start_naming_run
 from forge_obs.core.run import redact, release_meta_space, reserve_meta_space, write_meta
 from forge_obs.core.selfobs import SELF_OBS
@@ -171,8 +171,7 @@ def _ask_exports(seq: int, mesh_ids: list[str]) -> None:
     for mesh_id in mesh_ids:
         e = LOCAL_MESHES.get(mesh_id)
         if e is not None and e.route == "socket" and not e.stopping and _STATE.local:
-            for key in e.rank_keys():
-                _STATE.local.send_to(key, (EXPORT, seq))
+            _send_on_socket(e, (EXPORT, seq))
         else:
             _ask_mesh(mesh_id, "export", f"send its states of cut {seq}", seq)
 
@@ -208,14 +207,13 @@ def _cut_route(e: Any, plan: dict | None, pipeline: FlushPipeline) -> str:
     return e.route
 
 
-def _cut_on_socket(e: Any, seq: int, step: int, ctl_us: int) -> None:
-    """Send the cut to every rank of ``e`` on the inbox socket. A rank whose connection is gone
-    or full (dead, or its process frozen) misses it, as a dead rank misses a cast."""
-    local = _STATE.local
-    msg = (CUT, seq, step, e.actor_label, ctl_us)
+def _send_on_socket(e: Any, msg: tuple) -> None:
+    """Send ``msg`` (a cut, an export request) to every rank of ``e`` on the inbox socket. A rank
+    whose connection is gone or full (dead, or its process frozen) misses it, as a dead rank
+    misses a cast."""
     for key in e.rank_keys():
-        if not local.send_to(key, msg):
-            logger.debug("forge_obs: rank %s of mesh %s did not take cut %s on the socket", key[1], e.name, seq)
+        if not _STATE.local.send_to(key, msg):
+            logger.debug("forge_obs: rank %s of mesh %s did not take %s %s on the socket", key[1], e.name, msg[0], msg[1])
 
 
 class ProbedFlush:
@@ -312,7 +310,7 @@ def start_flush(step: Any, final: bool = False) -> FlushWait:
     for e, plan in casts:
         try:
             if _cut_route(e, plan, pipeline) == "socket":
-                _cut_on_socket(e, cut.seq, step, ctl_us)
+                _send_on_socket(e, (CUT, cut.seq, step, e.actor_label, ctl_us))
             else:
                 e.fetchers.cut.broadcast(cut.seq, step, e.actor_label, ctl_us, plan)
             e.last_cut = cut
@@ -430,7 +428,7 @@ def local_address() -> tuple | None:
     (the same messages, taken by the same ``_take``). None when ``FORGE_OBS_LOCAL_SOCKET`` is
     false or the socket cannot be made here."""
     st = _STATE
-    if st.local is None and not _local_socket_off():
+    if st.local is None and local_socket_enabled():
         with st.lock:
             if st.local is None:
                 try:
@@ -440,11 +438,6 @@ def local_address() -> tuple | None:
                     logger.warning("forge_obs: no inbox socket (fetchers answer on the port): %r", e)
                     st.local = False
     return st.local.address if st.local else None
-
-
-def _local_socket_off() -> bool:
-    v = env_value("FORGE_OBS_LOCAL_SOCKET")
-    return v is not None and not parse_flag(v)
 
 
 class ObsInbox(Actor):

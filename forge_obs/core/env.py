@@ -23,6 +23,7 @@ __all__ = [
     "env_bool",
     "perf_metrics_disabled",
     "timer_uses_gpu",
+    "local_socket_enabled",
     "METRICS_DISABLED",
     "PERF_METRICS_DISABLED",
 ]
@@ -113,6 +114,12 @@ def timer_uses_gpu() -> bool | None:
         return env_bool("METRIC_TIMER_USES_GPU")
     v = _DATA.get(_GPU_KEY)  # type: ignore[union-attr]
     return None if v is None else parse_flag(_DECODE(v))  # type: ignore[misc]
+
+
+def local_socket_enabled() -> bool:
+    """Ranks on the controller's host use the inbox socket unless ``FORGE_OBS_LOCAL_SOCKET`` is
+    set to a false value (read when the controller's inbox starts)."""
+    return env_bool("FORGE_OBS_LOCAL_SOCKET") is not False
 
 
 #: ``FORGE_DISABLE_METRICS=true`` at import: ``record_metric`` starts disabled (a near-zero-cost no-op).
