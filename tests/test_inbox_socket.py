@@ -157,11 +157,13 @@ def test_a_value_of_a_class_plain_pickle_cannot_take_travels_by_value():
 
 
 def _steps(run_dir: str) -> dict[int, dict]:
+    """step -> global metrics of the run the script printed (``global_rows`` of its directory)."""
     from pathlib import Path
 
-    from tests.helpers import read_metrics
+    from tests.helpers import global_rows
 
-    return {r["step"]: r["metrics"] for r in read_metrics(Path(run_dir), "global_reduce")}
+    d = Path(run_dir)
+    return {step: row["metrics"] for step, row in global_rows(d.parent, d.name).items()}
 
 
 @pytest.mark.parametrize("kill_at", [-1, 3])
