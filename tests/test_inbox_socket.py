@@ -267,6 +267,7 @@ def test_a_message_to_a_sender_that_went_away_is_refused_never_raised():
         _until(lambda: ("m", 0) not in inbox.peers)
         assert taken == [("cut", 1, 0, "A", 0)]
         assert inbox.send_to(("m", 1), ("cut", 1, 0, "A", 0)) is False  # never connected
+        assert inbox.send_each([("m", 0), ("m", 1)], ("cut", 300, 0, "A", 0)) == [("m", 0), ("m", 1)]
     finally:
         inbox.close()
 

@@ -211,9 +211,8 @@ def _send_on_socket(e: Any, msg: tuple) -> None:
     """Send ``msg`` (a cut, an export request) to every rank of ``e`` on the inbox socket. A rank
     whose connection is gone or full (dead, or its process frozen) misses it, as a dead rank
     misses a cast."""
-    for key in e.rank_keys():
-        if not _STATE.local.send_to(key, msg):
-            logger.debug("forge_obs: rank %s of mesh %s did not take %s %s on the socket", key[1], e.name, msg[0], msg[1])
+    for key in _STATE.local.send_each(e.rank_keys(), msg):
+        logger.debug("forge_obs: rank %s of mesh %s did not take %s %s on the socket", key[1], e.name, msg[0], msg[1])
 
 
 class ProbedFlush:

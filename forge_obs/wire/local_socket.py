@@ -203,10 +203,17 @@ class LocalInbox:
         """Send ``msg`` to the sender named ``name``; False if it is not connected or the message
         could not be sent whole within :data:`SEND_TIMEOUT_S` (its connection is then closed, so
         it never reads half a message)."""
+        return self._send_frame(name, _frame(msg))
+
+    def send_each(self, names: Any, msg: Any) -> list:
+        """:meth:`send_to` every one of ``names`` (``msg`` pickled once); returns those it missed."""
+        frame = _frame(msg)
+        return [n for n in names if not self._send_frame(n, frame)]
+
+    def _send_frame(self, name: Any, frame: bytes) -> bool:
         conn = self.peers.get(name)
         if conn is None:
             return False
-        frame = _frame(msg)
         with conn.lock:
             try:
                 conn.sock.sendall(frame)
