@@ -16,6 +16,13 @@ flights and the queueing at both ends).
     >>> {k: round(v * 1e3, 3) for k, v in parts.items()}  # doctest: +NORMALIZE_WHITESPACE
     {'obs/cut/blocked_s': 6.0, 'obs/cut/send_s': 1.0, 'obs/cut/rank_s': 0.5, 'obs/cut/transit_s': 3.5,
      'obs/cut/resume_s': 1.0, 'obs/cut/to_rank_s': 1.0, 'obs/cut/ack_s': 2.5}
+
+On the inbox socket the closing ack can be taken before the sender notes that it sent every
+mesh its cut; the sends were done by then, so ``send`` ends at the close at the latest:
+
+    >>> parts = breakdown(called_at=0.0, sent_at=0.0022, closed_at=0.0021, resumed_at=None)
+    >>> parts["obs/cut/send_s"] <= parts["obs/cut/blocked_s"]
+    True
 """
 
 from __future__ import annotations
@@ -55,6 +62,9 @@ def breakdown(called_at: float, sent_at: float, closed_at: float, resumed_at: fl
     """The cut's parts in seconds (see the module's docstring). ``resumed_at`` is None when no
     caller awaited the cut (then it ends when it closed); ``stamp`` is the closing rank's
     :func:`rank_stamp`, None for a cut closed by its timeout or by an aggregated ack."""
+    # every mesh was sent its cut before the cut closed (the last ack needs its cut); a closing
+    # ack taken by another thread before the sender noted ``sent_at`` does not move that
+    sent_at = min(sent_at, closed_at)
     end = closed_at if resumed_at is None else resumed_at
     out = {"obs/cut/blocked_s": end - called_at, "obs/cut/send_s": sent_at - called_at}
     try:
