@@ -47,11 +47,36 @@ def bench_record() -> dict[str, float]:
         "import timeit\n"
         f"print(min(timeit.repeat(\"record_metric('loss', 0.5, Reduce.MEAN)\", setup={RECORD_SETUP!r}, number=300000, repeat=7)) / 300000 * 1e6)"
     )
+    out.update(bench_first_value())
     env = dict(os.environ, FORGE_DISABLE_METRICS="true")
     out["record_metric_disabled_us"] = float(
         subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     )
     return out
+
+
+FIRST_KEYS = 50
+FIRST_SETUP = RECORD_SETUP + f"""
+from forge_obs.recording.collector import MetricCollector
+C = MetricCollector()
+keys = [f"bench/first_{{i}}" for i in range({FIRST_KEYS})]
+for k in keys: record_metric(k, 0.5, Reduce.MEAN)
+C.swap()"""
+FIRST_STMT = "for k in keys: record_metric(k, 0.5, Reduce.MEAN)\nC.swap()"
+
+
+def bench_first_value() -> dict[str, float]:
+    """A key's first value of a step (the collector was just swapped by a cut), per key: with
+    the keys known from earlier steps (what every step after a key's first one costs), and with
+    them forgotten before each pass (what it costs without the known-key path: the baseline);
+    each minus the swap alone, in the same run."""
+    def per_key(stmt: str, base: str) -> float:
+        t = min(timeit.repeat(stmt, setup=FIRST_SETUP, number=2000, repeat=7))
+        b = min(timeit.repeat(base, setup=FIRST_SETUP, number=2000, repeat=7))
+        return (t - b) / 2000 / FIRST_KEYS * 1e6
+
+    return {"first_value_us": per_key(FIRST_STMT, "C.swap()"),
+            "first_value_unknown_us": per_key("C._known.clear()\n" + FIRST_STMT, "C._known.clear()\nC.swap()")}
 
 
 # ------------------------------------------------------------------------------ flush
@@ -149,25 +174,39 @@ async def bench_flush(procs_list: list[int], keys_list: list[int], reps: int, tm
     return rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--reps", type=int, default=15)
-    args = ap.parse_args()
-    procs_list = [1, 4] if args.quick else [1, 2, 4, 8]
-    keys_list = [10, 100] if args.quick else [10, 100, 1000]
-
-    rec = bench_record()
-    import tempfile
-
-    flush_rows = asyncio.run(bench_flush(procs_list, keys_list, args.reps, tempfile.mkdtemp()))
-
+def print_record(rec: dict) -> None:
     print("\n## record_metric (per call, best of 7)")
     print("| figure | value | target | baseline (same run) | ratio |\n|---|---|---|---|---|")
     b = rec["bare_call_us"]
     print(f"| record_metric CPU scalar (MEAN) | {rec['record_metric_us']:.3f} us | <= 0.7 us | bare Python call {b:.3f} us | {rec['record_metric_us'] / b:.1f}x |")
     print(f"| record_metric int (SUM) | {rec['record_metric_int_sum_us']:.3f} us | <= 0.7 us | bare Python call {b:.3f} us | {rec['record_metric_int_sum_us'] / b:.1f}x |")
+    print(f"| record_metric, a key's first value of a step ({FIRST_KEYS} keys after a cut) | {rec['first_value_us']:.3f} us | "
+          f"| the same keys forgotten before each step {rec['first_value_unknown_us']:.3f} us | "
+          f"{rec['first_value_us'] / rec['first_value_unknown_us']:.2f}x |")
     print(f"| record_metric disabled | {rec['record_metric_disabled_us']:.3f} us | <= 0.3 us | bare Python call {b:.3f} us | {rec['record_metric_disabled_us'] / b:.1f}x |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--record-only", action="store_true", help="only the record_metric table (seconds)")
+    args = ap.parse_args()
+    procs_list = [1, 4] if args.quick else [1, 2, 4, 8]
+    keys_list = [10, 100] if args.quick else [10, 100, 1000]
+
+    rec = bench_record()
+    if args.record_only:
+        print_record(rec)
+        path = ROOT / "bench" / "results" / "core_record.json"
+        path.write_text(json.dumps({"record": rec}, indent=2))
+        print(f"\nJSON: {path}")
+        return
+    import tempfile
+
+    flush_rows = asyncio.run(bench_flush(procs_list, keys_list, args.reps, tempfile.mkdtemp()))
+
+    print_record(rec)
     print("(torchforge side by side: bench/bench_vs_torchforge.py)")
     print("\n## flush, global_reduce (median of %d)" % args.reps)
     print("| procs | keys | caller blocked (exact cut) | raw round trip | blocked / round trip (target <= 1.3x) "

@@ -102,6 +102,48 @@ def test_streaming_keeps_raw_values_with_timestamps(fresh_collector):
     assert raw[0][2] <= raw[1][2]
 
 
+@pytest.mark.parametrize("red", [r for r in Reduce if r is not Reduce.SAMPLE])
+def test_a_key_of_an_earlier_step_gets_the_same_accumulator_and_state(fresh_collector, red):
+    from forge_obs.recording.reduce import accumulator_for
+
+    record_metric("k", 1.0, red)
+    first = fresh_collector.snapshot()["states"]["k"]
+    record_metric("k", 1.0, red)  # the key's first value of the next step: the quick path
+    acc = fresh_collector._accs["k"]
+    made = accumulator_for(red.value)(red)
+    made.append(1.0)
+    assert type(acc) is type(made) and vars(acc).keys() == vars(made).keys()
+    assert {k: v for k, v in vars(acc).items() if k != "ts"} == {k: v for k, v in vars(made).items() if k != "ts"}
+    second = fresh_collector.snapshot()
+    assert {k: v for k, v in second["states"]["k"].items() if k != "ts"} == {k: v for k, v in first.items() if k != "ts"}
+    assert second["counters"]["values_recorded"] == 1
+
+
+def test_a_known_key_with_another_reduction_or_a_huge_int_takes_the_full_path(fresh_collector):
+    record_metric("k", 1.0, Reduce.SUM)
+    record_metric("big", 1, Reduce.SUM)
+    fresh_collector.snapshot()
+    fresh_collector.set_streaming(True)
+    record_metric("k", 5.0, Reduce.MAX)  # another step may use another reduction
+    record_metric("k", 2.0, Reduce.SUM)  # ... and then this step's first one holds
+    record_metric("big", 10**400, Reduce.SUM)  # beyond the float range: +inf, counted
+    snap = fresh_collector.snapshot()
+    assert snap["states"]["k"]["reduction_type"] == "max" and snap["states"]["k"]["max"] == 5.0
+    assert snap["states"]["big"]["sum"] == math.inf
+    assert snap["counters"]["dropped_values"] == 1 and snap["counters"]["nonfinite_values"] == 1
+    assert [(k, v) for k, v, _ in snap["raw"]] == [("k", 5.0), ("big", math.inf)]
+
+
+def test_the_known_keys_are_bounded(fresh_collector, monkeypatch):
+    from forge_obs.recording import collector
+
+    monkeypatch.setattr(collector, "KNOWN_KEYS_MAX", len(fresh_collector._known) + 3)
+    for i in range(10):
+        record_metric(f"unique/{i}", float(i), Reduce.SUM)
+    assert sum(k.startswith("unique/") for k in fresh_collector._known) == 3
+    assert len(fresh_collector.snapshot()["states"]) == 10
+
+
 def test_threads_and_tasks_lose_nothing_while_snapshots_run(fresh_collector):
     n_threads, per_thread = 4, 50_000
     totals = []

@@ -52,6 +52,7 @@ from forge_obs.recording.reduce import (
     MetricAccumulator,
     Reduce,
     accumulator_for,
+    blank_maker,
     overflowed_keys,
     reserved_key,
     resolve_reduction,
@@ -63,6 +64,8 @@ __all__ = ["MetricCollector", "Taken", "record_metric", "set_enabled", "is_enabl
 
 #: raw values kept per flush interval for ``per_rank_no_reduce`` streams (beyond: counted)
 DEFAULT_RAW_CAP = 100_000
+#: at most this many keys are remembered for the quick first value of a step (see _record_known)
+KNOWN_KEYS_MAX = 10_000
 
 _DROP = object()
 _SAMPLE = Reduce.SAMPLE  # module global: cheaper than the Enum attribute lookup per call
@@ -295,6 +298,9 @@ class MetricCollector:
         self._streamed_step: int | None = None  # the step they were streamed under
         self._lock = threading.Lock()
         self._accs: dict[str, MetricAccumulator] = {}
+        #: keys recorded in an earlier step with a built-in numeric reduction: key ->
+        #: (reduction, maker of an empty accumulator); their first value of a step skips the checks
+        self._known: dict[str, tuple[Any, Any]] = {}
         # per_rank_no_reduce: raw (key, value, wall time) tuples, bounded per flush interval
         self._raw: list[tuple[str, Any, float]] | None = None
         self.raw_cap = DEFAULT_RAW_CAP
@@ -372,14 +378,42 @@ class MetricCollector:
         """Called under the lock: a key's first value of the step, a reduction mismatch, a
         non-``Reduce`` reduction argument, or whatever made the fast path raise. Never raises."""
         try:
+            if self._record_known(key, value, reduction):
+                return
+            new = type(key) is str and key not in self._accs
             r = _append(self._accs, key, value, reduction, self)
             if r is None:
                 return
             self._recorded += 1
             if self._raw is not None:
                 self._append_raw(*r)
+            if new and len(self._known) < KNOWN_KEYS_MAX:
+                make = blank_maker(reduction)
+                if make is not None:
+                    self._known[key] = (reduction, make)
         except Exception as e:  # noqa: BLE001 - never into the caller
             self._sink_drop("append_error", key, safe_repr(e))
+
+    def _record_known(self, key: Any, value: Any, reduction: Any) -> bool:
+        """A key's first value of the step, for a key recorded in an earlier step with the same
+        built-in reduction and a plain number: its accumulator is made without checking the key
+        and the reduction again (they passed before). False: the full path decides."""
+        known = self._known.get(key) if type(key) is str else None
+        if known is None or known[0] is not reduction or key in self._accs:
+            return False
+        t = type(value)
+        if t is not float and t is not int:
+            return False
+        acc = known[1]()
+        try:
+            acc.append(value)
+        except Exception:  # noqa: BLE001 - an int beyond the float range: the full path counts it
+            return False
+        self._accs[key] = acc
+        self._recorded += 1
+        if self._raw is not None:
+            self._append_raw(key, value)
+        return True
 
     def _append_raw(self, key: str, value: Any) -> None:
         if len(self._raw) < self.raw_cap:  # type: ignore[arg-type]
@@ -811,6 +845,13 @@ def record_metric(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN)
         acc = c._accs.get(key)
         if acc is not None and (acc.reduction is reduction or acc.rt == reduction):  # Reduce.X or "x"
             acc.append(value)
+            c._recorded += 1
+            if c._raw is not None:
+                c._append_raw(key, value)
+        elif acc is None and (known := c._known.get(key)) is not None and known[0] is reduction:
+            acc = known[1]()  # the key's first value of this step (see MetricCollector._record_known)
+            acc.append(value)  # raises before anything is kept: the full path below decides
+            c._accs[key] = acc
             c._recorded += 1
             if c._raw is not None:
                 c._append_raw(key, value)

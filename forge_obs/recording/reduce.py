@@ -814,6 +814,33 @@ def resolve_reduction(reduction: "Reduce | str") -> "Reduce | str":
     raise ValueError(f"unknown reduction {safe_repr(reduction)}; valid: {', '.join(reduction_names())}")
 
 
+#: Reduce member -> a maker of its empty accumulator (see :func:`blank_maker`)
+_BLANK_MAKERS: dict[Any, Any] = {}
+
+
+def blank_maker(reduction: Any) -> "Callable[[], RowAccumulator] | None":
+    """For a built-in numeric reduction (a ``Reduce`` member): a function returning a new, empty
+    accumulator of it, as the class's constructor makes it (the same fields, set in the same
+    order) without the constructor's checks of ``reduction``. None for any other reduction."""
+    make = _BLANK_MAKERS.get(reduction)
+    if make is not None or type(reduction) is not Reduce:
+        return make
+    cls = _REGISTRY.get(reduction.value)
+    if cls is None or cls.__module__ != __name__ or not issubclass(cls, RowAccumulator):
+        return None
+    new, rt = object.__new__, reduction.value
+
+    def make() -> RowAccumulator:
+        acc = new(cls)
+        acc.reduction = acc.reduction_type = reduction
+        acc.rt = rt
+        acc.reset()
+        return acc
+
+    _BLANK_MAKERS[reduction] = make
+    return make
+
+
 def accumulator_for(reduction_name: str) -> type[MetricAccumulator]:
     try:
         return _REGISTRY[reduction_name]
