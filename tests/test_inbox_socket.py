@@ -35,6 +35,11 @@ class Worker(Actor):
         for i in range(300 if step % 2 else 0):  # odd steps: large cuts (states follow the ack)
             record_metric(f"work/k{i}", float(i), Reduce.MEAN)
 
+    @endpoint
+    async def threads(self) -> list:
+        import threading
+        return sorted(t.name for t in threading.enumerate())
+
 
 async def main(root: str, kill_at: int) -> None:
     from forge_obs.controller.logger import _STATE
@@ -53,10 +58,11 @@ async def main(root: str, kill_at: int) -> None:
         await mlogger.flush.call_one(step)
         on_socket.append(_STATE.local.messages if _STATE.local else None)
         routes.append(sorted({e.route for e in LOCAL_MESHES.entries()}))
+    threads = sorted({n for w in workers for _, names in (await w.threads.call()).items() for n in names})
     await mlogger.shutdown.call_one()
     for m in meshes:
         await m.stop()
-    print(json.dumps({"run_dir": info["run_dir"], "on_socket": on_socket, "routes": routes}), flush=True)
+    print(json.dumps({"run_dir": info["run_dir"], "on_socket": on_socket, "routes": routes, "threads": threads}), flush=True)
 
 
 asyncio.run(main(sys.argv[1], int(sys.argv[2])))
@@ -187,6 +193,8 @@ def test_a_users_loop_is_exact_on_the_socket_and_after_it_goes(tmp_path, kill_at
     if kill_at < 0:  # every rank's ack (and a large cut's states) came on the socket, and the cuts went there
         assert all(b - a >= 4 for a, b in zip([0] + on, on)), on
         assert routes[1:] == [["socket"]] * 5, routes
+        # each rank's actor loop reads its cuts off the socket itself: no reader thread of its own
+        assert "forge_obs-local-cuts" not in res["threads"], res["threads"]
     else:  # before the fault on the socket; after it, nothing more there (the port took over)
         assert on[kill_at - 1] >= 4 * kill_at and len(set(on[kill_at:])) == 1, on
         assert routes[kill_at - 1] == ["socket"] and routes[kill_at:] == [["monarch"]] * (6 - kill_at), routes
@@ -270,6 +278,51 @@ def test_a_message_to_a_sender_that_went_away_is_refused_never_raised():
         assert inbox.send_each([("m", 0), ("m", 1)], ("cut", 300, 0, "A", 0)) == [("m", 0), ("m", 1)]
     finally:
         inbox.close()
+
+
+def test_a_sender_read_by_its_event_loop_takes_every_message_in_order_on_that_loop():
+    """Connected from a running event loop, the loop reads the socket itself (no reader thread):
+    every message the inbox sends comes in order, on the loop's thread; when the inbox goes, the
+    loop stops reading; a close from another thread releases the socket through the loop."""
+    import asyncio
+
+    async def main():
+        inbox, _got = _serve()
+        loop = asyncio.get_running_loop()
+        taken, spent, where = [], [], set()
+
+        def on_message(msg):
+            where.add(threading.current_thread() is threading.main_thread())
+            taken.append(msg)
+
+        s = LocalSender.connect(inbox.address, name=("m", 0), on_message=on_message, account=spent.append, loop=loop)
+        assert s._reader is None and s._loop is loop
+        while not inbox.named([("m", 0)]):
+            await asyncio.sleep(0.001)
+        def send_all():  # from another thread, as the controller's process sends
+            return [inbox.send_to(("m", 0), ("cut", n, n, "A", 0, b"z" * (4096 if n % 7 else 200_000)))
+                    for n in range(300)]
+
+        assert all(await asyncio.to_thread(send_all))
+        while len(taken) < 300:
+            await asyncio.sleep(0.001)
+        assert [m[1] for m in taken] == list(range(300)) and where == {True}
+        assert spent and all(x >= 0 for x in spent)
+        inbox.close()
+        while s._loop is not None:  # the end of the stream: it stops reading
+            await asyncio.sleep(0.001)
+        assert not s.send(("ack", 1))  # the inbox is gone: refused, the fetcher uses the port
+        # a second sender, closed from another thread while its loop reads it
+        inbox2, _ = _serve()
+        s2 = LocalSender.connect(inbox2.address, name=("m", 1), on_message=taken.append, loop=loop)
+        fd = s2._sock.fileno()
+        await asyncio.to_thread(s2.close)
+        while s2._loop is not None:
+            await asyncio.sleep(0.001)
+        assert s2._sock.fileno() == -1 and fd not in loop._selector.get_map()
+        inbox2.close()
+
+    asyncio.run(main())
 
 
 def test_a_senders_reader_accounts_its_cpu():

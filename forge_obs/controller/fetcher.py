@@ -45,7 +45,7 @@ from forge_obs.recording import reduce as _reduce
 from forge_obs.recording.reduce import adopt_reductions, user_reductions
 from forge_obs.recording.timeline import follow_cut
 from forge_obs.wire.messages import ACK, CUT, DEFAULT_STREAM_INTERVAL_S, EXPORT, FINAL, STATES, STREAM
-from forge_obs.wire.local_socket import LocalSender
+from forge_obs.wire.local_socket import LocalSender, running_loop as _running_loop
 from forge_obs.wire.snapshot import dumps, encode_raw
 
 logger = logging.getLogger("forge_obs")
@@ -189,7 +189,7 @@ class LocalFetcherActor(Actor):
         self._ctx = contextvars.copy_context()
         self.local = LocalSender.connect((options or {}).get("inbox_socket"),
                                          (mesh_id, self.rank) if self._loop is not None else None, self._on_local,
-                                         lambda cpu_s: SELF_OBS.add("inbox", cpu_s))
+                                         lambda cpu_s: SELF_OBS.add("inbox", cpu_s), loop=self._loop)
         self.mesh_id = mesh_id
         self.key = (mesh_id, self.rank)
         try:  # the controller learns this rank's host and port (for the aggregated route)
@@ -228,15 +228,22 @@ class LocalFetcherActor(Actor):
         self._take_cut(seq, step, actor, ctl_us, plan)
 
     def _on_local(self, msg: tuple) -> None:
-        """A message of the inbox socket (on its reader thread): a cut runs on this actor's loop,
-        as the endpoint's would, in the order the cuts came."""
+        """A message of the inbox socket: a cut runs on this actor's loop, as the endpoint's
+        would, in the order the cuts came. The loop reads the socket itself; where it could not
+        (connected off the loop's thread), a reader thread hands each message to it."""
+        if _running_loop() is self._loop:
+            self._take_local(msg)
+            return
         try:
-            if msg[0] == CUT:
-                self._loop.call_soon_threadsafe(self._local_cut, msg, context=self._ctx)
-            elif msg[0] == EXPORT:
-                self._loop.call_soon_threadsafe(self._send_held_for, msg[1], context=self._ctx)
+            self._loop.call_soon_threadsafe(self._take_local, msg, context=self._ctx)
         except RuntimeError:  # the actor's loop is closed: it stopped
             pass
+
+    def _take_local(self, msg: tuple) -> None:
+        if msg[0] == CUT:
+            self._local_cut(msg)
+        elif msg[0] == EXPORT:
+            self._send_held_for(msg[1])
 
     def _local_cut(self, msg: tuple) -> None:
         try:
@@ -499,7 +506,7 @@ def _small(taken: Any) -> bool:
     accs = taken.accs
     if taken.device is not None or len(accs) + len(taken.raw or ()) > ACK_STATES_MAX_VALUES:
         return False
-    return all(type(a) in _ROW_TYPES for a in accs.values())
+    return _ROW_TYPES.issuperset(map(type, accs.values()))
 
 
 def _cut_children(seq: int, step: int) -> list[tuple]:

@@ -28,6 +28,7 @@ guarantees:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import pickle
@@ -42,7 +43,7 @@ from typing import Any, Callable
 
 import cloudpickle
 
-__all__ = ["LocalInbox", "LocalSender", "same_host"]
+__all__ = ["LocalInbox", "LocalSender", "same_host", "running_loop"]
 
 logger = logging.getLogger("forge_obs")
 
@@ -297,15 +298,17 @@ class LocalSender:
         self._sock = sock
         self._lock = threading.Lock()
         self._reader: threading.Thread | None = None
+        self._loop: Any = None  # the event loop that reads what the inbox sends, if one does
         self.closed = False
 
     @classmethod
     def connect(cls, address: Any, name: Any = None, on_message: Callable[[Any], None] | None = None,
-                account: Callable[[float], None] | None = None) -> "LocalSender | None":
+                account: Callable[[float], None] | None = None, loop: Any = None) -> "LocalSender | None":
         """A connection to ``address`` if it is a socket of this host that accepts; else None.
-        With ``name`` and ``on_message``: the inbox may send to ``name``, and a thread of this
-        sender's hands each such message to ``on_message``, in order (``account(cpu_s)``: that
-        thread's CPU after each read)."""
+        With ``name`` and ``on_message``: the inbox may send to ``name``, and each such message is
+        handed to ``on_message``, in order (``account(cpu_s)``: the CPU each read took): by
+        ``loop``, an event loop running in the calling thread, which then reads the socket
+        itself; else by a thread of this sender's."""
         if not same_host(address):
             return None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -317,12 +320,49 @@ class LocalSender:
             return None
         sender = cls(sock)
         if name is not None and on_message is not None:
-            sender._reader = threading.Thread(target=sender._listen, args=(on_message, account),
-                                              name="forge_obs-local-cuts", daemon=True)
-            sender._reader.start()
+            if loop is not None and running_loop() is loop:
+                sender._watch(loop, on_message, account)
+            else:
+                sender._reader = threading.Thread(target=sender._listen, args=(on_message, account),
+                                                  name="forge_obs-local-cuts", daemon=True)
+                sender._reader.start()
             if not sender.send((_NAME, name)):
                 return None
         return sender
+
+    def _watch(self, loop: Any, on_message: Callable[[Any], None], account: Callable[[float], None] | None) -> None:
+        """Read on ``loop`` (this thread's): each message is handed over in the loop's turn that
+        read it, with no thread of its own and no hop between threads."""
+        buf = bytearray()
+        sock, fd = self._sock, self._sock.fileno()
+
+        def readable() -> None:
+            cpu = time.thread_time()
+            try:
+                data = sock.recv(1 << 16, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:  # the inbox is gone, or this sender closed: a half frame is dropped
+                self._unwatch(fd)
+                return
+            buf.extend(data)
+            _take_frames(buf, on_message)
+            if account is not None:
+                account(time.thread_time() - cpu)
+
+        loop.add_reader(fd, readable)
+        self._loop = loop
+
+    def _unwatch(self, fd: int) -> None:
+        """On the loop's thread: stop reading, and release the socket if it was closed meanwhile."""
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.remove_reader(fd)
+        with self._lock:
+            if self.closed:
+                self._sock.close()
 
     def _listen(self, on_message: Callable[[Any], None], account: Callable[[float], None] | None) -> None:
         buf = bytearray()
@@ -368,7 +408,21 @@ class LocalSender:
                 self._sock.shutdown(socket.SHUT_RDWR)  # ends this sender's reader, if any
             except OSError:
                 pass
+            loop = self._loop
+            if loop is not None and running_loop() is not loop and not loop.is_closed():
+                return  # the loop reads the end of the stream, stops watching, then closes
+            if loop is not None and running_loop() is loop:
+                self._loop = None
+                loop.remove_reader(self._sock.fileno())
             try:
                 self._sock.close()
             except OSError:
                 pass
+
+
+def running_loop() -> Any:
+    """The event loop running in this thread, or None."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
