@@ -134,6 +134,23 @@ def test_a_known_key_with_another_reduction_or_a_huge_int_takes_the_full_path(fr
     assert [(k, v) for k, v, _ in snap["raw"]] == [("k", 5.0), ("big", math.inf)]
 
 
+def test_a_str_subclass_key_equal_to_a_known_key_is_recorded_under_the_plain_str(fresh_collector):
+    """A key equal to a known one but of a str subclass (a str Enum) takes the full path, which
+    records it under the plain str, also in a step after the plain key was known."""
+    import enum
+
+    class K(str, enum.Enum):
+        LOSS = "loss"
+
+    record_metric("loss", 1.0)
+    fresh_collector.snapshot()
+    record_metric(K.LOSS, 2.0)  # the first value of this step: under "loss", never under K.LOSS
+    record_metric("loss", 4.0)
+    snap = fresh_collector.snapshot()
+    assert {type(k) for k in snap["states"]} == {str}
+    assert snap["states"]["loss"]["sum"] == 6.0 and snap["states"]["loss"]["count"] == 2
+
+
 def test_the_known_keys_are_bounded(fresh_collector, monkeypatch):
     from forge_obs.recording import collector
 

@@ -848,7 +848,7 @@ def record_metric(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN)
             c._recorded += 1
             if c._raw is not None:
                 c._append_raw(key, value)
-        elif acc is None and (known := c._known.get(key)) is not None and known[0] is reduction:
+        elif acc is None and type(key) is str and (known := c._known.get(key)) is not None and known[0] is reduction:
             acc = known[1]()  # the key's first value of this step (see MetricCollector._record_known)
             acc.append(value)  # raises before anything is kept: the full path below decides
             c._accs[key] = acc
