@@ -328,10 +328,11 @@ def cpu_pairs(rows: list[dict], med_on: float) -> dict | None:
 
 
 def together(args: argparse.Namespace, root: str, tag: str, settings: tuple[bool, bool],
-             extra_env: tuple[dict | None, dict | None] = (None, None)) -> list[dict]:
+             extra_env: tuple[dict | None, dict | None] = (None, None), first: int = 0) -> list[dict]:
     """Two runs started at the same moment (``settings``: disabled or not, for each; each with
     its ``extra_env``), each with ``--rollout-lead`` ``args.concurrent_lead``: both see the same
-    machine, for the same time."""
+    machine, for the same time. Run ``first`` is started first (callers alternate it: the run
+    started second was seen to pay for it, by up to several ms of CPU per step)."""
     import threading
 
     out: list = [None, None]
@@ -343,7 +344,7 @@ def together(args: argparse.Namespace, root: str, tag: str, settings: tuple[bool
         except BaseException as e:  # noqa: BLE001 - a thread swallows SystemExit: report it here
             errors.append(f"{tag}{'ab'[k]}: {e}")
 
-    threads = [threading.Thread(target=go, args=(k,)) for k in (0, 1)]
+    threads = [threading.Thread(target=go, args=(k,)) for k in (first, 1 - first)]
     for t in threads:
         t.start()
     for t in threads:
@@ -442,9 +443,10 @@ def main() -> None:
                 print(f"  run {r['run_id']:>5}: median step {r['step_s_median'] * 1e3:7.1f} ms  "
                       f"mean {r['step_s_mean'] * 1e3:7.1f} ms  ({r['wall_s']:.0f}s wall)", flush=True)
         probes = [one_run(False, args, root, i, probe=True) for i in range(args.probe_runs)]
-        both = [together(args, root, f"t{i}", (False, True)) for i in range(args.together_pairs)]
-        aa = [together(args, root, f"aa{i}", (False, False)) for i in range(args.aa_pairs)]
-        ablations = {setting: [together(args, root, f"x{k}p{i}", (False, False), (None, dict([setting.split("=", 1)])))
+        both = [together(args, root, f"t{i}", (False, True), first=i % 2) for i in range(args.together_pairs)]
+        aa = [together(args, root, f"aa{i}", (False, False), first=i % 2) for i in range(args.aa_pairs)]
+        ablations = {setting: [together(args, root, f"x{k}p{i}", (False, False), (None, dict([setting.split("=", 1)])),
+                                        first=i % 2)
                                for i in range(args.ablate_pairs)] for k, setting in enumerate(args.ablate)}
     on = [r["step_s_median"] for r in rows if r["obs"]]
     off = [r["step_s_median"] for r in rows if not r["obs"]]
