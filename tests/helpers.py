@@ -153,3 +153,29 @@ def run_as_user(script: "str | Path", cwd: Path, *args: str, env: dict | None = 
     res = run_group([sys.executable, str(script), *args], cwd=cwd, env=user_env(env), timeout=timeout)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     return res
+
+
+def stop_process(pid: int, timeout_s: float = 30.0) -> None:
+    """SIGSTOP ``pid`` and return once every thread of it is stopped. ``kill`` only queues the
+    signal: until one of the process's threads takes it, the others run on, and on a loaded
+    machine one of them may still take a cut and answer it."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout_s
+    while not _all_threads_stopped(pid):
+        assert time.monotonic() < deadline, f"process {pid} did not stop within {timeout_s}s"
+        time.sleep(0.001)
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True  # gone
+    for tid in tids:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue  # this thread ended
+        if stat[stat.rindex(")") + 2] not in "Tt":
+            return False
+    return True

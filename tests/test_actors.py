@@ -12,7 +12,7 @@ from monarch.actor import Actor, current_rank, endpoint, this_host
 
 import provisioner_hooks
 from forge_obs import LoggerBackend, MetricAccumulator, Reduce, get_or_create_metric_logger, record_metric, register_backend, register_reduction
-from tests.helpers import aggregating, global_rows, rank_rows, start_logger, until_answered
+from tests.helpers import aggregating, global_rows, rank_rows, start_logger, stop_process, until_answered
 
 
 class MyActor(Actor):
@@ -228,7 +228,7 @@ async def test_hung_rank_is_reported_and_its_values_arrive_late_not_lost(tmp_pat
     a = pm.spawn("Fragile", Fragile)
     await a.record.call(1.0)  # both ranks: 1.0 each
     pid1 = await a.slice(procs=1).pid.call_one()
-    os.kill(pid1, signal.SIGSTOP)  # rank 1 hangs: its fetcher cannot answer
+    stop_process(pid1)  # rank 1 hangs: its fetcher cannot answer
     try:
         t0 = time.monotonic()
         await mlogger.flush.call_one(0)

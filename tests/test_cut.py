@@ -17,7 +17,7 @@ from monarch.actor import Actor, endpoint, this_host
 
 from forge_obs import Reduce, record_metric
 from forge_obs.analysis.store import read_metrics
-from tests.helpers import aggregating, global_rows, start_logger, until_answered
+from tests.helpers import aggregating, global_rows, start_logger, stop_process, until_answered
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,7 +89,7 @@ async def test_a_hung_rank_costs_one_timeout_then_flush_does_not_wait_for_it(tmp
     a = pm.spawn("Stoppable", Stoppable)
     await a.record.call(1.0)
     pid1 = await a.slice(procs=1).pid.call_one()
-    os.kill(pid1, signal.SIGSTOP)
+    stop_process(pid1)
     try:
         t0 = time.monotonic()
         await mlogger.flush.call_one(0)  # waits for rank 1's acknowledgement: one timeout

@@ -13,7 +13,7 @@ from forge_obs import Reduce, record_metric
 from forge_obs.controller.config import LoggerConfig
 from forge_obs.controller.fetcher import ACK_STATES_MAX_VALUES
 from forge_obs.controller.cut_timing import CLOCK_DOMAIN, breakdown
-from tests.helpers import aggregating, global_rows, start_logger
+from tests.helpers import aggregating, global_rows, start_logger, stop_process
 
 PARTS = ("obs/cut/send_s", "obs/cut/to_rank_s", "obs/cut/rank_s", "obs/cut/ack_s", "obs/cut/resume_s")
 
@@ -174,7 +174,7 @@ async def test_held_states_of_a_cut_closed_by_its_timeout_still_arrive(tmp_path)
     stall = this_host().spawn_procs(per_host={"procs": 1}, name="hangs")
     pid = await stall.spawn("Pid", Pid).pid.call_one()
     await m.record.call(300, 5.0)
-    os.kill(pid, signal.SIGSTOP)
+    stop_process(pid)
     try:
         await mlogger.flush.call_one(0)
         await mlogger.wait_idle.call_one()
