@@ -415,11 +415,12 @@ class LocalSender:
             except OSError:
                 pass
             loop = self._loop
-            if loop is not None and running_loop() is not loop and not loop.is_closed():
-                return  # the loop reads the end of the stream, stops watching, then closes
-            if loop is not None and running_loop() is loop:
-                self._loop = None
-                loop.remove_reader(self._sock.fileno())
+            if loop is not None:
+                if running_loop() is loop:
+                    self._loop = None
+                    loop.remove_reader(self._sock.fileno())
+                elif not loop.is_closed():
+                    return  # the loop reads the end of the stream, stops watching, then closes
             try:
                 self._sock.close()
             except OSError:
