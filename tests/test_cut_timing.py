@@ -81,6 +81,32 @@ async def test_each_step_has_its_cut_parts_and_the_probe_changes_no_value(tmp_pa
             assert sum(m[k] for k in PARTS) == pytest.approx(m["obs/cut/blocked_s"], abs=1e-6)
 
 
+async def test_the_probe_figure_is_in_its_step_however_soon_the_cut_closes(tmp_path, monkeypatch):
+    """The cut carries the probe's round trip from its start: here the step is closed and
+    assembled (no rank to wait for) before start_flush returns, and still has the figure."""
+    from forge_obs.controller import logger as lg
+    from forge_obs.controller.pipeline import FlushPipeline
+
+    mlogger = await start_logger(tmp_path)
+    orig = FlushPipeline.begin_cut
+
+    def begin_then_assemble(self, *a, **kw):
+        cut = orig(self, *a, **kw)
+        with self._cv:  # the step leaves for the backends before the caller goes on
+            self._cv.wait_for(lambda: self.assembled >= cut.seq, timeout=30)
+        return cut
+
+    async def probe() -> float:
+        return 0.0042
+
+    monkeypatch.setattr(FlushPipeline, "begin_cut", begin_then_assemble)
+    monkeypatch.setattr(lg, "probe_round_trip", probe)
+    await lg.ProbedFlush(0)  # what `await mlogger.flush.call_one(0)` runs with "probe_round_trip"
+    monkeypatch.undo()
+    await mlogger.shutdown.call_one()
+    assert global_rows(tmp_path)[0]["metrics"]["obs/raw_round_trip_s"] == 0.0042
+
+
 class Many(Actor):
     @endpoint
     async def record(self, n: int, v: float) -> None:

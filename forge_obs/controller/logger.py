@@ -227,10 +227,7 @@ class ProbedFlush:
 
     async def _run(self) -> None:
         raw_s = await probe_round_trip()
-        wait = start_flush(self.step)
-        if wait.cut is not None:
-            wait.cut.raw_round_trip_s = raw_s
-        await wait
+        await start_flush(self.step, raw_round_trip_s=raw_s)
 
     def get(self, timeout: float | None = None) -> None:
         start_flush(self.step).get(timeout)
@@ -265,9 +262,11 @@ def _resolve(fut: asyncio.Future) -> None:
         fut.set_result(None)
 
 
-def start_flush(step: Any, final: bool = False) -> FlushWait:
+def start_flush(step: Any, final: bool = False, raw_round_trip_s: float | None = None) -> FlushWait:
     """Cut every rank for ``step``: swap this process's collector, open the cut, cast it to every
-    observed mesh. Returns at once; await the result for the cut to complete."""
+    observed mesh. Returns at once; await the result for the cut to complete.
+    ``raw_round_trip_s``: the probe's round trip just before (``probe_round_trip``), part of the
+    cut from its start, so its step carries it however soon the cut closes."""
     called_at = time.monotonic()
     step = check_step(step)
     st = _STATE
@@ -299,7 +298,8 @@ def start_flush(step: Any, final: bool = False) -> FlushWait:
         except Exception as ex:  # noqa: BLE001 - a dead mesh is reported as missing ranks
             logger.warning("forge_obs: could not plan mesh %s: %r", e.name, ex)
     groups = planner.groups([e.mesh_id for e, _plan in casts])
-    cut = pipeline.begin_cut(step, taken, ranks, stopping, final=final, groups=groups, called_at=called_at)
+    cut = pipeline.begin_cut(step, taken, ranks, stopping, final=final, groups=groups, called_at=called_at,
+                             raw_round_trip_s=raw_round_trip_s)
     st.last_step = step
     _COLLECTOR.global_step = step + 1  # the controller's own raw values stream under the next step
     store_options({"last_step": step})  # fetchers spawned from now on predict from it

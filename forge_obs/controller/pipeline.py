@@ -286,13 +286,15 @@ class FlushPipeline:
         final: bool = False,
         groups: dict[RankKey, list[RankKey]] | None = None,
         called_at: float | None = None,
+        raw_round_trip_s: float | None = None,
     ) -> Cut:
         """Open the cut of ``step``. ``ranks``: the live ranks it is cast to (key -> label);
         ``stopping``: ranks of meshes stopped since the last cut, whose final states answer it.
         The ranks their processes spawned (declared in earlier acks) are expected too.
         ``groups``: leader -> its group's ranks, for the ranks that answer through a leader (a
         group whose leader has not delivered the cut's bundle ``BYPASS_FRACTION`` of
-        ``flush_timeout_s`` after it began is asked to resend directly)."""
+        ``flush_timeout_s`` after it began is asked to resend directly). ``raw_round_trip_s``: the
+        probe's round trip measured just before (``obs/raw_round_trip_s`` of the step)."""
         ranks = ranks or {}
         stopping = stopping or {}
         callbacks: list = []
@@ -301,7 +303,7 @@ class FlushPipeline:
             now = time.monotonic()
             called = now if called_at is None else called_at
             cut = Cut(seq=self._seq, step=step, deadline=now + self.flush_timeout_s, local=local, final=final, start=now,
-                      called_at=called, sent_at=now)
+                      called_at=called, sent_at=now, raw_round_trip_s=raw_round_trip_s)
             if groups and self.ask_resend is not None:
                 cut.groups = groups
                 cut.bypass_at = now + BYPASS_FRACTION * self.flush_timeout_s
