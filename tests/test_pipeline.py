@@ -264,3 +264,27 @@ async def test_states_a_closed_cut_asked_for_are_opened_as_they_come():
     assert g["obs/dropped/undecodable"] == 1
     assert sorted(rec.per_rank) == ["trainer/r0", "trainer/r2"]
     assert nxt_rec.global_dict()["x"] == 30.0
+
+
+def test_a_ranks_values_are_reduced_once_for_all_the_backends_that_read_them(monkeypatch):
+    """Backends read a step's per-rank values on their own threads: the second reader, arriving
+    while the first is reducing, gets the first's result instead of reducing again."""
+    from forge_obs.backends import record
+
+    views = record.RankViews({"trainer/r0": _snap(loss=2.0)})
+    calls, second, threads = [], [], []
+    real = record.snapshot_values
+
+    def reducing(snap):
+        calls.append(snap)
+        if len(calls) == 1:  # the other backend reads the same rank meanwhile
+            t = threading.Thread(target=lambda: second.append(views.values("trainer/r0")))
+            t.start()
+            t.join(timeout=0.5)  # it waits for this reduction (any wait passes; none fails)
+            threads.append(t)
+        return real(snap)
+
+    monkeypatch.setattr(record, "snapshot_values", reducing)
+    assert views.values("trainer/r0") == {"loss": 2.0}
+    threads[0].join()
+    assert len(calls) == 1 and second == [{"loss": 2.0}]

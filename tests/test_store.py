@@ -4,9 +4,11 @@ import errno
 import json
 import logging
 import math
+import os
 
 import pytest
 
+from forge_obs.backends import jsonl
 from forge_obs.backends.jsonl import JsonlBackend
 from forge_obs.core.types import Metric
 from forge_obs.backends.record import RunContext, StepRecord
@@ -173,6 +175,7 @@ def test_meta_write_beyond_the_file_size_limit_reports_and_does_not_raise(tmp_pa
 _STORE_PROGRAM = r"""
 import json, resource, signal, sys
 from pathlib import Path
+from forge_obs.backends import jsonl
 from forge_obs.backends.jsonl import JsonlBackend
 from forge_obs.core.types import Metric
 from forge_obs.backends.record import RunContext, StepRecord
@@ -356,3 +359,52 @@ def test_the_final_status_uses_the_space_kept_for_it(tmp_path, monkeypatch, capl
         assert write_meta(d, status="reconfigured") is None
     assert "its status stays as it was, not 'reconfigured'" in caplog.text
     assert json.loads((d / "meta.json").read_text())["status"] == "finished"
+
+
+def _fsyncs(monkeypatch):
+    """The store's fsyncs, counted (and done)."""
+    calls = []
+    real = os.fsync
+
+    def counted(fd):
+        calls.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", counted)
+    return calls
+
+
+def test_the_store_fsyncs_at_most_once_per_interval_and_at_finish(tmp_path, monkeypatch):
+    """Every step's rows are written when ``log_step`` returns (another reader sees them); the
+    fsync, which costs the machine far more than the write, comes at most every
+    ``fsync_interval_s`` (the clock is the test's) and once more at ``finish``."""
+    fsyncs = _fsyncs(monkeypatch)
+    now = [1000.0]
+    monkeypatch.setattr(jsonl.time, "monotonic", lambda: now[0])
+    run = RunContext(run_id="r", run_dir=tmp_path / "r")
+    be = JsonlBackend({"logging_mode": "global_reduce", "fsync_interval_s": 2.0})
+    be.init(run=run)
+    for step in range(10):  # 0.5 s apart: steps 0, 4 and 8 are at least 2 s after the last fsync
+        be.log_step(_record(step))
+        assert [r["step"] for r in read_metrics(run.run_dir)] == list(range(step + 1))
+        now[0] += 0.5
+    assert len(fsyncs) == 3
+    be.finish()
+    assert len(fsyncs) == 4
+
+
+@pytest.mark.parametrize("config, per_step", [({"fsync_interval_s": 0}, 1), ({"fsync": False}, 0)])
+def test_fsync_with_every_step_or_never(tmp_path, monkeypatch, config, per_step):
+    fsyncs = _fsyncs(monkeypatch)
+    be = JsonlBackend({"logging_mode": "global_reduce", **config})
+    be.init(run=RunContext(run_id="r", run_dir=tmp_path / "r"))
+    for step in range(5):
+        be.log_step(_record(step))
+    be.finish()
+    assert len(fsyncs) == 5 * per_step + per_step
+
+
+@pytest.mark.parametrize("bad", [-1, "1", float("inf"), True, None])
+def test_a_bad_fsync_interval_is_named(bad):
+    with pytest.raises(ValueError, match="fsync_interval_s must be a number of seconds >= 0"):
+        JsonlBackend({"fsync_interval_s": bad})

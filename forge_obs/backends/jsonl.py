@@ -1,11 +1,15 @@
-"""JSONL store: ``<run_dir>/metrics.jsonl``, one object per step and mode (and rank), durable
-(flushed and fsync'ed) at every step. Read it back with :func:`forge_obs.analysis.store.read_metrics`.
+"""JSONL store: ``<run_dir>/metrics.jsonl``, one object per step and mode (and rank), written at
+every step (a process that dies after ``log_step`` returned loses none of its rows) and fsync'ed at
+most every ``fsync_interval_s`` (so a crash of the machine loses at most that much), and at
+``finish``. Read it back with :func:`forge_obs.analysis.store.read_metrics`.
 
     {"run_id": "r1", "step": 0, "mode": "global_reduce", "wall_time": 1.7e9, "metrics": {"loss": 0.5}}
     {"run_id": "r1", "step": 0, "mode": "per_rank_reduce", "source": {"label": "trainer/r0", ...}, "metrics": {...}}
     {"run_id": "r1", "step": 0, "mode": "per_rank_no_reduce", "source": {...}, "values": [["loss", 0.5, 1.7e9]]}
 
 Config: ``logging_mode`` (default: ``global_reduce`` and ``per_rank_reduce``), ``fsync`` (default True),
+``fsync_interval_s`` (default 1: a step's rows are fsync'ed with it when the last fsync is at least that
+old, else with a later step or at ``finish``; 0: with every step),
 ``show_obs`` (default True: the ``obs/…`` self-metrics, which the report and ``doctor`` read),
 ``retry_buffer_mb`` (default 256: see below).
 Raw values streamed between flushes (``per_rank_no_reduce``) are written as they arrive, under
@@ -28,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections import deque
 from typing import Any
 
@@ -85,6 +90,8 @@ def _writable(key: str, v: Any) -> Any:
 
 #: ``retry_buffer_mb`` default: MiB of rows held in memory while the disk refuses them
 DEFAULT_RETRY_BUFFER_MB = 256.0
+#: ``fsync_interval_s`` default: the rows on disk are fsync'ed at most this often (and at ``finish``)
+DEFAULT_FSYNC_INTERVAL_S = 1.0
 
 
 class JsonlBackend(LoggerBackend):
@@ -96,6 +103,11 @@ class JsonlBackend(LoggerBackend):
         if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not 0 <= mb < float("inf"):
             raise ValueError(f"jsonl backend: retry_buffer_mb must be a number of MiB >= 0, got {mb!r}")
         self._max_held = int(mb * 2**20)
+        every = self.config.get("fsync_interval_s", DEFAULT_FSYNC_INTERVAL_S)
+        if isinstance(every, bool) or not isinstance(every, (int, float)) or not 0 <= every < float("inf"):
+            raise ValueError(f"jsonl backend: fsync_interval_s must be a number of seconds >= 0, got {every!r}")
+        self._fsync_interval_s = float(every)
+        self._synced_at = float("-inf")  # time.monotonic() of the last fsync
         self._held: deque = deque()  # [steps, bytes not on disk yet], in file order
         self._held_bytes = 0
         self._failing = False  # the last write or fsync failed
@@ -173,9 +185,10 @@ class JsonlBackend(LoggerBackend):
         self._held_bytes += len(data)
         return True
 
-    def _drain(self) -> bool:
+    def _drain(self, sync_now: bool = False) -> bool:
         """Write what is held, in order (a partly written row is completed, never repeated), then
-        fsync. True when nothing is held any more; an error is counted and logged once per outage."""
+        fsync if the last fsync is ``fsync_interval_s`` old (or ``sync_now``). True when nothing
+        is held any more; an error is counted and logged once per outage."""
         while self._held:
             item = self._held[0]
             try:
@@ -188,8 +201,10 @@ class JsonlBackend(LoggerBackend):
             if not item[1]:
                 self._held.popleft()
         try:
-            if self._fsync:
+            now = time.monotonic()
+            if self._fsync and (sync_now or now - self._synced_at >= self._fsync_interval_s):
                 os.fsync(self._fd)
+                self._synced_at = now
         except OSError as e:
             self._outage(e)
             return False
@@ -220,7 +235,7 @@ class JsonlBackend(LoggerBackend):
         if fd is None:
             return
         try:
-            self._drain()
+            self._drain(sync_now=True)
             self._unwritten.update(s for steps, _data in self._held for s in steps)
             self._held.clear()
             self._held_bytes = 0

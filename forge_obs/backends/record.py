@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,19 +38,24 @@ class RunContext:
 
 class RankViews(Mapping):
     """``StepRecord.per_rank`` as the pipeline fills it: rank label -> that rank's reduced
-    Metrics (sorted by key), computed from the rank's snapshot on first access; :meth:`values`
-    gives plain ``{key: value}`` without building Metrics."""
+    Metrics (sorted by key), computed from the rank's snapshot on first access, once for all
+    the backends that read it (each on its own thread); :meth:`values` gives plain
+    ``{key: value}`` without building Metrics."""
 
     def __init__(self, snapshots: dict[str, dict[str, Any]], timestamp: float | None = None) -> None:
         self._snaps = snapshots
         self._ts = time.time() if timestamp is None else timestamp
         self._values: dict[str, tuple[dict, dict]] = {}
         self._metrics: dict[str, list[Metric]] = {}
+        self._lock = threading.Lock()
 
     def _reduced(self, label: str) -> tuple[dict, dict]:
         v = self._values.get(label)
-        if v is None:  # a key that cannot be reduced is left out (counted with the global values)
-            v = self._values[label] = snapshot_values(self._snaps[label])
+        if v is None:
+            with self._lock:  # another backend's thread may be reducing it: it is reduced once
+                v = self._values.get(label)
+                if v is None:  # a key that cannot be reduced is left out (counted with the global values)
+                    v = self._values[label] = snapshot_values(self._snaps[label])
         return v
 
     def values(self, label: str) -> dict[str, Any]:
