@@ -13,6 +13,7 @@ from forge_obs.controller.config import LoggerConfig
     [
         ({"console": {"compat": True}}, "console backend", "compact"),
         ({"tensorboard": {"logdir": "x"}}, "tensorboard backend", "log_dir"),
+        ({"jsonl": {"fsync_interval": 5}}, "jsonl backend", "fsync_interval_s"),
         ({"wandb": {"mode": "offline", "projct": "p"}}, "wandb backend", "any wandb.init argument"),
         ({"run": {"dir": "x"}}, "run", "id, root"),
         ({"timeline": {"rank": "0"}}, "timeline", "ranks"),

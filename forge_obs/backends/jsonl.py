@@ -7,11 +7,12 @@ most every ``fsync_interval_s`` (so a crash of the machine loses at most that mu
     {"run_id": "r1", "step": 0, "mode": "per_rank_reduce", "source": {"label": "trainer/r0", ...}, "metrics": {...}}
     {"run_id": "r1", "step": 0, "mode": "per_rank_no_reduce", "source": {...}, "values": [["loss", 0.5, 1.7e9]]}
 
-Config: ``logging_mode`` (default: ``global_reduce`` and ``per_rank_reduce``), ``fsync`` (default True),
-``fsync_interval_s`` (default 1: a step's rows are fsync'ed with it when the last fsync is at least that
-old, else with a later step or at ``finish``; 0: with every step),
-``show_obs`` (default True: the ``obs/…`` self-metrics, which the report and ``doctor`` read),
-``retry_buffer_mb`` (default 256: see below).
+Config (:class:`JsonlOptions`; an unknown key raises at ``init_backends``): ``logging_mode``
+(default: ``global_reduce`` and ``per_rank_reduce``), ``fsync`` (default True), ``fsync_interval_s``
+(default 1: a step's rows are fsync'ed with it when the last fsync is at least that old, else with
+a later step or at ``finish``; 0: with every step), ``show_obs`` (default True: the ``obs/…``
+self-metrics, which the report and ``doctor`` read), ``retry_buffer_mb`` (default 256: see below),
+``filename`` (default ``metrics.jsonl``).
 Raw values streamed between flushes (``per_rank_no_reduce``) are written as they arrive, under
 their rank's predicted step (its last flushed step + 1).
 NaN/inf are written as JSON ``NaN``/``Infinity`` (Python's json reads them back).
@@ -34,16 +35,18 @@ import logging
 import os
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable
 from forge_obs.backends.record import StepRecord
+from forge_obs.core.options import parse_options
 from forge_obs.core.plain import plain
 from forge_obs.core.safe import safe_repr, safe_str
 from forge_obs.core.types import LoggingMode
 from forge_obs.core.warn import WARNER
 
-__all__ = ["DEFAULT_RETRY_BUFFER_MB", "JsonlBackend"]
+__all__ = ["DEFAULT_FSYNC_INTERVAL_S", "DEFAULT_RETRY_BUFFER_MB", "JsonlBackend", "JsonlOptions"]
 
 logger = logging.getLogger("forge_obs")
 
@@ -94,19 +97,34 @@ DEFAULT_RETRY_BUFFER_MB = 256.0
 DEFAULT_FSYNC_INTERVAL_S = 1.0
 
 
+@dataclass
+class JsonlOptions:
+    """The ``"jsonl"`` config: ``init_backends({"jsonl": {...}})``; an unknown key raises there."""
+
+    logging_mode: Any = None  # one mode or a list (LoggerBackend parses it)
+    show_obs: bool = True  # write forge_obs's own obs/... keys (the report and doctor read them)
+    fsync: bool = True  # fsync the file (at most every fsync_interval_s, and at finish)
+    fsync_interval_s: float = DEFAULT_FSYNC_INTERVAL_S  # 0: fsync with every step
+    retry_buffer_mb: float = DEFAULT_RETRY_BUFFER_MB  # rows held in memory while the disk refuses them
+    filename: str = "metrics.jsonl"  # in the run directory
+    per_rank_share_run: bool = False  # torchforge's; one file holds every rank's rows
+
+    def __post_init__(self) -> None:
+        for name, unit in (("retry_buffer_mb", "MiB"), ("fsync_interval_s", "seconds")):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+                raise ValueError(f"jsonl backend: {name} must be a number of {unit} >= 0, got {v!r}")
+        self.show_obs = bool(self.show_obs)
+        self.fsync = bool(self.fsync)
+
+
 class JsonlBackend(LoggerBackend):
     default_modes = (LoggingMode.GLOBAL_REDUCE, LoggingMode.PER_RANK_REDUCE)
 
     def __init__(self, logger_backend_config: dict[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(logger_backend_config, **kwargs)
-        mb = self.config.get("retry_buffer_mb", DEFAULT_RETRY_BUFFER_MB)
-        if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not 0 <= mb < float("inf"):
-            raise ValueError(f"jsonl backend: retry_buffer_mb must be a number of MiB >= 0, got {mb!r}")
-        self._max_held = int(mb * 2**20)
-        every = self.config.get("fsync_interval_s", DEFAULT_FSYNC_INTERVAL_S)
-        if isinstance(every, bool) or not isinstance(every, (int, float)) or not 0 <= every < float("inf"):
-            raise ValueError(f"jsonl backend: fsync_interval_s must be a number of seconds >= 0, got {every!r}")
-        self._fsync_interval_s = float(every)
+        self.options = parse_options(JsonlOptions, "jsonl backend", self.config)
+        self._max_held = int(self.options.retry_buffer_mb * 2**20)
         self._synced_at = float("-inf")  # time.monotonic() of the last fsync
         self._held: deque = deque()  # [steps, bytes not on disk yet], in file order
         self._held_bytes = 0
@@ -121,8 +139,7 @@ class JsonlBackend(LoggerBackend):
         self.run = run
         assert run is not None, "the jsonl backend needs a run directory"
         run.run_dir.mkdir(parents=True, exist_ok=True)
-        self.path = run.run_dir / self.config.get("filename", "metrics.jsonl")
-        self._fsync = bool(self.config.get("fsync", True))
+        self.path = run.run_dir / self.options.filename
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         if _ends_torn(self.path):  # a torn last row of an earlier session: the next row starts a line
             self._hold([], b"\n")
@@ -131,7 +148,7 @@ class JsonlBackend(LoggerBackend):
     def log_step(self, record: StepRecord) -> None:
         base = {"run_id": record.run_id, "step": record.step}
         lines = []
-        show_obs = self.config.get("show_obs", True)
+        show_obs = self.options.show_obs
         for mode in self.modes:
             if mode is LoggingMode.GLOBAL_REDUCE:
                 metrics = record.global_dict()
@@ -202,7 +219,7 @@ class JsonlBackend(LoggerBackend):
                 self._held.popleft()
         try:
             now = time.monotonic()
-            if self._fsync and (sync_now or now - self._synced_at >= self._fsync_interval_s):
+            if self.options.fsync and (sync_now or now - self._synced_at >= self.options.fsync_interval_s):
                 os.fsync(self._fd)
                 self._synced_at = now
         except OSError as e:
