@@ -44,6 +44,7 @@ from forge_obs.recording.collector import MetricCollector
 from forge_obs.recording import reduce as _reduce
 from forge_obs.recording.reduce import adopt_reductions, user_reductions
 from forge_obs.recording.timeline import follow_cut
+from forge_obs.recording.timeline import writer as _timeline_writer
 from forge_obs.wire.messages import ACK, CUT, DEFAULT_STREAM_INTERVAL_S, EXPORT, FINAL, STATES, STREAM
 from forge_obs.wire.local_socket import LocalSender, running_loop as _running_loop
 from forge_obs.wire.snapshot import dumps, encode_raw
@@ -169,6 +170,7 @@ class LocalFetcherActor(Actor):
         self._held: tuple | None = None  # (seq, taken): a large cut's states, sent once the cut closed
         self._ctx: contextvars.Context | None = None  # the actor's context, for cuts that come on the socket
         self._stream_interval_s = DEFAULT_STREAM_INTERVAL_S
+        self._ident_dict: tuple = (None, None)  # (the identity's fields, its to_dict()): sent with every cut's states
         try:
             self._loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -275,7 +277,7 @@ class LocalFetcherActor(Actor):
         data = self._export_states(seq, taken) if with_ack else None
         ack = (ACK, seq, self.key, children, rank_stamp(entered))
         if data is not None:
-            ack += (self.identity.to_dict(), data)
+            ack += (self._identity_dict(), data)
         try:
             self._post(target, ack)
         except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
@@ -312,12 +314,23 @@ class LocalFetcherActor(Actor):
             self.local = None
         self.port.send(msg)
 
+    def _identity_dict(self) -> dict:
+        """``self.identity.to_dict()``, made again only when one of its fields changed (a cut
+        names the actor). Read-only: every message that carries it is pickled."""
+        i = self.identity
+        fields = (i.mesh, i.actor, i.rank, i.world_size, i.pid, i.host, tuple(i.coords.items()))
+        made_for, d = self._ident_dict
+        if made_for != fields:
+            d = i.to_dict()
+            self._ident_dict = (fields, d)
+        return d
+
     def _send(self, kind: str, seq: int, taken: Any, target: Any = None) -> None:
         data = self._export_states(seq, taken)
         if data is None:
             return
         try:
-            self._post(target or self.port, (kind, seq, self.key, self.identity.to_dict(), data))
+            self._post(target or self.port, (kind, seq, self.key, self._identity_dict(), data))
         except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
             logger.error("forge_obs: %s could not send its states (cut %s): %r", self.identity.label, seq, e)
 
@@ -526,10 +539,8 @@ def _cut_children(seq: int, step: int) -> list[tuple]:
 def _clock_sample(ctl_us: int) -> None:
     """The controller's clock when it sent the cut: narrows this host's clock-offset estimate."""
     try:
-        from forge_obs.recording.timeline import writer
-
-        w = writer.current_writer()
+        w = _timeline_writer.current_writer()
         if w is not None:
-            w.clock_sample([writer.now_us(), int(ctl_us)])
+            w.clock_sample([_timeline_writer.now_us(), int(ctl_us)])
     except Exception:  # noqa: BLE001
         pass
