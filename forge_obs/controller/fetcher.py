@@ -119,10 +119,8 @@ def apply_options(options: dict[str, Any] | None, timeline: bool = True) -> None
         if "run_dir" in options:  # a session's options: init_backends reached this process (or shutdown did)
             _COLLECTOR.initialized = options.get("run_dir") is not None
         if timeline and "timeline" in options:
-            from forge_obs.recording.timeline.writer import configure_from_push
-
             tl = options.get("timeline")
-            if configure_from_push(options.get("run_dir") if tl is not None else None, tl or {}):
+            if _timeline_writer.configure_from_push(options.get("run_dir") if tl is not None else None, tl or {}):
                 from forge_obs.controller.call_context import install as _link_calls
 
                 _link_calls()
@@ -479,9 +477,7 @@ class LocalFetcherActor(Actor):
             self._send(FINAL, self.last_seq, _COLLECTOR.swap())
         self._close_local()
         try:
-            from forge_obs.recording.timeline.writer import close
-
-            close()
+            _timeline_writer.close()
         except Exception:  # noqa: BLE001
             pass
 

@@ -56,6 +56,7 @@ from forge_obs.core.threads import STOP, stop_port_thread
 from forge_obs.core.types import LoggingMode
 from forge_obs.core.warn import WARNER
 from forge_obs.recording.collector import MetricCollector
+from forge_obs.recording.timeline.writer import now_us
 from forge_obs.wire.messages import ACK, ACKB, BUNDLE, CUT, EXPORT, FINAL, HELLO, RESENT, STATES, STREAM
 from forge_obs.wire.plan import Planner
 from forge_obs.wire.local_socket import LocalInbox
@@ -303,8 +304,6 @@ def start_flush(step: Any, final: bool = False, raw_round_trip_s: float | None =
     st.last_step = step
     _COLLECTOR.global_step = step + 1  # the controller's own raw values stream under the next step
     store_options({"last_step": step})  # fetchers spawned from now on predict from it
-    from forge_obs.recording.timeline.writer import now_us
-
     ctl_us = now_us()
     for e, plan in casts:
         try:

@@ -29,7 +29,7 @@ from forge_obs.core.safe import safe_repr
 from forge_obs.core.warn import WARNER
 
 __all__ = ["dumps", "loads", "opened", "has_values", "encode", "decode", "encode_raw", "decode_raw", "pickle_value",
-           "PICKLED"]
+           "plain_counters", "PICKLED"]
 
 #: a snapshot's field that holds the indices of the raw values pickled one by one
 RAW_PICKLED = "raw_pickled"
@@ -38,8 +38,22 @@ OnDrop = Callable[[Any, str, int], None]
 
 
 def dumps(snapshot: dict[str, Any], on_drop: OnDrop | None = None) -> bytes:
-    """A snapshot as bytes, its states pickled per key (:func:`encode`)."""
-    return pickle_value(encode(snapshot, on_drop))
+    """A snapshot as bytes, its states pickled per key (:func:`encode`), its counters as plain
+    dicts (:func:`plain_counters`)."""
+    return pickle_value(plain_counters(encode(snapshot, on_drop)))
+
+
+def plain_counters(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """``snapshot`` with ``counters["dropped_by_reason"]`` a plain dict (a copy where it was the
+    collector's :class:`~forge_obs.recording.reduce.DropCounts`): the wire names no forge_obs
+    class, and a dict subclass pickles through ``copyreg`` at twice a dict's cost."""
+    counters = snapshot.get("counters")
+    if type(counters) is not dict:
+        return snapshot
+    drops = counters.get("dropped_by_reason")
+    if drops is None or type(drops) is dict:
+        return snapshot
+    return dict(snapshot, counters=dict(counters, dropped_by_reason=dict(drops)))
 
 
 def loads(snapshot: Any, on_drop: OnDrop | None = None) -> dict[str, Any]:
