@@ -228,7 +228,7 @@ def test_disabled_env_makes_record_metric_a_noop():
 
 def test_a_snapshot_on_the_wire_carries_its_counts_as_plain_data(fresh_collector):
     """The counters a cut sends name no forge_obs class (a dict subclass pickles through
-    copyreg at twice a plain dict's cost, at every cut of every rank); they read back equal."""
+    copyreg, slower than a dict, at every cut of every rank); they read back equal."""
     from forge_obs.wire.snapshot import dumps, loads
 
     record_metric("loss", 1.0, Reduce.MEAN)

@@ -280,7 +280,7 @@ def test_a_ranks_values_are_reduced_once_for_all_the_backends_that_read_them(mon
         if len(calls) == 1:  # the other backend reads the same rank meanwhile
             t = threading.Thread(target=lambda: second.append(views.values("trainer/r0")))
             t.start()
-            t.join(timeout=0.5)  # it waits for this reduction (any wait passes; none fails)
+            t.join(timeout=0.5)  # reduced once, it waits for this reduction to end; else it reduces too
             threads.append(t)
         return real(snap)
 
