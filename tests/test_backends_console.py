@@ -243,3 +243,37 @@ def test_printable_keeps_printable_text_as_it_is():
 
     assert printable("trainer/loss é 日本") == "trainer/loss é 日本"
     assert printable(BAD_KEY) == SHOWN
+
+
+class _Writes:
+    """A stream that keeps each ``write`` call apart."""
+
+    def __init__(self):
+        self.writes = []
+
+    def write(self, s):
+        self.writes.append(s)
+        return len(s)
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("config", [{}, {"compact": True}, {"logging_mode": ["global_reduce", "per_rank_reduce"]}])
+def test_each_block_and_line_is_one_write(monkeypatch, config):
+    """An alert callback (the alerts' sink thread) and the user's code print while the console
+    backend prints on its thread: a block, a missing-rank note and an alert's console line each
+    go out in one ``write``, so another thread's output comes between them, never inside one."""
+    import sys
+
+    from forge_obs.alerts.sinks import console_sink
+
+    out = _Writes()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", out)
+    be = ConsoleBackend(config)
+    be.log_step(_rec(0, {"trainer/loss": 1.0, "generator/tokens": 5.0}, per_rank={"trainer/r0": {"trainer/loss": 1.0}},
+                     missing=["trainer/r1"]))
+    console_sink({"state": "firing", "rule": "threshold", "where": "global", "step": 0, "message": "loss > 0.5"})
+    assert len(out.writes) >= 3 and all(w.endswith("\n") and len(w) > 1 for w in out.writes), out.writes
+    assert any("loss" in w for w in out.writes) and any("missing" in w for w in out.writes)

@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
+from forge_obs.core.safe import write_line
 from forge_obs.core.warn import RateLimitedWarner
 
 __all__ = [
@@ -65,7 +66,7 @@ class FileSink:
 
 
 def console_sink(alert: dict) -> None:
-    print(console_line(alert), file=sys.stderr, flush=True)
+    write_line(sys.stderr, console_line(alert), flush=True)
 
 
 def find_wandb_run(run_id: str) -> Any:

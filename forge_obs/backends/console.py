@@ -69,7 +69,7 @@ from typing import Any
 from forge_obs.backends.base import LoggerBackend, awaitable
 from forge_obs.backends.record import StepRecord
 from forge_obs.core.options import parse_options
-from forge_obs.core.safe import printable, safe_repr, safe_str
+from forge_obs.core.safe import printable, safe_repr, safe_str, write_line
 from forge_obs.core.types import Metric
 
 __all__ = [
@@ -314,7 +314,7 @@ class ConsoleBackend(LoggerBackend):
             self._out.flush()
 
     def _note(self, text: str) -> None:
-        print("\n".join(textwrap.wrap(text, self.width, subsequent_indent="    ", break_on_hyphens=False)), file=self._out)
+        write_line(self._out, "\n".join(textwrap.wrap(text, self.width, subsequent_indent="    ", break_on_hyphens=False)))
 
     def _missing_changes(self, record: StepRecord) -> tuple[list[str], list[str]]:
         """(labels newly missing at this step, labels that reported again). A missing rank that
@@ -339,9 +339,9 @@ class ConsoleBackend(LoggerBackend):
         if self.compact:
             if visible:
                 title = f"step {global_step}" + (f" {source}" if source else "")
-                print(format_compact(title, visible, self.units, self.width), file=out)
+                write_line(out, format_compact(title, visible, self.units, self.width))
         else:
-            print(format_block(source or "GlobalReduce", global_step, visible, self.units), file=out)
+            write_line(out, format_block(source or "GlobalReduce", global_step, visible, self.units))
 
     def log_stream(self, metric: Metric, global_step: int, source: str | None = None, **kwargs: Any) -> None:
         if self.include and not any(metric.key.startswith(p) for p in self.include):
@@ -349,4 +349,5 @@ class ConsoleBackend(LoggerBackend):
         out = sys.stderr if self.options.stream == "stderr" else sys.stdout  # also between steps
         ts = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(metric.timestamp))
         value = format_value(metric.value, unit_for(metric.key, self.units))
-        print(f"[{printable(safe_str(source))}] {ts} INFO {printable(metric.key)}: {value}", file=out)
+        write_line(out, f"[{printable(safe_str(source))}] {ts} INFO {printable(metric.key)}: {value}")
+

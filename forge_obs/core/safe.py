@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["safe_str", "safe_repr", "is_number", "printable"]
+__all__ = ["safe_str", "safe_repr", "is_number", "printable", "write_line"]
 
 
 def _type_text(x: Any) -> str:
@@ -61,3 +61,12 @@ def printable(s: str) -> str:
     if s.isprintable():
         return s
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
+
+
+def write_line(out: Any, text: str, flush: bool = False) -> None:
+    """``text`` and its line end in one ``write`` to ``out``: what other threads print (an
+    alert callback, the user's code) comes before or after the line, never inside it (``print``
+    writes its arguments, separators and line end one by one)."""
+    out.write(text + "\n")
+    if flush:
+        out.flush()

@@ -61,7 +61,7 @@ async def main(root: str) -> None:
         "jsonl": {"logging_mode": modes},
         "wandb": {"mode": "offline", "project": "rl", "logging_mode": ["global_reduce", "per_rank_reduce"]},
         "alerts": {"rules": ["trainer/loss > 1.2"],
-                   "callback": lambda a: print("ALERT", a["state"], a["rule"], a["step"], a["where"], flush=True)},
+                   "callback": lambda a: print(f"ALERT {a['state']} {a['rule']} {a['step']} {a['where']}", flush=True)},
     })
     trainer = this_host().spawn_procs(per_host={"procs": 2}).spawn("trainer", Trainer)
     generators = [this_host().spawn_procs(per_host={"procs": 1}, name="generator").spawn("generator", Generator, i)
