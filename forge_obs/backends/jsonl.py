@@ -42,7 +42,7 @@ from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable
 from forge_obs.backends.record import StepRecord
 from forge_obs.core.options import parse_options
 from forge_obs.core.plain import plain
-from forge_obs.core.safe import safe_repr, safe_str
+from forge_obs.core.safe import is_number, safe_repr, safe_str
 from forge_obs.core.types import LoggingMode
 from forge_obs.core.warn import WARNER
 
@@ -112,7 +112,7 @@ class JsonlOptions:
     def __post_init__(self) -> None:
         for name, unit in (("retry_buffer_mb", "MiB"), ("fsync_interval_s", "seconds")):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+            if not is_number(v) or not 0 <= v < float("inf"):
                 raise ValueError(f"jsonl backend: {name} must be a number of {unit} >= 0, got {v!r}")
         self.show_obs = bool(self.show_obs)
         self.fsync = bool(self.fsync)

@@ -98,8 +98,8 @@ class MeshRegistry:
     def take_for_cut(self) -> tuple[list[MeshEntry], list[MeshEntry]]:
         """``(live, stopped)`` for one cut: live meshes are cast the cut; stopped ones are
         expected to hand over their final states instead, and are forgotten from now on."""
-        if not self._meshes:  # a rank that spawned no mesh: every cut (a registration is seen or not, as under the lock)
-            return [], []
+        if not self._meshes:  # a rank that spawned no mesh, at every cut; a mesh registered
+            return [], []     # meanwhile is seen or not, as it would be under the lock
         with self._lock:
             live = [e for e in self._meshes.values() if not e.stopping]
             stopped = [e for e in self._meshes.values() if e.stopping]
