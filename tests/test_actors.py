@@ -223,33 +223,38 @@ async def test_dead_rank_costs_one_timeout_and_is_reported(tmp_path):
 
 
 async def test_hung_rank_is_reported_and_its_values_arrive_late_not_lost(tmp_path):
-    mlogger = await start_logger(tmp_path, {"flush_timeout_s": 1.0})
+    mlogger = await start_logger(tmp_path, {"flush_timeout_s": 2.0})
     pm = this_host().spawn_procs(per_host={"procs": 2}, name="hung")
     a = pm.spawn("Fragile", Fragile)
+    # every rank's fetcher is up and answered a cut (a fetcher still starting answers when it is
+    # up, which is not what this test is about): step 1 is the first one a rank hangs in
+    await mlogger.flush.call_one(0)
+    await mlogger.wait_idle.call_one()
     await a.record.call(1.0)  # both ranks: 1.0 each
     pid1 = await a.slice(procs=1).pid.call_one()
     stop_process(pid1)  # rank 1 hangs: its fetcher cannot answer
     try:
         t0 = time.monotonic()
-        await mlogger.flush.call_one(0)
+        await mlogger.flush.call_one(1)
         await mlogger.wait_idle.call_one()
         waited_s = time.monotonic() - t0
     finally:
         os.kill(pid1, signal.SIGCONT)
     await a.slice(procs=1).pid.call_one()  # rank 1 is back
     await until_answered("hung/Fragile/r1")  # and its late answer to the old flush was taken
-    await mlogger.flush.call_one(1)
+    await mlogger.flush.call_one(2)
     await mlogger.shutdown.call_one()
     await _stop(pm)
     rows = global_rows(tmp_path)
-    assert 1.0 <= waited_s < 1.0 + 3.0  # one flush timeout
+    assert rows[0]["metrics"]["obs/missing_ranks"] == 0
+    assert 2.0 <= waited_s < 2.0 + 3.0  # one flush timeout
     # with aggregation rank 1 led the pair: rank 0, asked to resend its answer directly, keeps its step
-    assert rows[0]["missing"] == ["hung/Fragile/r1"]
-    assert rows[0]["metrics"]["obs/missing_ranks"] == 1
-    assert rows[0]["metrics"]["fragile/v"] == 1.0
+    assert rows[1]["missing"] == ["hung/Fragile/r1"]
+    assert rows[1]["metrics"]["obs/missing_ranks"] == 1
+    assert rows[1]["metrics"]["fragile/v"] == 1.0
     total = sum(r["metrics"].get("fragile/v", 0.0) for r in rows.values())
     assert total == 2.0  # rank 1's value arrived late and was logged with a later step, once
-    assert rows[1]["metrics"]["obs/missing_ranks"] == 0
+    assert rows[2]["metrics"]["obs/missing_ranks"] == 0
 
 
 class _SlowConfigure:

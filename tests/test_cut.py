@@ -84,44 +84,46 @@ class Stoppable(Actor):
 
 
 async def test_a_hung_rank_costs_one_timeout_then_flush_does_not_wait_for_it(tmp_path):
-    mlogger = await start_logger(tmp_path, {"flush_timeout_s": 1.0})
+    mlogger = await start_logger(tmp_path, {"flush_timeout_s": 2.0})
     pm = this_host().spawn_procs(per_host={"procs": 2}, name="stall")
     a = pm.spawn("Stoppable", Stoppable)
+    await mlogger.flush.call_one(0)  # every rank's fetcher is up and answered: step 1 is the first one it hangs in
+    await mlogger.wait_idle.call_one()
     await a.record.call(1.0)
     pid1 = await a.slice(procs=1).pid.call_one()
     stop_process(pid1)
     try:
         t0 = time.monotonic()
-        await mlogger.flush.call_one(0)  # waits for rank 1's acknowledgement: one timeout
+        await mlogger.flush.call_one(1)  # waits for rank 1's acknowledgement: one timeout
         first_s = time.monotonic() - t0
         await a.slice(procs=0).record.call_one(1.0)
         t0 = time.monotonic()
-        await mlogger.flush.call_one(1)  # rank 1 is lagging: not waited for again
+        await mlogger.flush.call_one(2)  # rank 1 is lagging: not waited for again
         second_s = time.monotonic() - t0
     finally:
         os.kill(pid1, signal.SIGCONT)
     await a.slice(procs=1).pid.call_one()  # rank 1 answers again (and took the old cuts) ...
     await until_answered("stall/Stoppable/r1")  # ... and the controller took its late answers
-    await mlogger.flush.call_one(2)
+    await mlogger.flush.call_one(3)
     await mlogger.shutdown.call_one()
     await pm.stop()
     rows = global_rows(tmp_path)
-    assert 1.0 <= first_s < 1.0 + 2.0 and second_s < 0.9, (first_s, second_s)
+    assert 2.0 <= first_s < 2.0 + 2.0 and second_s < 1.5, (first_s, second_s)
     # with aggregation rank 1 led the pair: rank 0, asked to resend its answer directly, is not late
-    assert rows[0]["late"] == ["stall/Stoppable/r1"] and rows[0]["metrics"]["obs/late_ranks"] == 1
-    assert rows[0]["metrics"]["hang/v"] == 1.0  # rank 1's value missed step 0's cut ...
-    if aggregating():  # ... rank 0 leads from step 1 (rank 1, resumed, may answer step 1 through it in time)
-        assert rows[1].get("missing", []) in ([], ["stall/Stoppable/r1"])
+    assert rows[1]["late"] == ["stall/Stoppable/r1"] and rows[1]["metrics"]["obs/late_ranks"] == 1
+    assert rows[1]["metrics"]["hang/v"] == 1.0  # rank 1's value missed step 1's cut ...
+    if aggregating():  # ... rank 0 leads from step 2 (rank 1, resumed, may answer step 2 through it in time)
+        assert rows[2].get("missing", []) in ([], ["stall/Stoppable/r1"])
         assert sum(r["metrics"].get("hang/v", 0.0) for r in rows.values()) == 3.0  # nothing lost
         return
-    # steps leave in order: step 1 may be assembled after rank 1 resumed and answered cut 1 too
+    # steps leave in order: step 2 may be assembled after rank 1 resumed and answered cut 2 too
     # (then it is not missing there)
-    if rows[1].get("missing"):
-        assert rows[1]["missing"] == ["stall/Stoppable/r1"] and "late" not in rows[1]
-    # ... and arrives with the first step still being assembled when rank 1 resumed (1 or 2): once
-    assert rows[1]["metrics"]["hang/v"] in (1.0, 2.0)
+    if rows[2].get("missing"):
+        assert rows[2]["missing"] == ["stall/Stoppable/r1"] and "late" not in rows[2]
+    # ... and arrives with the first step still being assembled when rank 1 resumed (2 or 3): once
+    assert rows[2]["metrics"]["hang/v"] in (1.0, 2.0)
     assert sum(r["metrics"].get("hang/v", 0.0) for r in rows.values()) == 3.0  # nothing lost
-    assert rows[2]["metrics"]["obs/missing_ranks"] == 0
+    assert rows[3]["metrics"]["obs/missing_ranks"] == 0
 
 
 async def test_a_quiet_mesh_stopped_between_sessions_is_not_waited_for_by_the_next(tmp_path):

@@ -199,14 +199,16 @@ async def test_held_states_of_a_cut_closed_by_its_timeout_still_arrive(tmp_path)
     m = big.spawn("Many", Many)
     stall = this_host().spawn_procs(per_host={"procs": 1}, name="hangs")
     pid = await stall.spawn("Pid", Pid).pid.call_one()
+    await mlogger.flush.call_one(0)  # every rank's fetcher is up and answered: step 1 is the first one a rank hangs in
+    await mlogger.wait_idle.call_one()
     await m.record.call(300, 5.0)
     stop_process(pid)
     try:
-        await mlogger.flush.call_one(0)
+        await mlogger.flush.call_one(1)
         await mlogger.wait_idle.call_one()
     finally:
         os.kill(pid, signal.SIGCONT)
-    row = global_rows(tmp_path)[0]
+    row = global_rows(tmp_path)[1]
     assert row["metrics"]["many/k0"] == row["metrics"]["many/k299"] == 5.0
     assert row["missing"] == ["hangs/Pid/r0"]
     await mlogger.shutdown.call_one()
