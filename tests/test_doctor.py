@@ -113,6 +113,21 @@ def test_three_ranks_slow_rank_is_found_and_role_work_is_not(tmp_path):
     assert [(f.kind, f.rank, f.onset_step) for f in found] == [("straggler", 1, 10)], format_findings(found)
 
 
+def test_a_straggler_whose_peers_work_about_as_long_as_a_role_threshold_is_found(tmp_path):
+    """Rank 1 loads its data for 1.5 s; rank 0 for 0.7-2.4 ms, now under ``role_peer_max_s`` (1 ms),
+    now over it (TorchTitan's DP run with a slowed rank). Rank 1 has no role (its first steps
+    were not all like one): every step is judged, also those where rank 0 was quick."""
+    peer_ms = [2.29, 0.94, 0.88, 2.45, 0.77, 1.90, 0.75, 0.91]
+
+    def spans(mesh, rank, step):
+        load = 1.5 if rank == 1 else peer_ms[step] / 1e3
+        return [("data_loading", load), ("forward_backward", 0.3 * jitter(rank, step))]
+
+    write_timeline(tmp_path, {"trainer": 2}, len(peer_ms), spans)
+    found = diagnose(tmp_path)
+    assert [(f.kind, f.rank, f.onset_step) for f in found] == [("straggler", 1, 0)], format_findings(found)
+
+
 def test_tiny_spans_stay_quiet(tmp_path):
     """3x slower, but 0.3 ms against a 50 ms step: under the minimum duration and share."""
     def spans(mesh, rank, step):

@@ -17,7 +17,9 @@ is ``straggler_ratio`` x that and longer by ``min_excess_s`` and by ``min_step_s
 step; the condition starts when that holds in ``fire_steps`` (4) of the last ``window_steps`` (5) steps.
 Each rank is also compared with its own rolling baseline (``slowdown``). A rank that does a span
 its peers do not do (they spend < ``role_peer_max_s`` on it, or lack it) from its first steps has
-a *role*: it is never a straggler for that span, only judged against its own history.
+a *role*: it is never a straggler for that span, only judged against its own history. A rank
+without one is judged at every step once that is decided, also at the steps where its peers
+happened to spend under ``role_peer_max_s``.
 """
 
 from __future__ import annotations
@@ -285,7 +287,9 @@ class GroupTracker:
                 st.role_like += role_like
                 if st.seen >= cfg.fire_steps:
                     st.role = st.role_like == st.seen
-            if ref is not None and not role_like and st.role is not True:
+            # a step like a role's is judged once the rank is known to have none (its peers' work
+            # was merely quick that step); until then (its first ``fire_steps``) it is not
+            if ref is not None and st.role is not True and (st.role is False or not role_like):
                 hit = d >= ratio_min * ref and d - ref >= need
                 payload = (d / ref if ref > 0 else float("inf"), d, ref) if hit else None
                 ch = st.peer.update(step, hit, payload)
