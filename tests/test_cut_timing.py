@@ -178,7 +178,9 @@ async def test_held_states_go_before_the_next_cut_and_before_final_states(tmp_pa
         await mlogger.shutdown.call_one()
     assert time.monotonic() - t0 < 30.0  # no step waited for its timeout
     rows = global_rows(tmp_path)
-    assert asked  # the requests were made (and dropped here)
+    # the requests were made (and dropped here); with aggregation no rank holds its states (they
+    # go to the group leader at once), and a request is made only if the bundle came after the cut closed
+    assert asked or aggregating()
     assert rows[0]["metrics"]["many/k0"] == rows[0]["metrics"]["many/k299"] == 2.0
     if then == "next_cut":
         assert rows[1]["metrics"]["many/k0"] == rows[1]["metrics"]["many/k299"] == 4.0
