@@ -257,6 +257,67 @@ async def test_hung_rank_is_reported_and_its_values_arrive_late_not_lost(tmp_pat
     assert rows[2]["metrics"]["obs/missing_ranks"] == 0
 
 
+class _HeldCasts:
+    """A mesh's fetchers whose cuts by cast are held back, as Monarch holds back a cast to a mesh
+    until every one of its ranks spawned its fetcher (a rank hung while its mesh starts); a real
+    hang cannot be timed into that window reliably. ``release()`` delivers them."""
+
+    def __init__(self, fetchers: object) -> None:
+        self.fetchers = fetchers
+        self.held: list[tuple] = []
+
+    def __getattr__(self, name: str) -> object:
+        if name == "cut":
+            return type("HeldCut", (), {"broadcast": staticmethod(lambda *args: self.held.append(args))})()
+        return getattr(self.fetchers, name)
+
+    def release(self) -> None:
+        for args in self.held:
+            self.fetchers.cut.broadcast(*args)
+
+
+async def test_a_rank_still_starting_does_not_hold_back_the_others_cut(tmp_path):
+    """Rank 1 is not connected to the inbox socket yet and a cast to the mesh is held back: rank
+    0, connected, takes the cut on the socket and keeps its step; rank 1's value comes late, once."""
+    from forge_obs.controller.logger import _STATE
+    from forge_obs.controller.registry import LOCAL_MESHES
+
+    if aggregating():
+        pytest.skip("the aggregated route's cuts (with their plan) go by cast only")
+    mlogger = await start_logger(tmp_path, {"flush_timeout_s": 1.0})
+    pm = this_host().spawn_procs(per_host={"procs": 2}, name="starting")
+    a = pm.spawn("Fragile", Fragile)
+    await a.record.call(1.0)
+    (e,) = [x for x in LOCAL_MESHES.entries() if x.name == "starting"]
+    local = _STATE.local
+    deadline = time.monotonic() + 30
+    while not local.named(e.rank_keys()):  # both fetchers are up; rank 1's connection is then hidden
+        assert time.monotonic() < deadline, "the fetchers did not connect"
+        await asyncio.sleep(0.01)
+    conn = local.peers.pop((e.mesh_id, 1))
+    fetchers, e.fetchers = e.fetchers, _HeldCasts(e.fetchers)
+    try:
+        t0 = time.monotonic()
+        await mlogger.flush.call_one(0)
+        waited_s = time.monotonic() - t0
+        await mlogger.wait_idle.call_one()
+    finally:
+        local.peers[(e.mesh_id, 1)] = conn
+        held, e.fetchers = e.fetchers, fetchers
+        held.release()  # rank 1 "finished starting": it takes cut 0 late
+    await until_answered("starting/Fragile/r1")
+    await mlogger.flush.call_one(1)
+    await mlogger.shutdown.call_one()
+    await _stop(pm)
+    rows = global_rows(tmp_path)
+    assert rows[0]["missing"] == ["starting/Fragile/r1"]
+    assert 1.0 <= waited_s < 1.0 + 3.0  # one flush timeout, for rank 1
+    assert held.held and held.held[0][-1] == [1]  # the cast was for rank 1 only
+    assert rows[0]["metrics"]["fragile/v"] == 1.0  # rank 0's value, in its step
+    assert sum(r["metrics"].get("fragile/v", 0.0) for r in rows.values()) == 2.0  # rank 1's, late, once
+    assert rows[1]["metrics"]["obs/missing_ranks"] == 0
+
+
 class _SlowConfigure:
     """Stands in for a mesh's fetchers whose ``configure`` is delivered late: Monarch cannot be
     made to hold one message back, and a message that reaches a fetcher after its mesh's stop

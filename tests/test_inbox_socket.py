@@ -214,10 +214,10 @@ def test_with_the_switch_off_every_rank_answers_on_the_port(tmp_path):
 
 class _Local:
     def __init__(self, named):
-        self._named = set(named)
+        self.peers = set(named)
 
     def named(self, keys):
-        return all(k in self._named for k in keys)
+        return all(k in self.peers for k in keys)
 
 
 class _Pipeline:
@@ -232,27 +232,34 @@ class _Cut:
 
 def test_a_mesh_moves_to_the_socket_only_with_no_cut_in_flight_and_back_at_once(monkeypatch):
     """The cut's route per mesh: a cut on the socket never overtakes an earlier cast to the same
-    ranks (the move waits until the mesh's last cut closed and none of its ranks lags); losing a
-    rank's connection, or a plan (the aggregated route), moves it back to Monarch at once."""
+    ranks (a rank moves only once the mesh's last cut closed and it does not lag); losing a
+    rank's connection, or a plan (the aggregated route), moves it back to Monarch at once. While
+    the mesh starts, its connected ranks take their cuts on the socket ("split"): a cast is held
+    back until every rank spawned its fetcher."""
     from forge_obs.controller import logger as lg
     from forge_obs.controller.registry import MeshEntry
 
     e = MeshEntry("m", "gen", 2, None)
     both = [("m", 0), ("m", 1)]
+    monkeypatch.setattr(lg._STATE, "local", _Local([]))
+    assert lg._cut_route(e, None, _Pipeline()) == "monarch"  # no rank connected yet
     monkeypatch.setattr(lg._STATE, "local", _Local(both[:1]))
-    assert lg._cut_route(e, None, _Pipeline()) == "monarch"  # rank 1 not connected yet
-    monkeypatch.setattr(lg._STATE, "local", _Local(both))
+    assert lg._cut_route(e, None, _Pipeline()) == "split" and e.socket_ranks == {0}  # rank 1 not connected yet
     e.last_cut = _Cut(closed=False)
-    assert lg._cut_route(e, None, _Pipeline()) == "monarch"  # a cast still in flight
+    assert lg._cut_route(e, None, _Pipeline()) == "split" and e.socket_ranks == {0}
+    monkeypatch.setattr(lg._STATE, "local", _Local(both))
+    assert lg._cut_route(e, None, _Pipeline()) == "split" and e.socket_ranks == {0}  # rank 1: a cast in flight
     e.last_cut = _Cut(closed=True)
-    assert lg._cut_route(e, None, _Pipeline(lagging=[("m", 1)])) == "monarch"  # rank 1 may still hold a cast
-    assert lg._cut_route(e, None, _Pipeline()) == "socket"
+    assert lg._cut_route(e, None, _Pipeline(lagging=[("m", 1)])) == "split"  # rank 1 may still hold a cast
+    assert lg._cut_route(e, None, _Pipeline()) == "socket" and e.socket_ranks == {0, 1}
     e.last_cut = _Cut(closed=False)
     assert lg._cut_route(e, None, _Pipeline(lagging=[("m", 1)])) == "socket"  # stays: one channel per rank
     assert lg._cut_route(e, {"groups": {}}, _Pipeline()) == "monarch"  # a plan: through the leaders
     e.route = "socket"
     monkeypatch.setattr(lg._STATE, "local", _Local(both[1:]))
     assert lg._cut_route(e, None, _Pipeline()) == "monarch"  # rank 0's connection is gone
+    e.last_cut = _Cut(closed=True)
+    assert lg._cut_route(e, None, _Pipeline(lagging=[("m", 1)])) == "monarch"  # rank 1 lags: by cast too
     monkeypatch.setattr(lg._STATE, "local", None)
     e.route = "socket"
     assert lg._cut_route(e, None, _Pipeline()) == "monarch"  # no socket in this process

@@ -220,12 +220,15 @@ class LocalFetcherActor(Actor):
 
     # ------------------------------------------------------------ the cut
     @endpoint
-    async def cut(self, seq: int, step: int, actor: str, ctl_us: int | None = None, plan: dict | None = None) -> None:
+    async def cut(self, seq: int, step: int, actor: str, ctl_us: int | None = None, plan: dict | None = None,
+                  only: list[int] | None = None) -> None:
         """Swap the collector, cut the meshes spawned here, acknowledge; then export and send (a
         small cut's states go with the ack). The messages go to the controller's port, or to
         this rank's group leader when the mesh's ``plan`` (sent when it changed;
-        :mod:`forge_obs.wire.plan`) names one."""
-        self._take_cut(seq, step, actor, ctl_us, plan)
+        :mod:`forge_obs.wire.plan`) names one. ``only``: the ranks this cast is for (the others
+        took the cut on the inbox socket)."""
+        if only is None or self.rank in only:
+            self._take_cut(seq, step, actor, ctl_us, plan)
 
     def _on_local(self, msg: tuple) -> None:
         """A message of the inbox socket: a cut runs on this actor's loop, as the endpoint's

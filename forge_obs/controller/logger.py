@@ -171,9 +171,10 @@ def _ask_exports(seq: int, mesh_ids: list[str]) -> None:
     cut or final states."""
     for mesh_id in mesh_ids:
         e = LOCAL_MESHES.get(mesh_id)
-        if e is not None and e.route == "socket" and not e.stopping and _STATE.local:
+        on_socket = e is not None and e.route != "monarch" and not e.stopping and _STATE.local
+        if on_socket:
             _send_on_socket(e, (EXPORT, seq))
-        else:
+        if not on_socket or e.route == "split":  # a rank that holds nothing for ``seq`` ignores it
             _ask_mesh(mesh_id, "export", f"send its states of cut {seq}", seq)
 
 
@@ -193,26 +194,41 @@ def _ask_mesh(mesh_id: str, endpoint_name: str, what: str, *args: Any) -> None:
 def _cut_route(e: Any, plan: dict | None, pipeline: FlushPipeline) -> str:
     """How mesh ``e`` takes this cut: on the inbox socket when every one of its ranks is
     connected there and the cut goes to each rank directly (no ``plan``), else through Monarch.
-    A mesh moves to the socket only when no cut of its own is in flight (its last one closed,
-    none of its ranks lagging), so a cut on the socket never overtakes an earlier cast; it moves
-    back at once when a rank's connection is gone (or a ``plan`` comes): a cut already on the
-    socket was read by the rank before the connection's end."""
+    A rank moves to the socket only when no cut of its mesh is in flight through Monarch (its
+    mesh's last one closed, and it is not lagging), so a cut on the socket never overtakes an
+    earlier cast; the mesh moves back at once when a rank's connection is gone (or a ``plan``
+    comes): a cut already on the socket was read by the rank before the connection's end.
+    While a mesh starts (some ranks not connected yet) the connected ones take their cuts on the
+    socket ("split"): a cast to a mesh is delivered to none of its ranks until each of them
+    spawned its fetcher, so a rank hung in that spawn would hold back the others' cut."""
     local = _STATE.local
     keys = e.rank_keys()
-    if plan is not None or not local or not local.named(keys):
-        e.route = "monarch"
-    elif e.route != "socket":
-        last = e.last_cut
-        if (last is None or last.closed) and pipeline.lagging.isdisjoint(keys):
-            e.route = "socket"
+    if plan is not None or not local:
+        e.route, e.socket_ranks = "monarch", frozenset()
+        return e.route
+    last = e.last_cut
+    settled = last is None or last.closed
+    if local.named(keys):
+        if e.route != "socket" and settled and pipeline.lagging.isdisjoint(keys):
+            e.route, e.socket_ranks = "socket", frozenset(range(e.size))
+        return e.route
+    if e.route == "socket":  # a connection is gone: a dead rank does not hold back a cast
+        e.route, e.socket_ranks = "monarch", frozenset()
+        return e.route
+    named, lagging = local.peers, pipeline.lagging
+    ranks = frozenset(r for r, k in enumerate(keys)
+                      if k in named and k not in lagging and (settled or r in e.socket_ranks))
+    e.socket_ranks = ranks
+    e.route = "split" if ranks else "monarch"
     return e.route
 
 
 def _send_on_socket(e: Any, msg: tuple) -> None:
-    """Send ``msg`` (a cut, an export request) to every rank of ``e`` on the inbox socket. A rank
-    whose connection is gone or full (dead, or its process frozen) misses it, as a dead rank
-    misses a cast."""
-    for key in _STATE.local.send_each(e.rank_keys(), msg):
+    """Send ``msg`` (a cut, an export request) to the ranks of ``e`` that take their cuts on the
+    inbox socket. A rank whose connection is gone or full (dead, or its process frozen) misses
+    it, as a dead rank misses a cast."""
+    keys = e.rank_keys() if e.route == "socket" else [(e.mesh_id, r) for r in sorted(e.socket_ranks)]
+    for key in _STATE.local.send_each(keys, msg):
         logger.debug("forge_obs: rank %s of mesh %s did not take %s %s on the socket", key[1], e.name, msg[0], msg[1])
 
 
@@ -307,9 +323,13 @@ def start_flush(step: Any, final: bool = False, raw_round_trip_s: float | None =
     ctl_us = now_us()
     for e, plan in casts:
         try:
-            if _cut_route(e, plan, pipeline) == "socket":
+            route = _cut_route(e, plan, pipeline)
+            if route != "monarch":
                 _send_on_socket(e, (CUT, cut.seq, step, e.actor_label, ctl_us))
-            else:
+            if route == "split":  # the others by a cast, which the ranks on the socket ignore
+                e.fetchers.cut.broadcast(cut.seq, step, e.actor_label, ctl_us, None,
+                                         [r for r in range(e.size) if r not in e.socket_ranks])
+            elif route == "monarch":
                 e.fetchers.cut.broadcast(cut.seq, step, e.actor_label, ctl_us, plan)
             e.last_cut = cut
         except Exception as ex:  # noqa: BLE001 - a dead mesh is reported as missing ranks

@@ -36,8 +36,11 @@ class MeshEntry:
     fetchers: Any  # the LocalFetcherActor mesh (None in tests)
     actors: list[str] = field(default_factory=list)  # user actors spawned on the mesh
     stopping: bool = False  # stop() was called: the next cut expects its final states, then forgets it
-    route: str = "monarch"  # how its cuts go: "monarch" (a cast of the endpoint) or "socket" (the inbox socket)
-    last_cut: Any = None  # the last cut sent to it: its route changes only once that one closed
+    #: how its cuts go: "monarch" (a cast of the endpoint), "socket" (the inbox socket), or
+    #: "split" (``socket_ranks`` on the socket, the others by a cast)
+    route: str = "monarch"
+    socket_ranks: frozenset = frozenset()  # the ranks its cuts go to on the socket
+    last_cut: Any = None  # the last cut sent to it: a rank moves to the socket only once that one closed
 
     @property
     def actor_label(self) -> str:
