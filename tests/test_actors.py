@@ -226,8 +226,8 @@ async def test_hung_rank_is_reported_and_its_values_arrive_late_not_lost(tmp_pat
     mlogger = await start_logger(tmp_path, {"flush_timeout_s": 2.0})
     pm = this_host().spawn_procs(per_host={"procs": 2}, name="hung")
     a = pm.spawn("Fragile", Fragile)
-    # every rank's fetcher is up and answered a cut (a fetcher still starting answers when it is
-    # up, which is not what this test is about): step 1 is the first one a rank hangs in
+    # every rank's fetcher is up and answered a cut (a rank hung while its mesh starts: the
+    # next test): step 1 is the first one a rank hangs in
     await mlogger.flush.call_one(0)
     await mlogger.wait_idle.call_one()
     await a.record.call(1.0)  # both ranks: 1.0 each
