@@ -255,13 +255,13 @@ def test_a_mesh_moves_to_the_socket_only_with_no_cut_in_flight_and_back_at_once(
     e.last_cut = _Cut(closed=False)
     assert lg._cut_route(e, None, _Pipeline(lagging=[("m", 1)])) == "socket"  # stays: one channel per rank
     assert lg._cut_route(e, {"groups": {}}, _Pipeline()) == "monarch"  # a plan: through the leaders
-    e.route = "socket"
+    e.socket_ranks = frozenset({0, 1})  # on the socket
     monkeypatch.setattr(lg._STATE, "local", _Local(both[1:]))
     assert lg._cut_route(e, None, _Pipeline()) == "monarch"  # rank 0's connection is gone
     e.last_cut = _Cut(closed=True)
     assert lg._cut_route(e, None, _Pipeline(lagging=[("m", 1)])) == "monarch"  # rank 1 lags: by cast too
     monkeypatch.setattr(lg._STATE, "local", None)
-    e.route = "socket"
+    e.socket_ranks = frozenset({0, 1})  # on the socket
     assert lg._cut_route(e, None, _Pipeline()) == "monarch"  # no socket in this process
 
 

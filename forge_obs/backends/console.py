@@ -350,4 +350,3 @@ class ConsoleBackend(LoggerBackend):
         ts = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(metric.timestamp))
         value = format_value(metric.value, unit_for(metric.key, self.units))
         write_line(out, f"[{printable(safe_str(source))}] {ts} INFO {printable(metric.key)}: {value}")
-

@@ -203,23 +203,19 @@ def _cut_route(e: Any, plan: dict | None, pipeline: FlushPipeline) -> str:
     spawned its fetcher, so a rank hung in that spawn would hold back the others' cut."""
     local = _STATE.local
     keys = e.rank_keys()
-    if plan is not None or not local:
-        e.route, e.socket_ranks = "monarch", frozenset()
-        return e.route
     last = e.last_cut
     settled = last is None or last.closed
-    if local.named(keys):
+    if plan is not None or not local:
+        e.socket_ranks = frozenset()
+    elif local.named(keys):
         if e.route != "socket" and settled and pipeline.lagging.isdisjoint(keys):
-            e.route, e.socket_ranks = "socket", frozenset(range(e.size))
-        return e.route
-    if e.route == "socket":  # a connection is gone: a dead rank does not hold back a cast
-        e.route, e.socket_ranks = "monarch", frozenset()
-        return e.route
-    named, lagging = local.peers, pipeline.lagging
-    ranks = frozenset(r for r, k in enumerate(keys)
-                      if k in named and k not in lagging and (settled or r in e.socket_ranks))
-    e.socket_ranks = ranks
-    e.route = "split" if ranks else "monarch"
+            e.socket_ranks = frozenset(range(e.size))
+    elif e.route == "socket":  # a connection is gone: a dead rank does not hold back a cast
+        e.socket_ranks = frozenset()
+    else:
+        named, lagging = local.peers, pipeline.lagging
+        e.socket_ranks = frozenset(r for r, k in enumerate(keys)
+                                   if k in named and k not in lagging and (settled or r in e.socket_ranks))
     return e.route
 
 

@@ -36,11 +36,15 @@ class MeshEntry:
     fetchers: Any  # the LocalFetcherActor mesh (None in tests)
     actors: list[str] = field(default_factory=list)  # user actors spawned on the mesh
     stopping: bool = False  # stop() was called: the next cut expects its final states, then forgets it
-    #: how its cuts go: "monarch" (a cast of the endpoint), "socket" (the inbox socket), or
-    #: "split" (``socket_ranks`` on the socket, the others by a cast)
-    route: str = "monarch"
-    socket_ranks: frozenset = frozenset()  # the ranks its cuts go to on the socket
+    socket_ranks: frozenset = frozenset()  # the ranks its cuts go to on the inbox socket (the others: a cast)
     last_cut: Any = None  # the last cut sent to it: a rank moves to the socket only once that one closed
+
+    @property
+    def route(self) -> str:
+        """How its cuts go: "monarch" (a cast of the endpoint), "socket" (the inbox socket), or
+        "split" (``socket_ranks`` on the socket, the others by a cast)."""
+        n = len(self.socket_ranks)
+        return "monarch" if n == 0 else "socket" if n == self.size else "split"
 
     @property
     def actor_label(self) -> str:
