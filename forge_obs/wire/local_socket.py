@@ -50,6 +50,9 @@ logger = logging.getLogger("forge_obs")
 _LEN = struct.Struct("!I")
 _MAX_FRAME = 1 << 31  # a frame's length field: 4 bytes
 _NAME = "__local_name__"  # a sender's first frame when it takes messages too: (_NAME, its name)
+#: bytes the inbox's thread reads at once, into one buffer it reuses (a ``recv`` of this size
+#: would allocate, and unmap, that much at every read)
+_READ_BYTES = 1 << 20
 #: how long a message to a sender may wait for room in its socket (it is not reading: its
 #: connection is closed, and the caller sends that message another way)
 SEND_TIMEOUT_S = 1.0
@@ -137,6 +140,7 @@ class LocalInbox:
         self.messages = 0  # taken so far
         self.peers: dict[Any, _Conn] = {}  # named senders (see send_to)
         self.dropped_peers = 0  # connections refused: another user
+        self._rbuf = memoryview(bytearray(_READ_BYTES))  # used by the reading thread only
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listener, selectors.EVENT_READ, None)
         self._wake_r, self._wake_w = socket.socketpair()
@@ -257,18 +261,18 @@ class LocalInbox:
     def _read(self, conn: _Conn) -> bool:
         """Take what ``conn`` has; False once nothing more is there now (or it closed)."""
         try:
-            data = conn.sock.recv(1 << 20)
+            n = conn.sock.recv_into(self._rbuf)
         except (BlockingIOError, InterruptedError):
             return False
         except OSError:
-            data = b""
-        if not data:  # the sender is gone; a frame it left half-sent is dropped
+            n = 0
+        if not n:  # the sender is gone; a frame it left half-sent is dropped
             self._sel.unregister(conn.sock)
             if conn.name is not None and self.peers.get(conn.name) is conn:
                 del self.peers[conn.name]
             conn.sock.close()
             return False
-        conn.buf += data
+        conn.buf += self._rbuf[:n]
         _take_frames(conn.buf, lambda msg: self._take_one(conn, msg))
         return True
 
