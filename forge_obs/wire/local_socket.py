@@ -79,7 +79,7 @@ def _take_frames(buf: bytearray, take: Callable[[Any], None]) -> None:
         size = _LEN.unpack_from(buf, pos)[0]
         if n - pos - 4 < size:
             break
-        frame = bytes(buf[pos + 4:pos + 4 + size])
+        frame = buf[pos + 4:pos + 4 + size]  # one copy: pickle reads a bytearray as it is
         pos += 4 + size
         try:
             take(pickle.loads(frame))
