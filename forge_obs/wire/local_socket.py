@@ -53,6 +53,8 @@ _NAME = "__local_name__"  # a sender's first frame when it takes messages too: (
 #: bytes the inbox's thread reads at once, into one buffer it reuses (a ``recv`` of this size
 #: would allocate, and unmap, that much at every read)
 _READ_BYTES = 1 << 20
+#: the same for a sender's reader (the cuts it takes are small)
+_SENDER_READ_BYTES = 1 << 16
 #: how long a message to a sender may wait for room in its socket (it is not reading: its
 #: connection is closed, and the caller sends that message another way)
 SEND_TIMEOUT_S = 1.0
@@ -338,20 +340,21 @@ class LocalSender:
         """Read on ``loop`` (this thread's): each message is handed over in the loop's turn that
         read it, with no thread of its own and no hop between threads."""
         buf = bytearray()
+        rbuf = memoryview(bytearray(_SENDER_READ_BYTES))
         sock, fd = self._sock, self._sock.fileno()
 
         def readable() -> None:
             cpu = time.thread_time()
             try:
-                data = sock.recv(1 << 16, socket.MSG_DONTWAIT)
+                n = sock.recv_into(rbuf, 0, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
-                data = b""
-            if not data:  # the inbox is gone, or this sender closed: a half frame is dropped
+                n = 0
+            if not n:  # the inbox is gone, or this sender closed: a half frame is dropped
                 self._unwatch(fd)
                 return
-            buf.extend(data)
+            buf.extend(rbuf[:n])
             msgs: list = []
             _take_frames(buf, msgs.append)
             if account is not None:  # the read alone: what the messages cost, their handler counts
@@ -376,15 +379,16 @@ class LocalSender:
 
     def _listen(self, on_message: Callable[[Any], None], account: Callable[[float], None] | None) -> None:
         buf = bytearray()
+        rbuf = memoryview(bytearray(_SENDER_READ_BYTES))
         cpu = time.thread_time()
         while True:
             try:
-                data = self._sock.recv(1 << 16)
+                n = self._sock.recv_into(rbuf)
             except OSError:
-                data = b""
-            if not data:  # the inbox is gone (or this sender closed): a half frame is dropped
+                n = 0
+            if not n:  # the inbox is gone (or this sender closed): a half frame is dropped
                 return
-            buf += data
+            buf += rbuf[:n]
             _take_frames(buf, on_message)
             if account is not None:
                 now = time.thread_time()
