@@ -112,6 +112,46 @@ def test_each_senders_order_holds_with_frames_split_and_joined():
     assert inbox.messages == 900
 
 
+def test_a_read_allocates_about_what_it_read_not_a_buffer_each_time():
+    """Both ends read into a buffer they keep: 200 small messages each way, taken one at a time,
+    allocate a few dozen KiB in all (a ``recv`` of 1 MiB on the controller's side, or of 64 KiB
+    on a sender's reader, allocated that much at every read: over 1 MiB here)."""
+    import tracemalloc
+
+    cv = threading.Condition()
+    got = {"inbox": 0, "sender": 0}
+
+    def counter(side):
+        def take(_msg):
+            with cv:
+                got[side] += 1
+                cv.notify_all()
+        return take
+
+    def taken(n):
+        with cv:
+            assert cv.wait_for(lambda: got["inbox"] == n and got["sender"] == n, timeout=10.0), got
+
+    inbox = LocalInbox.start(counter("inbox"))
+    sender = LocalSender.connect(inbox.address, name=("m", 0), on_message=counter("sender"))
+    assert sender.send(("ack", -1))  # taken after the sender's name: it takes messages from now on
+    with cv:
+        assert cv.wait_for(lambda: got["inbox"] == 1, timeout=10.0)
+    assert inbox.send_to(("m", 0), ("cut", -1))
+    taken(1)
+    tracemalloc.start()
+    try:
+        for i in range(200):
+            assert sender.send(("ack", i, b"x" * 300)) and inbox.send_to(("m", 0), ("cut", i, b"y" * 100))
+            taken(i + 2)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        sender.close()
+        inbox.close()
+    assert peak < 48 * 1024, peak
+
+
 def test_a_frame_cut_short_is_dropped_and_the_whole_ones_before_it_are_taken():
     inbox, got = _serve()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
