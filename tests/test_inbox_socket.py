@@ -152,6 +152,47 @@ def test_a_read_allocates_about_what_it_read_not_a_buffer_each_time():
     assert peak < 48 * 1024, peak
 
 
+def test_a_read_is_charged_before_its_messages_are_taken(monkeypatch):
+    """The inbox thread's CPU for reading a message is handed to ``account`` before the message
+    is taken, so a step assembled once that message closed its cut counts it (it was charged
+    after the take, and a step could be assembled in between: obs/cpu_inbox_s 0 at step 0)."""
+    import types
+
+    from forge_obs.wire import local_socket
+
+    clock = [0.0]  # the reader thread's CPU clock, advanced by the test
+    monkeypatch.setattr(local_socket, "time", types.SimpleNamespace(thread_time=lambda: clock[0]))
+    cv = threading.Condition()
+    events: list = []
+
+    def record(kind):
+        def cb(x):
+            with cv:
+                events.append((kind, x))
+                cv.notify_all()
+        return cb
+
+    def wait_for(pred):
+        with cv:
+            assert cv.wait_for(lambda: pred(events), timeout=10.0), events
+
+    inbox = LocalInbox.start(record("take"), account=record("charge"))
+    sender = LocalSender.connect(inbox.address)
+    try:
+        assert sender.send(("ack", 1))
+        # its take, then the charge that ends that pass of the reader: nothing is left uncharged
+        wait_for(lambda ev: ("take", ("ack", 1)) in ev and ev[-1][0] == "charge")
+        clock[0] += 1.0  # the next read's CPU
+        assert sender.send(("ack", 2))
+        wait_for(lambda ev: ("take", ("ack", 2)) in ev)
+        with cv:
+            before = events[:events.index(("take", ("ack", 2)))]
+        assert sum(x for kind, x in before if kind == "charge") == 1.0, events
+    finally:
+        sender.close()
+        inbox.close()
+
+
 def test_a_frame_cut_short_is_dropped_and_the_whole_ones_before_it_are_taken():
     inbox, got = _serve()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

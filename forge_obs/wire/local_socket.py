@@ -143,6 +143,7 @@ class LocalInbox:
         self.peers: dict[Any, _Conn] = {}  # named senders (see send_to)
         self.dropped_peers = 0  # connections refused: another user
         self._rbuf = memoryview(bytearray(_READ_BYTES))  # used by the reading thread only
+        self._cpu = 0.0  # that thread's CPU at its last charge (set when it starts)
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listener, selectors.EVENT_READ, None)
         self._wake_r, self._wake_w = socket.socketpair()
@@ -176,7 +177,7 @@ class LocalInbox:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
-        cpu = time.thread_time()
+        self._cpu = time.thread_time()
         try:
             while not self._closing:
                 for key, _ev in self._sel.select():
@@ -184,10 +185,7 @@ class LocalInbox:
                         self._accept()
                     elif key.data != "wake":
                         self._read(key.data)
-                now = time.thread_time()
-                if self._account is not None:
-                    self._account(now - cpu)
-                cpu = now
+                self._charge()
             self._drain()
         except Exception:  # noqa: BLE001 - senders fall back to the port
             logger.exception("forge_obs: the inbox socket stopped")
@@ -260,8 +258,17 @@ class LocalInbox:
         sock.settimeout(SEND_TIMEOUT_S)  # reads happen when it is readable; sends wait at most this
         self._sel.register(sock, selectors.EVENT_READ, _Conn(sock))
 
+    def _charge(self) -> None:
+        """Hand ``account`` this thread's CPU since the last charge."""
+        now = time.thread_time()
+        if self._account is not None:
+            self._account(now - self._cpu)
+        self._cpu = now
+
     def _read(self, conn: _Conn) -> bool:
-        """Take what ``conn`` has; False once nothing more is there now (or it closed)."""
+        """Take what ``conn`` has; False once nothing more is there now (or it closed). The
+        read is charged before its messages are taken: a step assembled once they closed its
+        cut counts it."""
         try:
             n = conn.sock.recv_into(self._rbuf)
         except (BlockingIOError, InterruptedError):
@@ -275,6 +282,7 @@ class LocalInbox:
             conn.sock.close()
             return False
         conn.buf += self._rbuf[:n]
+        self._charge()
         _take_frames(conn.buf, lambda msg: self._take_one(conn, msg))
         return True
 
