@@ -223,8 +223,7 @@ def _send_on_socket(e: Any, msg: tuple) -> None:
     """Send ``msg`` (a cut, an export request) to the ranks of ``e`` that take their cuts on the
     inbox socket. A rank whose connection is gone or full (dead, or its process frozen) misses
     it, as a dead rank misses a cast."""
-    keys = e.rank_keys() if e.route == "socket" else [(e.mesh_id, r) for r in sorted(e.socket_ranks)]
-    for key in _STATE.local.send_each(keys, msg):
+    for key in _STATE.local.send_each(e.socket_keys(), msg):
         logger.debug("forge_obs: rank %s of mesh %s did not take %s %s on the socket", key[1], e.name, msg[0], msg[1])
 
 
@@ -323,8 +322,7 @@ def start_flush(step: Any, final: bool = False, raw_round_trip_s: float | None =
             if route != "monarch":
                 _send_on_socket(e, (CUT, cut.seq, step, e.actor_label, ctl_us))
             if route == "split":  # the others by a cast, which the ranks on the socket ignore
-                e.fetchers.cut.broadcast(cut.seq, step, e.actor_label, ctl_us, None,
-                                         [r for r in range(e.size) if r not in e.socket_ranks])
+                e.fetchers.cut.broadcast(cut.seq, step, e.actor_label, ctl_us, None, e.cast_ranks())
             elif route == "monarch":
                 e.fetchers.cut.broadcast(cut.seq, step, e.actor_label, ctl_us, plan)
             e.last_cut = cut

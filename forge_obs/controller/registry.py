@@ -57,6 +57,14 @@ class MeshEntry:
     def rank_keys(self) -> list[tuple[str, int]]:
         return [(self.mesh_id, r) for r in range(self.size)]
 
+    def socket_keys(self) -> list[tuple[str, int]]:
+        """The keys of the ranks that take its cuts on the inbox socket."""
+        return [(self.mesh_id, r) for r in sorted(self.socket_ranks)]
+
+    def cast_ranks(self) -> list[int]:
+        """The ranks that take its cuts by a cast."""
+        return [r for r in range(self.size) if r not in self.socket_ranks]
+
     def label(self, rank: int) -> str:
         return rank_label(self.name, self.actor_label, rank)
 
