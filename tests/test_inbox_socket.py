@@ -193,6 +193,54 @@ def test_a_read_is_charged_before_its_messages_are_taken(monkeypatch):
         inbox.close()
 
 
+def test_a_senders_reader_thread_charges_a_read_before_handing_its_messages_over(monkeypatch):
+    """A sender read by a thread of its own (connected off its actor's loop) charges a read
+    before the message goes to the loop, as a loop's reader does: the cut it starts counts it
+    (it was charged after, so the cut's export could run first)."""
+    import time
+    import types
+
+    from forge_obs.wire import local_socket
+
+    clock = [0.0]  # the reader thread's CPU clock, advanced by the test
+    monkeypatch.setattr(local_socket, "time", types.SimpleNamespace(thread_time=lambda: clock[0]))
+    cv = threading.Condition()
+    charged: list = []
+    taken: list = []  # (message, what was charged when it was handed over)
+
+    def account(x):
+        with cv:
+            charged.append(x)
+            cv.notify_all()
+
+    def on_message(msg):
+        with cv:
+            taken.append((msg, sum(charged)))
+            cv.notify_all()
+
+    def wait_for(pred):
+        with cv:
+            assert cv.wait_for(pred, timeout=10.0), (charged, taken)
+
+    inbox, _got = _serve()
+    sender = LocalSender.connect(inbox.address, name=("m", 0), on_message=on_message, account=account)
+    try:
+        assert sender._reader is not None
+        deadline = time.monotonic() + 10.0
+        while not inbox.named([("m", 0)]):  # its name frame is read by the inbox's thread
+            assert time.monotonic() < deadline
+            threading.Event().wait(0.001)
+        assert inbox.send_to(("m", 0), ("cut", 0))
+        wait_for(lambda: len(taken) == 1 and len(charged) == 1)  # one read, charged, handed over
+        clock[0] += 1.0  # the next read's CPU
+        assert inbox.send_to(("m", 0), ("cut", 1))
+        wait_for(lambda: len(taken) == 2)
+        assert taken[1] == (("cut", 1), 1.0), (charged, taken)
+    finally:
+        sender.close()
+        inbox.close()
+
+
 def test_a_frame_cut_short_is_dropped_and_the_whole_ones_before_it_are_taken():
     inbox, got = _serve()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

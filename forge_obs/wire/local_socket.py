@@ -367,11 +367,7 @@ class LocalSender:
             _take_frames(buf, msgs.append)
             if account is not None:  # the read alone: what the messages cost, their handler counts
                 account(time.thread_time() - cpu)
-            for msg in msgs:
-                try:
-                    on_message(msg)
-                except Exception:  # noqa: BLE001 - one message never stops the reading
-                    logger.exception("forge_obs: could not take a message of the inbox socket")
+            _hand_over(msgs, on_message)
 
         loop.add_reader(fd, readable)
         self._loop = loop
@@ -386,6 +382,8 @@ class LocalSender:
                 self._sock.close()
 
     def _listen(self, on_message: Callable[[Any], None], account: Callable[[float], None] | None) -> None:
+        """Read on a thread of this sender's; each read is charged before its messages are handed
+        over (as on a loop: the cut a message starts counts it)."""
         buf = bytearray()
         rbuf = memoryview(bytearray(_SENDER_READ_BYTES))
         cpu = time.thread_time()
@@ -397,11 +395,13 @@ class LocalSender:
             if not n:  # the inbox is gone (or this sender closed): a half frame is dropped
                 return
             buf += rbuf[:n]
-            _take_frames(buf, on_message)
+            msgs: list = []
+            _take_frames(buf, msgs.append)
             if account is not None:
                 now = time.thread_time()
                 account(now - cpu)
                 cpu = now
+            _hand_over(msgs, on_message)
 
     def send(self, msg: Any) -> bool:
         """Send ``msg`` whole; False (and closed from then on) if it could not be: the caller
@@ -441,6 +441,15 @@ class LocalSender:
                 self._sock.close()
             except OSError:
                 pass
+
+
+def _hand_over(msgs: list, on_message: Callable[[Any], None]) -> None:
+    """Each of ``msgs`` to ``on_message``, in order; one that raises is logged, never stops the others."""
+    for msg in msgs:
+        try:
+            on_message(msg)
+        except Exception:  # noqa: BLE001 - one message never stops the reading
+            logger.exception("forge_obs: could not take a message of the inbox socket")
 
 
 def running_loop() -> Any:
