@@ -88,6 +88,15 @@ def _serve():
     return LocalInbox.start(take), got
 
 
+def _drive_cpu_clock(monkeypatch, thread_time):
+    """The socket module's CPU charges read ``thread_time``, the test's clock, instead of the thread's."""
+    import types
+
+    from forge_obs.wire import local_socket
+
+    monkeypatch.setattr(local_socket, "time", types.SimpleNamespace(thread_time=thread_time))
+
+
 def test_each_senders_order_holds_with_frames_split_and_joined():
     """3 senders on threads, 300 messages each, every 50th one 1 MB (split across reads), the
     others a few bytes (joined in one read): every message taken once, each sender's in order."""
@@ -156,12 +165,8 @@ def test_a_read_is_charged_before_its_messages_are_taken(monkeypatch):
     """The inbox thread's CPU for reading a message is handed to ``account`` before the message
     is taken, so a step assembled once that message closed its cut counts it (it was charged
     after the take, and a step could be assembled in between: obs/cpu_inbox_s 0 at step 0)."""
-    import types
-
-    from forge_obs.wire import local_socket
-
     clock = [0.0]  # the reader thread's CPU clock, advanced by the test
-    monkeypatch.setattr(local_socket, "time", types.SimpleNamespace(thread_time=lambda: clock[0]))
+    _drive_cpu_clock(monkeypatch, lambda: clock[0])
     cv = threading.Condition()
     events: list = []
 
@@ -198,12 +203,9 @@ def test_a_senders_reader_thread_charges_a_read_before_handing_its_messages_over
     before the message goes to the loop, as a loop's reader does: the cut it starts counts it
     (it was charged after, so the cut's export could run first)."""
     import time
-    import types
-
-    from forge_obs.wire import local_socket
 
     clock = [0.0]  # the reader thread's CPU clock, advanced by the test
-    monkeypatch.setattr(local_socket, "time", types.SimpleNamespace(thread_time=lambda: clock[0]))
+    _drive_cpu_clock(monkeypatch, lambda: clock[0])
     cv = threading.Condition()
     charged: list = []
     taken: list = []  # (message, what was charged when it was handed over)
@@ -422,9 +424,6 @@ def test_a_sender_read_by_its_event_loop_takes_every_message_in_order_on_that_lo
     its own CPU, never its handler's; when the inbox goes, the loop stops reading; a close from
     another thread releases the socket through the loop."""
     import asyncio
-    import types
-
-    from forge_obs.wire import local_socket
 
     # each thread's CPU clock ticks 1 at each reading, and the handler adds 1000: a read is
     # charged exactly 1 (its start and its end), whatever else the machine does meanwhile
@@ -434,7 +433,7 @@ def test_a_sender_read_by_its_event_loop_takes_every_message_in_order_on_that_lo
         ticks.now = getattr(ticks, "now", 0) + 1
         return ticks.now
 
-    monkeypatch.setattr(local_socket, "time", types.SimpleNamespace(thread_time=thread_time))
+    _drive_cpu_clock(monkeypatch, thread_time)
 
     async def main():
         inbox, _got = _serve()
