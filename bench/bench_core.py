@@ -27,8 +27,8 @@ from pathlib import Path
 
 os.environ.setdefault("MONARCH_FILE_LOG", "error")
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]  # this checkout's forge_obs, and bench/, tests/ helpers
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
 RECORD_SETUP = "from forge_obs import record_metric, Reduce\ndef bare(key, value, reduction=Reduce.MEAN): return None"
 

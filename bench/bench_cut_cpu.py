@@ -194,7 +194,7 @@ def spawn(config: str, args: argparse.Namespace) -> dict:
            "--warmup", str(args.warmup), "--gap-s", str(args.gap_s)]
     cmd += FLAGS.get(config, [])
     env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
-    env.update(ENVS[config], PYTHONPATH=str(ROOT), MONARCH_FILE_LOG="error")
+    env.update(ENVS[config], PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), MONARCH_FILE_LOG="error")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.steps * 2 + 300)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]  # this checkout's forge_obs, and bench/, tests/ helpers
 from _timing import proc_stat  # noqa: E402  (bench/, beside this script)
 
 
@@ -72,7 +72,7 @@ class ProcCpu:
 
 
 def run_grpo(args: argparse.Namespace, root: str) -> tuple[Path, dict, ProcCpu]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), MONARCH_FILE_LOG="error")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), MONARCH_FILE_LOG="error")
     env.pop("FORGE_DISABLE_METRICS", None)
     cmd = [sys.executable, "-m", "apps.grpo.main", "--steps", str(args.steps), "--seed", "0", "--no-report",
            "--generator", args.generator, "--run-root", root, "--run-id", "bench", "--console-every", "1000000"]

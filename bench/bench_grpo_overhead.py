@@ -58,17 +58,17 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]  # this checkout's forge_obs, and bench/, tests/ helpers
 from _timing import pair_interval, percentile, proc_stat  # noqa: E402  (bench/, beside this script)
 from forge_obs.core.env import local_socket_enabled  # noqa: E402
 from forge_obs.core.selfobs import CPU_PARTS  # noqa: E402
 os.environ.setdefault("MONARCH_FILE_LOG", "error")
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
 
 def one_run(disabled: bool, args: argparse.Namespace, root: str, i: int | str, probe: bool = False,
             lead: int | None = None, extra_env: dict | None = None) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), MONARCH_FILE_LOG="error", **(extra_env or {}))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), MONARCH_FILE_LOG="error", **(extra_env or {}))
     env.pop("FORGE_DISABLE_METRICS", None)
     env.pop("FORGE_OBS_PROBE_ROUND_TRIP", None)
     if disabled:

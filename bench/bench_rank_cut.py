@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]  # this checkout's forge_obs, and bench/, tests/ helpers
 
 from forge_obs.controller import fetcher as _fetcher  # noqa: E402
 from forge_obs.core.identity import set_identity  # noqa: E402

@@ -44,8 +44,8 @@ from pathlib import Path
 
 os.environ.setdefault("MONARCH_FILE_LOG", "error")
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]  # this checkout's forge_obs, and bench/, tests/ helpers
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
 PROCS_PER_HOST = 8
 MESHES = 2
@@ -112,7 +112,7 @@ async def _worker(design: str, procs: int, per_host_max: int, steps: int, warmup
             for i in range(n):
                 record_metric(f"bench/k{i}", float(i + step), Reduce.MEAN)
 
-    from tests.localhosts import LocalHosts
+    from tests.support.localhosts import LocalHosts
 
     hosts_n, per = layout(procs, per_host_max)
     provisioner_hooks.install()

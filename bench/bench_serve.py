@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]  # this checkout's forge_obs, and bench/, tests/ helpers
 
 
 def generate(run_dir: Path, keys: int, steps: int, ranks: int, rank_keys: int) -> int:
@@ -149,7 +149,7 @@ def full_reread_s(path: Path) -> float:
 
 def browser_paint_s(url: str) -> float | None:
     try:
-        from tests.browser import Browser, chromium_path
+        from tests.support.browser import Browser, chromium_path
     except ImportError:
         return None
     if chromium_path() is None:
@@ -182,7 +182,7 @@ def main() -> None:
     else:
         gen_s, size = timed(lambda: generate(run_dir, args.keys, args.steps, args.ranks, args.rank_keys))
         print(f"generated {size / 2**20:.0f} MiB in {gen_s:.0f}s: {run_dir}", flush=True)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), FORGE_OBS_QUIET="1")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), FORGE_OBS_QUIET="1")
     srv = subprocess.Popen([sys.executable, "-m", "forge_obs.cli", "serve", str(root), "--port", "0"],
                            stdout=subprocess.PIPE, text=True, env=env)
     try:

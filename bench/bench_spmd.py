@@ -198,7 +198,7 @@ def main() -> None:
     here = Path(__file__).resolve().parent
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here), str(here.parent)]), OMP_NUM_THREADS="1")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here), str(here.parent / "src"), str(here.parent)]), OMP_NUM_THREADS="1")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc), "--standalone",
                str(Path(__file__).resolve()), "--worker", str(args.steps), str(tmp), str(args.step_ms)]
         subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)

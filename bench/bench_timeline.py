@@ -29,14 +29,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]  # this checkout's forge_obs, and bench/, tests/ helpers
 
 SPAN_NAMES = ["train_step", "data", "h2d", "forward", "loss", "backward", "allreduce", "optim", "metrics", "sync_weights"]
 
 
 def _py_env(extra_path: str | None = None) -> dict:
     env = dict(os.environ)
-    paths = [str(ROOT)] + ([extra_path] if extra_path else [])
+    paths = [str(ROOT / "src"), str(ROOT)] + ([extra_path] if extra_path else [])
     env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.setdefault("MONARCH_FILE_LOG", "error")
     return env

@@ -1,7 +1,7 @@
 """Cost of ``forge-obs why`` (the per-step critical path) beside ``forge-obs doctor``.
 
 1. **Offline**: wall time of :func:`forge_obs.analysis.critical_path.analyse` (every step's
-   path, stages, slack and answer) on a 300-step GRPO-shaped run directory (tests/path_runs.py:
+   path, stages, slack and answer) on a 300-step GRPO-shaped run directory (tests/support/path_runs.py:
    9 processes, concurrent rollouts, a slow replica from step 150), median of 5, warm; beside the
    floor (one pass of the timeline reader) and the doctor on the same directory. Target: <= 1 s.
 2. **Per step**: the walk of one step (``Walker.path`` + summary) once the graph is loaded, as a
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]  # this checkout's forge_obs, and bench/, tests/ helpers
 
 
 def _median_s(fn, repeat: int = 5) -> float:
@@ -55,7 +55,7 @@ def main() -> None:
     tmp = None
     run_dir = args.run_dir
     if run_dir is None:
-        from tests.path_runs import grpo_run
+        from tests.support.path_runs import grpo_run
 
         tmp = tempfile.TemporaryDirectory(prefix="bench_why_")
         run_dir = grpo_run(Path(tmp.name) / "run", args.steps, slow_replica=(1, 0.8), slow_from=args.steps // 2)

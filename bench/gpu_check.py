@@ -1,6 +1,6 @@
 """GPU checks of the tracer and device-side values (needs CUDA; does not need Monarch).
 
-    PYTHONPATH=. python3 bench/gpu_check.py            # table on stdout, JSON to bench/results/
+    PYTHONPATH=src:. python3 bench/gpu_check.py            # table on stdout, JSON to bench/results/
 
 Checks, each against a naive baseline measured in the same run (what torchforge does today:
 ``.item()`` per tensor value, a GPU timer whose ``stop()`` synchronises):

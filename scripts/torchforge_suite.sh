@@ -51,7 +51,7 @@ asyncio_default_fixture_loop_scope = function
 INI
 
 cd "$WORK"
-export PYTHONPATH="$ROOT:$WORK/shim:$WORK${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$ROOT/src:$ROOT:$WORK/shim:$WORK${PYTHONPATH:+:$PYTHONPATH}"
 export MONARCH_FILE_LOG=${MONARCH_FILE_LOG:-error} HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY=${HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY:-1s}
 echo "torchforge $(git --git-dir "$TF" rev-parse --short "$REV"): $OBS with forge.observability -> forge_obs, forge.env -> forge_obs.env"
 "$PY" -m pytest -q -rfEs "$OBS" "$@"

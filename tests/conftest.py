@@ -2,12 +2,17 @@
 
 import os
 import pathlib
+import sys
 
 os.environ.setdefault("MONARCH_FILE_LOG", "error")
-# Monarch's child processes unpickle test actors by module name (tests.test_x): make the repo
-# root importable there too.
-_ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
+# Monarch's child processes unpickle test actors by module name (tests.controller.test_x): make the
+# repo root importable there too, and this checkout's src/ first, here and in every child, so the
+# tests run this tree's forge_obs whichever checkout the environment was installed from.
+_ROOT = pathlib.Path(__file__).resolve().parent.parent
+_SRC = str(_ROOT / "src")
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_SRC, str(_ROOT), os.environ.get("PYTHONPATH")) if p)
+if sys.path[:1] != [_SRC]:
+    sys.path.insert(0, _SRC)
 os.environ.setdefault("HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY", "1s")
 
 import pytest  # noqa: E402

@@ -1,0 +1,90 @@
+"""A trace context that travels with a Monarch endpoint call (forge_obs.controller.call_context):
+the callee receives exactly its arguments, its spans are children of the caller's span (one link
+per call, concurrent calls each to their own caller), and the critical path follows that exact
+link where inference alone names another process. Real Monarch meshes, a user's script."""
+
+from __future__ import annotations
+
+import contextvars
+import json
+
+from forge_obs.analysis.critical_path import analyse
+from forge_obs.analysis.critical_path import graph as cp_graph
+from forge_obs.recording import timeline as tl
+from tests.support.helpers import ROOT, run_as_user
+
+SCRIPT = ROOT / "tests" / "user_scripts" / "linked_calls.py"
+
+
+def _path(r: dict) -> list:
+    return [(s["mesh"], s["rank"], s["name"], s["link"]) for s in r["path"]]
+
+
+def test_linked_calls_from_a_users_script(tmp_path):
+    res = run_as_user(SCRIPT, tmp_path, str(tmp_path))
+    out = {d["check"]: d for d in map(json.loads, res.stdout.splitlines())}
+    assert "done" in out
+    # the callee received exactly what it was sent, under a span (linked) as outside any
+    a = out["args"]
+    assert a["same"] is True and a["pair"] == [1, 0, 3]
+    seen = a["outside"]
+    assert seen["type"] == "tuple" and len(seen["args"]) == 305 and seen["args"][:3] == ["0", "1", "2"]
+    assert seen["args"][300:] == ["'s'", "None", "2.5", "Point(1, 2)", "{'k': [1, 2]}"] and seen["points"] == [True]
+    assert seen["kwargs"] == {f"k{i}": str(i) for i in range(50)}
+    assert out["concurrent"]["tags"] == ["a", "b"]
+
+    g = cp_graph.load(tmp_path / "calls")
+    by = {}
+    for s in g.spans:
+        by.setdefault(s.name, []).append(s)
+    # two concurrent calls into one async actor: each callee span is linked to its own caller
+    (wa,), (wb,) = by["work_a"], by["work_b"]
+    assert wa.caller.name == "wait_a" and wb.caller.name == "wait_b"
+    assert wa.caller.lane != wb.caller.lane and wa.stream.mesh == "workers"
+    # calls made outside any span carry nothing, on an async and on a thread-based actor
+    assert by["unlinked"][0].caller is None and by["unlinked"][0].link is None
+    assert by["sync_linked"][0].caller.name == "ctl_sync"
+    assert by["sync_unlinked"][0].caller is None and by["sync_unlinked"][0].link is None
+    (leaf,) = by["nested_leaf"]  # a mesh process's call, under its span, to another actor
+    assert leaf.caller.name == "relay" and leaf.caller.stream.mesh == "workers" and by["relay"][0].caller is None
+    gen = {s.stream.rank: s for s in by["generate"]}
+    assert gen[0].caller.name == "ctl_step" and gen[1].caller is None
+
+    # step 1: the controller awaited replica 0; replica 1 ran a longer generate that nobody awaited
+    r = {x["step"]: x for x in analyse(g)}[1]
+    assert ("gen", 0, "generate", "call") in _path(r)
+    assert not [p for p in _path(r) if p[0] == "gen" and p[1] == 1]
+    for s in g.spans:  # the same run, links removed: inference alone picks the wrong process
+        s.caller, s.called = None, []
+    r0 = {x["step"]: x for x in analyse(g)}[1]
+    assert ("gen", 1, "generate", "inferred") in _path(r0)
+    assert not [p for p in _path(r0) if p[0] == "gen" and p[1] == 0]
+
+
+def test_call_link_only_under_a_span(tmp_path):
+    check = tl._incoming_check[0]
+    tl._incoming_check[0] = None  # no Monarch message here: a link holds for its context
+    tl.configure(tmp_path)
+    try:
+        assert tl.call_link() is None  # outside any span: nothing
+        with tl.record_span("outer"):
+            with tl.record_span("inner"):
+                link = tl.call_link()
+            assert type(link) is str and tl.call_link() != link
+            task_ctx = contextvars.copy_context()  # what a task created here inherits
+            assert type(task_ctx.run(tl.call_link)) is str
+        assert tl.call_link() is None
+        assert task_ctx.run(tl.call_link) is None  # a task that outlived the span: no longer under it
+        # a handler's incoming link marks its top-level spans only
+        tl.set_incoming(link, None)
+        with tl.record_span("callee"):
+            with tl.record_span("nested"):
+                pass
+        tl._cur.set(None)
+    finally:
+        tl.close()
+        tl._incoming_check[0] = check
+    g = cp_graph.load(tmp_path)
+    by = {s.name: s for s in g.spans}
+    assert by["callee"].link == link and by["nested"].link is None
+    assert by["callee"].caller is by["inner"] and by["inner"].called == [by["callee"]]

@@ -1,0 +1,60 @@
+"""Every background thread forge_obs starts has an owner that stops it."""
+
+import threading
+
+from monarch.actor import Channel
+
+import forge_obs.controller.logger as controller
+from forge_obs.recording.tracer import _GpuTimings
+from tests.support.helpers import start_logger
+
+
+def _obs_threads() -> set[str]:
+    return {t.name for t in threading.enumerate() if t.name.startswith("forge_obs-") and t.is_alive()}
+
+
+def test_the_inbox_drain_takes_what_was_sent_before_stop_then_ends(monkeypatch):
+    taken = []
+    monkeypatch.setattr(controller, "_take", taken.append)
+    port, receiver = Channel.open()
+    drain = controller.InboxDrain(port, receiver).start()
+    assert drain.alive
+    for i in range(3):
+        port.send(("ack", i))
+    assert drain.stop(timeout_s=10)
+    assert not drain.alive
+    assert taken == [("ack", 0), ("ack", 1), ("ack", 2)]
+    assert drain.stop()  # idempotent
+
+
+def test_the_gpu_timer_poller_stops():
+    timings = _GpuTimings()
+    timings._start_poller()  # the thread a first GPU timing starts (it waits for pending timings)
+    assert timings._thread.is_alive()
+    assert timings.stop(timeout_s=10)
+    assert not timings._thread.is_alive()
+
+
+async def test_after_shutdown_only_the_inbox_threads_are_left_and_they_have_owners(tmp_path):
+    """The inbox's port drain (its actor's) and its socket's reader (closed at exit, or by
+    ``close``) outlive a session; nothing else does."""
+    mlogger = await start_logger(tmp_path, {"console": {}, "alerts": {"sinks": ["file"]}})
+    await mlogger.flush.call_one(0)
+    assert "forge_obs-backends" in _obs_threads()
+    await mlogger.shutdown.call_one()
+    left = _obs_threads()
+    assert left <= {"forge_obs-inbox", "forge_obs-inbox-socket"}, left
+    assert controller._STATE.local is None or controller._STATE.local.alive
+
+
+def test_the_inbox_socket_reader_takes_what_was_sent_before_close_then_ends():
+    from forge_obs.wire.local_socket import LocalInbox, LocalSender
+
+    taken = []
+    inbox = LocalInbox.start(taken.append)
+    sender = LocalSender.connect(inbox.address)
+    for i in range(3):
+        assert sender.send(("ack", i))
+    assert inbox.close(timeout_s=10) and not inbox.alive
+    assert taken == [("ack", 0), ("ack", 1), ("ack", 2)]
+    assert inbox.close()  # idempotent

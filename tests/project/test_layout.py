@@ -1,0 +1,128 @@
+"""The layout is the architecture, checked on the source (AST, nothing imported):
+
+- dependencies point one way: core <- recording <- wire <- backends <- alerts, analysis <- controller
+  (a module imports only from its own layer or a lower one; the facade ``forge_obs/__init__.py``,
+  the torchforge re-export modules, ``_compat`` and the CLI sit on top);
+- no import cycle between modules (function-level imports included);
+- every module declares ``__all__``;
+- core, recording, wire and backends never import Monarch; core, recording and wire never import
+  torch at load;
+- a compatibility module (torchforge's paths) only re-exports: no function or class of its own.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "src" / "forge_obs"
+
+LAYERS = ["core", "recording", "wire", "backends", "alerts", "analysis", "controller", "top"]
+#: alerts and analysis are one layer (the live alerts run the doctor's rules)
+RANK = {"core": 0, "recording": 1, "wire": 2, "backends": 3, "alerts": 4, "analysis": 4, "controller": 5, "spmd": 5, "_compat": 6, "top": 6}
+#: torchforge's import paths and the public shims: re-exports only
+REEXPORTS = {"metrics", "metric_actors", "perf_tracker", "utils", "env", "timeline", "store"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT / "src").with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def layer(mod: str) -> str:
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in RANK and (PKG / parts[1]).is_dir()) else "top"
+
+
+def imports(path: Path) -> list[tuple[str, int, bool]]:
+    """(module imported, line, at load) for every forge_obs / monarch / torch import."""
+    tree = ast.parse(path.read_text())
+    out = []
+    top_level = {id(n) for n in tree.body}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in MODULES]
+        else:
+            continue
+        for n in names:
+            out.append((n, node.lineno, id(node) in top_level))
+    return out
+
+
+def _resolve(name: str) -> str | None:
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+@pytest.mark.parametrize("mod", sorted(MODULES))
+def test_dependencies_point_one_way(mod):
+    mine = RANK[layer(mod)]
+    wrong = []
+    for name, line, _load in imports(MODULES[mod]):
+        target = _resolve(name) if name.startswith("forge_obs") else None
+        if target and target != "forge_obs" and RANK[layer(target)] > mine:
+            wrong.append(f"{mod}:{line} imports {target} ({layer(mod)} -> {layer(target)})")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("mod", sorted(m for m in MODULES if layer(m) in ("core", "recording", "wire", "backends")))
+def test_lower_layers_do_not_import_monarch_or_torch_at_load(mod):
+    bad = []
+    for name, line, load in imports(MODULES[mod]):
+        if name.split(".")[0] == "monarch":
+            bad.append(f"{mod}:{line} imports {name}")
+        if name.split(".")[0] == "torch" and load and layer(mod) != "backends":
+            bad.append(f"{mod}:{line} imports {name} at load")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles():
+    graph = {m: {t for n, _l, _load in imports(p) if n.startswith("forge_obs") and (t := _resolve(n)) and t not in (m, "forge_obs")}
+             for m, p in MODULES.items()}
+    # a package's __init__ importing its own modules is not a cycle of the modules themselves
+    for m in graph:
+        graph[m] = {t for t in graph[m] if not (MODULES[m].name == "__init__.py" and t.startswith(m + "."))}
+    seen, stack, cycles = {}, [], []
+
+    def visit(m):
+        seen[m] = 1
+        stack.append(m)
+        for t in sorted(graph.get(m, ())):
+            if seen.get(t) == 1:
+                cycles.append(stack[stack.index(t):] + [t])
+            elif t not in seen:
+                visit(t)
+        stack.pop()
+        seen[m] = 2
+
+    for m in sorted(graph):
+        if m not in seen:
+            visit(m)
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("mod", sorted(MODULES))
+def test_every_module_declares_all(mod):
+    tree = ast.parse(MODULES[mod].read_text())
+    names = {t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+             for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+    imported = {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert "__all__" in names or "__all__" in imported, f"{mod} has no __all__"
+
+
+@pytest.mark.parametrize("name", sorted(REEXPORTS))
+def test_compatibility_paths_only_reexport(name):
+    tree = ast.parse((PKG / f"{name}.py").read_text())
+    own = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    assert not own, f"forge_obs.{name} defines {own}: a compatibility path only re-exports"

@@ -1,0 +1,369 @@
+"""Structured timeline, in one process: API, writer, reader, export, SQL (no Monarch; the doctor: test_doctor.py)."""
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from forge_obs.recording import timeline as tl
+from forge_obs.analysis import reader
+from forge_obs.analysis.trace import export_trace
+from forge_obs.core.identity import current_identity
+from forge_obs.recording.timeline import schema
+from tests.support.trace_validate import load
+
+
+@pytest.fixture
+def tdir(tmp_path):
+    tl.close()
+    yield tmp_path
+    tl.close()
+
+
+def _items(run_dir):
+    run = reader.scan(run_dir)
+    return run, list(reader.walk(run))
+
+
+def _spans(items, name=None):
+    return [it for it in items if it[0] == reader.SPAN and (name is None or it[3] == name)]
+
+
+def test_spans_events_steps_roundtrip(tdir):
+    assert tl.configure(tdir, open_after_s=60)
+    tl.set_step(3)
+
+    @tl.record_span("sync_fn", kind="deco")
+    def sync_fn(x):
+        return x * 2
+
+    @tl.record_span("async_fn", flow="ep-1")
+    async def async_fn():
+        await asyncio.sleep(0)
+        tl.record_event("produced", flow="ep-1", n=4)
+        return 5
+
+    with tl.record_span("outer", lr=0.1):
+        assert sync_fn(2) == 4
+    assert asyncio.run(async_fn()) == 5
+    with pytest.raises(KeyError):
+        with tl.record_span("fails"):
+            raise KeyError("boom")
+    tl.add_step_tag("eval")
+    tl.close()
+
+    run, items = _items(tdir)
+    (st,) = run.streams.values()
+    assert st.mesh == "controller" and st.clean
+    assert [it[3] for it in _spans(items)] == ["sync_fn", "outer", "async_fn", "fails"]
+    outer = _spans(items, "outer")[0]
+    inner = _spans(items, "sync_fn")[0]
+    assert outer[4] == 3 and outer[7] == {"a": {"lr": 0.1}}
+    assert outer[5] <= inner[5] and inner[5] + inner[6] <= outer[5] + outer[6]  # nesting kept
+    assert _spans(items, "fails")[0][7]["e"].startswith("KeyError")
+    assert _spans(items, "async_fn")[0][7]["f"] == "ep-1"
+    ev = [it for it in items if it[0] == reader.INSTANT]
+    assert ev[0][3] == "produced" and ev[0][6] == {"f": "ep-1", "a": {"n": 4}}
+    tags = [it for it in items if it[0] == reader.TAG]
+    assert tags[0][3:5] == (3, "eval")
+    # the async span ran in a task: its own track, named after the task
+    assert st.lanes[_spans(items, "async_fn")[0][2]] != st.lanes[outer[2]]
+
+
+def test_step_is_scoped_per_task(tdir):
+    tl.configure(tdir)
+
+    async def worker(step, gate):
+        tl.set_step(step)
+        await gate.wait()  # both tasks have set their step before either records
+        with tl.record_span("work"):
+            await asyncio.sleep(0)
+
+    async def main():
+        gate = asyncio.Event()
+        tasks = [asyncio.create_task(worker(s, gate)) for s in (10, 20)]
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        gate.set()
+        await asyncio.gather(*tasks)
+
+    asyncio.run(main())
+    tl.close()
+    _run, items = _items(tdir)
+    spans = _spans(items, "work")
+    assert sorted(s[4] for s in spans) == [10, 20]
+    assert len({s[2] for s in spans}) == 2  # concurrent tasks: separate tracks
+
+
+def test_compact_records_and_torn_last_line(tdir):
+    tl.configure(tdir)
+    tl.set_step(1)
+    for _ in range(1000):
+        with tl.record_span("fwd"):
+            pass
+    tl.close()
+    (path,) = (tdir / "events").glob("*.jsonl")
+    lines = path.read_text().splitlines()
+    spans = [ln for ln in lines if ln.startswith("[") and not ln.startswith('["')]
+    assert len(spans) == 1000
+    assert sum(len(s) + 1 for s in spans) / 1000 <= 40  # bytes per span record
+    with open(path, "a") as f:
+        f.write('[123,4,0,1')  # a writer killed mid-line
+    _run, items = _items(tdir)
+    assert len(_spans(items, "fwd")) == 1000
+
+
+def test_open_span_written_as_begin_and_unfinished_in_views(tdir):
+    tl.configure(tdir, open_after_s=0)
+    tl.set_step(7)
+    with tl.record_span("done"):
+        pass
+    hang = tl.record_span("hung_step")
+    hang.__enter__()
+    tl.flush()
+    # the open span is on disk before the process ends (a hang) ...
+    text = next((tdir / "events").glob("*.jsonl")).read_text()
+    assert '["B",' in text
+    with tl.record_span("after"):
+        pass
+    tl.close()
+    out = tdir / "trace.json"
+    stats = export_trace(tdir, out)
+    s = load(out)
+    assert stats["unfinished"] == 1 and len(s.unfinished) == 1
+    u = s.unfinished[0]
+    assert u["name"] == "hung_step" and u["args"]["step"] == 7
+    last = max(e["ts"] + e.get("dur", 0) for e in s.events if e.get("ph") in ("X", "i"))
+    assert u["ts"] + u["dur"] == last  # drawn up to the end of the data
+    cli = _cli("trace", str(tdir), "-o", str(tdir / "cli.json"))
+    assert cli.returncode == 0 and "1 unfinished" in cli.stdout
+    assert load(tdir / "cli.json").slices == s.slices
+
+
+def test_rotation_keeps_every_record(tdir):
+    tl.configure(tdir, max_file_mb=0.002, open_after_s=0, flush_interval_s=0.01)
+    tl.set_step(0)
+    long = tl.record_span("long")
+    long.__enter__()
+    for i in range(400):
+        with tl.record_span(f"s{i % 7}"):
+            pass
+        if i % 20 == 0:
+            tl.flush()
+    long.__exit__(None, None, None)
+    tl.close()
+    files = sorted((tdir / "events").glob("*.jsonl"))
+    assert len(files) >= 3  # ~7 kB in 2 kB files
+    for f in files:
+        assert json.loads(f.open().readline())["h"] == 1  # every file is self-describing
+    _run, items = _items(tdir)
+    assert len(_spans(items)) == 401  # the span begun in file 0 ended in a later one
+    assert len(_spans(items, "long")) == 1
+
+
+def test_rank_selection(tdir):
+    assert schema.parse_ranks("all") is None
+    assert schema.parse_ranks("0,3") == {0, 3}
+    assert schema.parse_ranks("0-2,8") == {0, 1, 2, 8}
+    assert schema.rank_selected("every:4", 8) and not schema.rank_selected("every:4", 6)
+    with pytest.raises(ValueError):
+        schema.validate_options({"ranks": "zero"})
+    with pytest.raises(ValueError):
+        schema.validate_options({"max_file_mb": 0})
+    with pytest.raises(ValueError):
+        schema.validate_options({"rank": "0"})
+    ident = current_identity()
+    saved = (ident.mesh, ident.rank)
+    try:
+        ident.mesh, ident.rank = "trainer", 1
+        assert tl.configure(tdir, ranks="0,3") is False
+        assert not tl.is_enabled()
+        with tl.record_span("x"):
+            pass
+        tl.close()
+        assert not list((tdir / "events").glob("*.jsonl")) if (tdir / "events").exists() else True
+        ident.rank = 3
+        assert tl.configure(tdir / "b", ranks="0,3") is True
+        with tl.record_span("x"):
+            pass
+        tl.close()
+        assert len(list((tdir / "b" / "events").glob("*_trainer_3.jsonl"))) == 1
+    finally:
+        ident.mesh, ident.rank = saved
+        tl._set_on(True)
+
+
+def test_disable_switch_makes_everything_a_noop(tmp_path):
+    code = (
+        "from forge_obs.recording import timeline as tl\n"
+        f"print(tl.configure({str(tmp_path)!r}))\n"
+        "with tl.record_span('x'): pass\n"
+        "tl.record_event('e'); tl.set_step(1); tl.close()\n"
+        "print(tl.is_enabled(), len(tl._buf))\n"
+    )
+    for var in ("FORGE_DISABLE_METRICS", "FORGE_DISABLE_TIMELINE"):
+        env = dict(os.environ, **{var: "true"})
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.split() == ["False", "False", "0"]
+        assert not (tmp_path / "events").exists()
+
+
+def _fake_run(root: Path, ranks: int, steps: int, slow_rank=None, hang_rank=None, nan_step=None, dead_rank=None,
+              weight_sync_us=None):
+    """A run written by the real writer, one identity at a time (mesh 'trainer', N ranks), on a
+    simulated clock (train_step: 2 ms, 6 ms on the slow rank; with ``weight_sync_us`` every rank
+    also spends that long in 'weights_load' each step): no dependence on machine load."""
+    import time
+
+    from forge_obs.recording.timeline import writer
+
+    start = time.perf_counter_ns()
+    clock = [start]
+    tl._clock_ns = lambda: clock[0]
+
+    ident = current_identity()
+    saved = (ident.mesh, ident.rank, ident.world_size, writer.SESSION)
+    try:
+        for r in range(ranks):
+            ident.mesh, ident.rank, ident.world_size = "trainer", r, ranks
+            writer.SESSION = f"fake{r}"  # one process session per rank
+            clock[0] = start  # ranks run side by side
+            tl.configure(root, open_after_s=0)
+            for s in range(steps):
+                tl.set_step(s)
+                if dead_rank == r and s == steps // 2:
+                    break
+                if hang_rank == r and s == steps - 1:
+                    tl.record_span("train_step").__enter__()
+                    break
+                with tl.record_span("train_step"):
+                    clock[0] += 6_000_000 if slow_rank == r else 2_000_000 + 10_000 * ((r + s) % 3)
+                if weight_sync_us is not None:
+                    with tl.record_span("weights_load"):
+                        clock[0] += weight_sync_us * 1000
+                clock[0] += 1_000_000
+            if hang_rank == r or dead_rank == r:
+                writer._writer.stop_ev.set()  # dies without closing: no "Z" ...
+                writer._writer.thread.join()
+                writer._writer._drain(final=True)  # ... after its writer wrote the open span as "B"
+                writer._writer.thread.join()
+                writer._writer.f.close()
+                writer._writer = None
+                tl._buf.clear()
+            else:
+                tl.close()
+    finally:
+        ident.mesh, ident.rank, ident.world_size, writer.SESSION = saved
+        tl._clock_ns = time.perf_counter_ns
+    if nan_step is not None:
+        with open(root / "metrics.jsonl", "w") as f:
+            for s in range(steps):
+                v = float("nan") if s == nan_step else 0.5
+                f.write(json.dumps({"run_id": "x", "step": s, "mode": "global_reduce", "wall_time": 1.0,
+                                    "metrics": {"loss": v, "policy/staleness": 0.0}}) + "\n")
+
+
+def _cli(*argv):
+    return subprocess.run([sys.executable, "-c", "import sys; from forge_obs.cli import main; sys.exit(main())", *argv],
+                          capture_output=True, text=True)
+
+
+def test_sql_views(tmp_path):
+    pytest.importorskip("duckdb")
+    from forge_obs.analysis.sql import connect
+
+    tl.close()
+    _fake_run(tmp_path, 3, 4, slow_rank=1, hang_rank=2, nan_step=2)
+    con = connect(tmp_path)
+    rows = con.execute("SELECT rank, count(*), bool_and(finished) FROM spans GROUP BY rank ORDER BY rank").fetchall()
+    assert rows == [(0, 4, True), (1, 4, True), (2, 4, False)]  # rank 2: 3 finished + the hung one
+    (slow,) = con.execute("SELECT rank FROM spans WHERE finished GROUP BY rank ORDER BY median(dur_ms) DESC LIMIT 1").fetchone()
+    assert slow == 1
+    assert con.execute("SELECT count(*) FROM events WHERE kind = 'step'").fetchone()[0] == 12
+    nan = con.execute("SELECT step FROM metrics WHERE key = 'loss' AND isnan(value)").fetchall()
+    assert nan == [(2,)]
+    out = _cli("sql", str(tmp_path), "SELECT count(*) AS n FROM spans WHERE NOT finished", "--format", "json")
+    assert out.returncode == 0 and json.loads(out.stdout) == [{"n": 1}]
+
+
+def test_hot_path_imports_neither_monarch_nor_torch():
+    code = ("import sys; import forge_obs; from forge_obs import record_span, set_step\n"
+            "from forge_obs.recording.timeline import writer\n"
+            "print(sorted(m for m in ('torch', 'monarch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_log_to_metrics_records_the_duration(tdir, fresh_collector):
+    tl.configure(tdir)
+    for _ in range(3):
+        with tl.record_span("fwd", log_to_metrics=True):
+            pass
+    tl.close()
+    snap = fresh_collector.snapshot()
+    assert "span/fwd/duration_s" in json.dumps(snap, default=str)
+
+
+def test_export_filters_and_clock_offsets(tmp_path):
+    tl.close()
+    _fake_run(tmp_path, 3, 5)
+    # pretend rank 1 ran on another host whose clock is 2 s ahead of the controller's
+    (f1,) = (tmp_path / "events").glob("*_trainer_1.jsonl")
+    lines = f1.read_text().splitlines(keepends=True)
+    h = json.loads(lines[0])
+    h.update(host="other", clk=[h["t0"] + 2_000_100, h["t0"] + 100], t0=h["t0"] + 2_000_000)
+    f1.write_text(json.dumps(h) + "\n" + "".join(lines[1:]))
+    ctl_h = {"h": 1, "v": 1, "run": "x", "session": "c", "host": h.get("host_ctl", "vm-ctl"), "pid": 1, "mesh": "controller",
+             "rank": 0, "ctl": True, "t0": h["t0"], "file": 0}
+    (tmp_path / "events" / "ctl.jsonl").write_text(json.dumps(ctl_h) + "\n")
+    out = tmp_path / "t.json"
+    export_trace(tmp_path, out, steps=(1, 3), ranks={0, 1})
+    s = load(out)
+    assert s.slices["train_step"] == 2 * 3  # ranks 0, 1 x steps 1..3
+    assert len(s.process_names) == 2
+    doc = json.loads(out.read_text())
+    assert doc["otherData"]["clock_offsets_us"]["other"] == -2_000_000
+    r0 = sorted(e["ts"] for e in s.events if e.get("name") == "train_step" and "trainer r0" not in s.process_names[e["pid"]])
+    r_other = [e["ts"] for e in s.events if e.get("ph") == "X"]
+    # after correction, the 'other' host's spans sit within the same second as rank 0's
+    assert max(r_other) - min(r_other) < 1_000_000 and r0
+
+
+def test_trace_ranks_take_the_timeline_rank_spec(tmp_path):
+    """``forge-obs trace --ranks`` parses ranks like the timeline's ``ranks`` option."""
+    tl.close()
+    _fake_run(tmp_path, 4, 2)
+    out = tmp_path / "every2.json"
+    cli = _cli("trace", str(tmp_path), "-o", str(out), "--ranks", "every:2")
+    assert cli.returncode == 0, cli.stderr
+    names = load(out).process_names.values()
+    assert sorted(int(re.search(r" r(\d+) ", n).group(1)) for n in names) == [0, 2]
+    bad = _cli("trace", str(tmp_path), "-o", str(tmp_path / "x.json"), "--ranks", "0,x")
+    assert bad.returncode == 2 and bad.stderr.strip() == "forge-obs trace: bad ranks '0,x': use 'all', '0,3', '0-3,8' or 'every:4'"
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_resumed_run_keeps_attempts_apart(tdir):
+    from forge_obs.analysis.sql import connect
+    from forge_obs.recording.timeline import writer
+
+    saved = writer.SESSION
+    try:
+        for attempt, start in enumerate((1000.0, 2000.0)):
+            writer.SESSION = f"attempt{attempt}"  # a new process of the resumed job
+            tl.configure(tdir, _run_id="exp", _start=start)
+            tl.set_step(attempt * 10)
+            with tl.record_span("train_step"):
+                pass
+            tl.close()
+    finally:
+        writer.SESSION = saved
+    s = load(export_trace(tdir, tdir / "t.json") and tdir / "t.json")
+    assert sorted(n.split(" (")[0] for n in s.process_names.values()) == ["controller r0 [attempt 0]", "controller r0 [attempt 1]"]
+    rows = connect(tdir).execute("SELECT attempt, step FROM spans ORDER BY attempt").fetchall()
+    assert rows == [(0, 0), (1, 10)]

@@ -1,0 +1,443 @@
+"""Tracer / @trace on the CPU: timing accuracy (as ratios), metric names, nesting, exceptions,
+reuse, memory-tracking ownership (fake device memory), async, Monarch endpoints, env switches."""
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from forge_obs import Tracer, trace
+from forge_obs.recording import tracer as tracer_mod
+from forge_obs.wire.merge import reduce_metrics_states
+
+
+def values(collector):
+    """key -> reduced value of everything recorded since the last snapshot."""
+    return {m.key: m.value for m in reduce_metrics_states([collector.snapshot()["states"]])}
+
+
+def test_metric_names_and_step_durations_track_known_sleeps(fresh_collector):
+    t = Tracer("tr")
+    t.start()
+    time.sleep(0.05)
+    t.step("a")
+    time.sleep(0.15)
+    t.step("b")
+    t.stop()
+    v = values(fresh_collector)
+    assert set(v) == {
+        f"tr/{s}/duration_{k}" for s in ("a", "b") for k in ("avg_s", "max_s", "dist_s")
+    } | {f"tr/total_duration_{k}" for k in ("avg_s", "max_s", "dist_s")}
+    a, b, total = v["tr/a/duration_avg_s"], v["tr/b/duration_avg_s"], v["tr/total_duration_avg_s"]
+    # sleeps only ever overshoot; on a loaded 2-core box by a few ms: compare as ratios
+    assert a >= 0.05 and b >= 0.15
+    assert 1.8 <= b / a <= 3.3, (a, b)  # 3.0 expected; an overshoot of the short sleep lowers it
+    assert 1.0 <= total / (a + b) <= 1.05
+    assert v["tr/a/duration_max_s"] == a
+    d = v["tr/b/duration_dist_s"]
+    assert d["count"] == 1 and abs(d["p50"] / b - 1) <= 0.01 and d["p99"] == pytest.approx(d["p50"])
+
+
+def test_reuse_after_stop_accumulates_mean_max_and_percentiles(fresh_collector):
+    t = Tracer("re")
+    sleeps = [0.01, 0.03, 0.09]
+    for s in sleeps:
+        t.start()
+        time.sleep(s)
+        t.step("work")
+        t.stop()
+    v = values(fresh_collector)
+    d = v["re/work/duration_dist_s"]
+    assert d["count"] == 3
+    assert v["re/work/duration_max_s"] >= 0.09
+    assert v["re/work/duration_max_s"] / v["re/work/duration_avg_s"] == pytest.approx(0.09 / 0.043333, rel=0.35)
+    # p50 is the middle run (the 0.03 s one), p99 the slowest
+    assert 0.03 * 0.99 <= d["p50"] < 0.09 * 0.99 and d["p99"] >= 0.09 * 0.99  # sketch: 1 % relative error
+    assert not t.active
+
+
+def test_durations_across_flushes_streaming_and_a_conflicting_user_key(fresh_collector):
+    from forge_obs import Reduce, record_metric
+
+    t = Tracer("fl")
+    for _ in range(3):
+        t.start()
+        t.stop()
+    assert values(fresh_collector)["fl/total_duration_dist_s"]["count"] == 3
+    for _ in range(2):
+        t.start()
+        t.stop()
+    assert values(fresh_collector)["fl/total_duration_dist_s"]["count"] == 2  # only this step's
+    record_metric("fl2/total_duration_avg_s", 1.0, Reduce.SUM)  # the user took the key first
+    with trace("fl2"):
+        pass
+    snap = fresh_collector.snapshot()
+    v = {m.key: m.value for m in reduce_metrics_states([snap["states"]])}
+    assert v["fl2/total_duration_avg_s"] == 1.0 and v["fl2/total_duration_dist_s"]["count"] == 1
+    assert snap["counters"]["dropped_values"] == 1
+    fresh_collector.set_streaming(True)  # per_rank_no_reduce: raw values are kept too
+    with trace("fl3"):
+        pass
+    raw = fresh_collector.snapshot()["raw"]
+    assert sorted(k for k, _, _ in raw) == [f"fl3/total_duration_{k}" for k in ("avg_s", "dist_s", "max_s")]
+
+
+def test_misuse_raises_value_error_and_leaves_the_tracer_usable(fresh_collector):
+    t = Tracer("mis")
+    with pytest.raises(ValueError, match="must be started before calling step"):
+        t.step("x")  # before start
+    with pytest.raises(ValueError, match="must be started before calling stop"):
+        t.stop()  # before start
+    t.start()
+    with pytest.raises(ValueError, match="already been started"):
+        t.start()  # double start: the running session goes on
+    t.step("a")
+    t.stop()
+    v = values(fresh_collector)
+    assert v["mis/total_duration_dist_s"]["count"] == 1 and v["mis/a/duration_dist_s"]["count"] == 1
+    with pytest.raises(ValueError, match='timer must be "cpu" or "gpu"'):
+        Tracer("bad", timer="tpu")
+
+
+def test_trace_decorator_sync_nested_and_exception(fresh_collector):
+    @trace("inner")
+    def inner(x):
+        time.sleep(0.02)
+        return x * 2
+
+    @trace("boom")
+    def boom():
+        time.sleep(0.02)
+        raise KeyError("nope")
+
+    with trace("outer") as t:
+        assert isinstance(t, Tracer)
+        assert inner(2) == 4
+        t.step("first")
+        assert inner(3) == 6
+        with pytest.raises(KeyError):
+            boom()
+        t.step("second")
+    v = values(fresh_collector)
+    assert v["inner/total_duration_dist_s"]["count"] == 2
+    assert v["outer/total_duration_dist_s"]["count"] == 1
+    assert v["boom/total_duration_dist_s"]["count"] == 1  # a raising call is still timed
+    assert v["boom/total_duration_avg_s"] >= 0.02
+    outer = v["outer/total_duration_avg_s"]
+    inner_sum = 2 * v["inner/total_duration_avg_s"] + v["boom/total_duration_avg_s"]
+    assert outer >= inner_sum and outer / inner_sum <= 1.2
+    assert v["outer/first/duration_avg_s"] + v["outer/second/duration_avg_s"] == pytest.approx(outer, rel=0.01)
+    assert inner.__name__ == "inner"  # functools.wraps
+
+
+def test_context_manager_stops_on_exception(fresh_collector):
+    with pytest.raises(RuntimeError):
+        with trace("cm") as t:
+            t.step("before")
+            raise RuntimeError("x")
+    assert not t.active
+    v = values(fresh_collector)
+    assert v["cm/total_duration_dist_s"]["count"] == 1
+    assert "cm/before/duration_avg_s" in v
+
+
+async def test_async_decorator_concurrent_calls_do_not_share_state(fresh_collector):
+    @trace("aio")
+    async def work(s):
+        await asyncio.sleep(s)
+        return s
+
+    assert await asyncio.gather(work(0.05), work(0.1), work(0.2)) == [0.05, 0.1, 0.2]
+    v = values(fresh_collector)
+    d = v["aio/total_duration_dist_s"]
+    assert d["count"] == 3
+    assert asyncio.iscoroutinefunction(work)
+    # each call is timed on its own: the max is the 0.2 s call, not the sum of overlapping ones
+    assert 1.0 <= v["aio/total_duration_max_s"] / 0.2 <= 1.5
+    assert 1.0 <= d["p50"] / 0.1 <= 1.5
+
+
+async def test_one_trace_object_entered_by_concurrent_tasks(fresh_collector):
+    shared = trace("shared")  # e.g. a module-level object, entered by many tasks at once
+
+    async def task(s):
+        async with shared as t:
+            await asyncio.sleep(s)
+            t.step("slept")
+            return t
+
+    tracers = await asyncio.gather(task(0.05), task(0.2))  # enters first, exits first: not LIFO
+    assert tracers[0] is not tracers[1] and not any(t.active for t in tracers)
+    v = values(fresh_collector)
+    # the 0.05 s task exits first; it must stop its own tracer, not the 0.2 s task's
+    assert 1.0 <= v["shared/slept/duration_max_s"] / 0.2 <= 1.5
+    d = v["shared/slept/duration_dist_s"]
+    assert d["count"] == 2 and 1.0 <= d["p50"] / 0.05 <= 1.5 * 1.01
+    with shared:  # and nested re-entry within one task
+        with shared:
+            pass
+    assert values(fresh_collector)["shared/total_duration_dist_s"]["count"] == 2
+
+
+async def test_async_context_manager(fresh_collector):
+    async with trace("acm") as t:
+        await asyncio.sleep(0.01)
+        t.step("s")
+    assert values(fresh_collector)["acm/s/duration_avg_s"] >= 0.01
+
+
+def test_gpu_timer_falls_back_to_cpu_with_one_warning(fresh_collector, caplog):
+    if tracer_mod._cuda_available():
+        pytest.skip("CUDA present: covered by tests/recording/test_gpu.py")
+    tracer_mod._warned.discard("gpu_timer_no_cuda")
+    with caplog.at_level(logging.WARNING, logger="forge_obs"):
+        for _ in range(3):
+            t = Tracer("gf", timer="gpu")
+            t.start()
+            time.sleep(0.01)
+            t.stop()
+    assert caplog.text.count("CUDA is not available") == 1
+    assert values(fresh_collector)["gf/total_duration_dist_s"]["count"] == 3
+
+
+def test_perf_tracker_alias():
+    from forge_obs.perf_tracker import Tracer as T2, trace as t2
+
+    assert T2 is Tracer and t2 is trace
+
+
+# ------------------------------------------------------------------ memory tracking (fake device)
+class FakeMemory:
+    """Stands in for the CUDA caching allocator's counters."""
+
+    def __init__(self):
+        self.current = 1 << 30
+        self.peak_ = self.current
+        self.resets = 0
+
+    def available(self):
+        return True
+
+    def alloc(self, n):
+        self.current += n
+        self.peak_ = max(self.peak_, self.current)
+
+    def allocated(self):
+        return self.current
+
+    def peak(self):
+        return self.peak_
+
+    def reset_peak(self):
+        self.resets += 1
+        self.peak_ = self.current
+
+
+@pytest.fixture
+def fake_mem(monkeypatch):
+    m = FakeMemory()
+    monkeypatch.setattr(tracer_mod, "_MEMORY", m)
+    monkeypatch.setattr(tracer_mod, "_OWNER", tracer_mod._MemoryOwner())
+    return m
+
+
+GIB = float(1 << 30)
+
+
+def test_memory_delta_and_peak_of_a_region(fresh_collector, fake_mem):
+    t = Tracer("mem", track_memory=True)
+    t.start()
+    fake_mem.alloc(3 << 30)  # +3 GiB
+    fake_mem.alloc(-2 << 30)  # -2 GiB: peak stays at start + 3
+    t.stop()
+    v = values(fresh_collector)
+    assert v["mem/memory_delta_end_start_avg_gb"] == 1.0
+    assert v["mem/memory_peak_max_gb"] == 4.0  # 1 GiB before + 3 GiB
+    assert fake_mem.resets == 1
+
+
+def test_nested_regions_only_outermost_tracks_and_resets(fresh_collector, fake_mem):
+    @trace("inner", track_memory=True)
+    def inner():
+        fake_mem.alloc(1 << 30)
+
+    with trace("outer", track_memory=True):
+        fake_mem.alloc(1 << 30)
+        inner()
+        inner()
+    v = values(fresh_collector)
+    assert fake_mem.resets == 1  # the inner regions never reset the peak under the outer one
+    assert v["outer/memory_delta_end_start_avg_gb"] == 3.0
+    assert v["outer/memory_peak_max_gb"] == 4.0
+    assert "inner/memory_peak_max_gb" not in v
+    assert v["inner/total_duration_dist_s"]["count"] == 2  # still timed
+    inner()  # alone now: the outer's claim was released
+    v = values(fresh_collector)
+    assert v["inner/memory_delta_end_start_avg_gb"] == 1.0 and fake_mem.resets == 2
+
+
+def test_exception_inside_tracked_region_releases_the_claim(fresh_collector, fake_mem):
+    @trace("fails", track_memory=True)
+    def fails():
+        fake_mem.alloc(1 << 30)
+        raise ValueError("x")
+
+    with pytest.raises(ValueError):
+        fails()
+    with trace("after", track_memory=True):
+        fake_mem.alloc(2 << 30)
+    v = values(fresh_collector)
+    assert v["fails/memory_delta_end_start_avg_gb"] == 1.0
+    assert v["after/memory_delta_end_start_avg_gb"] == 2.0
+    assert fake_mem.resets == 2
+
+
+def test_abandoned_tracer_frees_the_claim_when_collected(fresh_collector, fake_mem):
+    t = Tracer("lost", track_memory=True)
+    t.start()  # never stopped
+    del t
+    import gc
+
+    gc.collect()
+    with trace("next", track_memory=True):
+        fake_mem.alloc(1 << 30)
+    assert values(fresh_collector)["next/memory_delta_end_start_avg_gb"] == 1.0
+
+
+async def test_concurrent_tasks_do_not_corrupt_each_others_tracking(fresh_collector, fake_mem):
+    a_started, b_done = asyncio.Event(), asyncio.Event()
+
+    @trace("task_a", track_memory=True)
+    async def task_a():
+        fake_mem.alloc(1 << 30)
+        a_started.set()
+        await b_done.wait()  # B runs entirely inside A's region
+        fake_mem.alloc(1 << 30)
+
+    @trace("task_b", track_memory=True)
+    async def task_b():
+        await a_started.wait()
+        fake_mem.alloc(4 << 30)
+        fake_mem.alloc(-4 << 30)
+        b_done.set()
+
+    await asyncio.gather(task_a(), task_b())
+    v = values(fresh_collector)
+    assert fake_mem.resets == 1  # B did not reset A's peak
+    assert "task_b/memory_peak_max_gb" not in v  # and reported nothing it could not measure
+    assert v["task_a/memory_delta_end_start_avg_gb"] == 2.0
+    assert v["task_a/memory_peak_max_gb"] == 6.0  # the device peak covers B's allocations too
+    assert v["task_b/total_duration_dist_s"]["count"] == 1
+
+
+# ------------------------------------------------------------------ env switches (fresh processes)
+_ENV_SCRIPT = """
+import json
+from forge_obs import Tracer, trace, record_metric
+from forge_obs.recording.collector import MetricCollector
+t = Tracer("t"); t.start(); t.step("s"); t.stop()
+@trace("f")
+def f(): return 1
+f()
+with trace("c"): pass
+record_metric("plain", 1.0)
+print(json.dumps(sorted(MetricCollector().snapshot()["states"])))
+"""
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({}, ["c/total_duration_avg_s", "f/total_duration_avg_s", "plain", "t/s/duration_avg_s", "t/total_duration_avg_s"]),
+        ({"FORGE_DISABLE_PERF_METRICS": "true"}, ["plain"]),
+        ({"FORGE_DISABLE_METRICS": "true"}, []),
+    ],
+)
+def test_env_switches(env, expected):
+    e = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_DISABLE")}
+    e.update(env)
+    out = subprocess.run([sys.executable, "-c", _ENV_SCRIPT], env=e, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    import json
+
+    keys = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [k for k in keys if k == "plain" or k.endswith("duration_avg_s")] == expected
+
+
+# ------------------------------------------------------------------ Monarch endpoints
+try:
+    import monarch.actor as monarch_actor
+except ImportError:  # the GPU machine may have torch but not Monarch
+    monarch_actor = None
+
+needs_monarch = pytest.mark.skipif(monarch_actor is None, reason="needs torchmonarch")
+_Actor = monarch_actor.Actor if monarch_actor else object
+_endpoint = monarch_actor.endpoint if monarch_actor else (lambda f: f)
+
+
+class TracedActor(_Actor):
+    @_endpoint
+    @trace("ep/work")
+    async def work(self, s: float) -> float:
+        await asyncio.sleep(s)
+        return s * 2
+
+    @_endpoint
+    @trace("ep/fail")
+    async def fail(self) -> None:
+        raise ValueError("inside endpoint")
+
+    @_endpoint
+    async def states(self) -> dict:
+        from forge_obs.recording.collector import MetricCollector
+
+        return MetricCollector().snapshot()["states"]
+
+
+@needs_monarch
+async def test_trace_under_endpoint_records_in_the_actor(fresh_collector):
+    actor = monarch_actor.this_proc().spawn("traced_actor", TracedActor)
+    assert await actor.work.call_one(0.05) == 0.1
+    assert await actor.work.call_one(0.15) == 0.3
+    with pytest.raises(Exception, match="inside endpoint"):
+        await actor.fail.call_one()
+    states = await actor.states.call_one()
+    v = {m.key: m.value for m in reduce_metrics_states([states])}
+    assert v["ep/work/total_duration_dist_s"]["count"] == 2
+    assert 1.0 <= v["ep/work/total_duration_max_s"] / 0.15 <= 1.5
+    assert 1.0 <= v["ep/work/total_duration_avg_s"] / 0.1 <= 1.5
+    assert v["ep/fail/total_duration_dist_s"]["count"] == 1
+
+
+@needs_monarch
+async def test_trace_in_child_process_reaches_the_jsonl_store(tmp_path):
+    """Full path: @trace'd endpoint on a spawned proc mesh -> fetcher -> controller merge of the
+    distribution sketch -> metrics.jsonl."""
+    import provisioner_hooks
+    from forge_obs import get_or_create_metric_logger
+    from forge_obs.recording.collector import MetricCollector
+    from forge_obs.analysis.store import read_metrics
+
+    provisioner_hooks.install()
+    MetricCollector().reset()
+    mlogger = await get_or_create_metric_logger(process_name="Controller")
+    await mlogger.init_backends.call_one({"jsonl": {}, "run": {"root": str(tmp_path), "id": "t"}})
+    procs = monarch_actor.this_host().spawn_procs(per_host={"procs": 2}, name="traced")
+    try:
+        actors = procs.spawn("traced_actor", TracedActor)
+        await actors.work.call(0.05)
+        await actors.work.call(0.1)
+        await mlogger.flush.call_one(global_step=0)
+        await mlogger.shutdown.call_one()
+    finally:
+        await procs.stop()
+    rows = read_metrics(tmp_path / "t")
+    m = next(r for r in rows if r["step"] == 0)["metrics"]
+    d = m["ep/work/total_duration_dist_s"]
+    assert d["count"] == 4  # 2 ranks x 2 calls, merged exactly
+    assert 1.0 <= d["p99"] / 0.1 <= 1.5 and 1.0 <= d["p50"] / 0.05 <= 2.1
+    assert 1.0 <= m["ep/work/total_duration_max_s"] / 0.1 <= 1.5

@@ -1,0 +1,1 @@
+"""What the tests share: helpers, generated runs, programs run as subprocesses."""
