@@ -2,7 +2,7 @@
 
     forge-obs show runs/<run_id>            # the reduced metrics of a run, one line per step
 
-The subcommands are defined in :mod:`forge_obs.analysis.cli`; this module builds the parser and
+The subcommands are defined in :mod:`forge_obs.analysis.commands`; this module builds the parser and
 handles errors. A subcommand that needs an optional package which is not installed (duckdb for ``sql``,
 viztracer for ``trace --open``) prints one line naming the extra that installs it, and exits 2.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from forge_obs.analysis.cli import COMMANDS
+from forge_obs.analysis.commands import COMMANDS
 
 __all__ = ["EXTRAS", "missing_dependency", "main"]
 

@@ -394,10 +394,10 @@ def test_docstring_examples():
     import forge_obs.alerts.config
     import forge_obs.alerts.sinks
     import forge_obs.analysis.doctor
-    from forge_obs.analysis.doctor import config, detect, finding, identity, merge, replay, rules, timeline
+    from forge_obs.analysis.doctor import config, detect, finding, subjects, roots, replay, rules, timeline_rules
 
     for mod in (forge_obs.alerts, forge_obs.alerts.config, forge_obs.alerts.sinks, forge_obs.analysis.doctor, config,
-                detect, finding, identity, merge, replay, rules, timeline):
+                detect, finding, subjects, roots, replay, rules, timeline_rules):
         res = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
         assert res.failed == 0, mod.__name__
 

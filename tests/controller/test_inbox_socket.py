@@ -1,4 +1,4 @@
-"""The inbox socket (forge_obs.wire.local_socket): fetchers on the controller's host answer on a Unix
+"""The inbox socket (forge_obs.controller.local_socket): fetchers on the controller's host answer on a Unix
 socket instead of the inbox's Monarch port. Its guarantees: each sender's order, whole frames
 only, this user only, and a sender that loses it answers on the port with nothing lost."""
 
@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from forge_obs.wire.local_socket import LocalInbox, LocalSender, same_host
+from forge_obs.controller.local_socket import LocalInbox, LocalSender, same_host
 from tests.support.helpers import run_as_user
 
 USER_SCRIPT = '''
@@ -92,7 +92,7 @@ def _drive_cpu_clock(monkeypatch, thread_time):
     """The socket module's CPU charges read ``thread_time``, the test's clock, instead of the thread's."""
     import types
 
-    from forge_obs.wire import local_socket
+    from forge_obs.controller import local_socket
 
     monkeypatch.setattr(local_socket, "time", types.SimpleNamespace(thread_time=thread_time))
 

@@ -48,7 +48,7 @@ async def test_after_shutdown_only_the_inbox_threads_are_left_and_they_have_owne
 
 
 def test_the_inbox_socket_reader_takes_what_was_sent_before_close_then_ends():
-    from forge_obs.wire.local_socket import LocalInbox, LocalSender
+    from forge_obs.controller.local_socket import LocalInbox, LocalSender
 
     taken = []
     inbox = LocalInbox.start(taken.append)

@@ -11,7 +11,7 @@ import cloudpickle
 import pytest
 
 from forge_obs import MetricAccumulator, Reduce, Tracer, record_span, trace
-from forge_obs.analysis.doctor.identity import Identities
+from forge_obs.analysis.doctor.subjects import Identities
 from forge_obs.core.identity import unique_mesh_name
 
 

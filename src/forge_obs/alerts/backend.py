@@ -26,7 +26,7 @@ from typing import Any
 
 from forge_obs.alerts.config import AlertsConfig
 from forge_obs.alerts.sinks import Dispatcher, FileSink, console_sink, find_wandb_run, post_json, wandb_alert
-from forge_obs.analysis.doctor.identity import Identities
+from forge_obs.analysis.doctor.subjects import Identities
 from forge_obs.analysis.doctor.rules import Event, StepView, build_rules
 from forge_obs.backends.base import LoggerBackend
 from forge_obs.backends.record import StepRecord

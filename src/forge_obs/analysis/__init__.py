@@ -17,7 +17,7 @@ One module per view, each runnable on its own (no Monarch, no GPU):
 - :mod:`~forge_obs.analysis.critical_path`: why a step was slow: its critical path across actors,
   every process's slack, the one-line answer.
 - :mod:`~forge_obs.analysis.report`: a self-contained HTML report.
-- :mod:`~forge_obs.analysis.cli`: the ``forge-obs`` subcommands over these views.
+- :mod:`~forge_obs.analysis.commands`: the ``forge-obs`` subcommands over these views.
 
 The recording side (``record_span``, the timeline writer and its schema) is :mod:`forge_obs.recording.timeline`.
 """

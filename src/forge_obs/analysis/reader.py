@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from forge_obs.analysis import titan
-from forge_obs.analysis.jsonl import json_lines
+from forge_obs.analysis import titan_logs
+from forge_obs.analysis.jsonl_reader import json_lines
 
 __all__ = ["Stream", "Run", "clean_header", "scan", "walk", "run_end"]
 
@@ -194,7 +194,7 @@ def scan(run_dir: "str | Path", keep: Callable[[dict], bool] | None = None, cloc
     ``keep(header)`` drops whole processes (rank/mesh filters) before reading them."""
     run_dir = Path(run_dir)
     ev = run_dir / "events"
-    extra = [d for d in titan.timeline_dirs(run_dir) if d != ev]  # TorchTitan's own files, converted
+    extra = [d for d in titan_logs.timeline_dirs(run_dir) if d != ev]  # TorchTitan's own files, converted
     paths = sorted(ev.glob("*.jsonl")) if ev.is_dir() else []
     for d in extra:
         paths.extend(sorted(d.glob("*.jsonl")))

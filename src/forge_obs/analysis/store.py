@@ -10,7 +10,7 @@ Only well-formed rows come out, so every reader (``forge-obs show`` / ``sql`` / 
 ``doctor``) can trust their shape: a line that is not valid UTF-8 / JSON, not an object, or an
 object whose fields have the wrong types (see :func:`metric_row_problem`) is skipped and counted,
 with one warning per file read; a torn last line (a writer died mid-line) is skipped silently.
-Lines are read by :func:`forge_obs.analysis.jsonl.json_lines`, the timeline reader's line reader too.
+Lines are read by :func:`forge_obs.analysis.jsonl_reader.json_lines`, the timeline reader's line reader too.
 The public names are importable as ``forge_obs.analysis.store`` (``read_metrics``, ``read_jsonl``).
 """
 
@@ -20,7 +20,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from forge_obs.analysis.jsonl import NOT_JSON, json_lines
+from forge_obs.analysis.jsonl_reader import NOT_JSON, json_lines
 
 __all__ = ["RUN_MARKERS", "metric_row_problem", "read_jsonl", "read_metrics"]
 

@@ -46,7 +46,7 @@ from forge_obs.recording.reduce import adopt_reductions, user_reductions
 from forge_obs.recording.timeline import follow_cut
 from forge_obs.recording.timeline import writer as _timeline_writer
 from forge_obs.wire.messages import ACK, CUT, DEFAULT_STREAM_INTERVAL_S, EXPORT, FINAL, STATES, STREAM
-from forge_obs.wire.local_socket import LocalSender, running_loop as _running_loop
+from forge_obs.controller.local_socket import LocalSender, running_loop as _running_loop
 from forge_obs.wire.snapshot import dumps, encode_raw
 
 logger = logging.getLogger("forge_obs")

@@ -43,7 +43,7 @@ from monarch.actor import Actor, Channel, context, endpoint
 from forge_obs.backends.base import LoggerBackend, parse_modes
 from forge_obs.backends.record import RunContext
 from forge_obs.controller.config import LoggerConfig
-from forge_obs.controller.startup import _create_backends, _make_run_dir, _start_backend, _start_backends
+from forge_obs.controller.startup import create_backends, make_run_dir, start_backend, start_backends
 from forge_obs.controller.fetcher import configure_all, store_options
 from forge_obs.controller.monarch_internals import receiver_with_timeout
 from forge_obs.controller.pipeline import Cut, FlushPipeline, RankBook
@@ -59,7 +59,7 @@ from forge_obs.recording.collector import MetricCollector
 from forge_obs.recording.timeline.writer import now_us
 from forge_obs.wire.messages import ACK, ACKB, BUNDLE, CUT, EXPORT, FINAL, HELLO, RESENT, STATES, STREAM
 from forge_obs.wire.plan import Planner
-from forge_obs.wire.local_socket import LocalInbox
+from forge_obs.controller.local_socket import LocalInbox
 from forge_obs.wire.snapshot import has_values
 
 logger = logging.getLogger("forge_obs")
@@ -437,7 +437,7 @@ def _take(msg: tuple) -> None:
 
 
 def local_address() -> tuple | None:
-    """``(host, path)`` of this process's inbox socket (:mod:`forge_obs.wire.local_socket`),
+    """``(host, path)`` of this process's inbox socket (:mod:`forge_obs.controller.local_socket`),
     started on first use: fetchers of this host answer there rather than on the inbox's port
     (the same messages, taken by the same ``_take``). None when ``FORGE_OBS_LOCAL_SOCKET`` is
     false or the socket cannot be made here."""
@@ -685,16 +685,16 @@ async def _take_over(cfg: LoggerConfig, run: RunContext) -> tuple[dict[str, Logg
     running = set(st.pipeline.backends) if st.pipeline is not None else set()
     unchanged = "the running backends keep logging" if running else "no backend was started"
     try:
-        backends = _create_backends(cfg.backends)
-        _make_run_dir(run.run_dir)
-        await _start_backends({n: b for n, b in backends.items() if n not in running}, run, cfg.backend_init_timeout_s)
+        backends = create_backends(cfg.backends)
+        make_run_dir(run.run_dir)
+        await start_backends({n: b for n, b in backends.items() if n not in running}, run, cfg.backend_init_timeout_s)
     except (ValueError, RuntimeError) as e:
         raise type(e)(f"{e} ({unchanged})") from e
     failed: list[RuntimeError] = []
     if st.pipeline is not None:  # called again: the current backends get what was flushed, then finish
         await _end_session(final=False)
         for name in [n for n in backends if n in running]:
-            error = await _start_backend(name, backends[name], run, cfg.backend_init_timeout_s)
+            error = await start_backend(name, backends[name], run, cfg.backend_init_timeout_s)
             if error is not None:
                 failed.append(error)
                 del backends[name]

@@ -1,9 +1,9 @@
 """Creating and starting a session's backends (no Monarch here: the Monarch controller and the
 SPMD logger rank both start their backends with these).
 
-- :func:`_create_backends`: one backend per config entry; mistakes raise naming the backend;
-- :func:`_make_run_dir`: the run directory exists before any backend starts;
-- :func:`_start_backends`: each backend's ``init`` on a thread of its own, bounded by a timeout.
+- :func:`create_backends`: one backend per config entry; mistakes raise naming the backend;
+- :func:`make_run_dir`: the run directory exists before any backend starts;
+- :func:`start_backends`: each backend's ``init`` on a thread of its own, bounded by a timeout.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from forge_obs.backends.record import RunContext
 from forge_obs.controller.config import RESERVED_KEYS
 from forge_obs.core.types import BackendRole
 
-__all__ = ["_create_backends", "_make_run_dir", "_start_backends", "_start_backend", "_finish_quietly"]
+__all__ = ["create_backends", "make_run_dir", "start_backends", "start_backend"]
 
 
-def _create_backends(configs: dict[str, dict[str, Any]]) -> dict[str, LoggerBackend]:
+def create_backends(configs: dict[str, dict[str, Any]]) -> dict[str, LoggerBackend]:
     """One backend per entry of ``configs``, each error naming its backend: ValueError for a
     config mistake (unknown backend, mode or key; the valid choices in the message),
     RuntimeError for a constructor that fails otherwise."""
@@ -39,7 +39,7 @@ def _create_backends(configs: dict[str, dict[str, Any]]) -> dict[str, LoggerBack
     return backends
 
 
-def _make_run_dir(run_dir: Any) -> None:
+def make_run_dir(run_dir: Any) -> None:
     """The run directory exists before any backend starts (a backend may open files there)."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -47,12 +47,12 @@ def _make_run_dir(run_dir: Any) -> None:
         raise RuntimeError(f"cannot create the run directory {run_dir}: {e}") from e
 
 
-async def _start_backends(backends: dict[str, LoggerBackend], run: RunContext, timeout_s: float) -> None:
-    """Start every backend in turn (:func:`_start_backend`); at the first that fails, the ones
+async def start_backends(backends: dict[str, LoggerBackend], run: RunContext, timeout_s: float) -> None:
+    """Start every backend in turn (:func:`start_backend`); at the first that fails, the ones
     started are finished and its error is raised."""
     started: list[LoggerBackend] = []
     for name, be in backends.items():
-        error = await _start_backend(name, be, run, timeout_s)
+        error = await start_backend(name, be, run, timeout_s)
         if error is not None:
             for other in started:
                 _finish_quietly(other)
@@ -60,7 +60,7 @@ async def _start_backends(backends: dict[str, LoggerBackend], run: RunContext, t
         started.append(be)
 
 
-async def _start_backend(name: str, be: LoggerBackend, run: RunContext, timeout_s: float) -> RuntimeError | None:
+async def start_backend(name: str, be: LoggerBackend, run: RunContext, timeout_s: float) -> RuntimeError | None:
     """Call ``be.init`` on a thread of its own for at most ``timeout_s``; None, or a RuntimeError
     naming the backend (its ``__cause__`` the backend's error). A hung ``init`` is left behind
     on its daemon thread (and finished if it ever returns)."""

@@ -26,7 +26,7 @@ from typing import Any
 
 from forge_obs.controller.config import LoggerConfig
 from forge_obs.controller.pipeline import FlushPipeline
-from forge_obs.controller.startup import _create_backends, _make_run_dir, _start_backends
+from forge_obs.controller.startup import create_backends, make_run_dir, start_backends
 from forge_obs.core.identity import ProcessIdentity, set_identity
 from forge_obs.core.run import redact, release_meta_space, reserve_meta_space, write_meta
 from forge_obs.core.selfobs import SELF_OBS
@@ -172,9 +172,9 @@ class SpmdSession:
 
         run = RunContext(run_id=self.run_id, run_dir=self.run_dir, process_name=self.identity.label,
                          config=redact(cfg.backends), start_time=self.start_time, flush_timeout_s=self.timeout_s)
-        backends = _create_backends(cfg.backends)
-        _make_run_dir(self.run_dir)
-        _run_coro(_start_backends(backends, run, cfg.backend_init_timeout_s))
+        backends = create_backends(cfg.backends)
+        make_run_dir(self.run_dir)
+        _run_coro(start_backends(backends, run, cfg.backend_init_timeout_s))
         write_meta(self.run_dir, run_id=self.run_id, process_name=self.identity.label, config=cfg.backends,
                    start_time=self.start_time, status="running", mode="spmd", world_size=self.world_size)
         reserve_meta_space(self.run_dir)

@@ -13,7 +13,7 @@ from typing import Any
 
 from forge_obs.analysis.critical_path.graph import Graph, Window
 from forge_obs.analysis.critical_path.walk import Segment, Walker
-from forge_obs.analysis.doctor.identity import replica_family
+from forge_obs.analysis.doctor.subjects import replica_family
 
 __all__ = ["step_result", "stage_label", "answer", "compare", "medians", "Busy"]
 

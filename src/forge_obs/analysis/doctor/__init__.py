@@ -31,12 +31,12 @@ from typing import Any
 
 from forge_obs.analysis.doctor.config import DoctorConfig
 from forge_obs.analysis.doctor.finding import Finding, format_findings
-from forge_obs.analysis.doctor.identity import Identities
-from forge_obs.analysis.doctor.merge import merge_root_events
+from forge_obs.analysis.doctor.subjects import Identities
+from forge_obs.analysis.doctor.roots import merge_root_events
 from forge_obs.analysis.doctor.path import cite_paths
 from forge_obs.analysis.doctor.replay import metric_findings
 from forge_obs.analysis.doctor.rules import UserRule
-from forge_obs.analysis.doctor.timeline import timeline_findings
+from forge_obs.analysis.doctor.timeline_rules import timeline_findings
 
 __all__ = ["diagnose", "diagnose_run", "Diagnosis", "DoctorConfig", "Finding", "format_findings"]
 

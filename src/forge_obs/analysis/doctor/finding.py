@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from forge_obs.analysis.doctor.identity import describe
+from forge_obs.analysis.doctor.subjects import describe
 
 __all__ = ["Finding", "steps_text", "format_findings"]
 

@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 
 from forge_obs.analysis.doctor.finding import Finding
-from forge_obs.analysis.doctor.identity import replica_family
+from forge_obs.analysis.doctor.subjects import replica_family
 
 __all__ = ["CITED_KINDS", "cite_paths"]
 

@@ -3,7 +3,7 @@ live ``"alerts"`` backend runs them; each incident (firing ... resolved, or stil
 end) becomes one :class:`~forge_obs.analysis.doctor.finding.Finding`.
 
     >>> from forge_obs.analysis.doctor.config import DoctorConfig
-    >>> from forge_obs.analysis.doctor.identity import Identities
+    >>> from forge_obs.analysis.doctor.subjects import Identities
     >>> from forge_obs.analysis.doctor.replay import metric_findings
     >>> metric_findings("runs/does-not-exist", DoctorConfig(), Identities(), [], True)[1]
     ['metrics: no metrics.jsonl: non-finite values, missing ranks and staleness not judged']
@@ -17,7 +17,7 @@ from typing import Iterator
 from forge_obs.analysis.doctor.config import DoctorConfig
 from forge_obs.analysis.doctor.detect import growth
 from forge_obs.analysis.doctor.finding import Finding
-from forge_obs.analysis.doctor.identity import GLOBAL, Identities
+from forge_obs.analysis.doctor.subjects import GLOBAL, Identities
 from forge_obs.analysis.doctor.rules import Event, Staleness, StepView, build_rules
 
 __all__ = ["step_views", "metric_findings"]

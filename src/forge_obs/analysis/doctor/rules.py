@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from forge_obs.analysis.doctor.config import DoctorConfig
 from forge_obs.analysis.doctor.detect import GroupTracker, History, Persistence, fmedian, growth
-from forge_obs.analysis.doctor.identity import GLOBAL, Identities
+from forge_obs.analysis.doctor.subjects import GLOBAL, Identities
 
 __all__ = [
     "StepView",

@@ -4,7 +4,7 @@ a run has (timeline headers, the ``source`` of per-rank metric rows, a step's ``
 label that lacks a part (``generator_1/r0``: a rank that never reported) is completed from the
 others.
 
-    >>> from forge_obs.analysis.doctor.identity import Identities
+    >>> from forge_obs.analysis.doctor.subjects import Identities
     >>> ids = Identities()
     >>> ids.learn({"mesh": "generator_0", "actor": "Generator", "rank": 0})
     >>> ids.learn({"mesh": "generator_1", "actor": "Generator", "rank": 0})

@@ -2,8 +2,8 @@
 per-step tables; then one function per rule.
 
     >>> from forge_obs.analysis.doctor.config import DoctorConfig
-    >>> from forge_obs.analysis.doctor.identity import Identities
-    >>> from forge_obs.analysis.doctor.timeline import timeline_findings
+    >>> from forge_obs.analysis.doctor.subjects import Identities
+    >>> from forge_obs.analysis.doctor.timeline_rules import timeline_findings
     >>> findings, notes = timeline_findings("runs/does-not-exist", DoctorConfig(), Identities())
     >>> findings, notes
     ([], [])
@@ -21,7 +21,7 @@ from forge_obs.analysis import reader
 from forge_obs.analysis.doctor.config import DoctorConfig
 from forge_obs.analysis.doctor.detect import Episode, GroupTracker, covered
 from forge_obs.analysis.doctor.finding import Finding
-from forge_obs.analysis.doctor.identity import Identities
+from forge_obs.analysis.doctor.subjects import Identities
 from forge_obs.analysis.reader import OPEN, SPAN, STEP
 from forge_obs.recording.timeline.schema import rank_selected
 

@@ -80,7 +80,7 @@ def _one_line(e: BaseException) -> str:
 
 
 def _titan_files(p: Path) -> list:
-    from forge_obs.analysis.titan import titan_files
+    from forge_obs.analysis.titan_logs import titan_files
 
     return titan_files(p)
 

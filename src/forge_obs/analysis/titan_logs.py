@@ -38,7 +38,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from forge_obs.analysis.jsonl import json_lines
+from forge_obs.analysis.jsonl_reader import json_lines
 
 __all__ = ["titan_files", "timeline_dirs", "convert_file", "PREFIX"]
 

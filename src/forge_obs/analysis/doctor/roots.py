@@ -2,7 +2,7 @@
 event, are listed under the root instead of standing alone.
 
     >>> from forge_obs.analysis.doctor.finding import Finding
-    >>> from forge_obs.analysis.doctor.merge import merge_root_events
+    >>> from forge_obs.analysis.doctor.roots import merge_root_events
     >>> dead = Finding("stall", "went silent", mesh="gen", rank=0, where="gen/G/r0", onset_step=6, steps=[6])
     >>> miss = Finding("missing_ranks", "did not report", mesh="gen", rank=0, where="gen/G/r0", onset_step=6,
     ...                steps=[6, 29])
