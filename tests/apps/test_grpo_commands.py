@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.project.test_readme import blocks, in_order
+from tests.support.helpers import CHILD_PATH
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(600)
@@ -29,7 +30,7 @@ def _shell_env() -> dict:
     bindir = Path(sys.executable).parent.resolve()
     env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p and Path(p).resolve() != bindir)
-    env["PYTHONPATH"] = str(ROOT)  # this checkout's code (CI: the editable install points here anyway)
+    env["PYTHONPATH"] = CHILD_PATH  # this checkout's code (CI: the editable install points here anyway)
     env["MONARCH_FILE_LOG"] = "error"
     env["BROWSER"] = "true"  # `trace --open` "opens a browser" with a command that does nothing
     return env

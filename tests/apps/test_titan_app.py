@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support.helpers import ROOT, run_group
+from tests.support.helpers import CHILD_PATH, ROOT, run_group
 
 needs_titan = pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
                                  reason="torchtitan is not installed (pip install -e '.[titan]')")
@@ -31,7 +31,7 @@ DP_STEPS, PP_STEPS = 8, 3
 
 def _run(tmp: Path, run_id: str, *args: str) -> tuple[Path, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("FORGE_DISABLE_METRICS", "FORGE_OBS_RUN_ID")}
-    env.update(PYTHONPATH=str(ROOT))
+    env.update(PYTHONPATH=CHILD_PATH)
     res = run_group([sys.executable, "-m", "apps.titan.run", "--run-root", str(tmp), "--run-id", run_id, *args],
                     cwd=tmp, env=env, timeout=400)
     out = res.stdout + res.stderr
@@ -114,7 +114,7 @@ def test_dp2_records_the_other_keys_and_spans(dp_run):
     assert all(m["time/data_loading_s"] >= 0.75 for m in fo.values())
     res = subprocess.run([sys.executable, "-m", "forge_obs.cli", "sql", str(run_dir),
                           "SELECT rank, name, count(*) AS n FROM spans GROUP BY rank, name ORDER BY rank, name",
-                          "--format", "json"], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          "--format", "json"], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": CHILD_PATH})
     assert res.returncode == 0, res.stderr
     n = {(r["rank"], r["name"]): r["n"] for r in json.loads(res.stdout)}
     for rank in (0, 1):
@@ -128,7 +128,7 @@ def test_dp2_records_the_other_keys_and_spans(dp_run):
 def test_doctor_names_the_slowed_rank(dp_run):
     run_dir, _ = dp_run
     res = subprocess.run([sys.executable, "-m", "forge_obs.cli", "doctor", str(run_dir)], capture_output=True,
-                         text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         text=True, env={**os.environ, "PYTHONPATH": CHILD_PATH})
     stragglers = [line for line in res.stdout.splitlines() if line.strip().startswith("[straggler]")]
     assert len(stragglers) == 1, res.stdout + res.stderr
     assert "trainer/r1" in stragglers[0] and "data_loading" in stragglers[0], stragglers

@@ -17,13 +17,13 @@ from monarch.actor import Actor, endpoint, this_host
 
 from forge_obs import Reduce, record_metric
 from forge_obs.analysis.store import read_metrics
-from tests.support.helpers import aggregating, global_rows, start_logger, stop_process, until_answered
+from tests.support.helpers import CHILD_PATH, aggregating, global_rows, start_logger, stop_process, until_answered
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), MONARCH_FILE_LOG="error")
+    env = dict(os.environ, PYTHONPATH=CHILD_PATH, MONARCH_FILE_LOG="error")
     out = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stderr[-3000:]
     return out

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import forge_obs
+from tests.support.helpers import CHILD_PATH
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,5 +81,5 @@ def test_modules_imported_at_once_by_threads_of_a_new_process(mods):
     export their submodules' names import nothing at load)."""
     for _ in range(6):
         out = subprocess.run([sys.executable, "-c", RACE, *mods], capture_output=True, text=True, timeout=120,
-                             env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT)
+                             env=dict(os.environ, PYTHONPATH=CHILD_PATH), cwd=ROOT)
         assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

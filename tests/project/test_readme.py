@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.support.helpers import CHILD_PATH
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -63,7 +64,7 @@ def in_order(sample: list[str], output: list[str]) -> list[str]:
 
 
 def _env() -> dict:
-    return dict(os.environ, PYTHONPATH=str(ROOT), MONARCH_FILE_LOG="error")
+    return dict(os.environ, PYTHONPATH=CHILD_PATH, MONARCH_FILE_LOG="error")
 
 
 def test_every_block_says_how_it_is_checked():

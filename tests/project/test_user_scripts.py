@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import run_as_user
+from tests.support.helpers import CHILD_PATH, run_as_user
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "user_scripts"
@@ -31,7 +31,7 @@ def last_json(out: str) -> dict:
 
 def sql(run_dir: Path, query: str) -> list[dict]:
     res = subprocess.run([sys.executable, "-m", "forge_obs.cli", "sql", str(run_dir), query, "--format", "json"],
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
+                         env=dict(os.environ, PYTHONPATH=CHILD_PATH), capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
@@ -148,7 +148,7 @@ def test_rl_loop_from_the_docs(tmp_path):
                       ("firing", "straggler", "mesh/trainer/r1")}, alerts
     # the doctor, offline: the same rank and nothing else
     res = subprocess.run([sys.executable, "-m", "forge_obs.cli", "doctor", str(run_dir), "--json"],
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
+                         env=dict(os.environ, PYTHONPATH=CHILD_PATH), capture_output=True, text=True, timeout=120)
     findings = json.loads(res.stdout)["findings"]
     assert [(f["kind"], f["where"]) for f in findings] == [("straggler", "mesh/trainer/r1")], findings
 

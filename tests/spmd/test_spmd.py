@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import ROOT, finish_group, run_group, start_group
+from tests.support.helpers import CHILD_PATH, ROOT, finish_group, run_group, start_group
 
 SCRIPT = ROOT / "tests" / "user_scripts" / "spmd_train.py"
 
 
 def _env() -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("FORGE_DISABLE_METRICS", "FORGE_OBS_RUN_ID", "FORGE_OBS_ROOT")}
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env.update(PYTHONPATH=CHILD_PATH, OMP_NUM_THREADS="1")
     return env
 
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.support.helpers import ROOT, run_as_user
+from tests.support.helpers import CHILD_PATH, ROOT, run_as_user
 
 SCRIPTS = ROOT / "tests" / "user_scripts"
 NAMES = ["init_structured_logger", "log_trace_span", "log_trace_instant", "log_trace_scalar", "set_step",
@@ -19,7 +19,7 @@ NAMES = ["init_structured_logger", "log_trace_span", "log_trace_instant", "log_t
 
 def sql(run_dir, query: str) -> list[dict]:
     res = subprocess.run([sys.executable, "-m", "forge_obs.cli", "sql", str(run_dir), query, "--format", "json"],
-                         capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                         capture_output=True, text=True, env={"PYTHONPATH": CHILD_PATH, "PATH": "/usr/bin:/bin"})
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
@@ -58,13 +58,13 @@ def test_torchtitan_own_files_read_by_forge_obs(tmp_path):
     assert len(list((out / "structured_logs").glob("trainer.global_rank_*.jsonl"))) == 2
     check_run(out, [0, 1])
     res = subprocess.run([sys.executable, "-m", "forge_obs.cli", "trace", str(out), "-o", str(tmp_path / "t.json")],
-                         capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                         capture_output=True, text=True, env={"PYTHONPATH": CHILD_PATH, "PATH": "/usr/bin:/bin"})
     assert res.returncode == 0, res.stderr
     assert "2 process tracks, 14 slices, 0 unfinished, 2 errors" in res.stdout
     events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     assert sum(1 for e in events if e.get("ph") == "X" and e.get("name") == "fwd_bwd") == 6
     res = subprocess.run([sys.executable, "-m", "forge_obs.cli", "doctor", str(out)], capture_output=True, text=True,
-                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                         env={"PYTHONPATH": CHILD_PATH, "PATH": "/usr/bin:/bin"})
     assert res.returncode == 0 and "no findings" in res.stdout, res.stdout + res.stderr
 
 

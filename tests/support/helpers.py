@@ -107,13 +107,16 @@ def rank_rows(tmp_path: Path, run_id: str = "t") -> list[dict[str, Any]]:
 
 
 ROOT = Path(__file__).resolve().parents[2]
+#: a child process's PYTHONPATH: this checkout's src/ (its forge_obs, whichever checkout the environment
+#: was installed from) and its root (apps/, tests/)
+CHILD_PATH = os.pathsep.join((str(ROOT / "src"), str(ROOT)))
 
 
 def user_env(env: dict | None = None) -> dict:
     """The environment a user's script runs with: forge_obs from this checkout, no forge_obs
     switch inherited from the test process unless ``env`` sets it."""
     full = {k: v for k, v in os.environ.items() if k not in ("FORGE_DISABLE_METRICS", "FORGE_OBS_RUN_ID", "FORGE_OBS_ROOT")}
-    full.update(PYTHONPATH=str(ROOT), MONARCH_FILE_LOG="error", **(env or {}))
+    full.update(PYTHONPATH=os.pathsep.join((str(ROOT / "src"), str(ROOT))), MONARCH_FILE_LOG="error", **(env or {}))
     return full
 
 
