@@ -229,3 +229,61 @@ def test_the_report_redacts_a_meta_json_written_in_clear(tmp_path):
     page = render_report(run)
     assert [v for v in (*TOKEN_SECRETS.values(), "E5") if re.search(rf"\b{v}\b", page)] == []
     assert "max_new_tokens" in page and "tokens_per_s" in page
+
+
+# ------------------------------------------------------------------ dict keys, SAMPLE rows, error messages
+KEY_SECRET = "ghp_abcdefghijklmnopqrstuv0301"
+ROW_SECRET = "sk-proj-abcdefghijklmnop0302XYZ"
+
+
+def test_a_secret_used_as_a_dict_key_is_redacted_and_its_siblings_kept(tmp_path):
+    """A token as a key (a per-user map): the key is masked wherever the config is written; two
+    masked keys stay two entries; the values under them and the harmless keys are kept."""
+    cfg = {"app": {"users": {KEY_SECRET: 3, "ghp_zyxwvutsrqponmlkjihgf0303": 4, "alice": 5}, "lr": 0.1}}
+    out = redact(cfg)
+    users = out["app"]["users"]
+    assert KEY_SECRET not in json.dumps(out) and "0303" not in json.dumps(out)
+    assert sorted(users.values()) == [3, 4, 5] and users["alice"] == 5 and out["app"]["lr"] == 0.1
+    assert sorted(k for k in users if k != "alice") == [MASK, f"{MASK} (2)"]
+    write_meta(tmp_path / "r", config=cfg)
+    assert KEY_SECRET not in (tmp_path / "r" / "meta.json").read_text()
+
+
+def test_the_report_shows_no_secret_dict_key(tmp_path):
+    from forge_obs.analysis.report.html import render_report
+
+    run = tmp_path / "r"
+    write_meta(run, config={"app": {KEY_SECRET: 1, "lr": 0.1}}, status="finished")
+    (run / "metrics.jsonl").write_text('{"step": 0, "mode": "global_reduce", "metrics": {"loss": 1.0}}\n')
+    page = render_report(run)
+    assert KEY_SECRET not in page and "lr" in page
+
+
+def test_sample_rows_are_redacted_by_plain_with_the_one_rule():
+    """What every backend receives of a SAMPLE row (:func:`forge_obs.core.plain.plain`): the
+    value of a secret-looking field, a JSON string holding one, a key format in free text, a
+    secret dict key and a secret flag's argument are masked; every other field is kept as it was."""
+    from forge_obs.core.plain import plain
+
+    row = {"prompt": "What is 1+1?", "api_key": ROW_SECRET, "reward": 1.0, "n": 3, "ok": True,
+           "meta": json.dumps({"wandb": {"token": "E0304"}, "lr": 0.1}),
+           "completion": f"use {ROW_SECRET} to call the API", "by_user": {KEY_SECRET: 2},
+           "argv": ["--password", "E0305", "--epochs", "3"], "pair": ("a", "Bearer E0306X")}
+    out = plain(row)
+    text = json.dumps(out)
+    assert [s for s in (ROW_SECRET, KEY_SECRET, "E0304", "E0305", "E0306X") if s in text] == []
+    assert {k: out[k] for k in ("prompt", "reward", "n", "ok")} == {"prompt": "What is 1+1?", "reward": 1.0, "n": 3,
+                                                                     "ok": True}
+    assert out["api_key"] == MASK and out["completion"] == f"use {MASK} to call the API"
+    assert json.loads(out["meta"]) == {"wandb": {"token": MASK}, "lr": 0.1}
+    assert out["by_user"] == {MASK: 2} and out["argv"] == ["--password", MASK, "--epochs", "3"]
+    assert out["pair"] == ("a", f"Bearer {MASK}")
+    assert row["api_key"] == ROW_SECRET  # the user's row is not modified
+
+
+def test_a_row_without_secrets_is_passed_on_as_it_is():
+    from forge_obs.core.plain import plain
+
+    row = {"prompt": "the answer is 2", "reward": 1.0, "tokens_per_s": 3.5, "response_tokens": [1, 2]}
+    assert plain(row) is row
+

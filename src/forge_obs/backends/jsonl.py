@@ -42,6 +42,7 @@ from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable
 from forge_obs.backends.record import StepRecord
 from forge_obs.core.options import parse_options
 from forge_obs.core.plain import plain
+from forge_obs.core.run import redact_text
 from forge_obs.core.safe import is_number, safe_repr, safe_str
 from forge_obs.core.types import LoggingMode
 from forge_obs.core.warn import WARNER
@@ -52,19 +53,21 @@ logger = logging.getLogger("forge_obs")
 
 
 def _default(o: Any) -> Any:
+    """An object JSON does not know: its ``.item()`` (numpy / torch scalars), else its text with
+    credential-looking parts masked."""
     item = getattr(o, "item", None)
     if callable(item):
         try:
             return item()
         except Exception:  # noqa: BLE001
             pass
-    return safe_str(o)
+    return redact_text(safe_str(o))
 
 
 def _line(row: dict[str, Any]) -> str:
     """``row`` as one JSON line. Every key is written: a value JSON cannot encode as it is (a
-    custom reduction's dict with a tuple key, or that contains itself) is written with its keys
-    as strings (:func:`forge_obs.core.plain.plain`), or else as its text."""
+    custom reduction's dict with a tuple key, an int longer than JSON readers take, or one that
+    contains itself) is written as :func:`forge_obs.core.plain.plain` makes it, or else as its text."""
     try:
         return json.dumps(row, default=_default) + "\n"
     except (TypeError, ValueError, RecursionError):
@@ -78,17 +81,20 @@ def _line(row: dict[str, Any]) -> str:
 
 
 def _writable(key: str, v: Any) -> Any:
-    """``v`` if JSON encodes it, else ``v`` with its keys as strings, else its text (warned)."""
-    for make in (lambda: v, lambda: plain(v)):
+    """``v`` if JSON encodes it, else ``v`` as :func:`forge_obs.core.plain.plain` makes it (keys
+    as strings, long ints as their digits, redacted), else its text (warned, saying why)."""
+    why = ""
+    for make in (lambda: v, lambda: plain(v, key)):
         try:
             out = make()
             json.dumps(out, default=_default)
             return out
-        except (TypeError, ValueError, RecursionError):  # BadRow is a ValueError
-            continue
-    WARNER.warn("jsonl_text", safe_str(key), f"metrics.jsonl: the value of {safe_str(key)!r} is not JSON "
-                "(it contains itself): written as its text")
-    return safe_repr(v, 10_000)
+        except (TypeError, ValueError, RecursionError) as e:  # BadRow is a ValueError
+            why = safe_str(e) or type(e).__name__
+    text = safe_repr(v, 10_000)
+    WARNER.warn("jsonl_text", safe_str(key), f"metrics.jsonl: the value of {safe_repr(key)} is not JSON "
+                f"({why}): written as its text")
+    return redact_text(text)
 
 
 #: ``retry_buffer_mb`` default: MiB of rows held in memory while the disk refuses them

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from forge_obs.core.options import check_keys
-from forge_obs.core.safe import safe_str
+from forge_obs.core.safe import safe_repr, safe_str
 
 __all__ = [
     "new_run_id",
@@ -42,7 +42,12 @@ __all__ = [
     "COUNT_WORDS",
     "is_secret_name",
     "redact_text",
+    "redacted_repr",
+    "is_secret_field",
+    "is_secret_flag",
+    "redact_key",
     "redact",
+    "redact_string",
     "RunConfig",
     "META_RESERVE_BYTES",
     "reserve_meta_space",
@@ -151,22 +156,33 @@ def _secret_name(name: Any) -> bool:
         return False
 
 
-_VALUE_PATTERNS: list[tuple[re.Pattern, Any]] = [
+#: (pattern, replacement, needles): a pattern can match only text that holds one of its needles
+#: (``str`` needles are searched in the text as it is, ``low`` ones in its lower case): text without
+#: any costs a few substring searches, not a regular-expression scan
+_VALUE_PATTERNS: list[tuple[re.Pattern, Any, tuple[str, ...], tuple[str, ...]]] = [
     # PEM private keys
-    (re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)", re.S), MASK),
+    (re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)", re.S), MASK,
+     ("PRIVATE KEY-----",), ()),
     # an Authorization header: everything after it on the line
-    (re.compile(r"(?i)\b((?:proxy-)?authorization\s*[:=]\s*)[^\r\n,;\"']+"), r"\1" + MASK),
+    (re.compile(r"(?i)\b((?:proxy-)?authorization\s*[:=]\s*)[^\r\n,;\"']+"), r"\1" + MASK, (), ("authorization",)),
     # bearer tokens
-    (re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]+"), r"\1" + MASK),
+    (re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]+"), r"\1" + MASK, (), ("bearer",)),
     # a password in a URL: scheme://user:password@host
-    (re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)[^@\s/]+@"), r"\1" + MASK + "@"),
+    (re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)[^@\s/]+@"), r"\1" + MASK + "@", ("://",), ()),
     # well-known key formats (OpenAI / Anthropic / Stripe, GitHub, AWS key ids, Hugging Face,
     # Slack, Google, JWTs)
     (re.compile(r"\b(?:sk-[A-Za-z0-9_-]{16,}|[sr]k_(?:live|test)_[A-Za-z0-9]{16,}|gh[pousr]_[A-Za-z0-9]{20,}"
                 r"|github_pat_[A-Za-z0-9_]{20,}|(?:AKIA|ASIA)[0-9A-Z]{16}|hf_[A-Za-z0-9]{20,}"
                 r"|xox[abposr]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35}"
-                r"|eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})"), MASK),
+                r"|eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})"), MASK,
+     ("sk-", "k_live_", "k_test_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "AKIA", "ASIA", "hf_",
+      "xox", "AIza", "eyJ"), ()),
 ]
+#: a secret name holds one of these (lower case): text without any has no ``name=value`` to mask
+_NAME_NEEDLES = SECRET_PARTS + tuple(sorted(SECRET_WORDS))
+#: the letters ``(?i)`` matches to ASCII ones that ``str.lower`` does not map there (dotless i,
+#: long s; a dotted capital I lowers to ``i`` + a combining dot, which is dropped)
+_FOLD = str.maketrans({"\u0131": "i", "\u017f": "s", "\u0307": None})
 # --name value / --name=value / name=value / name: value / "name": value (JSON or a Python repr
 # inside text), masked when the name is a secret name; a [list] or {dict} value is masked whole.
 # Two words separated by a space alone are free text, never an assignment.
@@ -194,25 +210,68 @@ def redact_text(s: str) -> str:
     """``s`` with credential-looking parts replaced by ``***``: bearer tokens, Authorization
     headers, URL passwords and secret query parameters, ``name=value`` / ``--name value`` of
     secret names, and well-known key formats (``sk-…``, ``ghp_…``, ``AKIA…``, ``hf_…``, JWTs,
-    PEM private keys).
+    PEM private keys). Text without any of their markers is returned as it is, after a few
+    substring searches.
 
         >>> redact_text("postgres://u:pw@h/db")
         'postgres://u:***@h/db'
     """
-    for pat, repl in _VALUE_PATTERNS:
-        s = pat.sub(repl, s)
+    low = s.lower()
+    if not s.isascii():
+        low = low.translate(_FOLD)
+    for pat, repl, needles, low_needles in _VALUE_PATTERNS:
+        if any(n in s for n in needles) or any(n in low for n in low_needles):
+            s = pat.sub(repl, s)
+    if not any(n in low for n in _NAME_NEEDLES):  # no secret name: no assignment or query to mask
+        return s
     s = _QUERY.sub(_mask_query, s)
     return _ASSIGN.sub(_mask_assign, s)
+
+
+def redacted_repr(value: Any, limit: int = 200) -> str:
+    """How an error message or a log line quotes a user's value: the ``repr`` of its
+    :func:`redact` ed copy (a string through :func:`redact_text`), cut to ``limit`` characters.
+
+        >>> redacted_repr("sk-proj-abcdefghijklmnopqrst"), redacted_repr({"api_key": "x", "lr": 0.1})
+        ("'***'", "{'api_key': '***', 'lr': 0.1}")
+    """
+    return safe_repr(redact(value), limit)
+
+
+def is_secret_field(name: Any, value: Any) -> bool:
+    """Whether ``value`` under the dict key ``name`` is masked whole: a secret-looking name
+    (:func:`is_secret_name`) holding anything but ``True`` / ``False`` / ``None``."""
+    return not (value is None or isinstance(value, bool)) and _secret_name(name)
+
+
+def is_secret_flag(item: Any) -> bool:
+    """Whether a list item is a command-line flag of a secret name (``"--password"``): the item
+    after it is masked."""
+    return isinstance(item, str) and item.startswith("-") and "=" not in item and _secret_name(item.lstrip("-"))
+
+
+def redact_key(name: str, taken: Any = ()) -> str:
+    """A dict key as it is written: its credential-looking parts masked (:func:`redact_text`);
+    a masked key that is already in ``taken`` gets `` (2)``, `` (3)``, ... so that two entries
+    stay two."""
+    out = redact_text(name)
+    if out is name or out == name or out not in taken:
+        return out
+    n = 2
+    while f"{out} ({n})" in taken:
+        n += 1
+    return f"{out} ({n})"
 
 
 def redact(obj: Any) -> Any:
     """A copy of a config, safe to write anywhere (meta.json, W&B, logs, reports): the value of
     every secret-looking name (:func:`is_secret_name`, in nested dicts and lists too) replaced by
-    ``"***"`` (``True`` / ``False`` / ``None`` are kept: they hold no secret), a JSON object or
-    array held in a string redacted the same way, and credential-looking text in every other
-    string (:func:`redact_text`). In lists, the item after a secret flag
-    (``["--password", "x"]``) is masked. Mappings become dicts, tuples and sets lists, other
-    objects their (redacted) text; never raises.
+    ``"***"`` (``True`` / ``False`` / ``None`` are kept: they hold no secret), credential-looking
+    dict keys masked (:func:`redact_key`), a JSON object or array held in a string redacted the
+    same way, and credential-looking text in every other string (:func:`redact_text`). In lists,
+    the item after a secret flag (``["--password", "x"]``) is masked. Mappings become dicts,
+    tuples and sets lists, other objects their (redacted) text; never raises.
+    :func:`forge_obs.core.plain.plain` applies the same rules to SAMPLE rows.
 
         >>> redact({"wandb": {"api_key": "abc", "project": "p"}, "max_tokens": 512})
         {'wandb': {'api_key': '***', 'project': 'p'}, 'max_tokens': 512}
@@ -224,7 +283,7 @@ def _redact(obj: Any, path: set, depth: int) -> Any:
     if obj is None or isinstance(obj, (bool, int, float)):
         return obj
     if isinstance(obj, str):
-        return _redact_string(obj, path, depth)
+        return redact_string(obj, path, depth)
     if depth > 64:
         return "<too deep>"
     oid = id(obj)
@@ -235,24 +294,16 @@ def _redact(obj: Any, path: set, depth: int) -> Any:
         if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
             obj = {f.name: getattr(obj, f.name, None) for f in dataclasses.fields(obj)}
         if isinstance(obj, Mapping):
-            out = {}
-            for k, v in obj.items():
-                name = k if isinstance(k, (str, int, float, bool)) or k is None else safe_str(k)
-                if _secret_name(name) and not (v is None or isinstance(v, bool)):
-                    out[name] = MASK
-                else:
-                    out[name] = _redact(v, path, depth + 1)
-            return out
+            return _redact_mapping(obj, path, depth)
         if isinstance(obj, (list, tuple, set, frozenset)):
-            items = list(obj)
             out_l = []
             mask_next = False
-            for v in items:
+            for v in obj:
                 if mask_next and not (isinstance(v, str) and v.startswith("-")):
                     out_l.append(MASK)
                     mask_next = False
                     continue
-                mask_next = isinstance(v, str) and v.startswith("-") and "=" not in v and _secret_name(v.lstrip("-"))
+                mask_next = is_secret_flag(v)
                 out_l.append(_redact(v, path, depth + 1))
             return out_l
         if isinstance(obj, bytes):
@@ -272,9 +323,18 @@ def _redact(obj: Any, path: set, depth: int) -> Any:
         path.discard(oid)
 
 
-def _redact_string(s: str, path: set, depth: int) -> str:
-    """A JSON object or array held in a string is parsed and redacted as data (re-serialised only
-    when something was masked); any other text goes through :func:`redact_text`."""
+def _redact_mapping(obj: Mapping, path: set, depth: int) -> dict:
+    out: dict = {}
+    for k, v in obj.items():
+        name = k if isinstance(k, (int, float, bool)) or k is None else redact_key(safe_str(k), out)
+        out[name] = MASK if is_secret_field(name, v) else _redact(v, path, depth + 1)
+    return out
+
+
+def redact_string(s: str, path: Any = None, depth: int = 0) -> str:
+    """A string as :func:`redact` writes it: a JSON object or array it holds is parsed and
+    redacted as data (re-serialised only when something was masked); any other text goes through
+    :func:`redact_text`. ``path`` / ``depth``: the containers the string is inside of."""
     t = s.strip()
     if t[:1] in ("{", "[") and t[-1:] in ("}", "]"):
         try:
@@ -282,7 +342,7 @@ def _redact_string(s: str, path: set, depth: int) -> str:
         except (ValueError, RecursionError):
             parsed = None
         if isinstance(parsed, (dict, list)):
-            out = _redact(parsed, path, depth + 1)
+            out = _redact(parsed, set() if path is None else path, depth + 1)
             return s if out == parsed else json.dumps(out)
     return redact_text(s)
 
