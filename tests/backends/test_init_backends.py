@@ -105,6 +105,26 @@ async def test_a_failed_first_init_backends_starts_nothing_and_says_so(tmp_path)
     assert not (tmp_path / "t" / "metrics.jsonl").exists()
 
 
+@pytest.mark.parametrize("config, says", [
+    ({"console": {"logging_mode": "sk-proj-abcdefghijklmnop0501XYZ"}}, "logging_mode '***' is not a valid LoggingMode"),
+    ({"jsonl": {"filename": "../../escape.jsonl"}}, "jsonl backend: filename '../../escape.jsonl' must be a relative "
+                                                    "path inside the run directory"),
+])
+async def test_init_backends_errors_quote_no_secret_and_write_nothing_outside(tmp_path, config, says):
+    """The issue's two cases through the real controller: an ``sk-…`` logging_mode is not echoed
+    (in the message Monarch hands back, with every cause), and a file name that leaves the run
+    directory raises before anything is written."""
+    import traceback
+
+    provisioner_hooks.install()
+    mlogger = await get_or_create_metric_logger(process_name="Controller")
+    with pytest.raises(Exception) as info:
+        await mlogger.init_backends.call_one({"run": {"root": str(tmp_path / "root"), "id": "t"}, **config})
+    text = "".join(traceback.format_exception(info.value))
+    assert says in text and "0501XYZ" not in text, text
+    assert not (tmp_path / "escape.jsonl").exists() and not (tmp_path / "root" / "t" / "metrics.jsonl").exists()
+
+
 async def test_the_run_directory_exists_before_any_backend_starts(tmp_path):
     """A custom backend listed before the local store opens its file in the run directory."""
     mlogger = await start_logger(tmp_path, {"t_writes_in_run_dir": {}, "jsonl": {}}, run_id="fresh")

@@ -12,7 +12,8 @@ Config (:class:`JsonlOptions`; an unknown key raises at ``init_backends``): ``lo
 (default 1: a step's rows are fsync'ed with it when the last fsync is at least that old, else with
 a later step or at ``finish``; 0: with every step), ``show_obs`` (default True: the ``obs/…``
 self-metrics, which the report and ``doctor`` read), ``retry_buffer_mb`` (default 256: see below),
-``filename`` (default ``metrics.jsonl``).
+``filename`` (default ``metrics.jsonl``: a relative path inside the run directory; an absolute one or
+one with ``..`` raises at ``init_backends``).
 Raw values streamed between flushes (``per_rank_no_reduce``) are written as they arrive, under
 their rank's predicted step (its last flushed step + 1).
 NaN/inf are written as JSON ``NaN``/``Infinity`` (Python's json reads them back).
@@ -42,7 +43,7 @@ from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable
 from forge_obs.backends.record import StepRecord
 from forge_obs.core.options import parse_options
 from forge_obs.core.plain import plain
-from forge_obs.core.run import redact_text
+from forge_obs.core.run import check_run_path, path_in_run, redact_text
 from forge_obs.core.safe import is_number, safe_repr, safe_str
 from forge_obs.core.types import LoggingMode
 from forge_obs.core.warn import WARNER
@@ -112,7 +113,7 @@ class JsonlOptions:
     fsync: bool = True  # fsync the file (at most every fsync_interval_s, and at finish)
     fsync_interval_s: float = DEFAULT_FSYNC_INTERVAL_S  # 0: fsync with every step
     retry_buffer_mb: float = DEFAULT_RETRY_BUFFER_MB  # rows held in memory while the disk refuses them
-    filename: str = "metrics.jsonl"  # in the run directory
+    filename: str = "metrics.jsonl"  # a relative path inside the run directory
     per_rank_share_run: bool = False  # torchforge's; one file holds every rank's rows
 
     def __post_init__(self) -> None:
@@ -122,6 +123,7 @@ class JsonlOptions:
                 raise ValueError(f"jsonl backend: {name} must be a number of {unit} >= 0, got {v!r}")
         self.show_obs = bool(self.show_obs)
         self.fsync = bool(self.fsync)
+        self.filename = check_run_path(self.filename, "jsonl backend: filename")
 
 
 class JsonlBackend(LoggerBackend):
@@ -145,7 +147,8 @@ class JsonlBackend(LoggerBackend):
         self.run = run
         assert run is not None, "the jsonl backend needs a run directory"
         run.run_dir.mkdir(parents=True, exist_ok=True)
-        self.path = run.run_dir / self.options.filename
+        self.path = path_in_run(run.run_dir, self.options.filename, "jsonl backend: filename")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         if _ends_torn(self.path):  # a torn last row of an earlier session: the next row starts a line
             self._hold([], b"\n")

@@ -48,6 +48,10 @@ __all__ = [
     "redact_key",
     "redact",
     "redact_string",
+    "RUN_ID_RULE",
+    "check_run_id",
+    "check_run_path",
+    "path_in_run",
     "RunConfig",
     "META_RESERVE_BYTES",
     "reserve_meta_space",
@@ -347,6 +351,50 @@ def redact_string(s: str, path: Any = None, depth: int = 0) -> str:
     return redact_text(s)
 
 
+#: what a run id is, said in every error about one
+RUN_ID_RULE = ("one directory name: printable characters, no '/' or '\\', no space at either end, not '.' or '..', "
+               "at most 255 bytes")
+
+
+def check_run_id(run_id: Any, source: str = "") -> str:
+    """``run_id`` if it names one directory (:data:`RUN_ID_RULE`); ValueError saying the rule
+    otherwise (``source``: where the id came from, e.g. ``" (from FORGE_OBS_RUN_ID)"``)."""
+    if not isinstance(run_id, str):
+        raise ValueError(f"run id must be a string, got {type(run_id).__name__} {redacted_repr(run_id)}{source}: "
+                         f"{RUN_ID_RULE}")
+    if not run_id:
+        raise ValueError(f"run id must not be empty{source}: {RUN_ID_RULE}")
+    if (not run_id.isprintable() or "/" in run_id or "\\" in run_id or run_id.strip() != run_id
+            or run_id in (".", "..") or len(run_id.encode("utf-8", "surrogatepass")) > 255):
+        raise ValueError(f"run id {redacted_repr(run_id)}{source} is not {RUN_ID_RULE}")
+    return run_id
+
+
+def check_run_path(value: Any, what: str) -> str:
+    """A path from configuration (``what`` names its key): ``value`` if it is a relative path
+    inside the run directory (not empty, not absolute, no ``..`` part); ValueError saying so
+    otherwise. :func:`path_in_run` resolves it when the run directory is known."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise ValueError(f"{what} must be a relative path inside the run directory, got "
+                         f"{type(value).__name__} {redacted_repr(value)}")
+    text = os.fspath(value)
+    parts = Path(text).parts if isinstance(text, str) else ()
+    if not isinstance(text, str) or not text.strip() or "\0" in text or Path(text).is_absolute() or ".." in parts:
+        raise ValueError(f"{what} {redacted_repr(text)} must be a relative path inside the run directory "
+                         "(no '..', not absolute): every file forge_obs writes stays in the run directory")
+    return text
+
+
+def path_in_run(run_dir: Path, value: Any, what: str) -> Path:
+    """``run_dir / value`` (checked by :func:`check_run_path`), with ValueError if it leaves the
+    run directory through a symbolic link."""
+    path = Path(run_dir) / check_run_path(value, what)
+    if not path.resolve().is_relative_to(Path(run_dir).resolve()):
+        raise ValueError(f"{what} {redacted_repr(os.fspath(value))} must be a relative path inside the run directory: "
+                         f"{path} leads to {path.resolve()} through a symbolic link")
+    return path
+
+
 @dataclass
 class RunConfig:
     run_id: str
@@ -360,13 +408,29 @@ class RunConfig:
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any] | None) -> "RunConfig":
+        """The ``"run"`` section: ``id`` (:data:`RUN_ID_RULE`; default ``FORGE_OBS_RUN_ID``, else
+        a new time-stamped id) and ``root`` (default ``FORGE_OBS_ROOT``, else ``runs``);
+        ValueError saying the rule for a bad one."""
+        if cfg is not None and not isinstance(cfg, Mapping):
+            raise ValueError(f"the 'run' config must be a dict with keys {', '.join(cls.VALID_KEYS)}, got "
+                             f"{type(cfg).__name__}")
         cfg = dict(cfg or {})
         check_keys("run", cfg, cls.VALID_KEYS)
-        run_id = str(cfg.get("id") or os.environ.get("FORGE_OBS_RUN_ID") or new_run_id())
-        if "/" in run_id or run_id in (".", ".."):
-            raise ValueError(f"run id {run_id!r} must be a plain directory name")
-        root = Path(cfg.get("root") or os.environ.get("FORGE_OBS_ROOT") or "runs")
-        return cls(run_id=run_id, root=root)
+        if cfg.get("id") is not None:
+            run_id = check_run_id(cfg["id"])
+        elif os.environ.get("FORGE_OBS_RUN_ID"):
+            run_id = check_run_id(os.environ["FORGE_OBS_RUN_ID"], " (from FORGE_OBS_RUN_ID)")
+        else:
+            run_id = new_run_id()
+        root = cfg.get("root")
+        if root is None:
+            root = os.environ.get("FORGE_OBS_ROOT") or "runs"
+        if not isinstance(root, (str, os.PathLike)) or isinstance(os.fspath(root), bytes):
+            raise ValueError(f"run root must be a path (str or os.PathLike), got {type(root).__name__} "
+                             f"{redacted_repr(root)}")
+        if not os.fspath(root).strip():
+            raise ValueError("run root must not be empty (default: FORGE_OBS_ROOT, else 'runs')")
+        return cls(run_id=run_id, root=Path(root))
 
 
 #: bytes kept allocated in a running session's directory, for meta.json's last update on a full disk
