@@ -8,12 +8,11 @@ import argparse
 import json
 import os
 import shlex
-import shutil
 import statistics
-import sys
 from dataclasses import dataclass, field
 
 from forge_obs.analysis.store import read_metrics
+from forge_obs.core.shell import forge_obs_command
 
 
 @dataclass
@@ -43,29 +42,9 @@ def write_summary(args: argparse.Namespace, run_dir: str, steps: StepLog, wall_s
     return summary
 
 
-def forge_obs_command() -> str:
-    """How to call ``forge-obs`` from the shell that started this run, exactly: ``forge-obs`` when
-    the one on PATH is this environment's, else the path of this environment's script (e.g.
-    ``.venv/bin/forge-obs`` from the repository, venv not activated), else ``python -m forge_obs.cli``."""
-    bindir = os.path.dirname(os.path.abspath(sys.executable))
-    on_path = shutil.which("forge-obs")
-    if on_path and os.path.dirname(os.path.abspath(on_path)) == bindir:
-        return "forge-obs"
-    script = os.path.join(bindir, "forge-obs")
-    if os.path.isfile(script) and os.access(script, os.X_OK):
-        return _shell_path(script)
-    return f"{_shell_path(sys.executable)} -m forge_obs.cli"
-
-
-def _shell_path(path: str) -> str:
-    """``path`` relative to the working directory when it is under it, else absolute."""
-    rel = os.path.relpath(path)
-    return rel if not rel.startswith("..") else os.path.abspath(path)
-
-
 def end_text(run_dir: str, with_report: bool, with_alerts: bool = False) -> str:
     """The lines printed after a run: where it is and the commands that look at it (each works
-    as printed, in the shell that started the run)."""
+    as printed, in the shell that started the run: :func:`forge_obs.core.shell.forge_obs_command`)."""
     fo = forge_obs_command()
     d = shlex.quote(str(run_dir))
     report = f"   report: {os.path.join(str(run_dir), 'report.html')}" if with_report else ""
