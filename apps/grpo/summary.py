@@ -17,17 +17,29 @@ from forge_obs.core.shell import forge_obs_command
 
 @dataclass
 class StepLog:
-    """The controller's clock over the training steps, for the summary."""
+    """The controller's clock over the run, for the progress bar and the summary (one clock:
+    what they print agrees)."""
 
+    run_start: float = 0.0  # wall clock when the run started (before start-up)
+    train_start: float | None = None  # wall clock when training started
     durations_s: list = field(default_factory=list)  # the controller's time per step
     end_wall: list = field(default_factory=list)  # wall clock at the end of each step
 
+    def phases(self, now: float) -> tuple[float, float, float]:
+        """(start-up, training, shutdown) seconds of the run until ``now``: start-up until
+        training started, training until its last step ended, shutdown after it."""
+        train_start = self.train_start if self.train_start is not None else now
+        train_end = self.end_wall[-1] if self.end_wall else train_start
+        return train_start - self.run_start, train_end - train_start, now - train_end
 
-def write_summary(args: argparse.Namespace, run_dir: str, steps: StepLog, wall_s: float, gen_kind: str) -> dict:
-    """``grpo_summary.json`` and ``report.html`` in the run directory; prints the reward trend and
-    the commands that look at the run. Returns the summary."""
-    summary = summarize(run_dir, steps.durations_s, wall_s, gen_kind)
-    summary["step_end_wall"] = steps.end_wall
+
+def write_summary(args: argparse.Namespace, run_dir: str, steps: StepLog, now: float, gen_kind: str) -> dict:
+    """``grpo_summary.json`` and ``report.html`` in the run directory; prints the reward trend, the
+    run's time as the progress bar splits it, and the commands that look at the run. Returns the
+    summary."""
+    startup_s, training_s, shutdown_s = steps.phases(now)
+    summary = summarize(run_dir, steps.durations_s, now - steps.run_start, gen_kind)
+    summary.update(step_end_wall=steps.end_wall, startup_s=startup_s, training_s=training_s, shutdown_s=shutdown_s)
     if not args.no_report:
         from forge_obs.analysis.report import write_report
 
@@ -37,7 +49,8 @@ def write_summary(args: argparse.Namespace, run_dir: str, steps: StepLog, wall_s
         json.dump(summary, f, indent=2)
     k = summary["reward_window"]
     print(f"\n[grpo] reward: first {k} steps {summary['reward_first10']:.3f} -> last {k} steps "
-          f"{summary['reward_last10']:.3f}   ({summary['steps']} steps, {summary['wall_s']:.0f}s)")
+          f"{summary['reward_last10']:.3f}   ({summary['steps']} steps, {summary['wall_s']:.0f}s elapsed: start-up "
+          f"{startup_s:.0f}s, training {training_s:.0f}s, shutdown {shutdown_s:.0f}s)")
     print(end_text(run_dir, with_report="report" in summary, with_alerts=not args.no_alerts), end="")
     return summary
 
