@@ -156,3 +156,25 @@ def test_a_sample_output_shows_every_number_as_printed_and_only_the_clock_may_di
     assert in_order(["trainer/batch_size:       16", "[g/G/r0] 2026-11-23 18:42:03 INFO generator/requests: 4"],
                     printed, exact_numbers=True) == []
     assert in_order(["[g/G/r0] 2026-11-23 18:42:03 INFO generator/requests: 5"], printed, exact_numbers=True) != []
+
+
+def _extras() -> list[str]:
+    import tomllib
+
+    return list(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+
+
+def test_the_readme_gives_the_install_command_of_every_extra():
+    """Each extra of pyproject.toml has its install command in the Set-up section, in the order
+    scripts/setup.sh runs it: the environment, the CPU build of torch at setup.sh's pin, then the
+    extra (a new extra without a command fails here)."""
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    (pin,) = set(re.findall(r'"(torch==[\d.]+)"', setup))
+    text = README.read_text()
+    section = text[text.index("## Set-up"):text.index("\n## ", text.index("## Set-up") + 1)]
+    assert "python3 -m venv .venv" in section
+    for extra in _extras():
+        rows = [ln for ln in section.splitlines() if ln.startswith(f"| `{extra}` |")]
+        assert len(rows) == 1, f"README's Set-up has no row for the extra {extra!r}"
+        want = f'`.venv/bin/python -m pip install "{pin}" && .venv/bin/python -m pip install -e ".[{extra}]"'
+        assert want in rows[0], rows[0]
