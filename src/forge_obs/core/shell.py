@@ -20,7 +20,7 @@ import shlex
 import shutil
 import sys
 
-__all__ = ["forge_obs_command", "printed_command"]
+__all__ = ["forge_obs_command", "printed_command", "python_command"]
 
 
 def forge_obs_command() -> str:
@@ -32,7 +32,12 @@ def forge_obs_command() -> str:
     script = os.path.join(bindir, "forge-obs")
     if os.path.isfile(script) and os.access(script, os.X_OK):
         return shlex.quote(_shell_path(script))
-    return f"{shlex.quote(_shell_path(sys.executable))} -m forge_obs.cli"
+    return f"{python_command()} -m forge_obs.cli"
+
+
+def python_command() -> str:
+    """This process's Python as the shell that started it calls it (``.venv/bin/python``)."""
+    return shlex.quote(_shell_path(sys.executable))
 
 
 def printed_command(*args: object) -> str:
