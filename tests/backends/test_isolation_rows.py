@@ -185,7 +185,19 @@ def test_values_a_backend_left_out_are_in_its_report(fresh_collector):
     assert asyncio.run(run())["picky"]["skipped_values"] == 1
 
 
-def test_a_row_holding_an_int_too_long_for_json_keeps_its_other_fields(tmp_path, fresh_collector, caplog):
+@pytest.fixture
+def fresh_warners(monkeypatch):
+    """Warnings not rate-limited by earlier tests."""
+    import forge_obs.backends.jsonl
+    import forge_obs.core.plain
+    from forge_obs.core.warn import RateLimitedWarner
+
+    for mod in (forge_obs.core.plain, forge_obs.backends.jsonl):
+        monkeypatch.setattr(mod, "WARNER", RateLimitedWarner())
+
+
+def test_a_row_holding_an_int_too_long_for_json_keeps_its_other_fields(tmp_path, fresh_collector, fresh_warners,
+                                                                       caplog):
     """The issue's row (``10**5000`` in a SAMPLE row was written as ``"<list>"``, its other fields
     lost, with a warning that it "contains itself"): the int becomes the string of its exact
     digits where it is recorded, the row keeps its other fields in metrics.jsonl, and the
@@ -206,7 +218,7 @@ def test_a_row_holding_an_int_too_long_for_json_keeps_its_other_fields(tmp_path,
     assert line["metrics"]["rows/huge"] == rows
 
 
-def test_the_local_store_writes_a_custom_value_holding_a_long_int_and_says_why(tmp_path, caplog):
+def test_the_local_store_writes_a_custom_value_holding_a_long_int_and_says_why(tmp_path, fresh_warners, caplog):
     """A custom reduction's value reaches the store as it is: an int JSON readers do not take is
     written as its digits, the other values as they are, and nothing claims it contains itself."""
     from forge_obs.backends.jsonl import JsonlBackend

@@ -9,6 +9,15 @@ import logging
 import pytest
 
 from forge_obs.core.plain import JSON_INT_DIGITS, plain
+from forge_obs.core.warn import RateLimitedWarner
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warner(monkeypatch):
+    """Warnings not rate-limited by earlier tests."""
+    import forge_obs.core.plain
+
+    monkeypatch.setattr(forge_obs.core.plain, "WARNER", RateLimitedWarner())
 
 
 def test_an_int_too_long_for_json_becomes_its_exact_digits_and_the_row_keeps_its_other_fields(caplog):

@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from forge_obs.core.run import MASK, is_secret_name, redact, redact_text, write_meta
+from forge_obs.core.redact import MASK, is_secret_name, redact, redact_text
+from forge_obs.core.run import write_meta
 
 # every name of the issue, each with its own secret value so a leak names the culprit
 SECRETS = {
@@ -164,7 +165,7 @@ def test_wandb_uses_the_one_redaction_function():
 
     src = inspect.getsource(wandb_backend)
     assert "_SECRET_KEY" not in src and "def redact_secrets" not in src
-    assert re.search(r"from forge_obs\.core\.run import [\w, ]*\bredact\b", src)
+    assert re.search(r"from forge_obs\.core\.redact import [\w, ]*\bredact\b", src)
 
 
 # ------------------------------------------------------------------ a `tokens` suffix, JSON in strings

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from forge_obs.backends.record import RunContext, StepRecord
-from forge_obs.core.run import redacted_repr
+from forge_obs.core.redact import redacted_repr
 from forge_obs.core.safe import safe_repr
 from forge_obs.core.types import LoggingMode, Metric
 from forge_obs.core.warn import WARNER

@@ -35,7 +35,8 @@ from forge_obs.backends.record import StepRecord
 from forge_obs.backends.wandb import rank_key
 from forge_obs.core.options import parse_options
 from forge_obs.core.plain import plain
-from forge_obs.core.run import check_run_path, path_in_run, redact_text, redacted_repr
+from forge_obs.core.redact import redact_text, redacted_repr
+from forge_obs.core.run import check_run_path, path_in_run
 from forge_obs.core.safe import is_number, safe_str
 from forge_obs.core.types import LoggingMode
 

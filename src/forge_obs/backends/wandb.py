@@ -29,7 +29,7 @@ What goes where:
   ordinary metric: ``record_metric("policy_version", v, Reduce.MAX)``.
 - Config: the W&B run's config gets the user's ``config`` (or ``run_config``) plus
   ``forge_obs`` (run id, run dir, backend configs), all passed through
-  :func:`forge_obs.core.run.redact` (the one redaction of every file forge_obs writes); a SAMPLE
+  :func:`forge_obs.core.redact.redact` (the one redaction of every file forge_obs writes); a SAMPLE
   row's table was redacted where the row was recorded (:func:`forge_obs.core.plain.plain`).
 
 Steps: W&B drops a write to a step below its current one. Steps arrive in order, but when one
@@ -58,7 +58,8 @@ from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable, write
 from forge_obs.backends.record import StepRecord
 from forge_obs.core.options import parse_options
 from forge_obs.core.plain import plain
-from forge_obs.core.run import check_run_path, path_in_run, redact, redact_text
+from forge_obs.core.redact import redact, redact_text
+from forge_obs.core.run import check_run_path, path_in_run
 from forge_obs.core.safe import is_number, safe_str
 from forge_obs.core.types import BackendRole, LoggingMode
 

@@ -9,7 +9,7 @@
 
 Top-level keys are backend names (or ``"package.module:Class"`` paths) plus the reserved keys
 below. Mistakes raise ``ValueError`` naming the valid choices; what a message quotes of the
-config goes through :func:`forge_obs.core.run.redacted_repr` (no credential in an error).
+config goes through :func:`forge_obs.core.redact.redacted_repr` (no credential in an error).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from typing import Any
 
 from forge_obs.controller.backend_worker import DEFAULT_QUEUE_STEPS
 from forge_obs.core.options import check_keys, parse_options
-from forge_obs.core.run import RunConfig, redacted_repr
+from forge_obs.core.redact import redacted_repr
+from forge_obs.core.run import RunConfig
 from forge_obs.wire.messages import DEFAULT_STREAM_INTERVAL_S
 
 __all__ = ["LoggerConfig", "RESERVED_KEYS", "DEFAULT_FLUSH_TIMEOUT_S", "check_keys", "parse_options"]

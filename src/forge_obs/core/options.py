@@ -1,6 +1,6 @@
 """The one way a config section is checked: unknown keys raise ``ValueError`` naming the valid
 ones; a section parses into a dataclass whose fields are its keys. What an error quotes of the
-user's config (an unknown key, a bad value) goes through :mod:`forge_obs.core.run`'s redaction.
+user's config (an unknown key, a bad value) goes through :mod:`forge_obs.core.redact`'s rule.
 
     >>> from forge_obs.core.options import check_keys
     >>> check_keys("demo", {"every": 1}, ("every",))
@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator, TypeVar
+
+from forge_obs.core.redact import redact_key, redact_text
 
 __all__ = ["check_keys", "parse_options", "redacted_errors"]
 
@@ -30,8 +32,6 @@ def check_keys(section: str, given: Iterable[Any], valid: Iterable[str], more: s
     ok = set(valid) | set(also)
     unknown = sorted((k for k in given if k not in ok), key=str)
     if unknown:
-        from forge_obs.core.run import redact_key
-
         shown = [redact_key(k) if isinstance(k, str) else k for k in unknown]
         raise ValueError(f"{section}: unknown key(s) {shown}; valid: {', '.join(valid)}{more}")
 
@@ -57,7 +57,7 @@ def parse_options(cls: type[T], section: str, cfg: dict[str, Any] | None, also: 
 @contextmanager
 def redacted_errors() -> Iterator[None]:
     """Around config checks that quote the user's values: a ``ValueError`` whose message holds a
-    credential-looking part is raised again with it masked (:func:`forge_obs.core.run.redact_text`),
+    credential-looking part is raised again with it masked (:func:`forge_obs.core.redact.redact_text`),
     the original not chained; any other passes as it is.
 
         >>> with redacted_errors():
@@ -69,8 +69,6 @@ def redacted_errors() -> Iterator[None]:
     try:
         yield
     except ValueError as e:
-        from forge_obs.core.run import redact_text
-
         text = str(e)
         masked = redact_text(text)
         if masked == text:

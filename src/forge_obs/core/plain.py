@@ -22,7 +22,7 @@ import sys
 from decimal import Decimal
 from typing import Any
 
-from forge_obs.core.run import MASK, is_secret_field, is_secret_flag, redact_key, redact_string
+from forge_obs.core.redact import MASK, is_secret_field, is_secret_flag, redact_key, redact_string
 from forge_obs.core.safe import safe_repr, safe_str
 from forge_obs.core.warn import WARNER
 
@@ -44,7 +44,7 @@ class BadRow(ValueError):
 
 def plain(value: Any, key: Any = None) -> Any:
     """``value`` with every dict key a ``str`` (another key is converted with ``str()``) and
-    redacted by :mod:`forge_obs.core.run`'s rules (the value of a secret-looking field, a JSON
+    redacted by :mod:`forge_obs.core.redact`'s rules (the value of a secret-looking field, a JSON
     string holding one, credential-looking text and dict keys, the argument of a secret flag
     masked), and an int longer than JSON readers take (:data:`JSON_INT_DIGITS`) as a string of
     its exact digits (warned about, naming ``key``); ``value`` itself when nothing changes (not
