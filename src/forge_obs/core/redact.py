@@ -150,11 +150,13 @@ _VALUE_PATTERNS: list[tuple[re.Pattern, Any, tuple[str, ...], tuple[str, ...]]] 
                 r"|github_pat_[A-Za-z0-9_]{20,}|(?:AKIA|ASIA)[0-9A-Z]{16}|hf_[A-Za-z0-9]{20,}"
                 r"|xox[abposr]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35}"
                 r"|eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})"), MASK,
-     ("sk-", "k_live_", "k_test_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "AKIA", "ASIA", "hf_",
-      "xox", "AIza", "eyJ"), ()),
+     # each format's prefix holds one of these ("gh": ghp_ ... github_pat_; "IA": AKIA, ASIA)
+     ("sk-", "k_", "gh", "IA", "AIza", "hf_", "xox", "eyJ"), ()),
 ]
-#: a secret name holds one of these (lower case): text without any has no ``name=value`` to mask
-_NAME_NEEDLES = SECRET_PARTS + tuple(sorted(SECRET_WORDS))
+#: a secret name holds one of these (lower case; a part that holds another is left out: "pw"
+#: finds "pwd", "sig" "signature", "pat" "ghpat"): text without any has no ``name=value`` to mask
+_NAME_NEEDLES = tuple(n for n in (*SECRET_PARTS, *sorted(SECRET_WORDS))
+                      if not any(m != n and m in n for m in (*SECRET_PARTS, *SECRET_WORDS)))
 #: the letters ``(?i)`` matches to ASCII ones that ``str.lower`` does not map there (dotless i,
 #: long s; a dotted capital I lowers to ``i`` + a combining dot, which is dropped)
 _FOLD = str.maketrans({"\u0131": "i", "\u017f": "s", "\u0307": None})
@@ -194,13 +196,29 @@ def redact_text(s: str) -> str:
     low = s.lower()
     if not s.isascii():
         low = low.translate(_FOLD)
-    for pat, repl, needles, low_needles in _VALUE_PATTERNS:
-        if any(n in s for n in needles) or any(n in low for n in low_needles):
-            s = pat.sub(repl, s)
-    if not any(n in low for n in _NAME_NEEDLES):  # no secret name: no assignment or query to mask
+    for pat, repl, needles, low_needles in _VALUE_PATTERNS:  # loops, not any(): this runs per string
+        for n in needles:
+            if n in s:
+                s = pat.sub(repl, s)
+                break
+        else:
+            for n in low_needles:
+                if n in low:
+                    s = pat.sub(repl, s)
+                    break
+    for n in _NAME_NEEDLES:
+        if n in low:
+            break
+    else:  # no secret name: no assignment or query to mask
         return s
     s = _QUERY.sub(_mask_query, s)
     return _ASSIGN.sub(_mask_assign, s)
+
+
+@lru_cache(maxsize=4096)
+def _redact_name(name: str) -> str:
+    """:func:`redact_text` of a dict key (the same few keys come in every row)."""
+    return redact_text(name)
 
 
 def redacted_repr(value: Any, limit: int = 200) -> str:
@@ -229,7 +247,7 @@ def redact_key(name: str, taken: Any = ()) -> str:
     """A dict key as it is written: its credential-looking parts masked (:func:`redact_text`);
     a masked key that is already in ``taken`` gets `` (2)``, `` (3)``, ... so that two entries
     stay two."""
-    out = redact_text(name)
+    out = _redact_name(name) if len(name) <= 64 else redact_text(name)
     if out is name or out == name or out not in taken:
         return out
     n = 2
