@@ -119,7 +119,7 @@ class AlertsConfig:
                 if v <= 0:
                     raise ValueError(f"alerts: {k} must be > 0, got {redacted_repr(cfg[k])}")
                 setattr(out, k, v)
-        if "file_name" in cfg:
+        if cfg.get("file_name") is not None:
             out.file_name = check_run_path(cfg["file_name"], "alerts: file_name")
         with redacted_errors():  # the doctor's checks quote the value
             out.doctor = DoctorConfig.from_dict({k: v for k, v in cfg.items() if k in DoctorConfig.names()})
