@@ -22,7 +22,7 @@ import sys
 from decimal import Decimal
 from typing import Any
 
-from forge_obs.core.redact import MASK, is_secret_field, is_secret_flag, redact_key, redact_string
+from forge_obs.core.redact import MASK, is_secret_field, redact_items, redact_key, redact_string
 from forge_obs.core.safe import safe_repr, safe_str
 from forge_obs.core.warn import WARNER
 
@@ -118,15 +118,7 @@ def _plain_dict(d: dict, path: set, key: Any) -> dict:
 
 
 def _plain_seq(s: Any, path: set, key: Any) -> Any:
-    items = []
-    mask_next = False
-    for v in s:
-        if mask_next and not (isinstance(v, str) and v.startswith("-")):
-            items.append(MASK)
-            mask_next = False
-            continue
-        mask_next = is_secret_flag(v)
-        items.append(_plain(v, path, key))
+    items = redact_items(s, lambda v: _plain(v, path, key))
     if all(a is b for a, b in zip(items, s)):
         return s
     return items if isinstance(s, list) else tuple(items)

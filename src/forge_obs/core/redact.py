@@ -32,6 +32,7 @@ __all__ = [
     "is_secret_field",
     "is_secret_flag",
     "redact_text",
+    "redact_items",
     "redact_key",
     "redact_string",
     "redact",
@@ -243,6 +244,21 @@ def is_secret_flag(item: Any) -> bool:
     return isinstance(item, str) and item.startswith("-") and "=" not in item and _secret_name(item.lstrip("-"))
 
 
+def redact_items(items: Any, each: Any) -> list:
+    """The items of a list as written: the argument after a secret flag (``["--password", "x"]``)
+    masked, ``each(item)`` for every other item."""
+    out = []
+    mask_next = False
+    for v in items:
+        if mask_next and not (isinstance(v, str) and v.startswith("-")):
+            out.append(MASK)
+            mask_next = False
+            continue
+        mask_next = is_secret_flag(v)
+        out.append(each(v))
+    return out
+
+
 def redact_key(name: str, taken: Any = ()) -> str:
     """A dict key as it is written: its credential-looking parts masked (:func:`redact_text`);
     a masked key that is already in ``taken`` gets `` (2)``, `` (3)``, ... so that two entries
@@ -289,16 +305,7 @@ def _redact(obj: Any, path: set, depth: int) -> Any:
         if isinstance(obj, Mapping):
             return _redact_mapping(obj, path, depth)
         if isinstance(obj, (list, tuple, set, frozenset)):
-            out_l = []
-            mask_next = False
-            for v in obj:
-                if mask_next and not (isinstance(v, str) and v.startswith("-")):
-                    out_l.append(MASK)
-                    mask_next = False
-                    continue
-                mask_next = is_secret_flag(v)
-                out_l.append(_redact(v, path, depth + 1))
-            return out_l
+            return redact_items(obj, lambda v: _redact(v, path, depth + 1))
         if isinstance(obj, bytes):
             return redact_text(obj.decode("utf-8", "replace"))
         item = getattr(obj, "item", None)
