@@ -280,6 +280,9 @@ def test_sample_rows_are_redacted_by_plain_with_the_one_rule():
     assert out["by_user"] == {MASK: 2} and out["argv"] == ["--password", MASK, "--epochs", "3"]
     assert out["pair"] == ("a", f"Bearer {MASK}")
     assert row["api_key"] == ROW_SECRET  # the user's row is not modified
+    import numpy as np
+
+    assert plain({"text": np.str_(f"key {ROW_SECRET}")}) == {"text": f"key {MASK}"}  # a str subclass too
 
 
 def test_a_row_without_secrets_is_passed_on_as_it_is():

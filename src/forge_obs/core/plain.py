@@ -65,6 +65,8 @@ def _plain(x: Any, path: set, key: Any) -> Any:
         return x if x.bit_length() < _LONG_BITS else _long_int(x, key)
     if t in _SCALARS:
         return x
+    if isinstance(x, str):  # numpy's str_, a user's str subclass: backends write it as a str
+        return redact_string(str.__str__(x))
     if isinstance(x, dict):
         return _with_path(x, path, key, _plain_dict)
     if isinstance(x, (list, tuple)):
