@@ -43,12 +43,13 @@ def test_without_the_script_python_runs_the_module(venv, monkeypatch):
     assert shell.forge_obs_command() == ".venv/bin/python -m forge_obs.cli"
 
 
-def test_the_grpo_app_and_the_library_use_this_one_rule():
-    """No second copy of the rule: the GRPO run's closing commands and the run's "view live" line
-    (and the demo's) are written by this module."""
+def test_the_rule_is_written_once():
+    """No second copy of the rule (the GRPO app had its own): only this module looks for the
+    ``forge-obs`` script. What the run's start line prints before activation is tested in
+    tests/backends/test_init_backends.py; the GRPO run's commands in tests/apps/test_grpo_commands.py."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    for path in ("apps/grpo/summary.py", "apps/demo/main.py", "src/forge_obs/controller/logger.py"):
-        src = (root / path).read_text()
-        assert "forge_obs.core.shell import" in src and "shutil.which(" not in src, path
+    found = sorted(str(p.relative_to(root)) for d in ("src", "apps") for p in (root / d).rglob("*.py")
+                   if 'which("forge-obs")' in p.read_text() or "'forge-obs')" in p.read_text())
+    assert found == ["src/forge_obs/core/shell.py"], found
