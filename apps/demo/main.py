@@ -23,6 +23,7 @@ from monarch.actor import Actor, current_rank, endpoint, this_host  # noqa: E402
 
 import provisioner_hooks  # noqa: E402
 from forge_obs import Reduce, get_or_create_metric_logger, record_metric  # noqa: E402
+from forge_obs.core.shell import printed_command  # noqa: E402
 
 MODES = ["global_reduce", "per_rank_reduce", "per_rank_no_reduce"]
 
@@ -93,7 +94,7 @@ async def main(steps: int, mode: str, run_root: str) -> str:
     await mlogger.shutdown.call_one()  # drains every pending step, finishes the backends
     for pm in (trainer_procs, *gen_procs, buffer_procs):
         await pm.stop()
-    print(f"\nrun directory: {info['run_dir']}  (try: forge-obs show {info['run_dir']})")
+    print(f"\nrun directory: {info['run_dir']}  (try: {printed_command('show', info['run_dir'])})")
     return info["run_dir"]
 
 

@@ -67,12 +67,12 @@ async def main(args: argparse.Namespace) -> dict:
           f"training {args.steps} steps", flush=True)
     rollouts = Rollouts(args, service, actors)
     rollouts.workers.start()
-    steps = StepLog()
+    steps = StepLog(run_start=t_start)
     try:
         await train(args, actors, service, rollouts, mlogger, steps)
     finally:
         await teardown(rollouts, service, mlogger, actors)
-    return write_summary(args, run_dir, steps, time.time() - t_start, gen_kind)
+    return write_summary(args, run_dir, steps, time.time(), gen_kind)
 
 
 class Rollouts:
@@ -154,7 +154,8 @@ class Rollouts:
 async def train(args: argparse.Namespace, actors: Actors, service: GeneratorService, rollouts: Rollouts,
                 mlogger, steps: StepLog) -> None:
     """``args.steps`` policy updates, each published to the replicas and flushed."""
-    progress = Progress(args.steps, args.console_every)
+    progress = Progress(args.steps, args.console_every, run_start=steps.run_start)
+    steps.train_start = progress.t0
     batch_size = args.batch_groups * args.group_size
     for step in range(args.steps):
         set_step(step)

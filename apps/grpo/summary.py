@@ -8,27 +8,38 @@ import argparse
 import json
 import os
 import shlex
-import shutil
 import statistics
-import sys
 from dataclasses import dataclass, field
 
 from forge_obs.analysis.store import read_metrics
+from forge_obs.core.shell import forge_obs_command
 
 
 @dataclass
 class StepLog:
-    """The controller's clock over the training steps, for the summary."""
+    """The controller's clock over the run, for the progress bar and the summary (one clock:
+    what they print agrees)."""
 
+    run_start: float = 0.0  # wall clock when the run started (before start-up)
+    train_start: float | None = None  # wall clock when training started
     durations_s: list = field(default_factory=list)  # the controller's time per step
     end_wall: list = field(default_factory=list)  # wall clock at the end of each step
 
+    def phases(self, now: float) -> tuple[float, float, float]:
+        """(start-up, training, shutdown) seconds of the run until ``now``: start-up until
+        training started, training until its last step ended, shutdown after it."""
+        train_start = self.train_start if self.train_start is not None else now
+        train_end = self.end_wall[-1] if self.end_wall else train_start
+        return train_start - self.run_start, train_end - train_start, now - train_end
 
-def write_summary(args: argparse.Namespace, run_dir: str, steps: StepLog, wall_s: float, gen_kind: str) -> dict:
-    """``grpo_summary.json`` and ``report.html`` in the run directory; prints the reward trend and
-    the commands that look at the run. Returns the summary."""
-    summary = summarize(run_dir, steps.durations_s, wall_s, gen_kind)
-    summary["step_end_wall"] = steps.end_wall
+
+def write_summary(args: argparse.Namespace, run_dir: str, steps: StepLog, now: float, gen_kind: str) -> dict:
+    """``grpo_summary.json`` and ``report.html`` in the run directory; prints the reward trend, the
+    run's time as the progress bar splits it, and the commands that look at the run. Returns the
+    summary."""
+    startup_s, training_s, shutdown_s = steps.phases(now)
+    summary = summarize(run_dir, steps.durations_s, now - steps.run_start, gen_kind)
+    summary.update(step_end_wall=steps.end_wall, startup_s=startup_s, training_s=training_s, shutdown_s=shutdown_s)
     if not args.no_report:
         from forge_obs.analysis.report import write_report
 
@@ -38,34 +49,15 @@ def write_summary(args: argparse.Namespace, run_dir: str, steps: StepLog, wall_s
         json.dump(summary, f, indent=2)
     k = summary["reward_window"]
     print(f"\n[grpo] reward: first {k} steps {summary['reward_first10']:.3f} -> last {k} steps "
-          f"{summary['reward_last10']:.3f}   ({summary['steps']} steps, {summary['wall_s']:.0f}s)")
+          f"{summary['reward_last10']:.3f}   ({summary['steps']} steps, {summary['wall_s']:.0f}s elapsed: start-up "
+          f"{startup_s:.0f}s, training {training_s:.0f}s, shutdown {shutdown_s:.0f}s)")
     print(end_text(run_dir, with_report="report" in summary, with_alerts=not args.no_alerts), end="")
     return summary
 
 
-def forge_obs_command() -> str:
-    """How to call ``forge-obs`` from the shell that started this run, exactly: ``forge-obs`` when
-    the one on PATH is this environment's, else the path of this environment's script (e.g.
-    ``.venv/bin/forge-obs`` from the repository, venv not activated), else ``python -m forge_obs.cli``."""
-    bindir = os.path.dirname(os.path.abspath(sys.executable))
-    on_path = shutil.which("forge-obs")
-    if on_path and os.path.dirname(os.path.abspath(on_path)) == bindir:
-        return "forge-obs"
-    script = os.path.join(bindir, "forge-obs")
-    if os.path.isfile(script) and os.access(script, os.X_OK):
-        return _shell_path(script)
-    return f"{_shell_path(sys.executable)} -m forge_obs.cli"
-
-
-def _shell_path(path: str) -> str:
-    """``path`` relative to the working directory when it is under it, else absolute."""
-    rel = os.path.relpath(path)
-    return rel if not rel.startswith("..") else os.path.abspath(path)
-
-
 def end_text(run_dir: str, with_report: bool, with_alerts: bool = False) -> str:
     """The lines printed after a run: where it is and the commands that look at it (each works
-    as printed, in the shell that started the run)."""
+    as printed, in the shell that started the run: :func:`forge_obs.core.shell.forge_obs_command`)."""
     fo = forge_obs_command()
     d = shlex.quote(str(run_dir))
     report = f"   report: {os.path.join(str(run_dir), 'report.html')}" if with_report else ""

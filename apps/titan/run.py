@@ -14,15 +14,17 @@ TorchTitan's own outputs (TensorBoard, checkpoints) are under ``<run-dir>/titan`
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from apps.titan.assets import build
+from forge_obs.core.shell import printed_command, python_command
 
-__all__ = ["main", "parse_args", "torchrun_command"]
+__all__ = ["TITAN_MODULES", "main", "missing_extra", "parse_args", "torchrun_command"]
 
 ASSETS_ENV = "TITAN_ASSETS"  # the assets folder, read by apps.titan.config_registry
 
@@ -62,8 +64,30 @@ def torchrun_command(args: argparse.Namespace, run_dir: Path) -> list[str]:
     return cmd + list(args.titan_args)
 
 
+#: what the app imports from the ``titan`` extra (pyproject.toml)
+TITAN_MODULES = ("torchtitan", "datasets", "tokenizers", "tyro", "torchdata")
+
+
+def missing_extra() -> str | None:
+    """None when the ``titan`` extra is installed; else what is missing and the command that
+    installs it, as the shell that started this process runs it."""
+    missing = [m for m in TITAN_MODULES if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    py = python_command()
+    torch = importlib.metadata.version("torch").split("+")[0]
+    return (f"apps.titan.run: the 'titan' extra is not installed (missing: {', '.join(missing)}). Install it from "
+            f"the repository's root with:\n  {py} -m pip install \"torch=={torch}\" && {py} -m pip install -e \".[titan]\"")
+
+
 def main(argv: "list[str] | None" = None) -> int:
     args = parse_args(argv)
+    problem = missing_extra()
+    if problem:
+        print(problem, file=sys.stderr, flush=True)
+        return 2
+    from apps.titan.assets import build
+
     root = Path(args.run_root)
     run_dir = root / (args.run_id or time.strftime("titan-%Y%m%d-%H%M%S"))
     assets = build(root / "titan-assets")
@@ -73,9 +97,14 @@ def main(argv: "list[str] | None" = None) -> int:
     env.setdefault("HF_DATASETS_CACHE", str((root / "titan-assets" / "hf-cache").resolve()))
     env.setdefault("OMP_NUM_THREADS", "1")
     rc = subprocess.call(torchrun_command(args, run_dir), env=env)
-    print(f"titan run directory: {run_dir}\n"
-          f"  forge-obs doctor {run_dir}\n  forge-obs trace {run_dir} --open\n"
-          f"  forge-obs sql {run_dir} 'SELECT rank, name, avg(dur_us) FROM spans GROUP BY rank, name'", flush=True)
+    if rc != 0 or not (run_dir / "meta.json").is_file():  # no run to look at: no commands for one
+        print(f"apps.titan.run: torchrun exited with {rc}" + ("" if (run_dir / "meta.json").is_file() else
+              f"; no run was written to {run_dir}") + " (its output is above)", file=sys.stderr, flush=True)
+        return rc or 1
+    print(f"titan run directory: {run_dir}\n  {printed_command('doctor', run_dir)}\n  "
+          f"{printed_command('trace', run_dir, '--open')}\n  "
+          f"{printed_command('sql', run_dir, 'SELECT rank, name, avg(dur_us) FROM spans GROUP BY rank, name')}",
+          flush=True)
     return rc
 
 

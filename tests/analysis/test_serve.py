@@ -321,7 +321,9 @@ def test_run_start_line_and_quiet(tmp_path, monkeypatch, capsys):
     run = RunContext(run_id="x", run_dir=tmp_path / "runs" / "x")
     monkeypatch.delenv("FORGE_OBS_QUIET", raising=False)
     _announce(run)
-    assert capsys.readouterr().err == f"forge_obs: run x in {run.run_dir}; view live: forge-obs serve {tmp_path / 'runs'}\n"
+    from forge_obs.core.shell import printed_command  # the rule of every printed command (before activation too)
+
+    assert capsys.readouterr().err == f"forge_obs: run x in {run.run_dir}; view live: {printed_command('serve', tmp_path / 'runs')}\n"
     monkeypatch.setenv("FORGE_OBS_QUIET", "1")
     _announce(run)
     assert capsys.readouterr().err == ""

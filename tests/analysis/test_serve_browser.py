@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
+import shlex
 import struct
 import urllib.request
 import subprocess
@@ -127,7 +129,8 @@ def test_live_run_in_chromium(tmp_path):
             (root / "stop").touch()
             out, err = proc.communicate(timeout=120)
             assert proc.returncode == 0, err[-3000:]
-            assert f"view live: forge-obs serve {root}" in err
+            # written by forge_obs.core.shell's rule: forge-obs, or this environment's script before activation
+            assert re.search(rf"view live: \S*forge[-_]obs\S* serve {re.escape(shlex.quote(str(root)))}$", err, re.M), err
             page.wait_for("document.getElementById('status').textContent.startsWith('finished')", timeout_s=30)
             assert page.errors == []
             # the step's timeline, exported from the run's events/ and served in the bundled Perfetto UI

@@ -105,6 +105,26 @@ async def test_a_failed_first_init_backends_starts_nothing_and_says_so(tmp_path)
     assert not (tmp_path / "t" / "metrics.jsonl").exists()
 
 
+@pytest.mark.parametrize("config, says", [
+    ({"console": {"logging_mode": "sk-proj-abcdefghijklmnop0501XYZ"}}, "logging_mode '***' is not a valid LoggingMode"),
+    ({"jsonl": {"filename": "../../escape.jsonl"}}, "jsonl backend: filename '../../escape.jsonl' must be a relative "
+                                                    "path inside the run directory"),
+])
+async def test_init_backends_errors_quote_no_secret_and_write_nothing_outside(tmp_path, config, says):
+    """The issue's two cases through the real controller: an ``sk-…`` logging_mode is not echoed
+    (in the message Monarch hands back, with every cause), and a file name that leaves the run
+    directory raises before anything is written."""
+    import traceback
+
+    provisioner_hooks.install()
+    mlogger = await get_or_create_metric_logger(process_name="Controller")
+    with pytest.raises(Exception) as info:
+        await mlogger.init_backends.call_one({"run": {"root": str(tmp_path / "root"), "id": "t"}, **config})
+    text = "".join(traceback.format_exception(info.value))
+    assert says in text and "0501XYZ" not in text, text
+    assert not (tmp_path / "escape.jsonl").exists() and not (tmp_path / "root" / "t" / "metrics.jsonl").exists()
+
+
 async def test_the_run_directory_exists_before_any_backend_starts(tmp_path):
     """A custom backend listed before the local store opens its file in the run directory."""
     mlogger = await start_logger(tmp_path, {"t_writes_in_run_dir": {}, "jsonl": {}}, run_id="fresh")
@@ -232,3 +252,32 @@ def test_call_hook_passes_each_hook_the_keywords_it_takes():
         assert call_hook(Async().init, **kw) == ("async", "global")
         assert call_hook(CallableHook(), **kw) == ("callable", "Controller")
         assert call_hook(lambda: "no args") == "no args"
+
+
+def test_the_view_live_line_works_as_printed_before_the_environment_is_activated(tmp_path):
+    """The line a run prints when it starts (the GRPO run's first command) names ``forge-obs``
+    by the same rule as every other printed command: in a shell whose PATH lacks the
+    environment's bin/ it is ``.venv/bin/forge-obs`` (or ``python -m forge_obs.cli``), and the
+    command runs as printed."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.support.helpers import run_as_user
+
+    bindir = Path(sys.executable).parent.resolve()
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p and Path(p).resolve() != bindir)
+    script = tmp_path / "start.py"
+    script.write_text("import asyncio, provisioner_hooks\nfrom forge_obs import get_or_create_metric_logger\n"
+                      "async def main():\n    provisioner_hooks.install()\n"
+                      "    ml = await get_or_create_metric_logger(process_name='Controller')\n"
+                      "    await ml.init_backends.call_one({'run': {'root': 'my runs', 'id': 'r'}})\n"
+                      "    await ml.shutdown.call_one()\nasyncio.run(main())\n")
+    res = run_as_user(script, tmp_path, env={"PATH": path, "VIRTUAL_ENV": ""}, timeout=120)
+    (cmd,) = re.findall(r"view live: (.*)$", res.stderr, re.M)
+    assert cmd.endswith(" serve 'my runs'") and not cmd.startswith("forge-obs "), cmd
+    help_out = subprocess.run(["bash", "-c", cmd + " --help"], cwd=tmp_path, env=dict(os.environ, PATH=path),
+                              capture_output=True, text=True, timeout=120)
+    assert help_out.returncode == 0 and "usage: forge-obs serve" in help_out.stdout, help_out.stderr

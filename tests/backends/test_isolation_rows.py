@@ -183,3 +183,52 @@ def test_values_a_backend_left_out_are_in_its_report(fresh_collector):
         return pipe.backend_report()
 
     assert asyncio.run(run())["picky"]["skipped_values"] == 1
+
+
+@pytest.fixture
+def fresh_warners(monkeypatch):
+    """Warnings not rate-limited by earlier tests."""
+    import forge_obs.backends.jsonl
+    import forge_obs.core.plain
+    from forge_obs.core.warn import RateLimitedWarner
+
+    for mod in (forge_obs.core.plain, forge_obs.backends.jsonl):
+        monkeypatch.setattr(mod, "WARNER", RateLimitedWarner())
+
+
+def test_a_row_holding_an_int_too_long_for_json_keeps_its_other_fields(tmp_path, fresh_collector, fresh_warners,
+                                                                       caplog):
+    """The issue's row (``10**5000`` in a SAMPLE row was written as ``"<list>"``, its other fields
+    lost, with a warning that it "contains itself"): the int becomes the string of its exact
+    digits where it is recorded, the row keeps its other fields in metrics.jsonl, and the
+    warning names the key and says what happened."""
+    from forge_obs.backends.jsonl import JsonlBackend
+
+    with caplog.at_level(logging.WARNING, logger="forge_obs"):
+        record_metric("rows/huge", {"prompt": "p", "n": 10**5000, "reward": 0.5}, Reduce.SAMPLE)
+    rows = fresh_collector.snapshot()["states"]["rows/huge"]["rows"]
+    assert rows == [{"prompt": "p", "n": "1" + "0" * 5000, "reward": 0.5}]
+    assert "record_metric('rows/huge'): a row holds an int of 5001 digits" in caplog.text
+    assert "contains itself" not in caplog.text
+    be = JsonlBackend({})
+    be.init(run=RunContext(run_id="r", run_dir=tmp_path / "r"))
+    be.log_step(StepRecord(step=0, run_id="r", wall_time=1.0, global_metrics=[Metric("rows/huge", rows, "sample")]))
+    be.finish()
+    (line,) = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert line["metrics"]["rows/huge"] == rows
+
+
+def test_the_local_store_writes_a_custom_value_holding_a_long_int_and_says_why(tmp_path, fresh_warners, caplog):
+    """A custom reduction's value reaches the store as it is: an int JSON readers do not take is
+    written as its digits, the other values as they are, and nothing claims it contains itself."""
+    from forge_obs.backends.jsonl import JsonlBackend
+
+    be = JsonlBackend({})
+    be.init(run=RunContext(run_id="r", run_dir=tmp_path / "r"))
+    with caplog.at_level(logging.WARNING, logger="forge_obs"):
+        be.log_step(StepRecord(step=0, run_id="r", wall_time=1.0, global_metrics=[
+            Metric("good/x", 2.0), Metric("custom/big", {"n": -(10**5000), "m": 1}, "custom")]))
+    be.finish()
+    (line,) = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert line["metrics"] == {"good/x": 2.0, "custom/big": {"n": "-1" + "0" * 5000, "m": 1}}
+    assert "contains itself" not in caplog.text and "5001 digits" in caplog.text

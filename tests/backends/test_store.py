@@ -80,7 +80,7 @@ def test_run_config_defaults_and_errors(tmp_path, monkeypatch):
         try:
             RunConfig.from_config(bad)
         except ValueError as e:
-            assert "valid" in str(e) or "plain directory" in str(e)
+            assert "valid" in str(e) or "one directory name" in str(e)
         else:
             raise AssertionError(bad)
     assert redact({"a": [{"hf_token": 1}], "b": 2}) == {"a": [{"hf_token": "***"}], "b": 2}

@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from forge_obs.core.run import MASK, is_secret_name, redact, redact_text, write_meta
+from forge_obs.core.redact import MASK, is_secret_name, redact, redact_text
+from forge_obs.core.run import write_meta
 
 # every name of the issue, each with its own secret value so a leak names the culprit
 SECRETS = {
@@ -164,7 +165,7 @@ def test_wandb_uses_the_one_redaction_function():
 
     src = inspect.getsource(wandb_backend)
     assert "_SECRET_KEY" not in src and "def redact_secrets" not in src
-    assert "from forge_obs.core.run import redact" in src
+    assert re.search(r"from forge_obs\.core\.redact import [\w, ]*\bredact\b", src)
 
 
 # ------------------------------------------------------------------ a `tokens` suffix, JSON in strings
@@ -229,3 +230,91 @@ def test_the_report_redacts_a_meta_json_written_in_clear(tmp_path):
     page = render_report(run)
     assert [v for v in (*TOKEN_SECRETS.values(), "E5") if re.search(rf"\b{v}\b", page)] == []
     assert "max_new_tokens" in page and "tokens_per_s" in page
+
+
+# ------------------------------------------------------------------ dict keys, SAMPLE rows, error messages
+KEY_SECRET = "ghp_abcdefghijklmnopqrstuv0301"
+ROW_SECRET = "sk-proj-abcdefghijklmnop0302XYZ"
+
+
+def test_a_secret_used_as_a_dict_key_is_redacted_and_its_siblings_kept(tmp_path):
+    """A token as a key (a per-user map): the key is masked wherever the config is written; two
+    masked keys stay two entries; the values under them and the harmless keys are kept."""
+    cfg = {"app": {"users": {KEY_SECRET: 3, "ghp_zyxwvutsrqponmlkjihgf0303": 4, "alice": 5}, "lr": 0.1}}
+    out = redact(cfg)
+    users = out["app"]["users"]
+    assert KEY_SECRET not in json.dumps(out) and "0303" not in json.dumps(out)
+    assert sorted(users.values()) == [3, 4, 5] and users["alice"] == 5 and out["app"]["lr"] == 0.1
+    assert sorted(k for k in users if k != "alice") == [MASK, f"{MASK} (2)"]
+    write_meta(tmp_path / "r", config=cfg)
+    assert KEY_SECRET not in (tmp_path / "r" / "meta.json").read_text()
+
+
+def test_the_report_shows_no_secret_dict_key(tmp_path):
+    from forge_obs.analysis.report.html import render_report
+
+    run = tmp_path / "r"
+    write_meta(run, config={"app": {KEY_SECRET: 1, "lr": 0.1}}, status="finished")
+    (run / "metrics.jsonl").write_text('{"step": 0, "mode": "global_reduce", "metrics": {"loss": 1.0}}\n')
+    page = render_report(run)
+    assert KEY_SECRET not in page and "lr" in page
+
+
+def test_sample_rows_are_redacted_by_plain_with_the_one_rule():
+    """What every backend receives of a SAMPLE row (:func:`forge_obs.core.plain.plain`): the
+    value of a secret-looking field, a JSON string holding one, a key format in free text, a
+    secret dict key and a secret flag's argument are masked; every other field is kept as it was."""
+    from forge_obs.core.plain import plain
+
+    row = {"prompt": "What is 1+1?", "api_key": ROW_SECRET, "reward": 1.0, "n": 3, "ok": True,
+           "meta": json.dumps({"wandb": {"token": "E0304"}, "lr": 0.1}),
+           "completion": f"use {ROW_SECRET} to call the API", "by_user": {KEY_SECRET: 2},
+           "argv": ["--password", "E0305", "--epochs", "3"], "pair": ("a", "Bearer E0306X")}
+    out = plain(row)
+    text = json.dumps(out)
+    assert [s for s in (ROW_SECRET, KEY_SECRET, "E0304", "E0305", "E0306X") if s in text] == []
+    assert {k: out[k] for k in ("prompt", "reward", "n", "ok")} == {"prompt": "What is 1+1?", "reward": 1.0, "n": 3,
+                                                                     "ok": True}
+    assert out["api_key"] == MASK and out["completion"] == f"use {MASK} to call the API"
+    assert json.loads(out["meta"]) == {"wandb": {"token": MASK}, "lr": 0.1}
+    assert out["by_user"] == {MASK: 2} and out["argv"] == ["--password", MASK, "--epochs", "3"]
+    assert out["pair"] == ("a", f"Bearer {MASK}")
+    assert row["api_key"] == ROW_SECRET  # the user's row is not modified
+    import numpy as np
+
+    assert plain({"text": np.str_(f"key {ROW_SECRET}")}) == {"text": f"key {MASK}"}  # a str subclass too
+
+
+def test_a_row_without_secrets_is_passed_on_as_it_is():
+    from forge_obs.core.plain import plain
+
+    row = {"prompt": "the answer is 2", "reward": 1.0, "tokens_per_s": 3.5, "response_tokens": [1, 2]}
+    assert plain(row) is row
+
+
+
+#: a word of every pattern's pre-check, none of them a credential and none able to join the text
+#: after it: text after these lines is scanned by every pattern
+_EVERY_PATTERN = "(key, bearer, authorization, ://, sk-, PRIVATE KEY-----)\n"
+_FRAGMENTS = ["sk-proj-abcdefghijklmnopq", "ghp_abcdefghijklmnopqrstuv", "github_pat_abcdefghijklmnopqrstuv",
+              "AKIAABCDEFGHIJKLMNOP", "ASIAABCDEFGHIJKLMNOP", "hf_abcdefghijklmnopqrstuv", "xoxb-1234567890ab",
+              "AIza" + "a" * 35, "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0abc.SIGNATURExyz", "sk_live_abcdefghijklmnop",
+              "Bearer abc.def", "Authorization: Basic xyz", "PROXY-AUTHORIZATION=x", "password=hunter2",
+              "--token x", "-pw y", "?token=y&a=b", "postgres://u:p@h/db", '"api_key": "v"', "apiKey: v",
+              "-----BEGIN RSA PRIVATE KEY-----\nabc\n-----END RSA PRIVATE KEY-----", "İ", "ı", "\u212a", "ſ",
+              "AUTHORİZATİON: z", "authorızation: z", "toſken=q", " ", "\n", "=", ":", "-", "key", "pin", "sig"]
+
+
+def test_the_pre_checks_never_change_what_is_masked():
+    """Whatever the text, redact_text masks exactly what the full scan of every pattern masks:
+    the substring pre-checks only skip patterns that cannot match."""
+    from hypothesis import given, settings, strategies as st
+
+    text = st.lists(st.sampled_from(_FRAGMENTS) | st.text(max_size=8), max_size=12).map("".join)
+
+    @settings(max_examples=400, deadline=None)
+    @given(text)
+    def check(s):
+        assert redact_text(_EVERY_PATTERN + s) == _EVERY_PATTERN + redact_text(s)
+
+    check()

@@ -30,6 +30,7 @@ from forge_obs.analysis.doctor.subjects import Identities
 from forge_obs.analysis.doctor.rules import Event, StepView, build_rules
 from forge_obs.backends.base import LoggerBackend
 from forge_obs.backends.record import StepRecord
+from forge_obs.core.run import path_in_run
 from forge_obs.core.selfobs import SELF_OBS
 from forge_obs.core.types import LoggingMode
 from forge_obs.recording.collector import record_metric
@@ -91,7 +92,7 @@ class AlertsBackend(LoggerBackend):
         if "console" in s.sinks:
             self._sync_sinks.append(("console", console_sink))
         if "file" in s.sinks and run is not None:
-            self._file = FileSink(run.run_dir / s.file_name)
+            self._file = FileSink(path_in_run(run.run_dir, s.file_name, "alerts: file_name"))
             self._sync_sinks.append(("file", self._file))
         slow: list = []
         if "wandb" in s.sinks:

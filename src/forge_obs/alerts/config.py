@@ -1,6 +1,7 @@
 """The ``"alerts"`` entry of ``init_backends``: sinks, user rules, and any threshold of
 :class:`~forge_obs.analysis.doctor.config.DoctorConfig` by name. Mistakes raise ``ValueError``
-naming the valid choices.
+naming the valid choices (what they quote of the config redacted); ``file_name`` is a path inside
+the run directory.
 
     >>> from forge_obs.alerts.config import AlertsConfig
     >>> cfg = AlertsConfig.from_dict({"sinks": ["console"], "rules": ["trainer/loss > 10"], "straggler_ratio": 2})
@@ -20,7 +21,9 @@ from urllib.parse import urlparse
 
 from forge_obs.analysis.doctor.config import DoctorConfig
 from forge_obs.analysis.doctor.rules import RULES, UserRule
-from forge_obs.core.options import check_keys
+from forge_obs.core.options import check_keys, redacted_errors
+from forge_obs.core.redact import redacted_repr
+from forge_obs.core.run import check_run_path
 
 __all__ = ["SINKS", "RULE_NAMES", "AlertsConfig"]
 
@@ -48,6 +51,7 @@ class AlertsConfig:
     #: alerts waiting for the webhook / callback / W&B thread; beyond, they are dropped and counted
     queue_size: int = 1000
     webhook_timeout_s: float = 5.0
+    #: the file sink's file, a relative path inside the run directory
     file_name: str = "alerts.jsonl"
     doctor: DoctorConfig = field(default_factory=DoctorConfig)
 
@@ -68,14 +72,14 @@ class AlertsConfig:
             sinks = [sinks] if isinstance(sinks, str) else list(sinks or [])
             for s in sinks:
                 if s not in SINKS:
-                    raise ValueError(f"alerts: unknown sink {s!r}; valid: {', '.join(SINKS)}")
+                    raise ValueError(f"alerts: unknown sink {redacted_repr(s)}; valid: {', '.join(SINKS)}")
             out.sinks = sinks
         cbs = cfg.get("callback")
         if cbs is not None:
             cbs = list(cbs) if isinstance(cbs, (list, tuple)) else [cbs]
             for cb in cbs:
                 if not callable(cb):
-                    raise ValueError(f"alerts: callback must be a callable taking the alert dict, got {cb!r}")
+                    raise ValueError(f"alerts: callback must be a callable taking the alert dict, got {redacted_repr(cb)}")
             out.callbacks = cbs
             if "callback" not in out.sinks:
                 out.sinks.append("callback")
@@ -85,7 +89,7 @@ class AlertsConfig:
             for h in hooks:
                 u = urlparse(str(h))
                 if u.scheme not in ("http", "https") or not u.netloc:
-                    raise ValueError(f"alerts: webhook must be an http(s) URL such as http://127.0.0.1:9000/hook, got {h!r}")
+                    raise ValueError(f"alerts: webhook must be an http(s) URL such as http://127.0.0.1:9000/hook, got {redacted_repr(h)}")
             out.webhooks = [str(h) for h in hooks]
             if "webhook" not in out.sinks:
                 out.sinks.append("webhook")
@@ -94,14 +98,16 @@ class AlertsConfig:
         if "webhook" in out.sinks and not out.webhooks:
             raise ValueError("alerts: sink 'webhook' needs 'webhook': an http(s) URL")
         rules = cfg.get("rules") or []
-        if isinstance(rules, (str, dict)):
-            rules = [rules]
-        out.user_rules = [UserRule.parse(r) for r in rules]
+        if not isinstance(rules, (list, tuple)):
+            raise ValueError(f'alerts: rules must be a list of rules, e.g. ["trainer/loss > 10"], got '
+                             f"{type(rules).__name__} {redacted_repr(rules)}")
+        with redacted_errors():  # the rule's own check quotes it
+            out.user_rules = [UserRule.parse(r) for r in rules]
         dis = cfg.get("disable", out.disable) or ()
         dis = (dis,) if isinstance(dis, str) else tuple(dis)
         for d in dis:
             if d not in RULE_NAMES:
-                raise ValueError(f"alerts: cannot disable unknown rule {d!r}; valid: {', '.join(RULE_NAMES)}")
+                raise ValueError(f"alerts: cannot disable unknown rule {redacted_repr(d)}; valid: {', '.join(RULE_NAMES)}")
         out.disable = dis
         for k, conv in (("stall_s", float), ("stall_factor", float), ("stall_floor_s", float), ("queue_size", int),
                         ("webhook_timeout_s", float)):
@@ -109,11 +115,12 @@ class AlertsConfig:
                 try:
                     v = conv(cfg[k])
                 except (TypeError, ValueError):
-                    raise ValueError(f"alerts: {k} must be a number, got {cfg[k]!r}") from None
+                    raise ValueError(f"alerts: {k} must be a number, got {redacted_repr(cfg[k])}") from None
                 if v <= 0:
-                    raise ValueError(f"alerts: {k} must be > 0, got {cfg[k]!r}")
+                    raise ValueError(f"alerts: {k} must be > 0, got {redacted_repr(cfg[k])}")
                 setattr(out, k, v)
-        if cfg.get("file_name"):
-            out.file_name = str(cfg["file_name"])
-        out.doctor = DoctorConfig.from_dict({k: v for k, v in cfg.items() if k in DoctorConfig.names()})
+        if cfg.get("file_name") is not None:
+            out.file_name = check_run_path(cfg["file_name"], "alerts: file_name")
+        with redacted_errors():  # the doctor's checks quote the value
+            out.doctor = DoctorConfig.from_dict({k: v for k, v in cfg.items() if k in DoctorConfig.names()})
         return out

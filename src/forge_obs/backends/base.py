@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from forge_obs.backends.record import RunContext, StepRecord
+from forge_obs.core.redact import redacted_repr
 from forge_obs.core.safe import safe_repr
 from forge_obs.core.types import LoggingMode, Metric
 from forge_obs.core.warn import WARNER
@@ -136,7 +137,7 @@ class LoggerBackend:
         self.config.update(keywords)
         self.modes = parse_modes(self.config.get("logging_mode"), self.default_modes)
         if self.config.get("values", self.default_values) not in ("scalar", "rich"):
-            raise ValueError(f"{type(self).__name__}: values={self.config['values']!r}; valid: scalar, rich")
+            raise ValueError(f"{type(self).__name__}: values={redacted_repr(self.config['values'])}; valid: scalar, rich")
         #: torchforge's attributes
         self.per_rank_share_run = bool(self.config.get("per_rank_share_run", False))
         self.backend_kwargs = {k: v for k, v in self.config.items() if k not in _OWN_KWARGS}
@@ -291,7 +292,8 @@ def instantiate_backend(cls: type, name: str, config: dict[str, Any]) -> "Logger
     mode = kw.get("logging_mode", LoggingMode.GLOBAL_REDUCE)
     modes = parse_modes(mode, (LoggingMode.GLOBAL_REDUCE,))
     if len(modes) != 1:
-        raise ValueError(f"backend {name!r} ({cls.__name__}) takes one logging_mode (torchforge-style constructor), got {mode!r}")
+        raise ValueError(f"backend {redacted_repr(name)} ({cls.__name__}) takes one logging_mode (torchforge-style "
+                         f"constructor), got {redacted_repr(mode)}")
     kw["logging_mode"] = modes[0]
     kw.setdefault("per_rank_share_run", False)
     return cls(**kw)
@@ -321,7 +323,7 @@ def parse_modes(value: Any, default: tuple[LoggingMode, ...]) -> tuple[LoggingMo
             out.append(LoggingMode(str(item).lower()))
         except ValueError:
             valid = ", ".join(m.value for m in LoggingMode)
-            raise ValueError(f"logging_mode {item!r} is not a valid LoggingMode; valid: {valid}") from None
+            raise ValueError(f"logging_mode {redacted_repr(item)} is not a valid LoggingMode; valid: {valid}") from None
     if not out:
         raise ValueError("logging_mode is empty; valid: " + ", ".join(m.value for m in LoggingMode))
     return tuple(out)
@@ -407,7 +409,7 @@ def get_logger_backend_class(name: str) -> type[LoggerBackend]:
         target = name
     if target is None:
         raise ValueError(
-            f"Unknown logger backend type: {name!r}; valid: {', '.join(backend_names())} "
+            f"Unknown logger backend type: {redacted_repr(name)}; valid: {', '.join(backend_names())} "
             "(or a 'package.module:Class' path to a LoggerBackend subclass)"
         )
     if isinstance(target, str):
@@ -415,9 +417,9 @@ def get_logger_backend_class(name: str) -> type[LoggerBackend]:
         try:
             cls = getattr(importlib.import_module(mod_name), cls_name)
         except (ImportError, AttributeError) as e:
-            raise ValueError(f"backend {name!r}: cannot import {target!r} ({e})") from e
+            raise ValueError(f"backend {redacted_repr(name)}: cannot import {redacted_repr(target)} ({e})") from e
     else:
         cls = target
     if not (isinstance(cls, type) and issubclass(cls, LoggerBackend)):
-        raise ValueError(f"backend {name!r}: {cls!r} is not a forge_obs.LoggerBackend subclass")
+        raise ValueError(f"backend {redacted_repr(name)}: {cls!r} is not a forge_obs.LoggerBackend subclass")
     return cls

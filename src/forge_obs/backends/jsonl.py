@@ -12,7 +12,8 @@ Config (:class:`JsonlOptions`; an unknown key raises at ``init_backends``): ``lo
 (default 1: a step's rows are fsync'ed with it when the last fsync is at least that old, else with
 a later step or at ``finish``; 0: with every step), ``show_obs`` (default True: the ``obs/…``
 self-metrics, which the report and ``doctor`` read), ``retry_buffer_mb`` (default 256: see below),
-``filename`` (default ``metrics.jsonl``).
+``filename`` (default ``metrics.jsonl``: a relative path inside the run directory; an absolute one or
+one with ``..`` raises at ``init_backends``).
 Raw values streamed between flushes (``per_rank_no_reduce``) are written as they arrive, under
 their rank's predicted step (its last flushed step + 1).
 NaN/inf are written as JSON ``NaN``/``Infinity`` (Python's json reads them back).
@@ -42,6 +43,8 @@ from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable
 from forge_obs.backends.record import StepRecord
 from forge_obs.core.options import parse_options
 from forge_obs.core.plain import plain
+from forge_obs.core.redact import redact_text
+from forge_obs.core.run import check_run_path, path_in_run
 from forge_obs.core.safe import is_number, safe_repr, safe_str
 from forge_obs.core.types import LoggingMode
 from forge_obs.core.warn import WARNER
@@ -52,19 +55,21 @@ logger = logging.getLogger("forge_obs")
 
 
 def _default(o: Any) -> Any:
+    """An object JSON does not know: its ``.item()`` (numpy / torch scalars), else its text with
+    credential-looking parts masked."""
     item = getattr(o, "item", None)
     if callable(item):
         try:
             return item()
         except Exception:  # noqa: BLE001
             pass
-    return safe_str(o)
+    return redact_text(safe_str(o))
 
 
 def _line(row: dict[str, Any]) -> str:
     """``row`` as one JSON line. Every key is written: a value JSON cannot encode as it is (a
-    custom reduction's dict with a tuple key, or that contains itself) is written with its keys
-    as strings (:func:`forge_obs.core.plain.plain`), or else as its text."""
+    custom reduction's dict with a tuple key, an int longer than JSON readers take, or one that
+    contains itself) is written as :func:`forge_obs.core.plain.plain` makes it, or else as its text."""
     try:
         return json.dumps(row, default=_default) + "\n"
     except (TypeError, ValueError, RecursionError):
@@ -78,17 +83,20 @@ def _line(row: dict[str, Any]) -> str:
 
 
 def _writable(key: str, v: Any) -> Any:
-    """``v`` if JSON encodes it, else ``v`` with its keys as strings, else its text (warned)."""
-    for make in (lambda: v, lambda: plain(v)):
+    """``v`` if JSON encodes it, else ``v`` as :func:`forge_obs.core.plain.plain` makes it (keys
+    as strings, long ints as their digits, redacted), else its text (warned, saying why)."""
+    why = ""
+    for make in (lambda: v, lambda: plain(v, key)):
         try:
             out = make()
             json.dumps(out, default=_default)
             return out
-        except (TypeError, ValueError, RecursionError):  # BadRow is a ValueError
-            continue
-    WARNER.warn("jsonl_text", safe_str(key), f"metrics.jsonl: the value of {safe_str(key)!r} is not JSON "
-                "(it contains itself): written as its text")
-    return safe_repr(v, 10_000)
+        except (TypeError, ValueError, RecursionError) as e:  # BadRow is a ValueError
+            why = safe_str(e) or type(e).__name__
+    text = safe_repr(v, 10_000)
+    WARNER.warn("jsonl_text", safe_str(key), f"metrics.jsonl: the value of {safe_repr(key)} is not JSON "
+                f"({why}): written as its text")
+    return redact_text(text)
 
 
 #: ``retry_buffer_mb`` default: MiB of rows held in memory while the disk refuses them
@@ -106,7 +114,7 @@ class JsonlOptions:
     fsync: bool = True  # fsync the file (at most every fsync_interval_s, and at finish)
     fsync_interval_s: float = DEFAULT_FSYNC_INTERVAL_S  # 0: fsync with every step
     retry_buffer_mb: float = DEFAULT_RETRY_BUFFER_MB  # rows held in memory while the disk refuses them
-    filename: str = "metrics.jsonl"  # in the run directory
+    filename: str = "metrics.jsonl"  # a relative path inside the run directory
     per_rank_share_run: bool = False  # torchforge's; one file holds every rank's rows
 
     def __post_init__(self) -> None:
@@ -116,6 +124,7 @@ class JsonlOptions:
                 raise ValueError(f"jsonl backend: {name} must be a number of {unit} >= 0, got {v!r}")
         self.show_obs = bool(self.show_obs)
         self.fsync = bool(self.fsync)
+        self.filename = check_run_path(self.filename, "jsonl backend: filename")
 
 
 class JsonlBackend(LoggerBackend):
@@ -139,7 +148,8 @@ class JsonlBackend(LoggerBackend):
         self.run = run
         assert run is not None, "the jsonl backend needs a run directory"
         run.run_dir.mkdir(parents=True, exist_ok=True)
-        self.path = run.run_dir / self.options.filename
+        self.path = path_in_run(run.run_dir, self.options.filename, "jsonl backend: filename")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         if _ends_torn(self.path):  # a torn last row of an earlier session: the next row starts a line
             self._hold([], b"\n")

@@ -15,7 +15,8 @@
 - ``step_metrics`` (as for W&B): ``{"generator/": "policy_version"}`` plots ``generator/…`` with
   ``step = policy_version`` (when the step's values contain it) instead of the trainer step.
 
-Config: ``logging_mode``, ``log_dir`` (default ``<run_dir>/tb``), ``step_metrics``,
+Config: ``logging_mode``, ``log_dir`` (default ``tb``: a relative path inside the run directory;
+an absolute one or one with ``..`` raises at ``init_backends``), ``step_metrics``,
 ``flush_secs`` (default 10), ``histograms`` (key prefixes whose raw values also become
 histograms; default: distribution metrics only), ``show_obs`` (default True). Needs
 ``tensorboard`` (``forge-obs[tensorboard]``). Raw values streamed between flushes are written as
@@ -34,6 +35,8 @@ from forge_obs.backends.record import StepRecord
 from forge_obs.backends.wandb import rank_key
 from forge_obs.core.options import parse_options
 from forge_obs.core.plain import plain
+from forge_obs.core.redact import redact_text, redacted_repr
+from forge_obs.core.run import check_run_path, path_in_run
 from forge_obs.core.safe import is_number, safe_str
 from forge_obs.core.types import LoggingMode
 
@@ -47,7 +50,7 @@ class TensorBoardOptions:
     """The ``"tensorboard"`` config: ``init_backends({"tensorboard": {...}})``."""
 
     logging_mode: Any = None  # one mode or a list (LoggerBackend parses it)
-    log_dir: str | None = None  # default: runs/<run_id>/tb
+    log_dir: str | None = None  # a relative path inside the run directory (default: tb)
     step_metrics: dict = field(default_factory=dict)  # key prefix -> axis metric (e.g. policy_version)
     flush_secs: int = 10
     histograms: Any = ()  # keys (or prefixes) whose raw values also go to histograms
@@ -60,8 +63,17 @@ class TensorBoardOptions:
         if not isinstance(sm, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and v for k, v in sm.items()):
             raise ValueError('tensorboard backend: step_metrics must map a key prefix to an axis metric, e.g. {"generator/": "policy_version"}')
         self.step_metrics = dict(sm)
+        if self.log_dir is not None:
+            self.log_dir = check_run_path(self.log_dir, "tensorboard backend: log_dir")
         hist = self.histograms or []
-        self.histograms = [hist] if isinstance(hist, str) else list(hist)
+        hist = [hist] if isinstance(hist, str) else hist
+        if not isinstance(hist, (list, tuple)) or not all(isinstance(h, str) for h in hist):
+            raise ValueError(f"tensorboard backend: histograms must be a key prefix or a list of them, e.g. "
+                             f'["generator/"], got {redacted_repr(self.histograms)}')
+        self.histograms = list(hist)
+        if not is_number(self.flush_secs) or not 0 < self.flush_secs < float("inf"):
+            raise ValueError(f"tensorboard backend: flush_secs must be a number of seconds > 0, got "
+                             f"{redacted_repr(self.flush_secs)}")
 
 
 def _prefix_match(key: str, pattern: str) -> bool:
@@ -79,8 +91,8 @@ def _md_table(rows: list[dict[str, Any]]) -> str:
             if c not in cols:
                 cols.append(c)
 
-    def cell(v: Any) -> str:
-        return safe_str(v).replace("|", "\\|").replace("\n", " ")
+    def cell(v: Any) -> str:  # a row's strings are redacted where it was recorded; an object's text here
+        return (v if type(v) is str else redact_text(safe_str(v))).replace("|", "\\|").replace("\n", " ")
 
     lines = ["| " + " | ".join(cell(c) for c in cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(cell(r.get(c, "")) for c in cols) + " |" for r in rows]
@@ -109,12 +121,9 @@ class TensorBoardBackend(LoggerBackend):
         self.run = run
         from torch.utils.tensorboard import SummaryWriter
 
-        if self.options.log_dir:
-            self.log_dir = Path(self.options.log_dir)
-        elif run is not None:
-            self.log_dir = run.run_dir / "tb"
-        else:
-            raise ValueError("tensorboard backend: no run directory and no log_dir")
+        if run is None:
+            raise ValueError("tensorboard backend: no run directory to write in")
+        self.log_dir = path_in_run(run.run_dir, self.options.log_dir or "tb", "tensorboard backend: log_dir")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.writer = SummaryWriter(log_dir=str(self.log_dir), flush_secs=int(self.options.flush_secs))
 

@@ -29,13 +29,16 @@ What goes where:
   ordinary metric: ``record_metric("policy_version", v, Reduce.MAX)``.
 - Config: the W&B run's config gets the user's ``config`` (or ``run_config``) plus
   ``forge_obs`` (run id, run dir, backend configs), all passed through
-  :func:`forge_obs.core.run.redact` (the one redaction of every file forge_obs writes).
+  :func:`forge_obs.core.redact.redact` (the one redaction of every file forge_obs writes); a SAMPLE
+  row's table was redacted where the row was recorded (:func:`forge_obs.core.plain.plain`).
 
 Steps: W&B drops a write to a step below its current one. Steps arrive in order, but when one
 does not increase (a resumed job replaying a step, a user's non-monotonic flush) it is written at
 the next free W&B step, with ``trainer_step`` holding the true value, and a warning is logged once.
 
-Defaults: ``dir=<run_dir>`` (files in ``runs/<run_id>/wandb/``), ``name``/``id``/``group`` =
+Defaults: ``dir=<run_dir>`` (files in ``runs/<run_id>/wandb/``; a ``dir`` given is a relative path
+inside the run directory, an absolute one or one with ``..`` raises at ``init_backends``),
+``name``/``id``/``group`` =
 run id, ``resume="allow"``, ``reinit="create_new"``, ``settings=wandb.Settings(console="off")``.
 The API key is read by wandb itself (``WANDB_API_KEY`` / netrc); forge_obs never stores it.
 """
@@ -48,13 +51,15 @@ import logging
 import math
 import re
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable, write_each
 from forge_obs.backends.record import StepRecord
 from forge_obs.core.options import parse_options
 from forge_obs.core.plain import plain
-from forge_obs.core.run import redact
+from forge_obs.core.redact import redact, redact_text
+from forge_obs.core.run import check_run_path, path_in_run
 from forge_obs.core.safe import is_number, safe_str
 from forge_obs.core.types import BackendRole, LoggingMode
 
@@ -134,13 +139,19 @@ def rank_key(label: str, key: str) -> str:
     return f"{label}/{key}"
 
 
+def _text(v: Any) -> str:
+    """An object's text in a table cell, with credential-looking parts masked (a row's strings
+    were redacted where it was recorded)."""
+    return redact_text(safe_str(v))
+
+
 def _cell(v: Any) -> Any:
     if v is None or isinstance(v, (str, int, float, bool)):
         return v
     try:
-        return json.dumps(v, default=safe_str)
+        return json.dumps(v, default=_text)
     except Exception:  # noqa: BLE001
-        return safe_str(v)
+        return _text(v)
 
 
 class WandbBackend(LoggerBackend):
@@ -166,6 +177,8 @@ class WandbBackend(LoggerBackend):
                 share = logger_backend_config is not None or not kwargs
             per_rank = "keys" if share else "runs"
         self.per_rank = per_rank
+        if self.config.get("dir") is not None:
+            check_run_path(self.config["dir"], "wandb backend: dir")
         self.step_metrics: dict[str, str] = opts.step_metrics
         self.per_rank_include = opts.per_rank_include
         self.wb: Any = None  # the experiment's wandb run
@@ -189,7 +202,9 @@ class WandbBackend(LoggerBackend):
         kw = {k: v for k, v in self.config.items() if k not in OWN_KEYS}
         if run is not None:
             run.run_dir.mkdir(parents=True, exist_ok=True)
-            kw.setdefault("dir", str(run.run_dir))
+            kw["dir"] = str(path_in_run(run.run_dir, kw["dir"], "wandb backend: dir") if kw.get("dir") is not None
+                            else run.run_dir)
+            Path(kw["dir"]).mkdir(parents=True, exist_ok=True)
             kw.setdefault("name", run.run_id)
             kw.setdefault("id", _slug(run.run_id))
             kw.setdefault("group", run.run_id)

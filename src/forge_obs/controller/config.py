@@ -8,7 +8,8 @@
     (['console', 'jsonl'], 10.0, 'exp1')
 
 Top-level keys are backend names (or ``"package.module:Class"`` paths) plus the reserved keys
-below. Mistakes raise ``ValueError`` naming the valid choices.
+below. Mistakes raise ``ValueError`` naming the valid choices; what a message quotes of the
+config goes through :func:`forge_obs.core.redact.redacted_repr` (no credential in an error).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from forge_obs.controller.backend_worker import DEFAULT_QUEUE_STEPS
 from forge_obs.core.options import check_keys, parse_options
+from forge_obs.core.redact import redacted_repr
 from forge_obs.core.run import RunConfig
 from forge_obs.wire.messages import DEFAULT_STREAM_INTERVAL_S
 
@@ -76,17 +78,17 @@ class LoggerConfig:
         stream_interval = _seconds(config, "stream_interval_s", DEFAULT_STREAM_INTERVAL_S)
         queue_steps = config.pop("backend_queue_steps", DEFAULT_QUEUE_STEPS)
         if isinstance(queue_steps, bool) or not isinstance(queue_steps, int) or queue_steps < 1:
-            raise ValueError(f"backend_queue_steps must be an int >= 1, got {queue_steps!r}")
+            raise ValueError(f"backend_queue_steps must be an int >= 1, got {redacted_repr(queue_steps)}")
         from forge_obs.core.env import env_value
 
         aggregate = config.pop("aggregate", env_value("FORGE_OBS_AGGREGATE") or DEFAULT_AGGREGATE)
         if aggregate not in AGGREGATE_MODES:
-            raise ValueError(f"aggregate must be one of {', '.join(map(repr, AGGREGATE_MODES))}, got {aggregate!r}")
+            raise ValueError(f"aggregate must be one of {', '.join(map(repr, AGGREGATE_MODES))}, got {redacted_repr(aggregate)}")
         from forge_obs.core.env import env_flag
 
         probe = config.pop("probe_round_trip", env_flag("FORGE_OBS_PROBE_ROUND_TRIP"))
         if not isinstance(probe, bool):
-            raise ValueError(f"probe_round_trip must be True or False, got {probe!r}")
+            raise ValueError(f"probe_round_trip must be True or False, got {redacted_repr(probe)}")
         timeline = config.pop("timeline", None)
         from forge_obs.recording.timeline.schema import validate_options
 
@@ -97,9 +99,9 @@ class LoggerConfig:
             if bcfg is None or bcfg is False:
                 continue
             if not isinstance(name, str):
-                raise ValueError(f"backend names are strings, got {name!r}")
+                raise ValueError(f"backend names are strings, got {redacted_repr(name)}")
             if not isinstance(bcfg, dict):
-                raise ValueError(f"config of backend {name!r} must be a dict, got {type(bcfg).__name__}")
+                raise ValueError(f"config of backend {redacted_repr(name)} must be a dict, got {type(bcfg).__name__}")
             backends[name] = bcfg
         return cls(run=run, flush_timeout_s=timeout, shutdown_timeout_s=shutdown_timeout, backend_init_timeout_s=init_timeout,
                    backend_queue_steps=queue_steps, stream_interval_s=stream_interval, timeline=timeline,
@@ -109,5 +111,5 @@ class LoggerConfig:
 def _seconds(config: dict[str, Any], key: str, default: float) -> float:
     value = config.pop(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{key} must be a number of seconds > 0, got {value!r}")
+        raise ValueError(f"{key} must be a number of seconds > 0, got {redacted_repr(value)}")
     return float(value)

@@ -711,12 +711,15 @@ def _in_actor() -> bool:
 
 def _announce(run: RunContext) -> None:
     """One line on stderr when a run starts: where it is written and the command that shows it
-    live. ``FORGE_OBS_QUIET=1`` leaves it out."""
+    live, written to work as printed in the shell that started the process
+    (:func:`forge_obs.core.shell.printed_command`). ``FORGE_OBS_QUIET=1`` leaves it out."""
     if env_flag("FORGE_OBS_QUIET"):
         return
     import sys
 
-    print(f"forge_obs: run {run.run_id} in {run.run_dir}; view live: forge-obs serve {run.run_dir.parent}",
+    from forge_obs.core.shell import printed_command
+
+    print(f"forge_obs: run {run.run_id} in {run.run_dir}; view live: {printed_command('serve', run.run_dir.parent)}",
           file=sys.stderr, flush=True)
 
 

@@ -12,13 +12,11 @@ time-stamped id. A resumed job passes the same id and appends to the same direct
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import json
 import logging
 import os
 import platform
-import re
 import secrets
 import socket
 import sys
@@ -26,12 +24,13 @@ import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from forge_obs.core.options import check_keys
-from forge_obs.core.safe import safe_str
+# the redaction rule lives in forge_obs.core.redact; its names stay importable from here
+from forge_obs.core.redact import (COUNT_WORDS, HARMLESS_WORDS, MASK, SECRET_PARTS, SECRET_WORDS, is_secret_name,
+                                   redact, redact_text, redacted_repr)
 
 __all__ = [
     "new_run_id",
@@ -43,6 +42,10 @@ __all__ = [
     "is_secret_name",
     "redact_text",
     "redact",
+    "RUN_ID_RULE",
+    "check_run_id",
+    "check_run_path",
+    "path_in_run",
     "RunConfig",
     "META_RESERVE_BYTES",
     "reserve_meta_space",
@@ -57,234 +60,48 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
 
 
-# ----------------------------------------------------------------------------- redaction
-#: what a redacted value is replaced by
-MASK = "***"
-#: a name holding one of these (anywhere in a word, case-insensitive) is a secret
-SECRET_PARTS = ("key", "secret", "token", "pass", "pwd", "auth", "credential", "private", "cookie", "session")
-#: ... and so is a name with one of these as a whole word (``pat`` would catch ``path``)
-SECRET_WORDS = frozenset({"pat", "ghpat", "pw", "pin", "otp", "sig", "signature"})
-#: words that contain a secret part but are other words (never ``token``/``tokens``/``key``/``keys``:
-#: those are harmless only by the context rules below)
-HARMLESS_WORDS = frozenset({
-    "tokenizer", "tokenizers", "tokenize", "tokenized", "tokenization", "detokenize",
-    "detokenizer", "detokenized", "keyword", "keywords", "keyframe", "keyframes", "keyboard",
-    "passes", "passage", "passages", "bypass", "compass", "passthrough", "passthru", "multipass",
-    "author", "authors", "authored",
-})
-#: words that count or size what follows (``max_new_tokens``): a ``token``/``tokens`` after one of
-#: them, anywhere earlier in the name, is a number of tokens
-COUNT_WORDS = frozenset({"max", "min", "num", "n", "total", "count", "limit", "budget", "len", "length", "avg",
-                         "mean"})
-#: ``token``/``tokens`` right after one of these is a kind of token (``eos_token``, ``prompt_tokens``)
-_TOKEN_KINDS = frozenset({"pad", "eos", "bos", "unk", "sep", "cls", "mask", "stop", "start", "end", "special",
-                          "image", "audio", "video", "vision", "think", "thinking", "reasoning", "new", "prompt",
-                          "completion", "input", "output", "generated", "response", "context", "vocab"})
-#: ``token``/``tokens`` right before one of these is a property of tokens (``token_ids``, ``tokens_per_s``)
-_TOKEN_PROPERTIES = frozenset({"id", "ids", "index", "idx", "count", "num", "max", "min", "limit", "budget", "len",
-                               "length", "type", "types", "level", "logprob", "logprobs", "per"})
-_KEY_NEIGHBOURS = frozenset({"prefix", "prefixes", "dim", "dims", "size", "len", "length", "name", "names", "field",
-                             "fields", "column", "columns", "col", "fn", "func", "function", "type", "types", "sort",
-                             "metric", "metrics", "step", "group", "partition", "shard", "rng", "prng", "seed",
-                             "cache", "dict", "lookup", "index", "primary", "join", "order", "by"})
-#: word -> (words right before it, words right after it, words anywhere before it) that make it harmless
-_CONTEXT_RULES = {
-    "token": (_TOKEN_KINDS | COUNT_WORDS, _TOKEN_PROPERTIES, COUNT_WORDS),
-    "key": (_KEY_NEIGHBOURS, _KEY_NEIGHBOURS, frozenset()),
-}
-_CONTEXT_RULES["tokens"] = _CONTEXT_RULES["token"]
-_CONTEXT_RULES["keys"] = _CONTEXT_RULES["key"]
-#: whole names that are harmless although a word looks like a secret (pass@k metrics)
-_HARMLESS_NAMES = re.compile(r"^(pass_(at_)?\d*k?\d*|num_pass|pass_rate|passed|key_value|kv)$")
-_CAMEL = re.compile(r"([a-z0-9])([A-Z])")
-_SPLIT = re.compile(r"[^a-z0-9]+")
+#: what a run id is, said in every error about one
+RUN_ID_RULE = ("one directory name: printable characters, no '/' or '\\', no space at either end, not '.' or '..', "
+               "at most 255 bytes")
 
 
-@lru_cache(maxsize=4096)
-def is_secret_name(name: str) -> bool:
-    """Whether a config name looks like it holds a credential. Deny by default: the name is a
-    secret if any of its words (split at ``_``, ``-``, ``.``, camelCase) is ``pat``, ``pw``,
-    ``pin``, ``otp``, ``sig``, ``signature``, or contains ``key``, ``secret``, ``token``, ``pass``,
-    ``pwd``, ``auth``, ``credential``, ``private``, ``cookie`` or ``session`` -- unless that word is
-    another word (``tokenizer``, ``keyword``, ``passage``, ``author``, :data:`HARMLESS_WORDS`), or:
-
-    - ``token`` / ``tokens`` comes after a count word anywhere in the name (``max_tokens``,
-      ``max_new_tokens``, ``num_tokens``, ``n_tokens``, ``total_tokens``; :data:`COUNT_WORDS`),
-      right after a kind of token (``eos_token``, ``prompt_tokens``, ``special_tokens``) or right
-      before a property (``token_ids``, ``tokens_per_s``);
-    - ``key`` / ``keys`` is next to a structural word (``key_prefix``, ``sort_key``, ``metric_keys``);
-    - the whole name is a pass@k metric (``pass_at_k``, ``pass_rate``) or ``kv``.
-
-    No other word makes a name harmless: ``hf_tokens``, ``refresh_tokens``, ``id_token``,
-    ``tokenizer_hf_token`` are secrets.
-
-        >>> is_secret_name("aws_secret_access_key"), is_secret_name("max_tokens"), is_secret_name("hf_tokens")
-        (True, False, True)
-    """
-    words = [w for w in _SPLIT.split(_CAMEL.sub(r"\1_\2", name).lower()) if w]
-    if _HARMLESS_NAMES.match("_".join(words)):
-        return False
-    for i, w in enumerate(words):
-        if w in SECRET_WORDS:
-            return True
-        if w in HARMLESS_WORDS or not any(p in w for p in SECRET_PARTS):
-            continue
-        if not _harmless_in_context(w, words, i):
-            return True
-    return False
+def check_run_id(run_id: Any, source: str = "") -> str:
+    """``run_id`` if it names one directory (:data:`RUN_ID_RULE`); ValueError saying the rule
+    otherwise (``source``: where the id came from, e.g. ``" (from FORGE_OBS_RUN_ID)"``)."""
+    if not isinstance(run_id, str):
+        raise ValueError(f"run id must be a string, got {type(run_id).__name__} {redacted_repr(run_id)}{source}: "
+                         f"{RUN_ID_RULE}")
+    if not run_id:
+        raise ValueError(f"run id must not be empty{source}: {RUN_ID_RULE}")
+    if (not run_id.isprintable() or "/" in run_id or "\\" in run_id or run_id.strip() != run_id
+            or run_id in (".", "..") or len(run_id.encode("utf-8", "surrogatepass")) > 255):
+        raise ValueError(f"run id {redacted_repr(run_id)}{source} is not {RUN_ID_RULE}")
+    return run_id
 
 
-def _harmless_in_context(word: str, words: list[str], i: int) -> bool:
-    """Whether ``words[i]`` (a ``token``/``key`` word) is made harmless by its neighbours (:data:`_CONTEXT_RULES`)."""
-    rule = _CONTEXT_RULES.get(word)
-    if rule is None:
-        return False
-    before, after, earlier = rule
-    return ((i > 0 and words[i - 1] in before) or (i + 1 < len(words) and words[i + 1] in after)
-            or any(w in earlier for w in words[:i]))
+def check_run_path(value: Any, what: str) -> str:
+    """A path from configuration (``what`` names its key): ``value`` if it is a relative path
+    inside the run directory (not empty, not absolute, no ``..`` part); ValueError saying so
+    otherwise. :func:`path_in_run` resolves it when the run directory is known."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise ValueError(f"{what} must be a relative path inside the run directory, got "
+                         f"{type(value).__name__} {redacted_repr(value)}")
+    text = os.fspath(value)
+    parts = Path(text).parts if isinstance(text, str) else ()
+    if not isinstance(text, str) or not text.strip() or "\0" in text or Path(text).is_absolute() or ".." in parts:
+        raise ValueError(f"{what} {redacted_repr(text)} must be a relative path inside the run directory "
+                         "(no '..', not absolute): every file forge_obs writes stays in the run directory")
+    return text
 
 
-def _secret_name(name: Any) -> bool:
-    try:
-        return is_secret_name(name if type(name) is str else str(name))
-    except Exception:  # noqa: BLE001
-        return False
-
-
-_VALUE_PATTERNS: list[tuple[re.Pattern, Any]] = [
-    # PEM private keys
-    (re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)", re.S), MASK),
-    # an Authorization header: everything after it on the line
-    (re.compile(r"(?i)\b((?:proxy-)?authorization\s*[:=]\s*)[^\r\n,;\"']+"), r"\1" + MASK),
-    # bearer tokens
-    (re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]+"), r"\1" + MASK),
-    # a password in a URL: scheme://user:password@host
-    (re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)[^@\s/]+@"), r"\1" + MASK + "@"),
-    # well-known key formats (OpenAI / Anthropic / Stripe, GitHub, AWS key ids, Hugging Face,
-    # Slack, Google, JWTs)
-    (re.compile(r"\b(?:sk-[A-Za-z0-9_-]{16,}|[sr]k_(?:live|test)_[A-Za-z0-9]{16,}|gh[pousr]_[A-Za-z0-9]{20,}"
-                r"|github_pat_[A-Za-z0-9_]{20,}|(?:AKIA|ASIA)[0-9A-Z]{16}|hf_[A-Za-z0-9]{20,}"
-                r"|xox[abposr]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35}"
-                r"|eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})"), MASK),
-]
-# --name value / --name=value / name=value / name: value / "name": value (JSON or a Python repr
-# inside text), masked when the name is a secret name; a [list] or {dict} value is masked whole.
-# Two words separated by a space alone are free text, never an assignment.
-_NAME = r"[A-Za-z_][A-Za-z0-9_.-]*"
-_ASSIGN = re.compile(rf"(?<![\w-])(?:(--?)({_NAME})(\s*[=:]\s*|\s+)|([\"']?)({_NAME})\4(\s*[=:]\s*))"
-                     r"(\"[^\"]*\"?|'[^']*'?|\[[^\]]*\]?|\{[^}]*\}?|[^\s'\",;&]+)")
-_QUERY = re.compile(r"([?&;])([^=&#\s]+)=([^&#\s]*)")
-
-
-def _mask_assign(m: re.Match) -> str:
-    dashes, dashed_name, dashed_sep, nq, name, sep, value = m.groups()
-    if dashes:
-        name, sep, nq = dashed_name, dashed_sep, ""
-    if value.startswith((MASK, "-")) or not is_secret_name(name):  # what a harmless name's value holds is scanned too
-        return m.group(0) if value[0] not in "[{\"'" else m.group(0)[: -len(value)] + redact_text(value)
-    q = value[0] if value[0] in "\"'" else ("\"" if nq == "\"" and value[0] in "[{" else "")
-    return f"{dashes or ''}{nq}{name}{nq}{sep}{q}{MASK}{q}"
-
-
-def _mask_query(m: re.Match) -> str:
-    return f"{m.group(1)}{m.group(2)}={MASK}" if _secret_name(m.group(2)) else m.group(0)
-
-
-def redact_text(s: str) -> str:
-    """``s`` with credential-looking parts replaced by ``***``: bearer tokens, Authorization
-    headers, URL passwords and secret query parameters, ``name=value`` / ``--name value`` of
-    secret names, and well-known key formats (``sk-…``, ``ghp_…``, ``AKIA…``, ``hf_…``, JWTs,
-    PEM private keys).
-
-        >>> redact_text("postgres://u:pw@h/db")
-        'postgres://u:***@h/db'
-    """
-    for pat, repl in _VALUE_PATTERNS:
-        s = pat.sub(repl, s)
-    s = _QUERY.sub(_mask_query, s)
-    return _ASSIGN.sub(_mask_assign, s)
-
-
-def redact(obj: Any) -> Any:
-    """A copy of a config, safe to write anywhere (meta.json, W&B, logs, reports): the value of
-    every secret-looking name (:func:`is_secret_name`, in nested dicts and lists too) replaced by
-    ``"***"`` (``True`` / ``False`` / ``None`` are kept: they hold no secret), a JSON object or
-    array held in a string redacted the same way, and credential-looking text in every other
-    string (:func:`redact_text`). In lists, the item after a secret flag
-    (``["--password", "x"]``) is masked. Mappings become dicts, tuples and sets lists, other
-    objects their (redacted) text; never raises.
-
-        >>> redact({"wandb": {"api_key": "abc", "project": "p"}, "max_tokens": 512})
-        {'wandb': {'api_key': '***', 'project': 'p'}, 'max_tokens': 512}
-    """
-    return _redact(obj, set(), 0)
-
-
-def _redact(obj: Any, path: set, depth: int) -> Any:
-    if obj is None or isinstance(obj, (bool, int, float)):
-        return obj
-    if isinstance(obj, str):
-        return _redact_string(obj, path, depth)
-    if depth > 64:
-        return "<too deep>"
-    oid = id(obj)
-    if oid in path:
-        return "<cycle>"
-    path.add(oid)
-    try:
-        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-            obj = {f.name: getattr(obj, f.name, None) for f in dataclasses.fields(obj)}
-        if isinstance(obj, Mapping):
-            out = {}
-            for k, v in obj.items():
-                name = k if isinstance(k, (str, int, float, bool)) or k is None else safe_str(k)
-                if _secret_name(name) and not (v is None or isinstance(v, bool)):
-                    out[name] = MASK
-                else:
-                    out[name] = _redact(v, path, depth + 1)
-            return out
-        if isinstance(obj, (list, tuple, set, frozenset)):
-            items = list(obj)
-            out_l = []
-            mask_next = False
-            for v in items:
-                if mask_next and not (isinstance(v, str) and v.startswith("-")):
-                    out_l.append(MASK)
-                    mask_next = False
-                    continue
-                mask_next = isinstance(v, str) and v.startswith("-") and "=" not in v and _secret_name(v.lstrip("-"))
-                out_l.append(_redact(v, path, depth + 1))
-            return out_l
-        if isinstance(obj, bytes):
-            return redact_text(obj.decode("utf-8", "replace"))
-        item = getattr(obj, "item", None)
-        if callable(item):
-            try:
-                v = item()
-                if v is None or isinstance(v, (bool, int, float)):
-                    return v
-            except Exception:  # noqa: BLE001
-                pass
-        return redact_text(safe_str(obj))
-    except Exception:  # noqa: BLE001 - a config that cannot be read is not written
-        return "<unreadable>"
-    finally:
-        path.discard(oid)
-
-
-def _redact_string(s: str, path: set, depth: int) -> str:
-    """A JSON object or array held in a string is parsed and redacted as data (re-serialised only
-    when something was masked); any other text goes through :func:`redact_text`."""
-    t = s.strip()
-    if t[:1] in ("{", "[") and t[-1:] in ("}", "]"):
-        try:
-            parsed = json.loads(t)
-        except (ValueError, RecursionError):
-            parsed = None
-        if isinstance(parsed, (dict, list)):
-            out = _redact(parsed, path, depth + 1)
-            return s if out == parsed else json.dumps(out)
-    return redact_text(s)
+def path_in_run(run_dir: Path, value: Any, what: str) -> Path:
+    """``run_dir / value`` (checked by :func:`check_run_path`), with ValueError if it leaves the
+    run directory through a symbolic link."""
+    path = Path(run_dir) / check_run_path(value, what)
+    if not path.resolve().is_relative_to(Path(run_dir).resolve()):
+        raise ValueError(f"{what} {redacted_repr(os.fspath(value))} must be a relative path inside the run directory: "
+                         f"{path} leads to {path.resolve()} through a symbolic link")
+    return path
 
 
 @dataclass
@@ -300,13 +117,29 @@ class RunConfig:
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any] | None) -> "RunConfig":
+        """The ``"run"`` section: ``id`` (:data:`RUN_ID_RULE`; default ``FORGE_OBS_RUN_ID``, else
+        a new time-stamped id) and ``root`` (default ``FORGE_OBS_ROOT``, else ``runs``);
+        ValueError saying the rule for a bad one."""
+        if cfg is not None and not isinstance(cfg, Mapping):
+            raise ValueError(f"the 'run' config must be a dict with keys {', '.join(cls.VALID_KEYS)}, got "
+                             f"{type(cfg).__name__}")
         cfg = dict(cfg or {})
         check_keys("run", cfg, cls.VALID_KEYS)
-        run_id = str(cfg.get("id") or os.environ.get("FORGE_OBS_RUN_ID") or new_run_id())
-        if "/" in run_id or run_id in (".", ".."):
-            raise ValueError(f"run id {run_id!r} must be a plain directory name")
-        root = Path(cfg.get("root") or os.environ.get("FORGE_OBS_ROOT") or "runs")
-        return cls(run_id=run_id, root=root)
+        if cfg.get("id") is not None:
+            run_id = check_run_id(cfg["id"])
+        elif os.environ.get("FORGE_OBS_RUN_ID"):
+            run_id = check_run_id(os.environ["FORGE_OBS_RUN_ID"], " (from FORGE_OBS_RUN_ID)")
+        else:
+            run_id = new_run_id()
+        root = cfg.get("root")
+        if root is None:
+            root = os.environ.get("FORGE_OBS_ROOT") or "runs"
+        if not isinstance(root, (str, os.PathLike)) or isinstance(os.fspath(root), bytes):
+            raise ValueError(f"run root must be a path (str or os.PathLike), got {type(root).__name__} "
+                             f"{redacted_repr(root)}")
+        if not os.fspath(root).strip():
+            raise ValueError("run root must not be empty (default: FORGE_OBS_ROOT, else 'runs')")
+        return cls(run_id=run_id, root=Path(root))
 
 
 #: bytes kept allocated in a running session's directory, for meta.json's last update on a full disk

@@ -481,7 +481,7 @@ class MetricCollector:
         """A SAMPLE row as backends write it (:func:`forge_obs.core.plain.plain`: keys as ``str``);
         _DROP, counted as ``bad_row``, for a row that contains itself."""
         try:
-            return plain(value)
+            return plain(value, key)
         except BadRow as e:
             return self._drop(key, "bad_row", f"a SAMPLE row {e}")
 
