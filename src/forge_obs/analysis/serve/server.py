@@ -9,8 +9,9 @@ Only ``GET`` (and ``HEAD``) are answered. The page and its assets are a fixed se
 this package (:data:`ASSETS`), looked up by name, never joined to a request's path; a run is
 named by its id, which must be a directory listed directly under the runs root
 (:meth:`~forge_obs.analysis.serve.api.Runs.path`): ``..``, absolute paths, encoded variants and
-symbolic links lead nowhere (404). Requests whose ``Host`` is not this server's own address are
-refused (403) on loopback, so a web page elsewhere cannot read the API through DNS rebinding.
+symbolic links lead nowhere (404). Requests whose ``Host`` names another site are refused (403,
+:class:`~forge_obs.analysis.local_server.HostChecked`), so a web page elsewhere cannot read the
+API through DNS rebinding.
 The page's policy (``Content-Security-Policy``) runs only its own scripts.
 """
 
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from forge_obs.analysis.local_server import LocalServer
+from forge_obs.analysis.local_server import HostChecked, LocalServer, is_loopback
 from forge_obs.analysis.serve.api import Runs
 from forge_obs.analysis.serve.state import ServeConfig
 
@@ -44,10 +45,6 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline';
        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
-def is_loopback(host: str) -> bool:
-    return host in ("127.0.0.1", "::1", "localhost") or host.startswith("127.")
-
-
 def _int(q: dict, name: str, default: int | None = None) -> int | None:
     v = q.get(name, [None])[0]
     if v in (None, ""):
@@ -62,10 +59,9 @@ class _BadRequest(ValueError):
     pass
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Handler(HostChecked):
     server_version = "forge-obs-serve"
     runs: Runs
-    hosts: set
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
         pass
@@ -91,10 +87,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:  # noqa: N802
         self.do_GET()
 
+    def refuse_host(self) -> None:
+        self._error(403, "unknown Host")
+
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        host = (self.headers.get("Host") or "").lower()
-        if self.hosts and host not in self.hosts:
-            return self._error(403, "unknown Host")
         url = urlsplit(self.path)
         asset = ASSETS.get(url.path)
         if asset is not None:
@@ -165,11 +161,9 @@ class ServeServer(LocalServer):
     def __init__(self, root: "str | Path", port: int = 0, host: str = "127.0.0.1",
                  config: ServeConfig | None = None) -> None:
         self.runs = Runs(root, config)
-        handler = type("Handler", (_Handler,), {"runs": self.runs, "hosts": set()})
+        handler = type("Handler", (_Handler,), {"runs": self.runs, "bind_host": host})
         self.httpd = _HTTPServer((host, port), handler)
         self.host, self.port = host, self.httpd.server_address[1]
-        if is_loopback(host):
-            handler.hosts = {f"{h}:{self.port}" for h in ("127.0.0.1", "localhost", "[::1]")}
 
     @property
     def url(self) -> str:
