@@ -232,6 +232,71 @@ def test_traversal_and_links_out_of_the_root_lead_nowhere(tmp_path):
             assert b"SECRET" not in body and b"root:" not in body and b"import" not in body, path
 
 
+def _outside_run(d: Path) -> Path:
+    """A run directory outside the served root whose every file holds SECRET."""
+    d.mkdir(parents=True)
+    (d / "meta.json").write_text(json.dumps({"run_id": "SECRET", "status": "running", "start_time": 1000.0}))
+    with open(d / "metrics.jsonl", "w") as f:
+        for s in range(5):
+            f.write(_row(s, metrics={"SECRET/loss": 1.0, "rollouts": [{"prompt": "SECRET"}]}))
+            f.write(_row(s, "per_rank_reduce", source={"label": "SECRET/r0"}, metrics={"SECRET/loss": 2.0}))
+            f.write(_row(s, "per_rank_reduce", source={"label": "SECRET/r1"}, metrics={"SECRET/loss": 2.0}))
+    (d / "alerts.jsonl").write_text(json.dumps({"rule": "threshold", "state": "firing", "id": "x", "step": 1,
+                                                "message": "SECRET"}) + "\n")
+    (d / "events").mkdir()
+    (d / "events" / "ctl.jsonl").write_text(json.dumps({"h": 1, "ctl": True, "host": "SECRET", "pid": 1}) + "\n")
+    return d
+
+
+def test_files_that_link_out_of_the_root_are_not_read(tmp_path):
+    """A run directory inside the root whose metrics.jsonl, alerts.jsonl, meta.json, events/ or
+    a file in events/ is a symbolic link out of the root: none of those is read, by any endpoint
+    (the doctor, the critical path and the Perfetto export, which read the run themselves, are
+    not run on it); a link that stays inside the root is followed."""
+    root = tmp_path / "runs"
+    outside = _outside_run(tmp_path / "outside")
+    for name in ("metrics.jsonl", "alerts.jsonl", "meta.json", "events"):
+        d = root / f"link-{name.split('.')[0]}"
+        make_run(root, d.name, steps=5)
+        target = d / name
+        if target.is_dir() or name == "events":
+            (d / "events").mkdir(exist_ok=True)
+        if name == "events":
+            (d / "events").rmdir()
+        else:
+            target.unlink()
+        target.symlink_to(outside / name)
+    d = make_run(root, "link-event-file", steps=5)
+    (d / "events").mkdir()
+    (d / "events" / "ctl.jsonl").symlink_to(outside / "events" / "ctl.jsonl")
+    only = root / "only-links"
+    only.mkdir()
+    for name in ("metrics.jsonl", "meta.json", "events"):
+        (only / name).symlink_to(outside / name)
+    inside = root / "inside-link"
+    inside.mkdir()
+    (inside / "metrics.jsonl").symlink_to(root / "link-alerts" / "metrics.jsonl")
+    with ServeServer(root).start() as srv:
+        ids = [r["id"] for r in _api(srv, "/api/runs")["runs"]]
+        assert "only-links" not in ids and "link-metrics" in ids and "inside-link" in ids, ids
+        assert _api(srv, "/api/run?id=inside-link")["steps"] == 5  # a link inside the root is followed
+        for rid in ids:
+            for path in (f"/api/run?id={rid}", f"/api/poll?id={rid}", f"/api/series?id={rid}&k=SECRET/loss",
+                         f"/api/ranks?id={rid}&k=SECRET/loss", f"/api/step?id={rid}&step=1",
+                         f"/api/samples?id={rid}&k=rollouts", f"/api/findings?id={rid}", f"/api/compare?a={rid}&b=r1",
+                         f"/api/perfetto?id={rid}&step=1", "/api/runs"):
+                code, body, _h = _get(srv, path)
+                assert b"SECRET" not in body, (path, body[:300])
+        deadline = time.monotonic() + 60
+        for rid in ("link-metrics", "link-events", "link-event-file"):
+            while (res := _api(srv, f"/api/findings?id={rid}"))["computing"] or res["state"] == "not computed yet":
+                assert time.monotonic() < deadline, res
+                threading.Event().wait(0.1)
+            assert "outside the served root" in res["state"] and b"SECRET" not in json.dumps(res).encode(), res
+            if rid != "link-metrics":  # the others have a timeline, one that leaves the root
+                assert "outside the served root" in _api(srv, f"/api/perfetto?id={rid}&step=1").get("error", ""), rid
+
+
 def test_read_only_foreign_host_refused_and_page_headers(tmp_path):
     make_run(tmp_path)
     with ServeServer(tmp_path).start() as srv:

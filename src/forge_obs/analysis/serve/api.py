@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from forge_obs.analysis.report.data import QUANTILES, group_of, group_sort_key, overview_panels
+from forge_obs.analysis.serve.files import Confined
 from forge_obs.analysis.serve.series import align, merge_to
 from forge_obs.analysis.serve.state import RunState, ServeConfig, read_meta
 from forge_obs.analysis.store import RUN_MARKERS
@@ -60,22 +61,37 @@ def named_keys(obj: Any, keys: "list[str]") -> list[str]:
     return out
 
 
-def critical_path_at(run_dir: Path, step: int) -> dict[str, Any]:
+def _escaping(files: Confined, run_dir: Path) -> str | None:
+    """Why ``run_dir`` may not be handed to code that reads it by itself: the entry of it that
+    links outside the served root (None: nothing does)."""
+    bad = files.escapes(run_dir)
+    return None if bad is None else f"{bad} links outside the served root"
+
+
+def critical_path_at(run_dir: Path, step: int, files: Confined | None = None) -> dict[str, Any]:
     """The step's critical path and slack, when :mod:`forge_obs.analysis.critical_path` exists.
 
     The hook: ``forge_obs.analysis.critical_path.critical_path(run_dir, step)``, a JSON-able dict
     (``answer``, ``stages`` along the path, ``slack`` per process: the page draws these, any other
-    shape as JSON); until that module exists the drill-down says "not available"."""
+    shape as JSON); until that module exists the drill-down says "not available". It reads the
+    run by itself: not run (and its answer dropped) while an entry of the run links outside
+    ``files``' root."""
+    files = files or Confined(run_dir)
     try:
         from forge_obs.analysis.critical_path import critical_path  # type: ignore[import-not-found]
     except ImportError:
         return {"available": False, "why": "critical-path analysis is not available in this version of forge_obs"}
+    if (why := _escaping(files, run_dir)) is not None:
+        return {"available": False, "why": why}
     try:
-        return {"available": True, "path": jsonable(critical_path(run_dir, step))}
+        out = {"available": True, "path": jsonable(critical_path(run_dir, step))}
     except ValueError as e:  # e.g. no controller step span at this step
-        return {"available": False, "why": str(e)}
+        out = {"available": False, "why": str(e)}
     except Exception as e:  # noqa: BLE001 - the drill-down still shows the rest
-        return {"available": False, "why": f"critical path failed: {type(e).__name__}: {e}"}
+        out = {"available": False, "why": f"critical path failed: {type(e).__name__}: {e}"}
+    if (why := _escaping(files, run_dir)) is not None:  # a link swapped in while it read
+        return {"available": False, "why": why}
+    return out
 
 
 class _Findings:
@@ -83,8 +99,9 @@ class _Findings:
     asked for and the run's files changed, at most once per ``min_interval_s``; the last result is
     served meanwhile."""
 
-    def __init__(self, run_dir: Path, min_interval_s: float = 10.0, timeout_s: float = 600.0) -> None:
+    def __init__(self, run_dir: Path, files: Confined, min_interval_s: float = 10.0, timeout_s: float = 600.0) -> None:
         self.run_dir = run_dir
+        self.files = files
         self.min_interval_s = min_interval_s
         self.timeout_s = timeout_s
         self.result: dict[str, Any] = {"findings": [], "notes": [], "state": "not computed yet"}
@@ -97,7 +114,7 @@ class _Findings:
         sig = []
         for name in ("metrics.jsonl", "events"):
             try:
-                sig.append((self.run_dir / name).stat().st_mtime)
+                sig.append(self.files.stat(self.run_dir / name).st_mtime)
             except OSError:
                 sig.append(None)
         return tuple(sig)
@@ -119,17 +136,27 @@ class _Findings:
         import sys
 
         try:
+            if (why := _escaping(self.files, self.run_dir)) is not None:
+                raise _NotRun(why)
             p = subprocess.run([sys.executable, "-m", "forge_obs.cli", "doctor", str(self.run_dir), "--json"],
                                capture_output=True, text=True, timeout=self.timeout_s,
                                preexec_fn=lambda: os.nice(10))  # behind the server's requests
             if p.returncode not in (0, 1):
                 raise RuntimeError((p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1])
             d = json.loads(p.stdout)
+            if (why := _escaping(self.files, self.run_dir)) is not None:  # a link swapped in while it read
+                raise _NotRun(why)
             res = {"findings": jsonable(d["findings"]), "notes": jsonable(d["notes"]), "state": "ok"}
+        except _NotRun as e:
+            res = {"findings": [], "notes": [], "state": f"the doctor was not run: {e}"}
         except Exception as e:  # noqa: BLE001 - the page still works
             res = {"findings": [], "notes": [], "state": f"the doctor failed: {type(e).__name__}: {e}"}
         with self._lock:
             self.result, self._sig, self._busy = res, sig, False
+
+
+class _NotRun(Exception):
+    pass
 
 
 class Runs:
@@ -138,8 +165,9 @@ class Runs:
 
     def __init__(self, root: "str | Path", config: ServeConfig | None = None, max_open: int = 8) -> None:
         self.root = Path(root).resolve()
+        self.files = Confined(self.root)
         self.cfg = config or ServeConfig()
-        self.single = _is_run(self.root)
+        self.single = self._is_run(self.root)
         self.max_open = max_open
         self._open: OrderedDict[str, tuple[RunState, _Findings]] = OrderedDict()
         self._lock = threading.Lock()
@@ -157,7 +185,11 @@ class Runs:
             kids = sorted(self.root.iterdir(), key=lambda p: p.name)
         except OSError:
             return []
-        return [p.name for p in kids if not p.is_symlink() and _is_run(p)]
+        return [p.name for p in kids if not p.is_symlink() and self._is_run(p)]
+
+    def _is_run(self, p: Path) -> bool:
+        """A directory holding one of the run markers (not through a link out of the root)."""
+        return p.is_dir() and any(self.files.exists(p / m) for m in RUN_MARKERS)
 
     def path(self, run_id: Any) -> Path | None:
         """The directory of ``run_id``, or None: only a listed name, never a path."""
@@ -166,7 +198,7 @@ class Runs:
         if self.single:
             return self.root if run_id == self.root.name else None
         p = self.root / run_id
-        if p.is_symlink() or not _is_run(p) or p.resolve().parent != self.root:
+        if p.is_symlink() or not self._is_run(p) or p.resolve().parent != self.root:
             return None
         return p
 
@@ -177,7 +209,7 @@ class Runs:
         with self._lock:
             ent = self._open.get(run_id)
             if ent is None:
-                ent = self._open[run_id] = (RunState(p, self.cfg), _Findings(p))
+                ent = self._open[run_id] = (RunState(p, self.cfg, self.files), _Findings(p, self.files))
                 while len(self._open) > self.max_open:
                     self._open.popitem(last=False)
             self._open.move_to_end(run_id)
@@ -208,7 +240,7 @@ class Runs:
             p = self.path(rid)
             if p is None:
                 continue
-            meta = read_meta(p)
+            meta = read_meta(p, self.files)
             ent = self._open.get(rid)
             row: dict[str, Any] = {"id": rid, "status": meta.get("status") or "?",
                                    "start_time": meta.get("start_time"), "end_time": meta.get("end_time"),
@@ -221,7 +253,7 @@ class Runs:
                 row["alerts"] = sum(1 for a in st.alerts if a.get("state") == "firing")
                 row["findings"] = len(ent[1].result.get("findings") or [])
             else:
-                row["alerts"] = _count_firing(p / "alerts.jsonl")
+                row["alerts"] = _count_firing(self.files, p / "alerts.jsonl")
             out.append(jsonable(row))
         return {"root": str(self.root), "single": self.single, "runs": out}
 
@@ -320,7 +352,7 @@ class Runs:
             keys = sorted(st.series)
             alerts = [dict(a, keys=named_keys(a, keys)) for a in st.alerts if _at_step(a, step)]
         found = [dict(f, keys=named_keys(f, keys)) for f in fi.get()["findings"] if _at_step(f, step)]
-        d.update(alerts=alerts, findings=found, critical_path=critical_path_at(st.run_dir, step),
+        d.update(alerts=alerts, findings=found, critical_path=critical_path_at(st.run_dir, step, self.files),
                  trace_command=f"forge-obs trace {st.run_dir} --steps {step} --open")
         return jsonable(d)
 
@@ -360,7 +392,7 @@ class Runs:
         p = self.path(rid)
         if p is None:
             return None
-        return self._trace.open(p, step)
+        return self._trace.open(p, step, self.files)
 
     def close(self) -> None:
         self._stop.set()
@@ -377,13 +409,9 @@ def _reading(st: RunState) -> dict[str, Any] | None:
     return None
 
 
-def _is_run(p: Path) -> bool:
-    return p.is_dir() and any((p / m).exists() for m in RUN_MARKERS)
-
-
-def _count_firing(path: Path) -> int:
+def _count_firing(files: Confined, path: Path) -> int:
     try:
-        with open(path, "rb") as f:
+        with files.open(path) as f:
             return sum(1 for line in f if b'"state": "firing"' in line)
     except OSError:
         return 0
@@ -441,9 +469,11 @@ class _TraceSlot:
         self._dir = tempfile.TemporaryDirectory(prefix="forge-obs-serve-")
         self._lock = threading.Lock()
 
-    def open(self, run_dir: Path, step: int) -> dict[str, Any]:
+    def open(self, run_dir: Path, step: int, files: Confined) -> dict[str, Any]:
         if not (run_dir / "events").is_dir():
             return {"error": "this run has no timeline (events/)"}
+        if (why := _escaping(files, run_dir)) is not None:
+            return {"error": why}
         try:
             from forge_obs.analysis.perfetto_ui import TraceServer, ui_dir
             from forge_obs.analysis.trace import export_trace, parse_steps
@@ -454,6 +484,9 @@ class _TraceSlot:
         with self._lock:
             out = Path(self._dir.name) / f"step-{step}.json"
             stats = export_trace(run_dir, out, parse_steps(str(step)), None, None)
+            if (why := _escaping(files, run_dir)) is not None:  # a link swapped in while it read
+                out.unlink(missing_ok=True)
+                return {"error": why}
             if self._srv is not None:
                 self._srv.close()
             self._srv = TraceServer(out, 0).start()

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from forge_obs.analysis.report.data import QUANTILES, flatten, is_distribution
+from forge_obs.analysis.serve.files import Confined
 from forge_obs.analysis.serve.series import Buckets
 from forge_obs.analysis.serve.tail import Tail
 from forge_obs.analysis.store import metric_row_problem
@@ -72,9 +73,11 @@ class ServeConfig:
     read_chunk_bytes: int = 2 << 20
 
 
-def read_meta(run_dir: Path) -> dict[str, Any]:
+def read_meta(run_dir: Path, files: Confined | None = None) -> dict[str, Any]:
+    """``run_dir/meta.json`` ({} when absent, unreadable or a link out of ``files``' root)."""
+    files = files or Confined(run_dir)
     try:
-        meta = json.loads((run_dir / "meta.json").read_text())
+        meta = json.loads(files.read_bytes(run_dir / "meta.json"))
     except (OSError, ValueError):
         return {}
     return meta if isinstance(meta, dict) else {}
@@ -85,12 +88,16 @@ def _num(v: Any) -> bool:
 
 
 class RunState:
-    def __init__(self, run_dir: Path, config: ServeConfig | None = None) -> None:
+    """One run, read from ``run_dir``; every file through ``files`` (default: confined to
+    ``run_dir``; the server confines to its root)."""
+
+    def __init__(self, run_dir: Path, config: ServeConfig | None = None, files: Confined | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.cfg = config or ServeConfig()
+        self.files = files or Confined(self.run_dir)
         self.lock = threading.RLock()
-        self.metrics = Tail(self.run_dir / "metrics.jsonl", self.cfg.read_chunk_bytes)
-        self.alerts_tail = Tail(self.run_dir / "alerts.jsonl")
+        self.metrics = Tail(self.run_dir / "metrics.jsonl", self.cfg.read_chunk_bytes, self.files.open)
+        self.alerts_tail = Tail(self.run_dir / "alerts.jsonl", opener=self.files.open)
         self.series: dict[str, Buckets] = {}
         self.rank_series: dict[str, dict[str, Buckets]] = {}
         self.distributions: set[str] = set()
@@ -235,11 +242,11 @@ class RunState:
 
     def meta(self) -> dict[str, Any]:
         try:
-            mtime = os.stat(self.run_dir / "meta.json").st_mtime
+            mtime = self.files.stat(self.run_dir / "meta.json").st_mtime
         except OSError:
             return {}
         if mtime != self._meta[0]:
-            self._meta = (mtime, read_meta(self.run_dir))
+            self._meta = (mtime, read_meta(self.run_dir, self.files))
         return self._meta[1]
 
     def status(self, now: float | None = None) -> dict[str, Any]:
@@ -266,12 +273,12 @@ class RunState:
         """:func:`_controller_gone`, looked at most every 5 s."""
         now = time.monotonic()
         if now - self._gone_at[0] >= 5.0:
-            self._gone_at = (now, _controller_gone(self.run_dir))
+            self._gone_at = (now, _controller_gone(self.run_dir, self.files))
         return self._gone_at[1]
 
     def _last_activity(self) -> float | None:
         try:
-            return os.stat(self.run_dir / "metrics.jsonl").st_mtime
+            return self.files.stat(self.run_dir / "metrics.jsonl").st_mtime
         except OSError:
             return self.meta().get("start_time") if _num(self.meta().get("start_time")) else None
 
@@ -288,7 +295,11 @@ class RunState:
             return []
         lo, hi = ent[2], ent[3]
         out = []
-        with open(self.metrics.path, "rb") as f:
+        try:
+            f = self.files.open(self.metrics.path)
+        except OSError:
+            return []
+        with f:
             f.seek(lo)
             data = f.read(min(hi - lo, self.cfg.max_step_bytes))
             data += f.readline()
@@ -345,17 +356,14 @@ def _finite(d: dict[str, float]) -> dict[str, Any]:
     return {k: (v if math.isfinite(v) else str(v)) for k, v in d.items()}
 
 
-def _controller_gone(run_dir: Path) -> str | None:
+def _controller_gone(run_dir: Path, files: Confined) -> str | None:
     """Why the controller that writes ``run_dir`` is known to be gone (the latest controller
     header of its timeline names a pid on this host that no longer exists), else None."""
-    ev = run_dir / "events"
-    if not ev.is_dir():
-        return None
     host = socket.gethostname()
     latest: dict | None = None
-    for p in sorted(ev.glob("*.jsonl"))[:4096]:
+    for p in [p for p in files.listdir(run_dir / "events") if p.suffix == ".jsonl"][:4096]:
         try:
-            with open(p, "rb") as f:
+            with files.open(p) as f:
                 h = json.loads(f.readline())
         except (OSError, ValueError):
             continue

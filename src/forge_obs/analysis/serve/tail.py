@@ -22,16 +22,21 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 __all__ = ["Tail"]
 
 _decode = json.JSONDecoder().raw_decode
 
 
+def _open_binary(path: Path) -> BinaryIO:
+    return open(path, "rb")
+
+
 class Tail:
-    def __init__(self, path: Path, max_bytes: int = 2 << 20) -> None:
+    def __init__(self, path: Path, max_bytes: int = 2 << 20, opener: Callable[[Path], BinaryIO] = _open_binary) -> None:
         self.path = path
+        self.opener = opener
         self.offset = 0  # bytes consumed: the start of the first line not yet yielded
         self.max_bytes = max_bytes
         self.malformed = 0
@@ -42,16 +47,17 @@ class Tail:
     def read(self) -> Iterator[tuple[int, Any]]:
         """(offset, value) of each complete line written since the last call."""
         try:
-            size = os.stat(self.path).st_size
+            f = self.opener(self.path)
         except OSError:
             return
-        if size < self.offset:  # truncated or replaced: start again
-            self.offset = 0
-            self.resets += 1
-        self.size = size
-        if size == self.offset:
-            return
-        with open(self.path, "rb") as f:
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            if size < self.offset:  # truncated or replaced: start again
+                self.offset = 0
+                self.resets += 1
+            self.size = size
+            if size == self.offset:
+                return
             f.seek(self.offset)
             data = f.read(min(size - self.offset, self.max_bytes))
         self._more = len(data) >= self.max_bytes  # a full chunk: more may follow
@@ -83,9 +89,10 @@ class Tail:
             yield off, value
 
     def file_size(self) -> int:
-        """The file's size now (0 when it does not exist)."""
+        """The file's size now (0 when it does not exist or its opener refuses it)."""
         try:
-            return os.stat(self.path).st_size
+            with self.opener(self.path) as f:
+                return os.fstat(f.fileno()).st_size
         except OSError:
             return 0
 
