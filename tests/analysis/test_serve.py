@@ -193,6 +193,65 @@ def test_api(tmp_path):
         assert _get(srv, "/api/series?id=r1&x=bogus")[0] == 400
 
 
+def _write_run(d: Path, steps: int, loss, alert_step: int | None = None) -> None:
+    """A run directory of ``steps`` steps whose loss at step s is ``loss(s)``."""
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "meta.json").write_text(json.dumps({"run_id": d.name, "status": "running", "start_time": time.time()}))
+    with open(d / "metrics.jsonl", "w") as f:
+        for s in range(steps):
+            f.write(_row(s, metrics={"trainer/loss": loss(s), "rollouts": [{"prompt": f"p{loss(s)}"}]}))
+            f.write(_row(s, "per_rank_reduce", source={"label": "trainer/T/r0"}, metrics={"trainer/loss": loss(s)}))
+    with open(d / "alerts.jsonl", "w") as f:
+        if alert_step is not None:
+            f.write(json.dumps({"rule": "threshold", "state": "firing", "id": f"a{alert_step}", "step": alert_step,
+                                "onset_step": alert_step, "message": f"trainer/loss at {alert_step}"}) + "\n")
+
+
+def _until(check, what: str, timeout_s: float = 15.0):
+    """Poll ``check()`` until it returns something truthy; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not (v := check()):
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s}s"
+        threading.Event().wait(0.05)
+    return v
+
+
+def test_a_run_recreated_under_the_same_id_is_read_afresh(tmp_path):
+    """A run deleted and written again under its id (smaller, larger, in place, or renamed over)
+    while the server holds it: the server shows the new run's steps, values, SAMPLE rows and
+    alerts only, never the old ones nor a mix."""
+    import shutil
+
+    d = tmp_path / "r"
+    with ServeServer(tmp_path).start() as srv:
+        recreations = [
+            ("deleted, recreated smaller", lambda: (shutil.rmtree(d), _write_run(d, 10, lambda s: float(s), 3))),
+            ("rewritten in place, larger", lambda: _write_run(d, 80, lambda s: 1000.0 + s, 40)),
+            ("renamed over, larger", lambda: (_write_run(tmp_path / "new" / "r", 120, lambda s: 5000.0 + s, 60),
+                                              os.replace(tmp_path / "new" / "r" / "metrics.jsonl", d / "metrics.jsonl"),
+                                              os.replace(tmp_path / "new" / "r" / "alerts.jsonl", d / "alerts.jsonl"))),
+        ]
+        _write_run(d, 50, lambda s: math.nan if s == 20 else 100.0 + s, 7)
+        assert _api(srv, "/api/run?id=r")["steps"] == 50
+        done = lambda: (lambda f: f if f["state"] == "ok" and not f["computing"] else None)(_api(srv, "/api/findings?id=r"))
+        assert [f["kind"] for f in _until(done, "the doctor", 60)["findings"]] == ["nonfinite"]  # step 20's NaN
+        for (what, recreate), (steps, lo, alert) in zip(recreations, [(10, 0.0, 3), (80, 1000.0, 40), (120, 5000.0, 60)]):
+            recreate()
+            _until(lambda: _api(srv, "/api/run?id=r")["steps"] == steps, what)
+            info = _api(srv, "/api/run?id=r")
+            assert info["last_step"] == steps - 1 and info["malformed"] == 0, (what, info)
+            s = _api(srv, "/api/series?id=r&k=trainer/loss&n=4000")
+            assert s["steps"] == list(range(steps)) and s["y"][0] == [lo + i for i in range(steps)], what
+            r = _api(srv, "/api/ranks?id=r&k=trainer/loss&n=4000")
+            assert r["names"] == ["trainer/T/r0"] and min(v for v in r["y"][0] if v is not None) == lo, what
+            assert _api(srv, "/api/step?id=r&step=5")["global"]["trainer/loss"] == lo + 5, what
+            assert _api(srv, f"/api/samples?id=r&k=rollouts")["rows"] == [{"prompt": f"p{lo + steps - 1}"}], what
+            alerts = _until(lambda: _api(srv, "/api/findings?id=r")["alerts"], what)
+            assert [a["step"] for a in alerts] == [alert], (what, alerts)
+            assert [m["step"] for m in s["marks"]] == [alert], what
+            assert _until(done, "the doctor", 60)["findings"] == [], what  # the old run's finding is gone
+
+
 def test_findings_are_computed_in_the_background(tmp_path):
     d = make_run(tmp_path, "nan", steps=12)
     with open(d / "metrics.jsonl", "a") as f:

@@ -97,7 +97,8 @@ def critical_path_at(run_dir: Path, step: int, files: Confined | None = None) ->
 class _Findings:
     """The doctor's findings of a run, computed (in a child process, watched by a thread) when
     asked for and the run's files changed, at most once per ``min_interval_s``; the last result is
-    served meanwhile."""
+    served meanwhile. :meth:`reset` (the run was replaced) drops it, and the answer of a doctor
+    started before."""
 
     def __init__(self, run_dir: Path, files: Confined, min_interval_s: float = 10.0, timeout_s: float = 600.0) -> None:
         self.run_dir = run_dir
@@ -109,6 +110,16 @@ class _Findings:
         self._busy = False
         self._at = 0.0
         self._lock = threading.Lock()
+        self.generation = 0
+        self._child: Any = None
+        self._closed = False
+
+    def reset(self, generation: int) -> None:
+        """The run was replaced (its ``generation``): forget what the doctor said of the old one."""
+        with self._lock:
+            self.generation = generation
+            self.result = {"findings": [], "notes": [], "state": "not computed yet"}
+            self._sig, self._at = None, 0.0
 
     def _signature(self) -> tuple:
         sig = []
@@ -125,25 +136,22 @@ class _Findings:
             if sig != self._sig and not self._busy and time.monotonic() - self._at >= self.min_interval_s:
                 self._busy = True
                 self._at = time.monotonic()
-                threading.Thread(target=self._compute, args=(sig,), name="forge_obs-serve-doctor", daemon=True).start()
+                threading.Thread(target=self._compute, args=(sig, self.generation), name="forge_obs-serve-doctor",
+                                 daemon=True).start()
             return dict(self.result, computing=self._busy)
 
-    def _compute(self, sig: tuple) -> None:
+    def _compute(self, sig: tuple, generation: int) -> None:
         """``forge-obs doctor --json`` in a process of its own: its memory and CPU are not the
         server's (a long run's doctor reads the whole run)."""
         import json
-        import subprocess
-        import sys
 
         try:
             if (why := _escaping(self.files, self.run_dir)) is not None:
                 raise _NotRun(why)
-            p = subprocess.run([sys.executable, "-m", "forge_obs.cli", "doctor", str(self.run_dir), "--json"],
-                               capture_output=True, text=True, timeout=self.timeout_s,
-                               preexec_fn=lambda: os.nice(10))  # behind the server's requests
-            if p.returncode not in (0, 1):
-                raise RuntimeError((p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1])
-            d = json.loads(p.stdout)
+            code, out, err = self._doctor()
+            if code not in (0, 1):
+                raise RuntimeError((err.strip().splitlines() or [f"exit status {code}"])[-1])
+            d = json.loads(out)
             if (why := _escaping(self.files, self.run_dir)) is not None:  # a link swapped in while it read
                 raise _NotRun(why)
             res = {"findings": jsonable(d["findings"]), "notes": jsonable(d["notes"]), "state": "ok"}
@@ -152,7 +160,37 @@ class _Findings:
         except Exception as e:  # noqa: BLE001 - the page still works
             res = {"findings": [], "notes": [], "state": f"the doctor failed: {type(e).__name__}: {e}"}
         with self._lock:
-            self.result, self._sig, self._busy = res, sig, False
+            self._busy = False
+            if generation == self.generation:  # not a doctor of a run replaced meanwhile
+                self.result, self._sig = res, sig
+
+    def _doctor(self) -> tuple[int, str, str]:
+        """Run the doctor: its exit status and output; killed past ``timeout_s`` or at :meth:`close`."""
+        import subprocess
+        import sys
+
+        with self._lock:
+            if self._closed:
+                raise _NotRun("the server is closing")
+            self._child = subprocess.Popen(
+                [sys.executable, "-m", "forge_obs.cli", "doctor", str(self.run_dir), "--json"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                preexec_fn=lambda: os.nice(10))  # behind the server's requests
+        try:
+            out, err = self._child.communicate(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            self._child.kill()
+            self._child.communicate()
+            raise RuntimeError(f"the doctor took more than {self.timeout_s:.0f}s") from None
+        return self._child.returncode, out, err
+
+    def close(self) -> None:
+        """Kill a doctor still running (none is started after this)."""
+        with self._lock:
+            self._closed = True
+            child = self._child
+        if child is not None and child.poll() is None:
+            child.kill()
 
 
 class _NotRun(Exception):
@@ -211,11 +249,13 @@ class Runs:
             if ent is None:
                 ent = self._open[run_id] = (RunState(p, self.cfg, self.files), _Findings(p, self.files))
                 while len(self._open) > self.max_open:
-                    self._open.popitem(last=False)
+                    self._open.popitem(last=False)[1][1].close()
             self._open.move_to_end(run_id)
-        st = ent[0]
+        st, fi = ent
         if st.metrics.offset or st.metrics.file_size() <= st.metrics.max_bytes:
             st.update(chunks=1, wait=False)  # what was appended; a large run is read by the reader thread
+        if fi.generation != st.generation:
+            fi.reset(st.generation)
         self._wake.set()
         return ent
 
@@ -398,6 +438,9 @@ class Runs:
         self._stop.set()
         self._wake.set()
         self._reader.join(timeout=10)
+        with self._lock:
+            for _st, fi in self._open.values():
+                fi.close()
         self._trace.close()
 
 

@@ -96,6 +96,13 @@ class RunState:
         self.cfg = config or ServeConfig()
         self.files = files or Confined(self.run_dir)
         self.lock = threading.RLock()
+        self.version = 0  # grows with each update that read something
+        self.generation = 0  # grows each time the run was found replaced and is read afresh
+        self._clear()
+
+    def _clear(self) -> None:
+        """Nothing read yet: what :meth:`update` builds from the run's files."""
+        self._dir_id = self._identity(self.run_dir)
         self.metrics = Tail(self.run_dir / "metrics.jsonl", self.cfg.read_chunk_bytes, self.files.open)
         self.alerts_tail = Tail(self.run_dir / "alerts.jsonl", opener=self.files.open)
         self.series: dict[str, Buckets] = {}
@@ -108,13 +115,27 @@ class RunState:
         self.last_step: int | None = None
         self.t0: float | None = None
         self.last_wall: float | None = None
-        self.version = 0  # grows with each update that read something
         self.malformed = 0
         self._rank_cap = self.cfg.rank_points
         self._policy_keys: set[str] = set()
         self._n_rank = 0
         self._meta: tuple[float, dict] = (-1.0, {})
         self._gone_at: tuple[float, str | None] = (-1e9, None)
+
+    def _identity(self, path: Path) -> tuple[int, int] | None:
+        try:
+            st = self.files.stat(path)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def _replaced(self) -> bool:
+        """Whether the run was deleted and written again, or its files replaced or truncated,
+        since the last read: its directory is another, or a tail found its file replaced."""
+        dir_id = self._identity(self.run_dir)
+        moved = dir_id is not None and self._dir_id is not None and dir_id != self._dir_id
+        metrics, alerts = self.metrics.replaced(), self.alerts_tail.replaced()
+        return moved or metrics or alerts
 
     # ------------------------------------------------------------------ reading
     def update(self, chunks: int | None = None, wait: bool = True) -> bool:
@@ -125,6 +146,10 @@ class RunState:
             return False
         try:
             got = False
+            if self._replaced():  # a new run under the same id: nothing of the old one is kept
+                self._clear()
+                self.generation += 1
+                got = True
             n_chunks = 0
             while True:
                 n = 0
