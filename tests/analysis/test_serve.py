@@ -438,6 +438,76 @@ def test_cli_serve(tmp_path):
     assert proc.returncode == 0
 
 
+CLIENTS = r"""
+import http.client, json, sys, threading, time
+port, clients, seconds, timeout_s = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+paths = ["/api/poll?id=r1", "/api/run?id=r1", "/api/series?id=r1&k=trainer/loss&n=800", "/api/poll?id=r1",
+         "/api/ranks?id=r1&k=trainer/loss&n=400", "/api/runs", "/", "/static/app.js"]
+done, failed, slowest = [0], [], [0.0]
+lock = threading.Lock()
+start = threading.Barrier(clients)
+def client(i):
+    start.wait()  # all at once, as pages opened together
+    end = time.monotonic() + seconds
+    k = i
+    while time.monotonic() < end:
+        path = paths[k % len(paths)]
+        k += 1
+        t = time.monotonic()
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+            c.request("GET", path)
+            r = c.getresponse()
+            r.read()
+            c.close()
+            ok = r.status == 200
+        except Exception as e:
+            ok, r = False, e
+        with lock:
+            done[0] += 1
+            slowest[0] = max(slowest[0], time.monotonic() - t)
+            if not ok:
+                failed.append(f"{path}: {r!r}"[:200])
+threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(json.dumps({"requests": done[0], "failed": failed[:20], "n_failed": len(failed), "slowest_s": slowest[0]}))
+"""
+
+
+def test_fifty_clients_polling_at_once_all_get_answers(tmp_path):
+    """50 pages polling one live run at once (each request on its own connection, as the page's
+    fetches are), while the run grows: every request is answered, none waits out a timeout (the
+    listen backlog was 5: connections beyond it were dropped and retried for up to 30 s)."""
+    d = make_run(tmp_path / "runs", "r1", steps=500)
+    proc = subprocess.Popen([sys.executable, "-m", "forge_obs.cli", "serve", str(tmp_path / "runs"), "--port", "0"],
+                            env=user_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stop = threading.Event()
+
+    def grow() -> None:  # the run goes on: a step every 50 ms
+        step = 500
+        while not stop.wait(0.05):
+            with open(d / "metrics.jsonl", "a") as f:
+                f.write(_row(step, metrics={"trainer/loss": 1.0 / (step + 1)}))
+            step += 1
+
+    writer = threading.Thread(target=grow)
+    try:
+        port = int(proc.stdout.readline().split("http://127.0.0.1:")[1].split("/")[0])
+        writer.start()
+        res = subprocess.run([sys.executable, "-c", CLIENTS, str(port), "50", "8", "10"], env=user_env(),
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr[-3000:]
+        out = json.loads(res.stdout)
+    finally:
+        stop.set()
+        if writer.is_alive():
+            writer.join()
+        stop_child(proc)
+    assert out["n_failed"] == 0 and out["requests"] > 500, out
+    assert out["slowest_s"] < 10, out
+
+
 def test_run_start_line_and_quiet(tmp_path, monkeypatch, capsys):
     from forge_obs.backends.record import RunContext
     from forge_obs.controller.logger import _announce

@@ -22,7 +22,12 @@ import socket
 import threading
 from typing import Any
 
-__all__ = ["HostChecked", "LocalServer", "host_allowed", "is_loopback"]
+__all__ = ["HostChecked", "LocalHTTPServer", "LocalServer", "host_allowed", "is_loopback"]
+
+#: connections the kernel holds for the server before it accepts them (``listen``'s backlog; the
+#: kernel caps it at ``net.core.somaxconn``). The standard library's 5 dropped the connections of
+#: pages opened together while the handlers held the interpreter, and each waited out a SYN retry.
+LISTEN_BACKLOG = 1024
 
 
 def is_loopback(host: str) -> bool:
@@ -67,6 +72,14 @@ def _own_names() -> set[str]:
     except OSError:
         pass
     return names
+
+
+class LocalHTTPServer(http.server.ThreadingHTTPServer):
+    """A thread per request (daemon threads: a request in flight never holds the process at
+    exit) and a listen backlog of :data:`LISTEN_BACKLOG`."""
+
+    daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
 
 
 class HostChecked(http.server.BaseHTTPRequestHandler):

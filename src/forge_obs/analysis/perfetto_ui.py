@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from forge_obs.analysis.local_server import HostChecked, LocalServer
+from forge_obs.analysis.local_server import HostChecked, LocalHTTPServer, LocalServer
 
 __all__ = ["ui_dir", "TraceServer"]
 
@@ -86,8 +86,7 @@ class TraceServer(LocalServer):
         if not self.trace.is_file():
             raise FileNotFoundError(f"no trace at {self.trace}")
         handler = functools.partial(_Handler, trace=self.trace, directory=str(ui_dir()))
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
-        self.httpd.daemon_threads = True
+        self.httpd = LocalHTTPServer(("127.0.0.1", port), handler)
         self.port = self.httpd.server_address[1]
 
     @property

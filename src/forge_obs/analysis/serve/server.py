@@ -17,14 +17,13 @@ The page's policy (``Content-Security-Policy``) runs only its own scripts.
 
 from __future__ import annotations
 
-import http.server
 import json
 import logging
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from forge_obs.analysis.local_server import HostChecked, LocalServer, is_loopback
+from forge_obs.analysis.local_server import HostChecked, LocalHTTPServer, LocalServer, is_loopback
 from forge_obs.analysis.serve.api import Runs
 from forge_obs.analysis.serve.state import ServeConfig
 
@@ -140,9 +139,7 @@ class _Handler(HostChecked):
     do_POST = do_PUT = do_DELETE = do_PATCH = _refuse  # noqa: N815
 
 
-class _HTTPServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
+class _HTTPServer(LocalHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A browser that closed a connection (a page left, a chart no longer in view) is not an
         error; anything else is logged once per request, with its traceback."""
