@@ -140,6 +140,35 @@ def test_status_finished_stalled_hung_crashed(tmp_path):
     assert RunState(d).status()["state"] == "crashed"
 
 
+def test_no_stall_while_the_run_is_starting(tmp_path):
+    """A run whose start-up (meshes, models, vLLM) takes a minute is not "stalled": before its
+    first step it is "starting"; after one step the time a step takes is not known yet, so no
+    silence is judged (the stall alert's rule); from the second step on the limit holds."""
+    d = tmp_path / "slow"
+    d.mkdir()
+    now = time.time()
+    (d / "meta.json").write_text(json.dumps({"run_id": "slow", "status": "running", "start_time": now - 60}))
+    st = RunState(d)
+    st.update()
+    assert st.status(now)["state"] == "starting" and "no step" in st.status(now)["why"], st.status(now)
+    with open(d / "metrics.jsonl", "w") as f:  # per-rank rows of step 0 are not a step yet
+        f.write(json.dumps({"step": 0, "mode": "per_rank_reduce", "wall_time": now - 24, "source": {"label": "t/r0"},
+                            "metrics": {"loss": 1.0}}) + "\n")
+    os.utime(d / "metrics.jsonl", (now - 40, now - 40))
+    st.update()
+    assert st.status(now)["state"] == "starting", st.status(now)
+    with open(d / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 0, "mode": "global_reduce", "wall_time": now - 24, "metrics": {"loss": 1.0}}) + "\n")
+    os.utime(d / "metrics.jsonl", (now - 24, now - 24))
+    st.update()
+    assert st.status(now)["state"] == "running", st.status(now)  # one step: no typical step time yet
+    with open(d / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 1, "mode": "global_reduce", "wall_time": now - 23, "metrics": {"loss": 1.0}}) + "\n")
+    os.utime(d / "metrics.jsonl", (now - 23, now - 23))
+    st.update()
+    assert st.status(now)["state"] == "stalled" and "limit 10s" in st.status(now)["why"], st.status(now)  # 10 x 1 s
+
+
 # ----------------------------------------------------------------------------- HTTP
 def _get(srv: ServeServer, path: str, host: str | None = None, method: str = "GET") -> tuple[int, bytes, dict]:
     c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)

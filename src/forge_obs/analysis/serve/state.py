@@ -275,7 +275,11 @@ class RunState:
         return self._meta[1]
 
     def status(self, now: float | None = None) -> dict[str, Any]:
-        """``finished`` / ``running`` / ``stalled`` / ``hung`` / ``crashed`` with why."""
+        """``finished`` / ``starting`` / ``running`` / ``stalled`` / ``hung`` / ``crashed`` with why.
+
+        A run is ``starting`` until its first step; it is judged ``stalled`` only once the time
+        between its steps is known (two steps), as the ``stall`` alert judges it: a minute of
+        start-up (meshes, models, vLLM) is not a stall."""
         now = time.time() if now is None else now
         meta = self.meta()
         st = meta.get("status")
@@ -287,9 +291,13 @@ class RunState:
         gone = self._gone() if st == "running" else None
         if gone:
             return {"state": "crashed", "why": f"meta.json says running but {gone}"}
+        if self.last_step is None:
+            start = meta.get("start_time")
+            since = f" ({now - start:.0f}s since the run started)" if _num(start) else ""
+            return {"state": "starting", "why": f"no step logged yet{since}"}
         last = self._last_activity()
         limit = self.stall_limit_s()
-        if last is not None and now - last > limit:
+        if last is not None and limit is not None and now - last > limit:
             return {"state": "stalled", "why": f"no new step for {now - last:.0f}s (limit {limit:.0f}s)",
                     "silent_s": now - last}
         return {"state": "running" if st in (None, "running", "reconfigured") else str(st), "why": ""}
@@ -307,11 +315,14 @@ class RunState:
         except OSError:
             return self.meta().get("start_time") if _num(self.meta().get("start_time")) else None
 
-    def stall_limit_s(self) -> float:
+    def stall_limit_s(self) -> float | None:
+        """Seconds of silence after which the run is stalled: max(``stall_floor_s``,
+        ``stall_factor`` x the median time between its last 31 steps); None before two steps."""
         walls = [self.steps[s][0] for s in sorted(self.steps)[-31:] if self.steps[s][0] is not None]
         gaps = [b - a for a, b in zip(walls, walls[1:]) if b >= a]
-        med = statistics.median(gaps) if gaps else 0.0
-        return max(self.cfg.stall_floor_s, self.cfg.stall_factor * med)
+        if not gaps:
+            return None
+        return max(self.cfg.stall_floor_s, self.cfg.stall_factor * statistics.median(gaps))
 
     def step_rows(self, step: int) -> list[dict]:
         """The rows of ``step`` (every mode), read back from ``metrics.jsonl``."""
