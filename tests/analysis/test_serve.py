@@ -215,9 +215,14 @@ def test_api(tmp_path):
         assert step["alerts"][0]["keys"] == ["trainer/loss"] and step["samples"]["rollouts"] == [XSS_ROW]
         assert step["critical_path"]["available"] is False and "--steps 7 --open" in step["trace_command"]
         assert _api(srv, "/api/samples?id=r1&k=rollouts")["rows"] == [XSS_ROW]
-        cmp = _api(srv, "/api/compare?a=r1&b=r2")
-        row = next(r for r in cmp["rows"] if r["key"] == "trainer/loss")
-        assert row["a"]["last"] == pytest.approx(1 / 2000) and row["b"]["last"] == pytest.approx(1 / 30)
+        for q in ("a=r1&b=r2", "id=r1&id=r2"):
+            cmp = _api(srv, f"/api/compare?{q}")
+            row = next(r for r in cmp["rows"] if r["key"] == "trainer/loss")
+            assert cmp["ids"] == ["r1", "r2"] and [r["steps"] for r in cmp["runs"]] == [2000, 30]
+            assert [v["last"] for v in row["values"]] == pytest.approx([1 / 2000, 1 / 30])
+        ov = _api(srv, "/api/overlay?id=r1&id=r2&k=trainer/loss&n=4000")
+        assert ov["names"] == ["r1", "r2"] and ov["x"][:3] == [0, 1, 2] and ov["y"][1][29] == pytest.approx(1 / 30)
+        assert ov["y"][1][30:] == [None] * (len(ov["x"]) - 30)  # r2 has 30 steps
         assert _get(srv, "/api/series?id=r1&k=trainer/loss&n=abc")[0] == 400
         assert _get(srv, "/api/series?id=r1&x=bogus")[0] == 400
 
@@ -279,6 +284,49 @@ def test_a_run_recreated_under_the_same_id_is_read_afresh(tmp_path):
             assert [a["step"] for a in alerts] == [alert], (what, alerts)
             assert [m["step"] for m in s["marks"]] == [alert], what
             assert _until(done, "the doctor", 60)["findings"] == [], what  # the old run's finding is gone
+
+
+def test_zoom_reads_the_range_back_exactly_and_csv_exports_every_step(tmp_path):
+    """A zoomed range that the held buckets draw coarser than asked is read back from the
+    range's bytes in metrics.jsonl: every step, exact; beyond ``exact_max_bytes`` the buckets
+    answer. The CSV export is every step's exact value; text a spreadsheet would run as a
+    formula is quoted. The slowest steps are listed, slowest first; name, tags and notes come
+    from meta.json."""
+    d = make_run(tmp_path, "r1", steps=5000)
+    meta = json.loads((d / "meta.json").read_text())
+    (d / "meta.json").write_text(json.dumps({**meta, "name": "baseline", "tags": ["grpo", 3], "notes": "n" * 5000}))
+    with open(d / "metrics.jsonl", "a") as f:  # step 5000 took 50 s, 5001 7 s; a key a spreadsheet would run
+        f.write(json.dumps({"step": 5000, "mode": "global_reduce", "wall_time": 1000.0 + 4999 + 50,
+                            "metrics": {"trainer/loss": 0.5, "=HYPERLINK(1)": 1.0}}) + "\n")
+        f.write(json.dumps({"step": 5001, "mode": "global_reduce", "wall_time": 1000.0 + 4999 + 57,
+                            "metrics": {"trainer/loss": 0.25}}) + "\n")
+    with ServeServer(tmp_path).start() as srv:
+        _until(lambda: _api(srv, "/api/poll?id=r1")["reading"] is None and _api(srv, "/api/poll?id=r1")["last_step"] == 5001,
+               "the run read", 60)
+        whole = _api(srv, "/api/series?id=r1&k=trainer/loss&n=800")
+        assert whole["resolution"]["width"] > 1 and not whole["resolution"]["exact"]
+        z = _api(srv, "/api/series?id=r1&k=trainer/loss&k=gen/len/p90&n=800&lo=1000&hi=1100")
+        assert z["resolution"]["exact"] and z["steps"] == list(range(1000, 1101))
+        assert z["y"][0] == [1.0 / (s + 1) for s in range(1000, 1101)] and z["y"][1][:2] == [2000, 2002]
+        r = _api(srv, "/api/ranks?id=r1&k=trainer/loss&n=800&lo=1000&hi=1100")
+        assert r["resolution"]["exact"] and r["y"][1] == [1.0 / (s + 1) + 1 for s in range(1000, 1101)]
+        srv.runs.cfg.exact_max_bytes = 1000  # too wide a range to read back: the buckets answer
+        z = _api(srv, "/api/series?id=r1&k=trainer/loss&n=800&lo=2000&hi=2100")
+        assert not z["resolution"]["exact"] and len(z["steps"]) < 101
+        code, body, h = _get(srv, "/api/csv?id=r1&k=trainer/loss&k=%3DHYPERLINK(1)&name=loss%2F..%2Fx")
+        assert code == 200 and h["Content-Disposition"] == 'attachment; filename="r1-loss_.._x.csv"', h
+        lines = body.decode().splitlines()
+        assert lines[0] == "step,wall_time_s,trainer/loss,'=HYPERLINK(1)" and len(lines) == 5003
+        assert lines[8] == f"7,7.0,{1.0 / 8!r}," and lines[-2] == "5000,5049.0,0.5,1.0"
+        code, body, _h = _get(srv, "/api/csv?id=r1&rank=trainer/loss&lo=10&hi=11&name=x")
+        assert body.decode().splitlines() == [f"step,wall_time_s,{XSS_LABEL},trainer/T/r1",
+                                              f"10,10.0,{1 / 11!r},{1 / 11 + 1!r}", f"11,11.0,{1 / 12!r},{1 / 12 + 1!r}"]
+        info = _api(srv, "/api/run?id=r1")
+        assert [(s["step"], s["duration_s"]) for s in info["slowest"][:2]] == [(5000, 50.0), (5001, 7.0)]
+        assert info["slowest"][0]["times_median"] == 50.0
+        assert info["labels"]["name"] == "baseline" and info["labels"]["tags"] == ["grpo", "3"]
+        assert len(info["labels"]["notes"]) == 4000
+        assert _api(srv, "/api/runs")["runs"][0]["name"] == "baseline"
 
 
 def test_findings_are_computed_in_the_background(tmp_path):

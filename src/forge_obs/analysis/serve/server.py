@@ -69,13 +69,29 @@ class _Handler(HostChecked):
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
+        self._common_headers()
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _send_file(self, filename: str, lines: Any, ctype: str) -> None:
+        """A download streamed as it is made (no length: the connection's end ends it)."""
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Disposition", f'attachment; filename="{filename}"')
+        self.send_header("Connection", "close")
+        self._common_headers()
+        self.end_headers()
+        self.close_connection = True
+        if self.command != "HEAD":
+            for chunk in lines:
+                self.wfile.write(chunk)
+
+    def _common_headers(self) -> None:
         self.send_header("Cache-Control", "no-store")
         self.send_header("X-Content-Type-Options", "nosniff")
         self.send_header("Content-Security-Policy", CSP)
         self.send_header("Referrer-Policy", "no-referrer")
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
 
     def _json(self, obj: Any, code: int = 200) -> None:
         self._send(code, json.dumps(obj, allow_nan=False).encode(), "application/json")
@@ -97,12 +113,24 @@ class _Handler(HostChecked):
         if not url.path.startswith("/api/"):
             return self._error(404, "not found")
         try:
-            out = self._api(url.path[5:], parse_qs(url.query))
+            q = parse_qs(url.query)
+            if url.path == "/api/csv":
+                return self._csv(q)
+            out = self._api(url.path[5:], q)
         except _BadRequest as e:
             return self._error(400, str(e))
         if out is None:
             return self._error(404, "no such run or endpoint")
         self._json(out)
+
+    def _csv(self, q: dict) -> None:
+        """``/api/csv?id=&k=KEY&k=KEY&lo=&hi=&rank=KEY&name=``: a chart's exact values."""
+        rank = q.get("rank", [None])[0]
+        got = self.runs.csv(q.get("id", [None])[0], q.get("k", []), _int(q, "lo"), _int(q, "hi"), rank,
+                            q.get("name", [""])[0])
+        if got is None:
+            return self._error(404, "no such run")
+        self._send_file(got[0], got[1], "text/csv; charset=utf-8")
 
     def _api(self, name: str, q: dict) -> Any:
         runs = self.runs
@@ -128,7 +156,9 @@ class _Handler(HostChecked):
         if name == "samples":
             return runs.samples(rid, q.get("k", [""])[0])
         if name == "compare":
-            return runs.compare(q.get("a", [None])[0], q.get("b", [None])[0])
+            return runs.compare(q.get("id") or [x for x in (q.get("a", [None])[0], q.get("b", [None])[0]) if x])
+        if name == "overlay":
+            return runs.overlay(q.get("id", []), q.get("k", [""])[0], n, axis, lo, hi)
         if name == "perfetto":
             return runs.perfetto(rid, _int(q, "step", 0))
         return None
