@@ -585,6 +585,18 @@ def test_fifty_clients_polling_at_once_all_get_answers(tmp_path):
     assert out["slowest_s"] < 10, out
 
 
+def test_run_name_tags_and_notes_come_from_the_run_config():
+    from forge_obs.core.run import RunConfig
+
+    rc = RunConfig.from_config({"id": "x", "name": "lr 3e-4", "tags": ["grpo", "baseline"], "notes": "n"})
+    assert rc.labels() == {"name": "lr 3e-4", "tags": ["grpo", "baseline"], "notes": "n"}
+    assert RunConfig.from_config({"id": "x"}).labels() == {}
+    for bad, why in (({"tags": "grpo"}, "run tags must be a list of strings"), ({"tags": [1]}, "run tags must be a list"),
+                     ({"name": 5}, "run name must be a string"), ({"notes": ["a"]}, "run notes must be a string")):
+        with pytest.raises(ValueError, match=why):
+            RunConfig.from_config({"id": "x", **bad})
+
+
 def test_run_start_line_and_quiet(tmp_path, monkeypatch, capsys):
     from forge_obs.backends.record import RunContext
     from forge_obs.controller.logger import _announce

@@ -87,6 +87,9 @@ def test_live_run_in_chromium(tmp_path):
         with ServeServer(root).start() as srv, Browser() as b:
             page = b.open(srv.url + "#/run/live")
             page.wait_for("document.getElementById('status').textContent !== ''", timeout_s=120)
+            # the run's name, tags and notes, from its run config, as text
+            labels = page.wait_for("document.getElementById('runlabels')?.textContent", timeout_s=120)
+            assert labels == "live <b>demo</b>grpolivewatched by the browser test", labels
             # the first five steps, drawn while the run waits
             page.wait_for("window.forgeObs.info && window.forgeObs.info.last_step === 4", timeout_s=180)
             page.wait_for("[...window.forgeObs.charts.values()].some(c => c.id === 'c:trainer/loss' && c.u)")

@@ -685,8 +685,9 @@ function drillRanks(d) {
   const picked = S.drillKeys.map((k) => (recorded.has(k) ? k : k + "/p50")).filter((k) => recorded.has(k));
   const keys = [...picked, ...[...recorded].filter((k) => !picked.includes(k)).sort()].slice(0, Math.max(8, picked.length));
   const kp = commonPrefix(keys), rp = commonPrefix(ranks);  // said once, in the corner
-  return el("div", { class: "tablewrap" }, el("table", { id: "drill-ranks", class: "fit" },
-    el("tr", {}, el("th", { text: "rank" + (rp || kp ? " · " + [rp, kp].filter(Boolean).join(" · ") : "") }),
+  const under = [rp ? "ranks " + rp + "…" : "", kp ? "keys " + kp + "…" : ""].filter(Boolean).join(", ");
+  return el("div", { class: "tablewrap" }, under ? el("div", { class: "muted", text: under }) : null, el("table", { id: "drill-ranks", class: "fit" },
+    el("tr", {}, el("th", { text: "rank" }),
       keys.map((k) => el("th", { text: k.slice(kp.length), title: k }))),
     ranks.map((r) => el("tr", {}, el("td", { text: r.slice(rp.length), title: r }), keys.map((k) => el("td", { class: "num", text: fmt(d.ranks[r][k]) }))))));
 }
