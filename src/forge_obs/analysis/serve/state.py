@@ -47,9 +47,7 @@ import bisect
 import heapq
 import json
 import math
-import os
 import re
-import socket
 import statistics
 import threading
 import time
@@ -62,12 +60,13 @@ import numpy as np
 
 from forge_obs.analysis.report.data import QUANTILES, flatten, is_distribution
 from forge_obs.analysis.serve.files import Confined
+from forge_obs.analysis.serve.meta import controller_gone, read_meta, run_labels
 from forge_obs.analysis.serve.ranges import read_rows, value_of
 from forge_obs.analysis.serve.series import Buckets, merge_to
 from forge_obs.analysis.serve.tail import Tail
 from forge_obs.analysis.store import metric_row_problem
 
-__all__ = ["ServeConfig", "RunState", "POLICY_KEY", "read_meta", "run_labels"]
+__all__ = ["ServeConfig", "RunState", "POLICY_KEY"]
 
 #: a global key whose value is the policy version (the x axis "policy version")
 POLICY_KEY = re.compile(r"(^|/)(policy_version|policy_age_version|weights?_version)$")
@@ -98,44 +97,6 @@ class ServeConfig:
     exact_max_bytes: int = 64 << 20
     #: slowest steps kept (the time from the previous step's row to the step's first row)
     slowest_kept: int = 50
-
-
-def read_meta(run_dir: Path, files: Confined | None = None) -> dict[str, Any]:
-    """``run_dir/meta.json`` ({} when absent, unreadable or a link out of ``files``' root)."""
-    files = files or Confined(run_dir)
-    try:
-        meta = json.loads(files.read_bytes(run_dir / "meta.json"))
-    except (OSError, ValueError):
-        return {}
-    return meta if isinstance(meta, dict) else {}
-
-
-#: the longest name, tag and notes shown (longer ones are cut, with "…")
-LABEL_CHARS = {"name": 200, "tags": 60, "notes": 4000}
-
-
-def run_labels(meta: dict[str, Any]) -> dict[str, Any]:
-    """``name``, ``tags`` (at most 32) and ``notes`` of a run's meta.json, as text.
-
-        >>> run_labels({"name": "lr 3e-4", "tags": ["grpo", 7], "notes": None})
-        {'name': 'lr 3e-4', 'tags': ['grpo', '7']}
-    """
-    def text(v: Any, cap: int) -> str:
-        v = str(v)
-        return v if len(v) <= cap else v[: cap - 1] + "…"
-
-    out: dict[str, Any] = {}
-    for k in ("name", "notes"):
-        if isinstance(meta.get(k), (str, int, float)) and str(meta[k]).strip():
-            out[k] = text(meta[k], LABEL_CHARS[k])
-    tags = meta.get("tags")
-    if isinstance(tags, str):
-        tags = [tags]
-    if isinstance(tags, list):
-        tags = [text(t, LABEL_CHARS["tags"]) for t in tags if isinstance(t, (str, int, float)) and str(t).strip()]
-        if tags:
-            out["tags"] = tags[:32]
-    return out
 
 
 def _num(v: Any) -> bool:
@@ -382,10 +343,10 @@ class RunState:
         return {"state": "running" if st in (None, "running", "reconfigured") else str(st), "why": ""}
 
     def _gone(self) -> str | None:
-        """:func:`_controller_gone`, looked at most every 5 s."""
+        """:func:`~.meta.controller_gone`, looked at most every 5 s."""
         now = time.monotonic()
         if now - self._gone_at[0] >= 5.0:
-            self._gone_at = (now, _controller_gone(self.run_dir, self.files))
+            self._gone_at = (now, controller_gone(self.run_dir, self.files))
         return self._gone_at[1]
 
     def _last_activity(self) -> float | None:
@@ -648,28 +609,3 @@ class RunState:
 def _finite(d: dict[str, float]) -> dict[str, Any]:
     """Values JSON can carry: NaN / inf as text."""
     return {k: (v if math.isfinite(v) else str(v)) for k, v in d.items()}
-
-
-def _controller_gone(run_dir: Path, files: Confined) -> str | None:
-    """Why the controller that writes ``run_dir`` is known to be gone (the latest controller
-    header of its timeline names a pid on this host that no longer exists), else None."""
-    host = socket.gethostname()
-    latest: dict | None = None
-    for p in [p for p in files.listdir(run_dir / "events") if p.suffix == ".jsonl"][:4096]:
-        try:
-            with files.open(p) as f:
-                h = json.loads(f.readline())
-        except (OSError, ValueError):
-            continue
-        if isinstance(h, dict) and h.get("ctl") and isinstance(h.get("pid"), int):
-            if latest is None or (_num(h.get("start")) and h["start"] > (latest.get("start") or 0)):
-                latest = h
-    if latest is None or latest.get("host") != host:
-        return None  # another host's process: not judged
-    try:
-        os.kill(latest["pid"], 0)
-    except ProcessLookupError:
-        return f"its controller process {latest['pid']} is gone"
-    except OSError:
-        return None
-    return None
