@@ -27,10 +27,18 @@ the run directory, and its answer is dropped when one appeared while it ran.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import BinaryIO
 
 __all__ = ["Confined", "OutsideRoot"]
+
+
+def _below(rel: str) -> str | None:
+    """``rel`` (relative to the root) when it does not lead out of it."""
+    if rel == os.pardir or rel.startswith(os.pardir + os.sep) or os.path.isabs(rel):
+        return None
+    return rel
 
 
 class OutsideRoot(OSError):
@@ -43,11 +51,27 @@ class Confined:
         self.root = os.path.realpath(root)
 
     def _relative(self, path: "str | Path") -> str | None:
-        """``path``'s real location relative to the root, or None when it is not under it."""
-        rel = os.path.relpath(os.path.realpath(path), self.root)
-        if rel == os.pardir or rel.startswith(os.pardir + os.sep) or os.path.isabs(rel):
-            return None
-        return rel
+        """``path``'s real location relative to the root, or None when it is not under it. A
+        path under the root with no link among its components below the root is its own real
+        location (only those components are looked at); otherwise it is resolved."""
+        if os.pardir not in Path(path).parts:  # ".." lexically undone would skip the link before it
+            rel = _below(os.path.relpath(os.path.abspath(path), self.root))
+            if rel is not None and not self._has_link(rel):
+                return rel
+        return _below(os.path.relpath(os.path.realpath(path), self.root))
+
+    def _has_link(self, rel: str) -> bool:
+        cur = self.root
+        for part in rel.split(os.sep):
+            if part in ("", os.curdir):
+                continue
+            cur = os.path.join(cur, part)
+            try:
+                if stat.S_ISLNK(os.lstat(cur).st_mode):
+                    return True
+            except OSError:
+                return False  # absent from here on: nothing below to follow
+        return False
 
     def inside(self, path: "str | Path") -> bool:
         return self._relative(path) is not None
