@@ -411,3 +411,28 @@ def test_compare_overlays_runs_and_fills_in(served):
     page.wait_for(f"{row}.children[5].textContent === '0.25'")
     page.wait_for(f"{chart}.data.y[2][{chart}.data.x.indexOf(99)] === 0.25")
     assert page.errors == []
+
+
+def test_a_run_written_again_is_drawn_afresh(served):
+    """The page of a run deleted and written again under its id shows the new run only."""
+    import shutil
+
+    srv, b, root = served
+    d = root / "again"
+    _write_static_run(d, 50, 100.0, {"name": "old"}, False)
+    page = _run_page(served, "again")
+    loss = "[...window.forgeObs.charts.values()].find(c => c.id === 'o:loss')"
+    page.wait_for(f"{loss}.data.steps.length === 50")
+    shutil.rmtree(d)
+    # while the run is gone, what the page fetches on its own (findings, SAMPLE rows, a step) fails quietly
+    for call in ("refreshFindings()", "openDrill(3, [])", "renderSamples({samples: ['x']})"):
+        assert page.evaluate(f"{call}.then(() => 'ok', (e) => 'thrown: ' + e)") == "ok", call
+    assert "could not load" in page.evaluate("document.getElementById('findings').textContent")
+    _write_static_run(d, 20, 7.0, {"name": "new"}, False)
+    page.wait_for("window.forgeObs.info && window.forgeObs.info.steps === 20 && "
+                  "document.getElementById('runlabels').textContent.startsWith('new')", timeout_s=30)
+    page.wait_for(f"{loss} && {loss}.data && {loss}.data.steps.length === 20")
+    ys = page.evaluate(f"{loss}.data.y[0]")
+    assert max(ys) == pytest.approx(7.0 + 0.0) and len(ys) == 20, ys  # step 0 of the new run: 7 / 1
+    # no script error; the browser logs the 404s of the requests made while the run was gone
+    assert [e for e in page.errors if not e.startswith("Failed to load resource: the server responded with a status of 404")] == []

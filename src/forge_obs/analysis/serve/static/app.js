@@ -114,7 +114,11 @@ function route() {
   document.getElementById("drill").hidden = true;
   const shown = parts[0] === "run" && parts.length >= 2 ? runPage(parts.slice(1).join("/"))
     : parts[0] === "compare" && parts.length >= 3 ? comparePage(parts.slice(1)) : runsPage();
-  shown.catch((e) => document.getElementById("main").replaceChildren(el("p", { class: "muted", text: "could not load: " + e.message })));
+  shown.catch(loadFailed);
+}
+
+function loadFailed(e) {
+  document.getElementById("main").replaceChildren(el("p", { class: "muted", text: "could not load: " + e.message }));
 }
 
 function stopRun() {
@@ -228,7 +232,7 @@ async function runPage(id) {
   const listed = (await api("runs")).runs.some((r) => r.id === id);
   if (!listed) {  // not written yet (a run that is starting): look again in a second
     main.replaceChildren(el("p", { class: "muted", text: "waiting for run " + id + " to appear under the runs root…" }));
-    S.timer = setTimeout(() => { if (S.run === id) runPage(id); }, 1000);
+    S.timer = setTimeout(() => { if (S.run === id) runPage(id).catch(loadFailed); }, 1000);
     return;
   }
   const info = await api("run", { id });
@@ -347,10 +351,13 @@ function renderSamples(info) {
   if (!info.samples.length) { box.replaceChildren(el("p", { class: "muted", text: "no SAMPLE keys" })); return; }
   const sel = el("select", { id: "samplekey" }, info.samples.map((k) => el("option", { value: k, text: k })));
   const table = el("div");
-  const show = async () => { const d = await api("samples", { id: S.run, k: sel.value }); table.replaceChildren(sampleTable(d.rows, "step " + d.step)); };
+  const show = async () => {
+    try { const d = await api("samples", { id: S.run, k: sel.value }); table.replaceChildren(sampleTable(d.rows, "step " + d.step)); }
+    catch (e) { table.replaceChildren(el("p", { class: "muted", text: "could not load: " + e.message })); }
+  };
   sel.addEventListener("change", show);
   box.replaceChildren(sel, table);
-  show();
+  return show();
 }
 
 function sampleTable(rows, caption) {
@@ -362,9 +369,11 @@ function sampleTable(rows, caption) {
 async function refreshFindings() {
   if (!S.run) return;
   S.findingsAt = Date.now();
-  const d = await api("findings", { id: S.run });
-  S.findings = d;
   const ul = document.getElementById("findings");
+  let d;
+  try { d = await api("findings", { id: S.run }); }
+  catch (e) { if (ul) ul.replaceChildren(el("li", { class: "muted", text: "could not load: " + e.message })); return; }  // the run is gone or being written again
+  S.findings = d;
   if (!ul) return;
   const items = [];
   for (const a of d.alerts) items.push(el("li", { class: "alert " + a.state }, el("span", { class: "badge", text: "alert " + a.state + " " + a.rule }),
@@ -621,7 +630,7 @@ async function poll() {
   try {
     const p = await api("poll", { id: S.run });
     setStatus(p.status, p.reading ? " · reading the run: " + Math.round(100 * p.reading.bytes / Math.max(1, p.reading.of)) + " %" : "");
-    if (p.generation !== S.generation) { const id = S.run; stopRun(); runPage(id); return; }  // the run was written again: start afresh
+    if (p.generation !== S.generation) { const id = S.run; stopRun(); runPage(id).catch(loadFailed); return; }  // the run was written again: start afresh
     if (p.version !== S.version) {
       const info = await api("run", { id: S.run });
       const alertsChanged = info.version !== S.version && p.alerts !== S.alerts;
@@ -641,7 +650,9 @@ async function openDrill(step, keys) {
   S.drillStep = step; S.drillKeys = keys || [];
   box.hidden = false;
   box.replaceChildren(el("p", { class: "muted", text: "step " + step + "…" }));
-  const d = await api("step", { id: S.run, step });
+  let d;
+  try { d = await api("step", { id: S.run, step }); }
+  catch (e) { box.replaceChildren(el("p", { class: "muted", text: "could not load step " + step + ": " + e.message })); return; }
   const sec = (title, ...kids) => el("div", { class: "drill-sec" }, el("h2", { text: title }), ...kids);
   const close = el("button", { text: "close", onclick: () => { box.hidden = true; } });
   const parts = [el("div", {}, close), el("h2", { id: "drill-title", text: "step " + d.step }),
@@ -703,7 +714,8 @@ function commonPrefix(names) {
 function timeline(d) {
   const tl = el("div", {}, el("code", { text: d.trace_command }));
   const open = el("button", { text: "open this step in the Perfetto UI", onclick: async () => {
-    const r = await api("perfetto", { id: S.run, step: d.step });
+    let r;
+    try { r = await api("perfetto", { id: S.run, step: d.step }); } catch (e) { r = { error: e.message }; }
     if (r.url && /^http:\/\/127\.0\.0\.1:\d+\/$/.test(r.url)) { tl.append(el("div", {}, el("a", { href: r.url, target: "_blank", rel: "noopener", text: r.url }))); window.open(r.url, "_blank", "noopener"); }
     else tl.append(el("div", { class: "muted", text: r.error || "no timeline" }));
   } });
