@@ -224,8 +224,17 @@ def load(root: Path, rid: str, backlog: int | None, clients: int, seconds: float
                              capture_output=True, text=True, timeout=seconds + 300)
         return json.loads(out.stdout)
     finally:
-        srv.terminate()
-        srv.wait(timeout=60)
+        stop(srv)
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 60) -> None:
+    """SIGTERM (the server's Ctrl+C), SIGKILL when it is still there after ``timeout_s``."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def zoom_s(cl: Client, info: dict, rid: str, lo: int) -> tuple[float, bool]:
@@ -296,8 +305,7 @@ def main() -> None:
         rss, hwm = rss_mb(srv.pid)
         reread = full_reread_s(run_dir / "metrics.jsonl")
     finally:
-        srv.terminate()
-        srv.wait(timeout=60)
+        stop(srv)
     small = tmp / "load"
     if not (small / "runs" / "small" / "metrics.jsonl").exists():
         generate(small / "runs" / "small", args.keys, args.load_steps, args.ranks, args.rank_keys)
