@@ -151,14 +151,12 @@ def test_no_stall_while_the_run_is_starting(tmp_path):
     st = RunState(d)
     st.update()
     assert st.status(now)["state"] == "starting" and "no step" in st.status(now)["why"], st.status(now)
-    with open(d / "metrics.jsonl", "w") as f:  # per-rank rows of step 0 are not a step yet
-        f.write(json.dumps({"step": 0, "mode": "per_rank_reduce", "wall_time": now - 24, "source": {"label": "t/r0"},
-                            "metrics": {"loss": 1.0}}) + "\n")
-    os.utime(d / "metrics.jsonl", (now - 40, now - 40))
+    (d / "metrics.jsonl").write_text("")  # the store is open, nothing in it yet
     st.update()
     assert st.status(now)["state"] == "starting", st.status(now)
-    with open(d / "metrics.jsonl", "a") as f:
-        f.write(json.dumps({"step": 0, "mode": "global_reduce", "wall_time": now - 24, "metrics": {"loss": 1.0}}) + "\n")
+    with open(d / "metrics.jsonl", "a") as f:  # step 0 (a run may log per-rank rows only: a step too)
+        f.write(json.dumps({"step": 0, "mode": "per_rank_reduce", "wall_time": now - 24, "source": {"label": "t/r0"},
+                            "metrics": {"loss": 1.0}}) + "\n")
     os.utime(d / "metrics.jsonl", (now - 24, now - 24))
     st.update()
     assert st.status(now)["state"] == "running", st.status(now)  # one step: no typical step time yet

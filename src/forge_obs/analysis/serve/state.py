@@ -331,7 +331,7 @@ class RunState:
         gone = self._gone() if st == "running" else None
         if gone:
             return {"state": "crashed", "why": f"meta.json says running but {gone}"}
-        if self.last_step is None:
+        if not self.steps:  # no row of any step yet (a run may log per-rank rows only)
             start = meta.get("start_time")
             since = f" ({now - start:.0f}s since the run started)" if _num(start) else ""
             return {"state": "starting", "why": f"no step logged yet{since}"}
