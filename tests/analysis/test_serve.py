@@ -595,6 +595,32 @@ def test_run_name_tags_and_notes_come_from_the_run_config():
             RunConfig.from_config({"id": "x", **bad})
 
 
+SPMD_LABELS = """
+import json, sys
+from pathlib import Path
+from forge_obs import Reduce, record_metric, spmd
+root = Path(sys.argv[1])
+obs = spmd.init({"run": {"root": str(root), "id": "s", "name": "titan <b>8B</b>", "tags": ["titan", "fsdp"],
+                         "notes": "one rank"}})
+record_metric("loss", 1.0, Reduce.MEAN)
+obs.flush(0)
+obs.shutdown()
+"""
+
+
+def test_an_spmd_run_is_served_with_its_name_tags_and_notes(tmp_path):
+    """The SPMD session (one rank, as ``RANK=0 WORLD_SIZE=1``) writes the run config's name,
+    tags and notes into meta.json, and the server lists them."""
+    from tests.support.helpers import run_as_user
+
+    script = tmp_path / "train.py"
+    script.write_text(SPMD_LABELS)
+    run_as_user(script, tmp_path, str(tmp_path / "runs"), env={"RANK": "0", "WORLD_SIZE": "1"}, timeout=120)
+    with ServeServer(tmp_path / "runs").start() as srv:
+        (row,) = _api(srv, "/api/runs")["runs"]
+        assert (row["name"], row["tags"], row["notes"]) == ("titan <b>8B</b>", ["titan", "fsdp"], "one rank"), row
+
+
 def test_run_start_line_and_quiet(tmp_path, monkeypatch, capsys):
     from forge_obs.backends.record import RunContext
     from forge_obs.controller.logger import _announce
