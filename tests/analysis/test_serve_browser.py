@@ -436,3 +436,25 @@ def test_a_run_written_again_is_drawn_afresh(served):
     assert max(ys) == pytest.approx(7.0 + 0.0) and len(ys) == 20, ys  # step 0 of the new run: 7 / 1
     # no script error; the browser logs the 404s of the requests made while the run was gone
     assert [e for e in page.errors if not e.startswith("Failed to load resource: the server responded with a status of 404")] == []
+
+
+def test_a_starting_run_shows_no_stall_banner(served):
+    """A run a minute into its start-up (meta.json written, no step yet): the header says
+    "starting", not "stalled"; so does the runs list."""
+    import os
+    import time
+
+    srv, b, root = served
+    d = root / "starting"
+    d.mkdir()
+    (d / "meta.json").write_text(json.dumps({"run_id": "starting", "status": "running", "start_time": time.time() - 60}))
+    (d / "metrics.jsonl").write_text("")  # the store opened 24 s ago, nothing in it yet
+    os.utime(d / "metrics.jsonl", (time.time() - 24, time.time() - 24))
+    page = b.open(srv.url + "#/run/starting")
+    status = page.wait_for("document.getElementById('status').textContent")
+    assert status.startswith("starting — no step logged yet (6") and "stalled" not in status, status
+    page = b.open(srv.url + "#/")
+    page.wait_for("document.querySelectorAll('#runs tr').length >= 3")
+    row = page.evaluate("[...document.querySelectorAll('#runs tr')].find(r => r.textContent.includes('starting')).textContent")
+    assert "stalled" not in row, row
+    assert page.errors == []
