@@ -29,7 +29,7 @@ def _shell_env() -> dict:
     bindir = Path(sys.executable).parent.resolve()
     env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p and Path(p).resolve() != bindir)
-    env["PYTHONPATH"] = str(ROOT)  # this checkout's code (CI: the editable install points here anyway)
+    env["PYTHONPATH"] = os.pathsep.join((str(ROOT / "src"), str(ROOT)))  # this checkout's code (CI: the editable install points here anyway)
     env["MONARCH_FILE_LOG"] = "error"
     env["BROWSER"] = "true"  # `trace --open` "opens a browser" with a command that does nothing
     return env
