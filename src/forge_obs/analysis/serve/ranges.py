@@ -11,7 +11,9 @@
 The server knows where each step's rows lie in the file (the byte offset of its first and of its
 last row), so a range of steps is one seek and one read of the bytes between, never the whole
 run. A line is decoded only when it holds one of the wanted keys' names (as JSON writes them), so
-the per-rank rows of a global chart, or a wide global row of a per-rank chart, cost no decoding.
+the per-rank rows of a global chart, or a wide global row of a per-rank chart, cost no decoding;
+with a ``memo`` (line offset -> decoded row), the charts of one zoomed range share the decoding
+of the rows they all hold (the wide global rows).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any, BinaryIO, Callable, Iterator
 from forge_obs.analysis.report.data import flatten
 from forge_obs.analysis.store import metric_row_problem
 
-__all__ = ["read_rows", "value_of", "CHUNK_BYTES"]
+__all__ = ["Memo", "read_rows", "value_of", "CHUNK_BYTES"]
 
 #: bytes read at a time (a CSV export of a whole run streams through this much memory)
 CHUNK_BYTES = 4 << 20
@@ -41,8 +43,16 @@ def _names(keys: list[str]) -> list[bytes]:
     return sorted(out)
 
 
+class Memo:
+    """Rows already decoded, by the offset of their line, up to ``max_bytes`` of lines."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.rows: dict[int, Any] = {}
+        self.left = max_bytes
+
+
 def read_rows(open_file: Callable[[], BinaryIO], start: int, last: int, keys: list[str],
-              mode: str) -> Iterator[dict[str, Any]]:
+              mode: str, memo: Memo | None = None) -> Iterator[dict[str, Any]]:
     """The well-formed rows of ``mode`` whose lines start at byte ``start`` up to the line that
     starts at byte ``last`` (included), in file order, that may hold one of ``keys``."""
     names = _names(keys)
@@ -53,24 +63,37 @@ def read_rows(open_file: Callable[[], BinaryIO], start: int, last: int, keys: li
             data = f.read(min(CHUNK_BYTES, last + 1 - pos))
             if not data:
                 break
+            base = pos - len(carry)
             pos += len(data)
             lines = (carry + data).split(b"\n")
             carry = lines.pop()
-            yield from _decode(lines, names, mode)
+            yield from _decode(base, lines, names, mode, memo)
+        base = pos - len(carry)
         carry += f.readline()  # the rest of the line that starts at ``last``
-        yield from _decode([carry], names, mode)
+        yield from _decode(base, [carry], names, mode, memo)
 
 
-def _decode(lines: list[bytes], names: list[bytes], mode: str) -> Iterator[dict[str, Any]]:
+def _decode(base: int, lines: list[bytes], names: list[bytes], mode: str, memo: Memo | None) -> Iterator[dict[str, Any]]:
+    """The rows of ``lines`` (the first at byte ``base``) that hold one of ``names``."""
+    off = base
     for line in lines:
+        at, off = off, off + len(line) + 1
         if not any(n in line for n in names):
             continue
-        try:
-            row = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
+        row = memo.rows.get(at, _NOT) if memo is not None else _NOT
+        if row is _NOT:
+            try:
+                row = json.loads(line)
+            except (ValueError, RecursionError):
+                row = None
+            if memo is not None and memo.left >= len(line):
+                memo.rows[at] = row
+                memo.left -= len(line)
         if isinstance(row, dict) and row.get("mode", "global_reduce") == mode and metric_row_problem(row) is None:
             yield row
+
+
+_NOT = object()
 
 
 def value_of(metrics: dict[str, Any], key: str) -> float | None:

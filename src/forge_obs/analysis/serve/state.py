@@ -61,7 +61,7 @@ import numpy as np
 from forge_obs.analysis.report.data import QUANTILES, flatten, is_distribution
 from forge_obs.analysis.serve.files import Confined
 from forge_obs.analysis.serve.meta import controller_gone, read_meta, run_labels
-from forge_obs.analysis.serve.ranges import read_rows, value_of
+from forge_obs.analysis.serve.ranges import Memo, read_rows, value_of
 from forge_obs.analysis.serve.series import Buckets, merge_to
 from forge_obs.analysis.serve.tail import Tail
 from forge_obs.analysis.store import metric_row_problem
@@ -97,6 +97,8 @@ class ServeConfig:
     exact_max_bytes: int = 64 << 20
     #: slowest steps kept (the time from the previous step's row to the step's first row)
     slowest_kept: int = 50
+    #: bytes of lines whose decoded rows are kept for the last zoomed range (its charts share them)
+    memo_bytes: int = 16 << 20
 
 
 def _num(v: Any) -> bool:
@@ -130,6 +132,7 @@ class RunState:
         self._order: list[int] = []  # the steps, sorted
         self._slow: list[tuple[float, int, int]] = []  # min-heap of (seconds, step, previous step)
         self._exact_cache: OrderedDict = OrderedDict()
+        self._memo: tuple[tuple[int, int], Memo] | None = None  # the last zoomed range's decoded rows
         self.alerts: deque = deque(maxlen=self.cfg.max_alerts)
         self.last_step: int | None = None
         self.t0: float | None = None
@@ -512,7 +515,11 @@ class RunState:
         out = {k: Buckets(per) for k in names}
         if span is not None:
             wanted = [rank_key] if rank_key else names
-            for row in read_rows(lambda: self.files.open(self.metrics.path), span[0], span[1], wanted, mode):
+            with self.lock:
+                if self._memo is None or self._memo[0] != span:
+                    self._memo = (span, Memo(self.cfg.memo_bytes))
+                memo = self._memo[1]
+            for row in read_rows(lambda: self.files.open(self.metrics.path), span[0], span[1], wanted, mode, memo):
                 step = row["step"]
                 if not lo <= step <= hi:
                     continue
