@@ -15,6 +15,12 @@ process (its RSS is that process's), measured over HTTP as the page calls it:
   ``/api/series`` holds it (median of ``--updates``); the page polls once a second, so a user
   sees a step within this + <= 1 s;
 - **per-rank chart**: ``/api/ranks`` of a key over 64 ranks;
+- **zoom**: a drag to 100 steps in the middle of the run refetches the overview's and the first
+  group's charts for that range, read back exactly from ``metrics.jsonl`` (every step);
+- **CSV export**: one key's exact value at every step of the run, streamed from ``metrics.jsonl``;
+- **50 clients** polling a run as 50 open pages do (``--clients``, for ``--load-s`` seconds, each
+  request a new connection, a separate process): answered requests, failures, latency; baseline,
+  the same load on a server with the standard library's listen backlog of 5 (in the same run);
 - **server RSS** after all that, and its peak (VmHWM);
 - baseline, same machine, same file: one full re-read of ``metrics.jsonl`` (JSON-decoding every
   line), what a viewer without incremental tailing pays at every update.
@@ -162,6 +168,94 @@ def browser_paint_s(url: str) -> float | None:
         return time.perf_counter() - t
 
 
+LOAD = r"""
+import http.client, json, sys, threading, time
+port, clients, seconds, rid = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+paths = [f"/api/poll?id={rid}", f"/api/run?id={rid}", f"/api/series?id={rid}&k=trainer/loss&n=800", f"/api/poll?id={rid}",
+         f"/api/ranks?id={rid}&k=trainer/rank_metric_00_s&n=400", "/api/runs", "/", "/static/app.js"]
+lat, failed, lock, start = [], [0], threading.Lock(), threading.Barrier(clients)
+def client(i):
+    start.wait()
+    end, k = time.monotonic() + seconds, i
+    while time.monotonic() < end:
+        t = time.monotonic()
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            c.request("GET", paths[k % len(paths)]); r = c.getresponse(); r.read(); c.close()
+            ok = r.status == 200
+        except Exception:
+            ok = False
+        k += 1
+        with lock:
+            lat.append(time.monotonic() - t)
+            failed[0] += not ok
+ts = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+[t.start() for t in ts]; [t.join() for t in ts]
+lat.sort()
+print(json.dumps({"requests": len(lat), "failed": failed[0], "p50_s": lat[len(lat) // 2], "p99_s": lat[int(len(lat) * 0.99)],
+                  "max_s": lat[-1]}))
+"""
+
+#: a server as ``forge-obs serve`` starts it, with the listen backlog given (the baseline: 5)
+SERVER = r"""
+import sys
+from forge_obs.analysis import local_server
+local_server.LocalHTTPServer.request_queue_size = int(sys.argv[2])
+from forge_obs.analysis.serve import ServeServer
+srv = ServeServer(sys.argv[1], 0)
+print(srv.url, flush=True)
+try:
+    srv.serve_forever()
+except KeyboardInterrupt:
+    srv.close()
+"""
+
+
+def load(root: Path, rid: str, backlog: int | None, clients: int, seconds: float, env: dict) -> dict:
+    """``clients`` page-like pollers for ``seconds`` against a fresh server on ``root`` (this
+    package's backlog, or ``backlog``)."""
+    cmd = [sys.executable, "-c", SERVER, str(root), str(backlog)] if backlog else \
+        [sys.executable, "-m", "forge_obs.cli", "serve", str(root), "--port", "0"]
+    srv = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        port = int(srv.stdout.readline().split("http://127.0.0.1:")[1].split("/")[0])
+        Client(port).get(f"/api/run?id={rid}")  # opened and read before the load starts
+        out = subprocess.run([sys.executable, "-c", LOAD, str(port), str(clients), str(seconds), rid], env=env,
+                             capture_output=True, text=True, timeout=seconds + 300)
+        return json.loads(out.stdout)
+    finally:
+        stop(srv)
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 60) -> None:
+    """SIGTERM (the server's Ctrl+C), SIGKILL when it is still there after ``timeout_s``."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def zoom_s(cl: Client, info: dict, rid: str, lo: int) -> tuple[float, bool]:
+    """The page's refetch after a zoom to steps [lo, lo + 99]: the overview's and the first
+    group's 12 charts at 800 points; and whether every chart came back exact."""
+    charts = [p["keys"] for p in info["panels"]] + [[k["key"]] for k in info["groups"][0]["keys"][:12] if not k["flat"]]
+    t, exact = time.perf_counter(), True
+    for keys in charts:
+        s = cl.get(f"/api/series?id={rid}&n=800&lo={lo}&hi={lo + 99}&" + "&".join(f"k={k}" for k in keys))
+        exact = exact and s["resolution"]["exact"] and len(s["steps"]) == 100
+    return time.perf_counter() - t, exact
+
+
+def csv_s(port: int, rid: str) -> tuple[float, int]:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
+    t = time.perf_counter()
+    c.request("GET", f"/api/csv?id={rid}&k=trainer/loss&name=loss")
+    body = c.getresponse().read()
+    return time.perf_counter() - t, body.count(b"\n") - 1
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--keys", type=int, default=1000)
@@ -170,6 +264,9 @@ def main() -> None:
     ap.add_argument("--rank-keys", type=int, default=16)
     ap.add_argument("--updates", type=int, default=20)
     ap.add_argument("--browser", action="store_true")
+    ap.add_argument("--clients", type=int, default=50)
+    ap.add_argument("--load-s", type=float, default=20.0)
+    ap.add_argument("--load-steps", type=int, default=300, help="steps of the run the clients poll (the same shape)")
     ap.add_argument("--dir", type=Path, default=None,
                     help="where to generate (default: a temporary directory); a run already there is reused")
     args = ap.parse_args()
@@ -201,13 +298,19 @@ def main() -> None:
         names = [f"{('trainer', 'generator', 'buffer', 'reward', 'reference')[i % 5]}/metric_{i:04d}" for i in range(args.keys - 3)]
         names += ["trainer/loss", "reward/reward", "trainer/policy_version"]
         rnames = [f"trainer/rank_metric_{i:02d}_s" for i in range(args.rank_keys)]
+        zooms = [zoom_s(cl, info, rid, lo) for lo in (args.steps // 2, args.steps // 3, args.steps // 4)]
+        csv_t, csv_rows = csv_s(port, rid)
         ups = [update_latency(cl, run_dir, rid, args.steps + i, names, rnames, args.ranks) for i in range(args.updates)]
         browser = browser_paint_s(f"http://127.0.0.1:{port}/#/run/{rid}") if args.browser else None
         rss, hwm = rss_mb(srv.pid)
         reread = full_reread_s(run_dir / "metrics.jsonl")
     finally:
-        srv.terminate()
-        srv.wait(timeout=60)
+        stop(srv)
+    small = tmp / "load"
+    if not (small / "runs" / "small" / "metrics.jsonl").exists():
+        generate(small / "runs" / "small", args.keys, args.load_steps, args.ranks, args.rank_keys)
+    loaded = load(small / "runs", "small", None, args.clients, args.load_s, env)
+    loaded_base = load(small / "runs", "small", 5, args.clients, args.load_s, env)
     res = {
         "run": {"keys": args.keys, "steps": args.steps, "ranks": args.ranks, "rank_keys": args.rank_keys,
                 "metrics_jsonl_mib": round(size / 2**20)},
@@ -216,7 +319,11 @@ def main() -> None:
         "per_rank_chart_s": round(rank_s, 3), "browser_first_paint_s": None if browser is None else round(browser, 2),
         "server_rss_mib": round(rss), "server_peak_rss_mib": round(hwm), "rss_after_open_mib": round(rss_open[0]),
         "baseline_full_reread_s": round(reread, 2),
+        "zoom_100_steps_s": round(statistics.median(z[0] for z in zooms), 3), "zoom_exact": all(z[1] for z in zooms),
+        "csv_one_key_s": round(csv_t, 2), "csv_rows": csv_rows,
+        "clients": args.clients, "load_s": args.load_s, "load": loaded, "load_baseline_backlog_5": loaded_base,
     }
+    lat = lambda d: f"p50 {d['p50_s'] * 1000:.0f} ms, p99 {d['p99_s'] * 1000:.0f} ms, max {d['max_s']:.1f} s"
     rows = [
         ("first paint (API: run + overview + 12 charts)", f"{res['first_paint_s']:.3f} s", "< 1 s"),
         ("update: appended step visible in the API", f"{res['update_s'] * 1000:.1f} ms (max {res['update_max_s'] * 1000:.0f})",
@@ -226,12 +333,20 @@ def main() -> None:
         ("cold open: first answer / whole file read", f"{first_s:.2f} s / {cold_s:.0f} s", "< 1 s / once per server"),
         ("browser: navigation to overview drawn", "-" if browser is None else f"{browser:.2f} s", "< 2 s"),
         ("server RSS (peak)", f"{res['server_rss_mib']} MiB ({res['server_peak_rss_mib']})", "bounded: < 1 GiB, not the file size"),
+        ("zoom to 100 steps: the page's charts again, exact", f"{res['zoom_100_steps_s']:.3f} s"
+         + ("" if res["zoom_exact"] else " (NOT exact)"), "< 1 s, every step"),
+        ("CSV: one key, every step, exact", f"{csv_t:.1f} s ({csv_rows} rows)", "streamed; baseline: the full re-read"),
+        (f"{args.clients} clients x {args.load_s:.0f} s: failed / answered", f"{loaded['failed']} / {loaded['requests']}",
+         "0 failed"),
+        ("   latency", lat(loaded), "no 30 s waits"),
+        ("   baseline, listen backlog 5: failed / answered", f"{loaded_base['failed']} / {loaded_base['requests']}", ""),
+        ("   baseline latency", lat(loaded_base), ""),
     ]
     print(f"\nforge-obs serve, {args.keys} keys x {args.steps} steps x {args.ranks} ranks "
           f"({args.rank_keys} keys per rank), metrics.jsonl {res['run']['metrics_jsonl_mib']} MiB")
     w = max(len(r[0]) for r in rows)
     for name, fig, target in rows:
-        print(f"  {name:<{w}}  {fig:>24}   target {target}")
+        print(f"  {name:<{w}}  {fig:>34}   " + (f"target {target}" if target else ""))
     out = ROOT / "bench" / "results" / "serve.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")

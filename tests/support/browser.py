@@ -3,8 +3,11 @@
     with Browser() as b:                       # pytest.skip()s when chromium is not installed
         page = b.open("file:///tmp/report.html")
         page.evaluate("document.title")
+        page.click("#run-a")                   # a real mouse click at the element's centre
+        page.type("#search", "loss")           # typed into the element, as keys are
         page.screenshot("shot.png", full_page=True)
         assert page.errors == []               # console errors and uncaught exceptions
+        b.allow_downloads(tmp_path)            # what the page downloads lands there
 
 The protocol runs over ``--remote-debugging-pipe`` (fd 3: commands to the browser, fd 4: replies
 and events, each message JSON followed by a NUL byte), so no websocket package is needed.
@@ -118,6 +121,26 @@ class Browser:
             raise CDPError(f"{method}: {reply['error']}")
         return reply.get("result", {})
 
+    def allow_downloads(self, path: "str | Path") -> None:
+        """Files the pages download are written to ``path`` under their suggested names."""
+        self.download_dir = Path(path)
+        self.send("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(path), "eventsEnabled": True})
+
+    def wait_download(self, name: str, path: "str | Path", timeout_s: float = 60) -> Path:
+        """The downloaded file ``path/name``, once Chromium reports its download complete."""
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while True:
+                begun = {e["params"]["guid"] for e in self.events if e.get("method") == "Browser.downloadWillBegin"
+                         and e["params"].get("suggestedFilename") == name}
+                if any(e.get("method") == "Browser.downloadProgress" and e["params"].get("guid") in begun
+                       and e["params"].get("state") == "completed" for e in self.events):
+                    return Path(path) / name
+                left = deadline - time.monotonic()
+                if self._closed or left <= 0:
+                    raise CDPError(f"no completed download of {name} within {timeout_s}s")
+                self._cv.wait(left)
+
     def wait_event(self, method: str, session: str | None, timeout_s: float = 60, after: int = 0) -> dict:
         deadline = time.monotonic() + timeout_s
         with self._cv:
@@ -200,6 +223,45 @@ class Page:
                 raise CDPError(f"timed out waiting for {expression!r} (last value {v!r})")
             with self.b._cv:
                 self.b._cv.wait(0.1)  # woken early by any browser event
+
+    def center(self, selector: str) -> tuple[float, float]:
+        """The viewport position of the centre of the first element ``selector`` matches,
+        scrolled into view first."""
+        xy = self.evaluate(f"""(() => {{ const e = document.querySelector({json.dumps(selector)});
+            if (!e) return null; e.scrollIntoView({{block: "center"}}); const r = e.getBoundingClientRect();
+            return [r.left + r.width / 2, r.top + r.height / 2]; }})()""")
+        if xy is None:
+            raise CDPError(f"no element {selector!r}")
+        return xy[0], xy[1]
+
+    def mouse(self, kind: str, x: float, y: float, buttons: int = 0, clicks: int = 1) -> None:
+        """One mouse event (``mouseMoved``, ``mousePressed``, ``mouseReleased``) at (x, y)."""
+        params = {"type": kind, "x": x, "y": y, "button": "left" if kind != "mouseMoved" or buttons else "none",
+                  "buttons": buttons, "clickCount": clicks}
+        self.send("Input.dispatchMouseEvent", params)
+
+    def click(self, selector: str, clicks: int = 1) -> None:
+        """A left click (``clicks=2``: a double click) at the centre of ``selector``."""
+        x, y = self.center(selector)
+        self.mouse("mouseMoved", x, y)
+        for n in range(1, clicks + 1):
+            self.mouse("mousePressed", x, y, 1, n)
+            self.mouse("mouseReleased", x, y, 0, n)
+
+    def drag(self, x0: float, y0: float, x1: float, y1: float, steps: int = 8) -> None:
+        """Press the left button at (x0, y0), move to (x1, y1) and release it there."""
+        self.mouse("mouseMoved", x0, y0)
+        self.mouse("mousePressed", x0, y0, 1)
+        for i in range(1, steps + 1):
+            self.mouse("mouseMoved", x0 + (x1 - x0) * i / steps, y0 + (y1 - y0) * i / steps, 1)
+        self.mouse("mouseReleased", x1, y1, 0)
+
+    def type(self, selector: str, text: str) -> None:
+        """Click into ``selector``, select what it holds and type ``text`` over it (an ``input``
+        event, as typed keys make)."""
+        self.click(selector)
+        self.evaluate(f"document.querySelector({json.dumps(selector)}).select()")
+        self.send("Input.insertText", {"text": text})
 
     def content_height(self) -> int:
         return int(self.evaluate("Math.ceil(document.documentElement.scrollHeight)"))

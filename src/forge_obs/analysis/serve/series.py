@@ -161,8 +161,8 @@ class Buckets:
 def merge_to(s: Buckets, n: int, lo_step: int | None = None, hi_step: int | None = None) -> Buckets:
     """``s`` within ``[lo_step, hi_step]`` in at most ``n`` buckets (min and max kept)."""
     out = Buckets(max(2, n))
+    out._f = s._in_range(lo_step, hi_step)  # folds what ``s`` had not folded yet: its width is final
     out._w = s._w
-    out._f = s._in_range(lo_step, hi_step)
     out._folded = s.n
     out._shrink()
     return out
