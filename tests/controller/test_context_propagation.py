@@ -88,3 +88,77 @@ def test_call_link_only_under_a_span(tmp_path):
     by = {s.name: s for s in g.spans}
     assert by["callee"].link == link and by["nested"].link is None
     assert by["callee"].caller is by["inner"] and by["inner"].called == [by["callee"]]
+
+
+TRACED = ROOT / "tests" / "user_scripts" / "traced_spans.py"
+
+
+def test_trace_on_endpoints_writes_linked_spans_from_a_users_script(tmp_path):
+    """``@trace`` alone (no ``record_span``): every traced call is a span named after its prefix,
+    linked to the span that made the call, from the controller to a mesh and from a mesh process
+    to another mesh; the critical path follows those links; a ``Tracer``'s region and its steps are
+    spans too, and each span carries its thread's CPU time (busy work against a sleep)."""
+    from forge_obs.analysis import reader
+
+    res = run_as_user(TRACED, tmp_path, str(tmp_path))
+    assert json.loads(res.stdout.splitlines()[-1]) == {"results": [[0, 0], [1, 1], [2, 2]]}
+    g = cp_graph.load(tmp_path / "traced")
+    by: dict = {}
+    for s in g.spans:
+        by.setdefault(s.name, []).append(s)
+    ctl = by["controller/step"]
+    assert sorted(s.step for s in ctl) == [0, 1, 2] and all(g.controller(s) for s in ctl)
+    steps = by["trainer/train_step"]
+    assert len(steps) == 6 and len({s.stream.rank for s in steps}) == 2
+    for s in steps:  # each trainer call is linked to the controller's traced span of its step
+        assert s.caller is not None and s.caller.name == "controller/step" and s.caller.step == s.step
+    refs = by["ref/logprobs"]
+    assert len(refs) == 6
+    for s in refs:  # a call made inside a traced endpoint of another mesh: linked to that endpoint's span
+        assert s.caller is not None and s.caller.name == "trainer/train_step" and s.caller.stream is not s.stream
+        assert s.caller.start <= s.start and s.end <= s.caller.end
+    for s in by["trainer/phases"]:  # the Tracer's region, inside the endpoint's span, and its step inside it
+        assert s.parent is not None and s.parent.name == "trainer/train_step"
+    assert len(by["trainer/phases"]) == 6
+    assert all(s.parent is not None and s.parent.name == "trainer/phases" for s in by["trainer/phases/forward"])
+    path = {x["step"]: x for x in analyse(g)}[1]
+    assert ("trainer/train_step", "call") in {(p["name"], p["link"]) for p in path["path"]}
+
+    run = reader.scan(tmp_path / "traced")
+    cpu = {}
+    for it in reader.walk(run):
+        if it[0] is reader.SPAN and it[3] in ("trainer/phases/forward", "ref/logprobs"):
+            cpu.setdefault(it[3], []).append((it[8], it[6]))  # (cpu_us, dur_us)
+    # the busy step spent its time on the CPU; the sleeping endpoint waited (first call of each
+    # name always carries its CPU time; both are long enough to carry it every time)
+    assert all(c is not None and 30_000 <= c <= d for c, d in cpu["trainer/phases/forward"])
+    assert all(c is not None and c < d / 4 for c, d in cpu["ref/logprobs"])
+
+
+def test_trace_span_carries_the_incoming_link(tmp_path):
+    """A ``@trace`` span opened at top level while a linked message is handled carries the link,
+    as a ``record_span`` span does; the spans nested in it do not."""
+    from forge_obs.recording.tracer import trace
+
+    check = tl.link_check()
+    tl.set_link_check(None)
+    tl.configure(tmp_path)
+
+    @trace("callee/traced")
+    def traced():
+        with tl.record_span("nested"):
+            pass
+
+    try:
+        with tl.record_span("caller"):
+            link = tl.call_link()
+        tl.set_incoming(link, None)
+        traced()
+        tl.set_incoming(None, None)
+    finally:
+        tl.close()
+        tl.set_link_check(check)
+    g = cp_graph.load(tmp_path)
+    by = {s.name: s for s in g.spans}
+    assert by["callee/traced"].link == link and by["callee/traced"].caller is by["caller"]
+    assert by["nested"].link is None and by["nested"].parent is by["callee/traced"]

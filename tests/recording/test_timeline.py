@@ -367,3 +367,107 @@ def test_resumed_run_keeps_attempts_apart(tdir):
     assert sorted(n.split(" (")[0] for n in s.process_names.values()) == ["controller r0 [attempt 0]", "controller r0 [attempt 1]"]
     rows = connect(tdir).execute("SELECT attempt, step FROM spans ORDER BY attempt").fetchall()
     assert rows == [(0, 0), (1, 10)]
+
+
+def _busy(seconds):
+    import time
+
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_spans_carry_their_thread_cpu_time(tdir):
+    """A span's CPU time is its thread's CPU time between enter and exit: busy work shows it all,
+    a sleep (waiting, or a preempted thread) almost none; the reader's span rows carry it as
+    ``cpu_us`` (``it[8]``), also for a span written as begun and ended later."""
+    import time
+
+    tl.configure(tdir, open_after_s=0.0)
+    tl.set_step(1)
+    with tl.record_span("busy"):
+        _busy(0.03)
+    with tl.record_span("sleeps"):
+        time.sleep(0.03)
+    long = tl.record_span("long")
+    long.__enter__()
+    _busy(0.01)
+    tl.flush()  # written as "B" (open past open_after_s), its "E" carries the CPU time
+    long.__exit__(None, None, None)
+    tl.close()
+    text = next((tdir / "events").glob("*.jsonl")).read_text()
+    assert '["B",' in text
+    _run, items = _items(tdir)
+    (busy,), (sleeps,), (lng,) = _spans(items, "busy"), _spans(items, "sleeps"), _spans(items, "long")
+    assert 30_000 <= busy[8] <= busy[6]  # at least the busy loop's CPU, never more than the wall time
+    assert sleeps[8] < sleeps[6] / 4
+    assert 10_000 <= lng[8] <= lng[6]
+    assert "c" not in (busy[7] or {})  # the reader's extras are what they were
+
+
+def test_short_spans_stop_paying_for_cpu_time(tdir):
+    """A name whose last span lasted under 100 µs stops reading the thread's CPU clock (a syscall
+    that costs more than the rest of the span); it reads it again after one lasted longer."""
+    tl.configure(tdir, open_after_s=60)
+    for _ in range(5):
+        with tl.record_span("tiny"):
+            pass
+    with tl.record_span("tiny"):
+        _busy(0.002)  # long, without its CPU time: the name was short
+    with tl.record_span("tiny"):
+        _busy(0.002)  # long again: it carries it
+    tl.close()
+    _run, items = _items(tdir)
+    cpu = [it[8] for it in _spans(items, "tiny")]
+    assert cpu[0] is not None and cpu[1:6] == [None] * 5 and cpu[6] is not None and cpu[6] >= 2000
+
+
+def test_every_record_the_writer_writes_is_one_of_the_defined_records(tdir):
+    """The file's records, as written by the writer, decode as the records of
+    ``forge_obs.recording.timeline.records``: each code one record type with named fields."""
+    from forge_obs.recording.timeline import records
+
+    tl.configure(tdir, open_after_s=0)
+    tl.set_step(2)
+    with tl.record_span("a", flow="f1", k=1):
+        tl.record_event("ev", n=2)
+    tl.add_step_tag("eval")
+    hung = tl.record_span("hung")
+    hung.__enter__()
+    with pytest.raises(ValueError):
+        with tl.record_span("err"):
+            raise ValueError("x")
+    tl.flush()
+    hung.__exit__(None, None, None)
+    tl.close()
+    path = next((tdir / "events").glob("*.jsonl"))
+    kinds = {}
+    for line in path.read_text().splitlines()[1:]:
+        rec = records.decode(json.loads(line))
+        assert rec is not None, line
+        kinds.setdefault(type(rec).__name__, []).append(rec)
+    assert set(kinds) >= {"SpanRecord", "NameRecord", "LaneRecord", "InstantRecord", "StepRecord", "TagRecord",
+                          "BeginRecord", "EndRecord", "CloseRecord"}
+    names = {r.id: r.name for r in kinds["NameRecord"]}
+    a = next(r for r in kinds["SpanRecord"] if names[r.name] == "a")
+    assert a.step == 2 and a.extras[records.X_FLOW] == "f1" and a.extras[records.X_ATTRS] == {"k": 1}
+    err = next(r for r in kinds["SpanRecord"] if names[r.name] == "err")
+    assert err.extras[records.X_ERROR].startswith("ValueError")
+    (b,), (e,) = kinds["BeginRecord"], kinds["EndRecord"]
+    assert names[b.name] == "hung" and e.sid == b.sid and e.ts >= b.ts
+    (tag,) = kinds["TagRecord"]
+    assert tag.tag == "eval" and tag.step == 2
+    assert records.decode([records.BEGIN, 1, "x"]) is None and records.decode(["?", 1]) is None
+    assert records.decode([1, 2, 0, 1, None, {"a": 3}]) is None  # attributes that are not a dict
+
+
+def test_no_index_arithmetic_on_records_outside_their_definition():
+    """The writer reads buffer entries and writes records through their named definitions only."""
+    import ast
+
+    src = Path(tl.__file__).parent
+    for name in ("writer.py", "recorder.py"):
+        tree = ast.parse((src / name).read_text())
+        idx = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Subscript)
+               and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, int)]
+        assert not idx, f"{name}: index reads at lines {idx}"

@@ -2,6 +2,7 @@
 reuse, memory-tracking ownership (fake device memory), async, Monarch endpoints, env switches."""
 
 import asyncio
+import json
 import logging
 import os
 import subprocess
@@ -441,3 +442,92 @@ async def test_trace_in_child_process_reaches_the_jsonl_store(tmp_path):
     assert d["count"] == 4  # 2 ranks x 2 calls, merged exactly
     assert 1.0 <= d["p99"] / 0.1 <= 1.5 and 1.0 <= d["p50"] / 0.05 <= 2.1
     assert 1.0 <= m["ep/work/total_duration_max_s"] / 0.1 <= 1.5
+
+
+def _timeline_spans(run_dir):
+    from forge_obs.analysis import reader
+
+    run = reader.scan(run_dir)
+    return [it for it in reader.walk(run) if it[0] is reader.SPAN]
+
+
+def test_trace_and_tracer_write_timeline_spans(tmp_path, fresh_collector):
+    """``@trace`` (sync, async, raising), ``with trace()`` and a ``Tracer`` each write a span named
+    after the prefix, on the caller's track, nested in the span open there; a Tracer's steps are
+    spans inside its region; the metrics are the same durations as the spans."""
+    from forge_obs.recording import timeline as tl
+
+    tl.close()
+    tl.configure(tmp_path, open_after_s=60)
+
+    @trace("deco/sync")
+    def f(x):
+        return x + 1
+
+    @trace("deco/async")
+    async def g():
+        await asyncio.sleep(0)
+        return 2
+
+    @trace("deco/fails")
+    def h():
+        raise KeyError("boom")
+
+    try:
+        tl.set_step(4)
+        with tl.record_span("outer"):
+            assert f(1) == 2
+            with pytest.raises(KeyError):
+                h()
+            with trace("ctx") as t:
+                t.step("a")
+                t.step("b")
+        assert asyncio.run(g()) == 2
+        t2 = Tracer("tr")
+        t2.start()
+        time.sleep(0.002)
+        t2.step("x")
+        t2.stop()
+    finally:
+        tl.close()
+    spans = {}
+    for it in _timeline_spans(tmp_path):
+        spans.setdefault(it[3], []).append(it)
+    assert set(spans) == {"outer", "deco/sync", "deco/fails", "ctx", "ctx/a", "ctx/b", "deco/async", "tr", "tr/x"}
+    assert all(len(v) == 1 for v in spans.values())
+    (outer,), (sync,), (fails,) = spans["outer"], spans["deco/sync"], spans["deco/fails"]
+
+    def inside(a, b):  # a is on b's track and within it
+        return a[2] == b[2] and b[5] <= a[5] and a[5] + a[6] <= b[5] + b[6]
+
+    assert inside(sync, outer) and inside(fails, outer) and inside(spans["ctx"][0], outer)
+    assert inside(spans["ctx/a"][0], spans["ctx"][0]) and inside(spans["ctx/b"][0], spans["ctx"][0])
+    assert spans["ctx/a"][0][5] + spans["ctx/a"][0][6] <= spans["ctx/b"][0][5]
+    assert inside(spans["tr/x"][0], spans["tr"][0]) and spans["tr/x"][0][6] >= 2000
+    assert fails[7]["e"].startswith("KeyError") and not sync[7]
+    assert all(it[4] == 4 for v in spans.values() for it in v)  # the step they were made in
+    v = values(fresh_collector)
+    # the metric and the span time the same interval (the file keeps whole µs)
+    assert abs(v["tr/total_duration_max_s"] * 1e6 - spans["tr"][0][6]) <= 1.0
+    assert abs(v["deco/sync/total_duration_max_s"] * 1e6 - sync[6]) <= 1.0
+    assert v["deco/fails/total_duration_dist_s"]["count"] == 1 and v["deco/async/total_duration_dist_s"]["count"] == 1
+
+
+def test_trace_writes_no_span_when_the_timeline_is_off(tmp_path, fresh_collector):
+    """With the timeline off in a process the tracer still records its metrics."""
+    code = (
+        "import json\n"
+        "from forge_obs.recording import timeline as tl\n"
+        "from forge_obs import trace, Tracer\n"
+        "from forge_obs.recording.collector import MetricCollector\n"
+        f"tl.configure({str(tmp_path)!r})\n"
+        "@trace('p')\n"
+        "def f(): return 1\n"
+        "f(); t = Tracer('q'); t.start(); t.step('s'); t.stop(); tl.close()\n"
+        "print(json.dumps(sorted(MetricCollector().snapshot()['states'])))\n"
+    )
+    env = dict(os.environ, FORGE_DISABLE_TIMELINE="true")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, timeout=120)
+    keys = json.loads(out.stdout.splitlines()[-1])
+    assert "p/total_duration_avg_s" in keys and "q/s/duration_avg_s" in keys
+    assert not (tmp_path / "events").exists()
