@@ -101,6 +101,7 @@ def ours_hot_path(n: int) -> dict:
 def ours_throughput(rate: int, seconds: float) -> dict:
     """Produce ``rate`` spans/s for ``seconds`` (paced), watch the backlog and the file."""
     from forge_obs.recording import timeline as tl
+    from forge_obs.recording.timeline import recorder
 
     d = Path(tempfile.mkdtemp(prefix="tlt_"))
     tl.close()
@@ -118,14 +119,14 @@ def ours_throughput(rate: int, seconds: float) -> dict:
                 pass
         produced += batch
         tick += 1
-        max_backlog = max(max_backlog, len(tl._buf))
+        max_backlog = max(max_backlog, recorder.pending())
         delay = t0 + tick * 0.01 - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
     achieved = produced / (time.perf_counter() - t0)
     t = time.perf_counter()
     deadline = t + 5
-    while len(tl._buf) and time.perf_counter() < deadline:
+    while recorder.pending() and time.perf_counter() < deadline:
         time.sleep(0.005)
     drain_s = time.perf_counter() - t
     tl.close()

@@ -62,8 +62,8 @@ def test_linked_calls_from_a_users_script(tmp_path):
 
 
 def test_call_link_only_under_a_span(tmp_path):
-    check = tl._incoming_check[0]
-    tl._incoming_check[0] = None  # no Monarch message here: a link holds for its context
+    check = tl.link_check()
+    tl.set_link_check(None)  # no Monarch message here: a link holds for its context
     tl.configure(tmp_path)
     try:
         assert tl.call_link() is None  # outside any span: nothing
@@ -80,10 +80,10 @@ def test_call_link_only_under_a_span(tmp_path):
         with tl.record_span("callee"):
             with tl.record_span("nested"):
                 pass
-        tl._cur.set(None)
+        tl.set_incoming(None)
     finally:
         tl.close()
-        tl._incoming_check[0] = check
+        tl.set_link_check(check)
     g = cp_graph.load(tmp_path)
     by = {s.name: s for s in g.spans}
     assert by["callee"].link == link and by["nested"].link is None

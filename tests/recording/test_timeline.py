@@ -14,7 +14,7 @@ from forge_obs.recording import timeline as tl
 from forge_obs.analysis import reader
 from forge_obs.analysis.trace import export_trace
 from forge_obs.core.identity import current_identity
-from forge_obs.recording.timeline import schema
+from forge_obs.recording.timeline import recorder, schema
 from tests.support.trace_validate import load
 
 
@@ -195,7 +195,7 @@ def test_rank_selection(tdir):
         assert len(list((tdir / "b" / "events").glob("*_trainer_3.jsonl"))) == 1
     finally:
         ident.mesh, ident.rank = saved
-        tl._set_on(True)
+        recorder.set_recording(True)
 
 
 def test_disable_switch_makes_everything_a_noop(tmp_path):
@@ -204,7 +204,8 @@ def test_disable_switch_makes_everything_a_noop(tmp_path):
         f"print(tl.configure({str(tmp_path)!r}))\n"
         "with tl.record_span('x'): pass\n"
         "tl.record_event('e'); tl.set_step(1); tl.close()\n"
-        "print(tl.is_enabled(), len(tl._buf))\n"
+        "from forge_obs.recording.timeline import recorder\n"
+        "print(tl.is_enabled(), recorder.pending())\n"
     )
     for var in ("FORGE_DISABLE_METRICS", "FORGE_DISABLE_TIMELINE"):
         env = dict(os.environ, **{var: "true"})
@@ -224,7 +225,7 @@ def _fake_run(root: Path, ranks: int, steps: int, slow_rank=None, hang_rank=None
 
     start = time.perf_counter_ns()
     clock = [start]
-    tl._clock_ns = lambda: clock[0]
+    recorder.set_clock(lambda: clock[0])
 
     ident = current_identity()
     saved = (ident.mesh, ident.rank, ident.world_size, writer.SESSION)
@@ -254,12 +255,12 @@ def _fake_run(root: Path, ranks: int, steps: int, slow_rank=None, hang_rank=None
                 writer._writer.thread.join()
                 writer._writer.f.close()
                 writer._writer = None
-                tl._buf.clear()
+                recorder.clear()
             else:
                 tl.close()
     finally:
         ident.mesh, ident.rank, ident.world_size, writer.SESSION = saved
-        tl._clock_ns = time.perf_counter_ns
+        recorder.set_clock(None)
     if nan_step is not None:
         with open(root / "metrics.jsonl", "w") as f:
             for s in range(steps):

@@ -99,9 +99,10 @@ def test_skipped_while_compiling(tmp_path, monkeypatch):
 
     from forge_obs import titan
     from forge_obs.recording import timeline
+    from forge_obs.recording.timeline import recorder
 
     timeline.configure(tmp_path)
-    timeline._torch_loaded[0] = True
+    recorder.refresh_compile_check()  # what the writer does once torch is imported
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     with titan.log_trace_span("compiled"):
         titan.log_trace_instant("compiled_event")
