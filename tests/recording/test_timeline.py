@@ -404,6 +404,10 @@ def test_spans_carry_their_thread_cpu_time(tdir):
     assert sleeps[8] < sleeps[6] / 4
     assert 10_000 <= lng[8] <= lng[6]
     assert "c" not in (busy[7] or {})  # the reader's extras are what they were
+    out = tdir / "trace.json"
+    export_trace(tdir, out)
+    tdur = {e["name"]: e.get("tdur") for e in load(out).events if e.get("ph") == "X"}
+    assert tdur["busy"] == busy[8] and tdur["long"] == lng[8]  # Perfetto's "Thread duration"
 
 
 def test_short_spans_stop_paying_for_cpu_time(tdir):

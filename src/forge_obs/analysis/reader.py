@@ -15,9 +15,13 @@
 
 Items (times are epoch µs, corrected by the host's clock offset against the controller)::
 
-    (SPAN,    stream, lane, name, step, start, dur, extras)     a finished span (``extras["x"] ==
+    (SPAN,    stream, lane, name, step, start, dur, extras, cpu_us)
+                                                                a finished span (``extras["x"] ==
                                                                  "shutdown"``: cut short by a clean
-                                                                 close, ``dur`` up to the close)
+                                                                 close, ``dur`` up to the close);
+                                                                 ``cpu_us``: its thread's CPU time
+                                                                 (µs, ≤ ``dur``), None when the span
+                                                                 did not read it
     (OPEN,    stream, lane, name, step, start, extras)          a span that never ended (yielded
                                                                  when the stream ends)
     (INSTANT, stream, lane, name, step, ts, extras)
@@ -44,7 +48,7 @@ from forge_obs.analysis import titan_logs
 from forge_obs.analysis.jsonl_reader import json_lines
 from forge_obs.recording.timeline.records import (  # the records' codes (R_: not this module's item kinds)
     BEGIN as R_BEGIN, CLOCK as R_CLOCK, CLOSE as R_CLOSE, DROPPED as R_DROPPED, END as R_END, INSTANT as R_INSTANT,
-    LANE as R_LANE, META as R_META, NAME as R_NAME, STEP as R_STEP, TAG as R_TAG, X_ATTRS,
+    LANE as R_LANE, META as R_META, NAME as R_NAME, STEP as R_STEP, TAG as R_TAG, X_ATTRS, X_CPU,
 )
 
 __all__ = ["Stream", "Run", "clean_header", "scan", "walk", "run_end"]
@@ -299,7 +303,11 @@ def walk(run: Run) -> Iterator[tuple]:
                         st.first_ts = ts
                     if st.last_ts is None or end > st.last_ts:
                         st.last_ts = end
-                    yield (SPAN, st, r[2], names.get(r[3], "?"), r[4], ts, r[1], r[5] if len(r) > 5 else None)
+                    ex = r[5] if len(r) > 5 else None
+                    cpu = None
+                    if ex and X_CPU in ex:
+                        ex, cpu = _split_cpu(ex)
+                    yield (SPAN, st, r[2], names.get(r[3], "?"), r[4], ts, r[1], ex, cpu)
                     continue
                 if k == R_NAME:
                     names[r[1]] = r[2]
@@ -321,9 +329,12 @@ def walk(run: Run) -> Iterator[tuple]:
                     _touch(st, ts)
                     if b is not None:
                         ex = b[4]
+                        cpu = None
                         if len(r) > 3 and r[3]:
                             ex = dict(ex or {}, **r[3])
-                        yield (SPAN, st, b[0], b[1], b[2], b[3], ts - b[3], ex)
+                            if X_CPU in ex:
+                                ex, cpu = _split_cpu(ex)
+                        yield (SPAN, st, b[0], b[1], b[2], b[3], ts - b[3], ex, cpu)
                 elif k == R_STEP:
                     ts = base + r[1]
                     _touch(st, ts)
@@ -378,6 +389,12 @@ def walk(run: Run) -> Iterator[tuple]:
     if run.malformed:
         logger.warning("forge_obs: %s: %d malformed timeline line(s) skipped (first: %s)", run.run_dir / "events",
                        run.malformed, run.first_malformed)
+
+
+def _split_cpu(ex: dict) -> tuple:
+    """``(extras without the CPU time, CPU µs or None when it is not an int)``."""
+    cpu = ex.pop(X_CPU)
+    return ex or None, cpu if _int(cpu) else None
 
 
 def _brief(r: Any) -> str:
