@@ -17,7 +17,7 @@ meaning: a span is a timed block (context manager or decorator of sync / async f
 exception marks it with the error), an instant is a point event, a scalar is an instant named
 after the scalar carrying ``value`` (non-numeric values are skipped with a warning); records are
 stamped with the step and the step's tags. Every call is skipped while
-``torch.compiler.is_compiling()``, and does nothing after ``init_structured_logger(enable=False)``.
+``torch.compiler.is_dynamo_compiling()``, and does nothing after ``init_structured_logger(enable=False)``.
 
 Records go to forge_obs's per-rank timeline (``<run_dir>/events/``; a header with the run id
 heads every file, and each SQL row carries it): ``forge-obs trace`` / ``sql`` / ``doctor``

@@ -152,14 +152,17 @@ async def test_async_decorator_concurrent_calls_do_not_share_state(fresh_collect
         await asyncio.sleep(s)
         return s
 
+    t0 = time.perf_counter()
     assert await asyncio.gather(work(0.05), work(0.1), work(0.2)) == [0.05, 0.1, 0.2]
+    wall = time.perf_counter() - t0
     v = values(fresh_collector)
     d = v["aio/total_duration_dist_s"]
     assert d["count"] == 3
     assert asyncio.iscoroutinefunction(work)
-    # each call is timed on its own: the max is the 0.2 s call, not the sum of overlapping ones
-    assert 1.0 <= v["aio/total_duration_max_s"] / 0.2 <= 1.5
-    assert 1.0 <= d["p50"] / 0.1 <= 1.5
+    # each call is timed on its own: the max is the 0.2 s call, within the gather's wall time
+    # (the sum of the overlapping calls, 0.35 s, is not), the median the 0.1 s one (sketch: 1 %)
+    assert 0.2 <= v["aio/total_duration_max_s"] <= wall
+    assert 0.1 * 0.99 <= d["p50"] <= v["aio/total_duration_max_s"] * 1.01
 
 
 async def test_one_trace_object_entered_by_concurrent_tasks(fresh_collector):

@@ -56,7 +56,7 @@ from forge_obs.core.safe import safe_str
 from forge_obs.recording.collector import MetricCollector, record_metric
 from forge_obs.recording.reduce import Reduce
 from forge_obs.recording.sketch import DISTRIBUTION
-from forge_obs.recording.timeline.recorder import Span, clock_ns, wrap
+from forge_obs.recording.timeline.recorder import clock_ns, new_span, wrap
 
 __all__ = ["Tracer", "trace", "set_record_hook", "TimerCPU", "TimerCUDA"]
 
@@ -120,15 +120,15 @@ def set_record_hook(fn: Callable[[str, Any, Any], None] | None) -> None:
     _record_groups, record_metric = through_hook, fn
 
 
-def _record_total(keys: tuple[str, str, str], seconds: float) -> None:
-    """Record one region's total duration under its (avg, max, dist) keys: the exit hook of
-    ``@trace``'s span.
+def _record_total(span: Any, seconds: float) -> None:
+    """Record a ``@trace`` call's total duration under its prefix's (avg, max, dist) keys: the
+    exit hook of its span.
 
-    ``@trace``'s wrappers capture this module-level function, the span class and the keys, and
-    nothing else of this module: a wrapper on a class defined in a user's ``__main__`` is pickled
-    by value (Monarch sends the class to its processes), and a module-level function travels by
-    reference, while the collector it records into (its lock) could not travel at all."""
-    _record_groups([(keys, seconds)], _REDS)
+    ``@trace``'s wrappers capture this module-level function, the span factory and the prefix,
+    and nothing else of this module: a wrapper on a class defined in a user's ``__main__`` is
+    pickled by value (Monarch sends the class to its processes), and a module-level function
+    travels by reference, while the collector it records into (its lock) could not travel."""
+    _record_groups([(_total_keys_cache.get(span.name) or _total_keys(span.name), seconds)], _REDS)
 
 
 def _emit_durations(pairs: list) -> None:
@@ -480,6 +480,7 @@ class Tracer:
     _last = 0  # ns: start, or the last step
     _steps: list = []  # (name, start ns, end ns) per step
     _span: Any = None
+    _total_s = 0.0  # start() to stop(), set when the region's span ends
     _names: list = []
     _events: list = []
     _dev = 0
@@ -529,10 +530,13 @@ class Tracer:
         if self._gpu and not self._gpu_start():
             self._gpu = False
         self._steps = []
-        span = self._span = Span(self.prefix)
+        span = self._span = new_span(self.prefix, None, self._ended)
         span.__enter__()
         self._last = span.t0
         return self
+
+    def _ended(self, span: Any, seconds: float) -> None:
+        self._total_s = seconds
 
     def _gpu_start(self) -> bool:
         try:
@@ -581,7 +585,7 @@ class Tracer:
             span.__exit__(et, ev, None)
             if not self._gpu:
                 steps = [(name, (b - a) / 1e9) for name, a, b in self._steps]
-                _record_groups(_duration_pairs(self.prefix, steps, (span.t1 - span.t0) / 1e9), _REDS)
+                _record_groups(_duration_pairs(self.prefix, steps, self._total_s), _REDS)
         except Exception as e:  # noqa: BLE001 - never raise into the training step
             _warn_once("stop_error", f"Tracer({self.prefix!r}).stop() could not record its timings: {e!r}")
         finally:
@@ -741,7 +745,8 @@ class trace:
         if timer == "gpu" and simple:
             _warn_once("gpu_timer_no_cuda", "Tracer(timer='gpu'): CUDA is not available; using CPU timing")
         if simple:  # a span whose exit records the total: no Tracer object per call
-            return wrap(fn, Span, prefix, None, _record_total, _total_keys(prefix))
+            _total_keys(prefix)
+            return wrap(fn, new_span, prefix, None, _record_total)
         return wrap(fn, Tracer, prefix, mem, timer)
 
     # ------------------------------------------------------------ context manager

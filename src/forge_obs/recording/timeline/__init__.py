@@ -38,6 +38,7 @@ from typing import Any
 from forge_obs.recording.timeline import writer
 from forge_obs.recording.timeline.recorder import (
     Span,
+    new_span,
     add_step_tag,
     call_link,
     follow_cut,
@@ -65,6 +66,7 @@ __all__ = [
     "is_enabled",
     "follow_cut",
     "Span",
+    "new_span",
     "wrap",
     "call_link",
     "in_span",

@@ -56,7 +56,7 @@ from forge_obs.recording.timeline.records import (
 )
 
 __all__ = [
-    "Span", "wrap", "record_span", "record_event", "set_step", "add_step_tag", "get_step", "follow_cut",
+    "Span", "new_span", "wrap", "record_span", "record_event", "set_step", "add_step_tag", "get_step", "follow_cut",
     "is_enabled", "call_link", "in_span", "set_incoming", "link_check", "set_link_check",
     "DISABLED", "PRECONFIG_CAP", "BUFFER_CAP", "CPU_MIN_NS", "take", "pending", "clear", "set_recording",
     "use_capacity", "clock_ns", "set_clock", "refresh_compile_check",
@@ -81,7 +81,9 @@ _thread_ns = time.thread_time_ns
 _get_ident = threading.get_ident
 #: recording is on (False: disabled, or this rank is not selected by ``ranks``)
 _ON: bool = not DISABLED
-#: ``torch.compiler`` once torch is imported (None before: no check on the hot path)
+#: ``torch.compiler`` once torch is imported (None before: no check on the hot path); records are
+#: skipped while ``torch.compiler.is_dynamo_compiling()`` (Dynamo folds it to True when it traces
+#: the caller; eager, a function that returns False: ~40 ns, against ~60+ for ``is_compiling``)
 _compiler: Any = None
 
 _step_var: ContextVar[int | None] = ContextVar("forge_obs_timeline_step", default=None)
@@ -148,7 +150,7 @@ def _step() -> int | None:
 
 def _recording() -> bool:
     """Whether a record made now is kept (on, and not inside ``torch.compile`` tracing)."""
-    return _ON and (_compiler is None or not _compiler.is_compiling())
+    return _ON and (_compiler is None or not _compiler.is_dynamo_compiling())
 
 
 # ---------------------------------------------------------------------------- values
@@ -201,35 +203,58 @@ def _linked(ex: dict | None, incoming: _Incoming) -> dict | None:
 
 # ---------------------------------------------------------------------------- the span
 class Span:
-    """A time span on the caller's track: a context manager (``with`` / ``async with``) and a
-    decorator of sync and async functions (a fresh span per call, :func:`wrap`).
+    """``record_span(name, *, flow=None, log_to_metrics=False, **attrs)``: a time span named
+    ``name`` on the caller's track (thread or asyncio task).
 
-    ``hook(arg, seconds)``, when given, is called at exit with the span's duration, also when
-    the timeline does not record (how ``@trace`` records its metrics); it never raises into the
-    caller. ``t0`` / ``t1`` are the enter / exit times (``perf_counter_ns``)."""
+    Use as ``with record_span("fwd"):`` / ``async with`` or as a decorator ``@record_span("fwd")``
+    of sync and async functions (a fresh span per call, :func:`wrap`). ``flow=<id>`` links spans
+    and events that share the id (across actors) with arrows in the trace;
+    ``log_to_metrics=True`` also records the duration as the metric ``span/<name>/duration_s``
+    (Reduce.MEAN); other keyword arguments are kept as attributes (JSON-serialisable values;
+    anything else is written as its text). A span that raises is marked with the error. A span
+    that never ends (a hang) is still written, and shown as unfinished. Never raises into the
+    caller, for any name or attribute.
 
-    __slots__ = ("name", "extras", "hook", "arg", "sid", "t0", "t1", "tok", "lane", "cpu0")
+    ``hook(span, seconds)`` (:func:`new_span`) is called at exit with the span's duration, also
+    when the timeline does not record (how ``@trace`` records its metrics); it never raises into
+    the caller. ``t0`` is the enter time (``perf_counter_ns``)."""
 
-    def __init__(self, name: str, extras: dict | None = None, hook: Any = None, arg: Any = None) -> None:
-        self.name = name
-        self.extras = extras
-        self.hook = hook
-        self.arg = arg
+    __slots__ = ("name", "extras", "hook", "sid", "t0", "tok", "lane", "cpu0")
+
+    def __init__(self, name: str, *, flow: Any = None, log_to_metrics: bool = False, **attrs: Any) -> None:
+        if flow is None and not attrs:
+            self.name = name if type(name) is str else safe_str(name)
+            self.extras = None
+        else:
+            self.name = safe_str(name)
+            self.extras = _extras(flow, attrs)
+        self.hook = _span_metric if log_to_metrics else None
 
     def __enter__(self) -> "Span":
-        if _ON and (_compiler is None or not _compiler.is_compiling()):
+        if _ON and (_compiler is None or not _compiler.is_dynamo_compiling()):
             sid = _next_id()
             self.sid = sid
             step = _step_var.get()
             if step is None:
                 step = _proc_step
-            lane = _lane()
+            loop = _get_running_loop()  # the track: the asyncio task, else the thread (_lane, inlined)
+            task = _current_task(loop) if loop is not None else None
+            key = _get_ident() if task is None else id(task)
+            lane = _lanes.get(key)
+            if lane is None:
+                lane = _new_lane(key, task)
+            self.lane = lane
             ex = self.extras
             cur = _cur.get()
-            if cur is not None and type(cur) is _Incoming:
+            if cur is None:
+                self.tok = _cur.set(self)
+            elif type(cur) is _Incoming:
                 ex = _linked(ex, cur)
-            self.lane = lane
-            self.tok = _cur.set(self)
+                self.tok = _cur.set(self)
+            elif cur.sid and cur.lane == lane:  # nested on the same track: the call links need
+                self.tok = None  # the open span's track only, which the outer one gives
+            else:
+                self.tok = _cur.set(self)
             name = self.name
             cpu = None if name in _short else _thread_ns()
             self.cpu0 = cpu
@@ -243,7 +268,6 @@ class Span:
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
         t = _clock_ns()
-        self.t1 = t
         sid = self.sid
         if sid:
             self.sid = 0
@@ -255,15 +279,17 @@ class Span:
                 cpu = _thread_ns()
                 if t - self.t0 < CPU_MIN_NS:
                     _short_name(self.name)
-            try:
-                _cur.reset(self.tok)
-            except ValueError:  # ended in another context than it began in: that one keeps its mark
-                pass
+            tok = self.tok
+            if tok is not None:
+                try:
+                    _cur.reset(tok)
+                except ValueError:  # ended in another context than it began in: that one keeps its mark
+                    pass
             _append((K_END, sid, t, None if ev is None else _err(et, ev), cpu))
         hook = self.hook
         if hook is not None:
             try:
-                hook(self.arg, (t - self.t0) / 1e9)
+                hook(self, (t - self.t0) / 1e9)
             except Exception:  # noqa: BLE001 - a hook never fails the caller's code
                 pass
 
@@ -274,7 +300,7 @@ class Span:
         self.__exit__(et, ev, tb)
 
     def __call__(self, fn: Callable) -> Callable:
-        return wrap(fn, Span, self.name, self.extras, self.hook, self.arg)
+        return wrap(fn, new_span, self.name, self.extras, self.hook)
 
     def child(self, name: str, t0_ns: int, t1_ns: int) -> None:
         """Record a finished span ``name`` from ``t0_ns`` to ``t1_ns`` inside this open span, on
@@ -283,6 +309,20 @@ class Span:
             sid = _next_id()
             _append((K_BEGIN, sid, t0_ns, self.lane, name, _step(), None, None))
             _append((K_END, sid, t1_ns, None, None))
+
+
+record_span = Span
+
+
+def new_span(name: str, extras: dict | None = None, hook: Any = None) -> Span:
+    """A span of a name and extras already checked (``@record_span``'s calls, ``@trace``, a
+    Tracer), with an exit ``hook(span, seconds)``."""
+    s = _new(Span)
+    s.name, s.extras, s.hook = name, extras, hook
+    return s
+
+
+_new = object.__new__
 
 
 def _short_name(name: str) -> None:
@@ -314,29 +354,11 @@ def wrap(fn: Callable, factory: Callable, *args: Any) -> Callable:
     return wrapper
 
 
-def _span_metric(name: str, seconds: float) -> None:
+def _span_metric(span: Span, seconds: float) -> None:
     from forge_obs.recording.collector import record_metric
     from forge_obs.recording.reduce import Reduce
 
-    record_metric(f"span/{name}/duration_s", seconds, Reduce.MEAN)
-
-
-def record_span(name: str, *, flow: Any = None, log_to_metrics: bool = False, **attrs: Any) -> Span:
-    """A time span named ``name`` on the caller's track (thread or asyncio task).
-
-    Use as ``with record_span("fwd"):`` / ``async with`` or as a decorator ``@record_span("fwd")``.
-    ``flow=<id>`` links spans and events that share the id (across actors) with arrows in the
-    trace; ``log_to_metrics=True`` also records the duration as the metric
-    ``span/<name>/duration_s`` (Reduce.MEAN); other keyword arguments are kept as attributes
-    (JSON-serialisable values; anything else is written as its text). A span that raises is
-    marked with the error. A span that never ends (a hang) is still written, and shown as
-    unfinished. Never raises into the caller, for any name or attribute."""
-    if flow is None and not attrs and not log_to_metrics:
-        return Span(name if type(name) is str else safe_str(name))
-    name = safe_str(name)
-    if log_to_metrics:
-        return Span(name, _extras(flow, attrs), _span_metric, name)
-    return Span(name, _extras(flow, attrs))
+    record_metric(f"span/{span.name}/duration_s", seconds, Reduce.MEAN)
 
 
 def record_event(name: str, *, flow: Any = None, **attrs: Any) -> None:
@@ -492,10 +514,10 @@ def set_clock(clock: Callable[[], int] | None) -> None:
 
 
 def refresh_compile_check() -> None:
-    """Check ``torch.compiler.is_compiling()`` on the hot path once torch is imported (the writer
-    calls this every pass, so the check costs nothing in a process without torch)."""
+    """Check ``torch.compiler.is_dynamo_compiling()`` on the hot path once torch is imported (the
+    writer calls this every pass, so the check costs nothing in a process without torch)."""
     global _compiler
     if _compiler is None and "torch" in sys.modules:
         compiler = getattr(sys.modules["torch"], "compiler", None)
-        if callable(getattr(compiler, "is_compiling", None)):
+        if callable(getattr(compiler, "is_dynamo_compiling", None)):
             _compiler = compiler
