@@ -164,3 +164,49 @@ def test_trace_span_carries_the_incoming_link(tmp_path):
     by = {s.name: s for s in g.spans}
     assert by["callee/traced"].link == link and by["callee/traced"].caller is by["caller"]
     assert by["nested"].link is None and by["nested"].parent is by["callee/traced"]
+
+
+def test_a_task_created_under_a_span_calls_under_it(tmp_path):
+    """A call made in a task created while a span was open (``asyncio.gather`` of coroutines
+    that call endpoints) is linked to that span, whether it was opened in a task or around the
+    event loop by sync code; a task still running after the span ended is not."""
+    import asyncio
+
+    check = tl.link_check()
+    tl.set_link_check(None)
+    tl.configure(tmp_path)
+    links = {}
+
+    async def child(tag):
+        links[tag] = tl.call_link()
+
+    async def main():
+        with tl.record_span("async_parent"):
+            await asyncio.gather(child("in_task"))
+        t = asyncio.get_running_loop().create_task(child("late"))
+        await t
+
+    try:
+        asyncio.run(main())
+        with tl.record_span("sync_parent"):
+            asyncio.run(child("under_sync"))
+        asyncio.run(child("outside"))
+    finally:
+        tl.close()
+        tl.set_link_check(check)
+    assert links["late"] is None and links["outside"] is None
+    g = cp_graph.load(tmp_path)
+    for tag, link in (("in_task", links["in_task"]), ("under_sync", links["under_sync"])):
+        assert type(link) is str, tag
+    names = {s.name: s for s in g.spans}
+    # the "call" events sit on the open span's track, inside it: the caller the graph finds
+    calls = {}
+    from forge_obs.analysis import reader
+
+    for it in reader.walk(reader.scan(tmp_path)):
+        if it[0] is reader.INSTANT and it[3] == "call":
+            calls[it[6]["p"]] = (it[2], it[5])
+    for tag, parent in (("in_task", "async_parent"), ("under_sync", "sync_parent")):
+        lane, ts = calls[links[tag]]
+        p = names[parent]
+        assert lane == p.lane and p.start <= ts <= p.end, tag

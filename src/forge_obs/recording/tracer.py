@@ -480,7 +480,6 @@ class Tracer:
     _last = 0  # ns: start, or the last step
     _steps: list = []  # (name, start ns, end ns) per step
     _span: Any = None
-    _total_s = 0.0  # start() to stop(), set when the region's span ends
     _names: list = []
     _events: list = []
     _dev = 0
@@ -530,13 +529,10 @@ class Tracer:
         if self._gpu and not self._gpu_start():
             self._gpu = False
         self._steps = []
-        span = self._span = new_span(self.prefix, None, self._ended)
+        span = self._span = new_span(self.prefix)  # holds nothing of the Tracer: an abandoned one is collected
         span.__enter__()
         self._last = span.t0
         return self
-
-    def _ended(self, span: Any, seconds: float) -> None:
-        self._total_s = seconds
 
     def _gpu_start(self) -> bool:
         try:
@@ -585,7 +581,7 @@ class Tracer:
             span.__exit__(et, ev, None)
             if not self._gpu:
                 steps = [(name, (b - a) / 1e9) for name, a, b in self._steps]
-                _record_groups(_duration_pairs(self.prefix, steps, self._total_s), _REDS)
+                _record_groups(_duration_pairs(self.prefix, steps, (span.t1 - span.t0) / 1e9), _REDS)
         except Exception as e:  # noqa: BLE001 - never raise into the training step
             _warn_once("stop_error", f"Tracer({self.prefix!r}).stop() could not record its timings: {e!r}")
         finally:
