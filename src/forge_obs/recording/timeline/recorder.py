@@ -342,7 +342,9 @@ def new_span(name: str, extras: dict | None = None, hook: Any = None) -> Span:
     """A span of a name and extras already checked (``@record_span``'s calls, ``@trace``, a
     Tracer), with an exit ``hook(span, seconds)``."""
     s = _new(Span)
-    s.name, s.extras, s.hook = name, extras, hook
+    s.name = name
+    s.extras = extras
+    s.hook = hook
     return s
 
 
