@@ -14,6 +14,11 @@
     with trace("reward", timer="cpu") as t:  # context manager yielding the Tracer
         ...; t.step("score")
 
+Every ``@trace`` call, ``with trace()`` block and Tracer region is also a timeline span named
+``prefix`` (a Tracer's steps: spans ``prefix/<step>`` inside it), linked to the calling span like
+``record_span``'s: the one span mechanism of :mod:`forge_obs.recording.timeline.recorder`, with
+an exit hook that records the metrics.
+
 Metric names (torchforge's): ``{prefix}/{step}/duration_avg_s`` (MEAN), ``…/duration_max_s``
 (MAX), ``{prefix}/total_duration_avg_s``, ``{prefix}/total_duration_max_s``, with
 ``track_memory``: ``{prefix}/memory_delta_end_start_avg_gb`` (MEAN) and
