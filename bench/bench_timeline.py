@@ -340,6 +340,18 @@ def titan_export(src: str | None, ranks: int, steps: int) -> tuple[float, float,
 
 
 # ------------------------------------------------------------------ main
+def _caller_rows(caller: dict, th: "dict | None") -> list:
+    floor = caller["floor_cpu_us"]
+    return [
+        ("span enter+exit, caller CPU (µs) | floor", "<= 1", caller["caller_cpu_us"], floor),
+        ("  same, wall clock (µs) | titan (wall)", "-", caller["caller_wall_us"], th and th["span_us"]),
+        ("  nested in an open span, CPU (µs) | floor", "<= 1", caller["nested_cpu_us"], floor),
+        ("  torch imported (compile check), CPU (µs)", "<= 1", caller["torch_cpu_us"], None),
+        ("  a span carrying its CPU time, CPU (µs)", "-", caller["with_cpu_time_cpu_us"], None),
+        ("  time.thread_time_ns() itself (µs)", "-", caller["thread_time_ns_us"], None),
+    ]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -359,12 +371,7 @@ def main() -> int:
     res["hot"] = hot
     th = titan_hot(args.titan_src, 2000 if args.quick else 5000) if titan else None
     res["titan_hot"] = th
-    rows.append(("span enter+exit, caller CPU (µs) | floor", "<= 1", caller["caller_cpu_us"], caller["floor_cpu_us"]))
-    rows.append(("  same, wall clock (µs) | titan (wall)", "-", caller["caller_wall_us"], th and th["span_us"]))
-    rows.append(("  nested in an open span, CPU (µs) | floor", "<= 1", caller["nested_cpu_us"], caller["floor_cpu_us"]))
-    rows.append(("  torch imported (compile check), CPU (µs)", "<= 1", caller["torch_cpu_us"], None))
-    rows.append(("  a span carrying its CPU time, CPU (µs)", "-", caller["with_cpu_time_cpu_us"], None))
-    rows.append(("  time.thread_time_ns() itself (µs)", "-", caller["thread_time_ns_us"], None))
+    rows += _caller_rows(caller, th)
     rows.append(("  + writer work per span, background (µs)", "-", hot["writer_us"], None))
     rows.append(("  tight loop with writer live (µs/span)", "-", hot["live_loop_us"], None))
     rows.append(("bytes per span record", "<= 120", hot["bytes_per_span"],
@@ -392,13 +399,17 @@ def main() -> int:
         rows.append((f"export 64x1000 steps ({recs64} records): wall s", "<= 15", w64, None))
         rows.append(("  peak RSS (MB)", "<= 300", m64, None))
     shutil.rmtree(tmp, ignore_errors=True)
+    res["load_after"] = os.getloadavg()
+    _report(res, rows)
+    return 0
 
+
+def _report(res: dict, rows: list) -> None:
     def fmt(v):
         if v is None:
             return "-"
         return f"{v:.2f}" if isinstance(v, float) else str(v)
 
-    res["load_after"] = os.getloadavg()
     print(f"\nforge_obs timeline benchmarks ({res['cpus']} CPUs, Python {res['python']}, load "
           f"{res['load_before'][0]:.1f} -> {res['load_after'][0]:.1f}); baseline: {res['baseline'] or 'n/a'}")
     print(f"{'figure | baseline':52} {'target':>9} {'forge_obs':>16} {'baseline':>10} {'ratio':>7}")
@@ -410,7 +421,6 @@ def main() -> int:
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / "timeline.json").write_text(json.dumps(res, indent=2, default=str))
     print(f"\nwrote {outdir / 'timeline.json'}")
-    return 0
 
 
 if __name__ == "__main__":
