@@ -476,3 +476,12 @@ def test_no_index_arithmetic_on_records_outside_their_definition():
         idx = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Subscript)
                and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, int)]
         assert not idx, f"{name}: index reads at lines {idx}"
+
+
+def test_public_path_star_import(tmp_path):
+    """``from forge_obs.timeline import *`` gives the recording API (its __all__ names only what
+    it has)."""
+    code = "from forge_obs.timeline import *\nprint(sorted(k for k in dir() if not k.startswith('_')))\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert json.loads(out.stdout.replace("'", '"')) == sorted(["record_span", "record_event", "set_step", "add_step_tag",
+                                                               "get_step", "configure", "flush", "close", "is_enabled"])
