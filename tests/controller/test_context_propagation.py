@@ -11,9 +11,30 @@ import json
 from forge_obs.analysis.critical_path import analyse
 from forge_obs.analysis.critical_path import graph as cp_graph
 from forge_obs.recording import timeline as tl
+from forge_obs.recording.timeline import recorder
 from tests.support.helpers import ROOT, run_as_user
 
 SCRIPT = ROOT / "tests" / "user_scripts" / "linked_calls.py"
+
+
+def _in_a_fresh_thread(body) -> None:
+    """Run ``body`` in a new thread: a track of its own and an empty context, whatever spans
+    earlier tests of this process left open (planted hangs) on the main thread."""
+    import threading
+
+    err: list = []
+
+    def run():
+        try:
+            body()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test
+            err.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if err:
+        raise err[0]
 
 
 def _path(r: dict) -> list:
@@ -64,8 +85,12 @@ def test_linked_calls_from_a_users_script(tmp_path):
 def test_call_link_only_under_a_span(tmp_path):
     check = tl.link_check()
     tl.set_link_check(None)  # no Monarch message here: a link holds for its context
+    tl.close()
+    recorder.clear()  # earlier tests' records made before any configure are not this run's
     tl.configure(tmp_path)
-    try:
+    links = []
+
+    def body():
         assert tl.call_link() is None  # outside any span: nothing
         with tl.record_span("outer"):
             with tl.record_span("inner"):
@@ -81,9 +106,14 @@ def test_call_link_only_under_a_span(tmp_path):
             with tl.record_span("nested"):
                 pass
         tl.set_incoming(None)
+        links.append(link)
+
+    try:
+        _in_a_fresh_thread(body)
     finally:
         tl.close()
         tl.set_link_check(check)
+    (link,) = links
     g = cp_graph.load(tmp_path)
     by = {s.name: s for s in g.spans}
     assert by["callee"].link == link and by["nested"].link is None
@@ -144,6 +174,8 @@ def test_trace_span_carries_the_incoming_link(tmp_path):
 
     check = tl.link_check()
     tl.set_link_check(None)
+    tl.close()
+    recorder.clear()  # earlier tests' records made before any configure are not this run's
     tl.configure(tmp_path)
 
     @trace("callee/traced")
@@ -151,15 +183,21 @@ def test_trace_span_carries_the_incoming_link(tmp_path):
         with tl.record_span("nested"):
             pass
 
-    try:
+    links = []
+
+    def body():
         with tl.record_span("caller"):
-            link = tl.call_link()
-        tl.set_incoming(link, None)
+            links.append(tl.call_link())
+        tl.set_incoming(links[0], None)
         traced()
         tl.set_incoming(None, None)
+
+    try:
+        _in_a_fresh_thread(body)
     finally:
         tl.close()
         tl.set_link_check(check)
+    (link,) = links
     g = cp_graph.load(tmp_path)
     by = {s.name: s for s in g.spans}
     assert by["callee/traced"].link == link and by["callee/traced"].caller is by["caller"]
@@ -174,6 +212,8 @@ def test_a_task_created_under_a_span_calls_under_it(tmp_path):
 
     check = tl.link_check()
     tl.set_link_check(None)
+    tl.close()
+    recorder.clear()  # earlier tests' records made before any configure are not this run's
     tl.configure(tmp_path)
     links = {}
 
@@ -186,11 +226,14 @@ def test_a_task_created_under_a_span_calls_under_it(tmp_path):
         t = asyncio.get_running_loop().create_task(child("late"))
         await t
 
-    try:
+    def body():
         asyncio.run(main())
         with tl.record_span("sync_parent"):
             asyncio.run(child("under_sync"))
         asyncio.run(child("outside"))
+
+    try:
+        _in_a_fresh_thread(body)
     finally:
         tl.close()
         tl.set_link_check(check)

@@ -21,6 +21,7 @@ from tests.support.trace_validate import load
 @pytest.fixture
 def tdir(tmp_path):
     tl.close()
+    recorder.clear()  # what earlier tests recorded before any configure is not this run's
     yield tmp_path
     tl.close()
 

@@ -483,8 +483,10 @@ def test_trace_and_tracer_write_timeline_spans(tmp_path, fresh_collector):
     after the prefix, on the caller's track, nested in the span open there; a Tracer's steps are
     spans inside its region; the metrics are the same durations as the spans."""
     from forge_obs.recording import timeline as tl
+    from forge_obs.recording.timeline import recorder
 
     tl.close()
+    recorder.clear()  # what earlier tests traced before any configure is not this run's
     tl.configure(tmp_path, open_after_s=60)
 
     @trace("deco/sync")

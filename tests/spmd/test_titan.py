@@ -101,6 +101,8 @@ def test_skipped_while_compiling(tmp_path, monkeypatch):
     from forge_obs.recording import timeline
     from forge_obs.recording.timeline import recorder
 
+    timeline.close()
+    recorder.clear()  # earlier tests' records made before any configure are not this run's
     timeline.configure(tmp_path)
     recorder.refresh_compile_check()  # what the writer does once torch is imported
     monkeypatch.setattr(torch.compiler, "is_dynamo_compiling", lambda: True)
