@@ -69,7 +69,7 @@ def main() -> None:
     rows["unpickle_plain"] = per_call_us(lambda: pickle.loads(plain))
     rows["unpickle_linked"] = per_call_us(lambda: pickle.loads(linked))
     assert pickle.loads(linked) == (args, kwargs) and type(pickle.loads(linked)[0]) is tuple
-    tl._cur.set(None)
+    tl.set_incoming(None)  # leave the handler's context
 
     def span() -> None:
         with tl.record_span("s"):

@@ -13,4 +13,5 @@ from forge_obs.recording.timeline import (  # noqa: F401
     record_span,
     set_step,
 )
-from forge_obs.recording.timeline import __all__  # noqa: F401
+__all__ = ["record_span", "record_event", "set_step", "add_step_tag", "get_step", "configure", "flush", "close",
+           "is_enabled"]

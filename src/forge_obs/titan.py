@@ -17,7 +17,7 @@ meaning: a span is a timed block (context manager or decorator of sync / async f
 exception marks it with the error), an instant is a point event, a scalar is an instant named
 after the scalar carrying ``value`` (non-numeric values are skipped with a warning); records are
 stamped with the step and the step's tags. Every call is skipped while
-``torch.compiler.is_compiling()``, and does nothing after ``init_structured_logger(enable=False)``.
+``torch.compiler.is_dynamo_compiling()``, and does nothing after ``init_structured_logger(enable=False)``.
 
 Records go to forge_obs's per-rank timeline (``<run_dir>/events/``; a header with the run id
 heads every file, and each SQL row carries it): ``forge-obs trace`` / ``sql`` / ``doctor``
@@ -30,9 +30,8 @@ directory. ``ranks`` (``"every:4"``, ``[0, 3]``, ``"0-3"``) picks the ranks that
 from __future__ import annotations
 
 import asyncio
-import functools
-import inspect
 import os
+from contextlib import nullcontext
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Callable
@@ -84,7 +83,8 @@ def is_enabled() -> bool:
 
 class log_trace_span:  # noqa: N801 - TorchTitan's name
     """Time a block: ``with log_trace_span("fwd_bwd"):`` or ``@log_trace_span("rollout")`` on a
-    sync or async function. ``description`` is kept as an attribute; ``stacklevel`` is accepted."""
+    sync or async function (forge_obs's one span mechanism, ``record_span``'s). ``description`` is
+    kept as an attribute; ``stacklevel`` is accepted."""
 
     __slots__ = ("base_name", "description", "stacklevel", "_span")
 
@@ -95,10 +95,8 @@ class log_trace_span:  # noqa: N801 - TorchTitan's name
         self._span: Any = None
 
     def __enter__(self) -> "log_trace_span":
-        if _ON[0]:
-            self._span = _tl.record_span(self.base_name) if self.description is None else \
-                _tl.record_span(self.base_name, description=self.description)
-            self._span.__enter__()
+        self._span = _titan_span(self.base_name, self.description)
+        self._span.__enter__()
         return self
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
@@ -108,22 +106,18 @@ class log_trace_span:  # noqa: N801 - TorchTitan's name
             span.__exit__(et, ev, tb)
 
     def __call__(self, fn: Callable) -> Callable:
-        name, description, stacklevel = self.base_name, self.description, self.stacklevel
-        if inspect.iscoroutinefunction(fn):
+        return _tl.wrap(fn, _titan_span, self.base_name, self.description)
 
-            @functools.wraps(fn)
-            async def awrapper(*args: Any, **kwargs: Any) -> Any:
-                with log_trace_span(name, description, stacklevel=stacklevel):
-                    return await fn(*args, **kwargs)
 
-            return awrapper
+_OFF = nullcontext()  # reusable: what a span is after init_structured_logger(enable=False)
 
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with log_trace_span(name, description, stacklevel=stacklevel + 1):
-                return fn(*args, **kwargs)
 
-        return wrapper
+def _titan_span(name: str, description: "str | None") -> Any:
+    """The span of one ``log_trace_span`` block or call (checked per call: ``enable=False``
+    turns off the spans of functions decorated before)."""
+    if not _ON[0]:
+        return _OFF
+    return _tl.record_span(name) if description is None else _tl.record_span(name, description=description)
 
 
 def log_trace_instant(event_type: str, *, stacklevel: int = 2) -> None:

@@ -11,9 +11,30 @@ import json
 from forge_obs.analysis.critical_path import analyse
 from forge_obs.analysis.critical_path import graph as cp_graph
 from forge_obs.recording import timeline as tl
+from forge_obs.recording.timeline import recorder
 from tests.support.helpers import ROOT, run_as_user
 
 SCRIPT = ROOT / "tests" / "user_scripts" / "linked_calls.py"
+
+
+def _in_a_fresh_thread(body) -> None:
+    """Run ``body`` in a new thread: a track of its own and an empty context, whatever spans
+    earlier tests of this process left open (planted hangs) on the main thread."""
+    import threading
+
+    err: list = []
+
+    def run():
+        try:
+            body()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test
+            err.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if err:
+        raise err[0]
 
 
 def _path(r: dict) -> list:
@@ -62,10 +83,14 @@ def test_linked_calls_from_a_users_script(tmp_path):
 
 
 def test_call_link_only_under_a_span(tmp_path):
-    check = tl._incoming_check[0]
-    tl._incoming_check[0] = None  # no Monarch message here: a link holds for its context
+    check = tl.link_check()
+    tl.set_link_check(None)  # no Monarch message here: a link holds for its context
+    tl.close()
+    recorder.clear()  # earlier tests' records made before any configure are not this run's
     tl.configure(tmp_path)
-    try:
+    links = []
+
+    def body():
         assert tl.call_link() is None  # outside any span: nothing
         with tl.record_span("outer"):
             with tl.record_span("inner"):
@@ -80,11 +105,151 @@ def test_call_link_only_under_a_span(tmp_path):
         with tl.record_span("callee"):
             with tl.record_span("nested"):
                 pass
-        tl._cur.set(None)
+        tl.set_incoming(None)
+        links.append(link)
+
+    try:
+        _in_a_fresh_thread(body)
     finally:
         tl.close()
-        tl._incoming_check[0] = check
+        tl.set_link_check(check)
+    (link,) = links
     g = cp_graph.load(tmp_path)
     by = {s.name: s for s in g.spans}
     assert by["callee"].link == link and by["nested"].link is None
     assert by["callee"].caller is by["inner"] and by["inner"].called == [by["callee"]]
+
+
+TRACED = ROOT / "tests" / "user_scripts" / "traced_spans.py"
+
+
+def test_trace_on_endpoints_writes_linked_spans_from_a_users_script(tmp_path):
+    """``@trace`` alone (no ``record_span``): every traced call is a span named after its prefix,
+    linked to the span that made the call, from the controller to a mesh and from a mesh process
+    to another mesh; the critical path follows those links; a ``Tracer``'s region and its steps are
+    spans too, and each span carries its thread's CPU time (busy work against a sleep)."""
+    from forge_obs.analysis import reader
+
+    res = run_as_user(TRACED, tmp_path, str(tmp_path))
+    assert json.loads(res.stdout.splitlines()[-1]) == {"results": [[0, 0], [1, 1], [2, 2]]}
+    g = cp_graph.load(tmp_path / "traced")
+    by: dict = {}
+    for s in g.spans:
+        by.setdefault(s.name, []).append(s)
+    ctl = by["controller/step"]
+    assert sorted(s.step for s in ctl) == [0, 1, 2] and all(g.controller(s) for s in ctl)
+    steps = by["trainer/train_step"]
+    assert len(steps) == 6 and len({s.stream.rank for s in steps}) == 2
+    for s in steps:  # each trainer call is linked to the controller's traced span that made it
+        assert s.caller is not None and s.caller.name == "controller/step"
+        assert s.caller.start <= s.start and s.end <= s.caller.end
+    assert sorted((s.caller.step, s.stream.rank) for s in steps) == [(k, r) for k in range(3) for r in (0, 1)]
+    refs = by["ref/logprobs"]
+    assert len(refs) == 6
+    for s in refs:  # a call made inside a traced endpoint of another mesh: linked to that endpoint's span
+        assert s.caller is not None and s.caller.name == "trainer/train_step" and s.caller.stream is not s.stream
+        assert s.caller.start <= s.start and s.end <= s.caller.end
+    for s in by["trainer/phases"]:  # the Tracer's region, inside the endpoint's span, and its step inside it
+        assert s.parent is not None and s.parent.name == "trainer/train_step"
+    assert len(by["trainer/phases"]) == 6
+    assert all(s.parent is not None and s.parent.name == "trainer/phases" for s in by["trainer/phases/forward"])
+    path = {x["step"]: x for x in analyse(g)}[1]
+    assert ("trainer/train_step", "call") in {(p["name"], p["link"]) for p in path["path"]}
+
+    run = reader.scan(tmp_path / "traced")
+    cpu = {}
+    for it in reader.walk(run):
+        if it[0] is reader.SPAN and it[3] in ("trainer/phases", "ref/logprobs"):
+            cpu.setdefault(it[3], []).append((it[8], it[6]))  # (cpu_us, dur_us)
+    # the busy region spent its time on the CPU; the sleeping endpoint waited (first call of each
+    # name always carries its CPU time; both are long enough to carry it every time)
+    assert all(c is not None and 30_000 <= c <= d for c, d in cpu["trainer/phases"])
+    assert all(c is not None and c < d / 4 for c, d in cpu["ref/logprobs"])
+
+
+def test_trace_span_carries_the_incoming_link(tmp_path):
+    """A ``@trace`` span opened at top level while a linked message is handled carries the link,
+    as a ``record_span`` span does; the spans nested in it do not."""
+    from forge_obs.recording.tracer import trace
+
+    check = tl.link_check()
+    tl.set_link_check(None)
+    tl.close()
+    recorder.clear()  # earlier tests' records made before any configure are not this run's
+    tl.configure(tmp_path)
+
+    @trace("callee/traced")
+    def traced():
+        with tl.record_span("nested"):
+            pass
+
+    links = []
+
+    def body():
+        with tl.record_span("caller"):
+            links.append(tl.call_link())
+        tl.set_incoming(links[0], None)
+        traced()
+        tl.set_incoming(None, None)
+
+    try:
+        _in_a_fresh_thread(body)
+    finally:
+        tl.close()
+        tl.set_link_check(check)
+    (link,) = links
+    g = cp_graph.load(tmp_path)
+    by = {s.name: s for s in g.spans}
+    assert by["callee/traced"].link == link and by["callee/traced"].caller is by["caller"]
+    assert by["nested"].link is None and by["nested"].parent is by["callee/traced"]
+
+
+def test_a_task_created_under_a_span_calls_under_it(tmp_path):
+    """A call made in a task created while a span was open (``asyncio.gather`` of coroutines
+    that call endpoints) is linked to that span, whether it was opened in a task or around the
+    event loop by sync code; a task still running after the span ended is not."""
+    import asyncio
+
+    check = tl.link_check()
+    tl.set_link_check(None)
+    tl.close()
+    recorder.clear()  # earlier tests' records made before any configure are not this run's
+    tl.configure(tmp_path)
+    links = {}
+
+    async def child(tag):
+        links[tag] = tl.call_link()
+
+    async def main():
+        with tl.record_span("async_parent"):
+            await asyncio.gather(child("in_task"))
+        t = asyncio.get_running_loop().create_task(child("late"))
+        await t
+
+    def body():
+        asyncio.run(main())
+        with tl.record_span("sync_parent"):
+            asyncio.run(child("under_sync"))
+        asyncio.run(child("outside"))
+
+    try:
+        _in_a_fresh_thread(body)
+    finally:
+        tl.close()
+        tl.set_link_check(check)
+    assert links["late"] is None and links["outside"] is None
+    g = cp_graph.load(tmp_path)
+    for tag, link in (("in_task", links["in_task"]), ("under_sync", links["under_sync"])):
+        assert type(link) is str, tag
+    names = {s.name: s for s in g.spans}
+    # the "call" events sit on the open span's track, inside it: the caller the graph finds
+    calls = {}
+    from forge_obs.analysis import reader
+
+    for it in reader.walk(reader.scan(tmp_path)):
+        if it[0] is reader.INSTANT and it[3] == "call":
+            calls[it[6]["p"]] = (it[2], it[5])
+    for tag, parent in (("in_task", "async_parent"), ("under_sync", "sync_parent")):
+        lane, ts = calls[links[tag]]
+        p = names[parent]
+        assert lane == p.lane and p.start <= ts <= p.end, tag

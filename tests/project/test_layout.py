@@ -178,19 +178,6 @@ def private_crossings(mod: str) -> set[str]:
 #: starting with ``_`` is never imported from another module) holds everywhere else.
 KNOWN_PRIVATE_CROSSINGS = {
     "forge_obs.controller.client:forge_obs.controller.logger._STATE",
-    "forge_obs.controller.call_context:forge_obs.recording.timeline._cur",
-    "forge_obs.controller.call_context:forge_obs.recording.timeline._incoming_check",
-    "forge_obs.controller.call_context:forge_obs.recording.timeline._Span",
-    "forge_obs._compat.perf_tracker:forge_obs.recording.tracer._TimerCPU",
-    "forge_obs._compat.perf_tracker:forge_obs.recording.tracer._TimerCUDA",
-    "forge_obs._compat.perf_tracker:__all__._TimerCPU",
-    "forge_obs._compat.perf_tracker:__all__._TimerCUDA",
-    "forge_obs.recording.timeline.writer:forge_obs.recording.timeline._ON",
-    "forge_obs.recording.timeline.writer:forge_obs.recording.timeline._buf",
-    "forge_obs.recording.timeline.writer:forge_obs.recording.timeline._clock_ns",
-    "forge_obs.recording.timeline.writer:forge_obs.recording.timeline._set_on",
-    "forge_obs.recording.timeline.writer:forge_obs.recording.timeline._swap_buffer",
-    "forge_obs.recording.timeline.writer:forge_obs.recording.timeline._torch_loaded",
 }
 
 

@@ -14,13 +14,14 @@ from forge_obs.recording import timeline as tl
 from forge_obs.analysis import reader
 from forge_obs.analysis.trace import export_trace
 from forge_obs.core.identity import current_identity
-from forge_obs.recording.timeline import schema
+from forge_obs.recording.timeline import recorder, schema
 from tests.support.trace_validate import load
 
 
 @pytest.fixture
 def tdir(tmp_path):
     tl.close()
+    recorder.clear()  # what earlier tests recorded before any configure is not this run's
     yield tmp_path
     tl.close()
 
@@ -195,7 +196,7 @@ def test_rank_selection(tdir):
         assert len(list((tdir / "b" / "events").glob("*_trainer_3.jsonl"))) == 1
     finally:
         ident.mesh, ident.rank = saved
-        tl._set_on(True)
+        recorder.set_recording(True)
 
 
 def test_disable_switch_makes_everything_a_noop(tmp_path):
@@ -204,7 +205,8 @@ def test_disable_switch_makes_everything_a_noop(tmp_path):
         f"print(tl.configure({str(tmp_path)!r}))\n"
         "with tl.record_span('x'): pass\n"
         "tl.record_event('e'); tl.set_step(1); tl.close()\n"
-        "print(tl.is_enabled(), len(tl._buf))\n"
+        "from forge_obs.recording.timeline import recorder\n"
+        "print(tl.is_enabled(), recorder.pending())\n"
     )
     for var in ("FORGE_DISABLE_METRICS", "FORGE_DISABLE_TIMELINE"):
         env = dict(os.environ, **{var: "true"})
@@ -224,7 +226,7 @@ def _fake_run(root: Path, ranks: int, steps: int, slow_rank=None, hang_rank=None
 
     start = time.perf_counter_ns()
     clock = [start]
-    tl._clock_ns = lambda: clock[0]
+    recorder.set_clock(lambda: clock[0])
 
     ident = current_identity()
     saved = (ident.mesh, ident.rank, ident.world_size, writer.SESSION)
@@ -254,12 +256,12 @@ def _fake_run(root: Path, ranks: int, steps: int, slow_rank=None, hang_rank=None
                 writer._writer.thread.join()
                 writer._writer.f.close()
                 writer._writer = None
-                tl._buf.clear()
+                recorder.clear()
             else:
                 tl.close()
     finally:
         ident.mesh, ident.rank, ident.world_size, writer.SESSION = saved
-        tl._clock_ns = time.perf_counter_ns
+        recorder.set_clock(None)
     if nan_step is not None:
         with open(root / "metrics.jsonl", "w") as f:
             for s in range(steps):
@@ -367,3 +369,120 @@ def test_resumed_run_keeps_attempts_apart(tdir):
     assert sorted(n.split(" (")[0] for n in s.process_names.values()) == ["controller r0 [attempt 0]", "controller r0 [attempt 1]"]
     rows = connect(tdir).execute("SELECT attempt, step FROM spans ORDER BY attempt").fetchall()
     assert rows == [(0, 0), (1, 10)]
+
+
+def _busy(seconds):
+    import time
+
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_spans_carry_their_thread_cpu_time(tdir):
+    """A span's CPU time is its thread's CPU time between enter and exit: busy work shows it all,
+    a sleep (waiting, or a preempted thread) almost none; the reader's span rows carry it as
+    ``cpu_us`` (``it[8]``), also for a span written as begun and ended later."""
+    import time
+
+    tl.configure(tdir, open_after_s=0.0)
+    tl.set_step(1)
+    with tl.record_span("busy"):
+        _busy(0.03)
+    with tl.record_span("sleeps"):
+        time.sleep(0.03)
+    long = tl.record_span("long")
+    long.__enter__()
+    _busy(0.01)
+    tl.flush()  # written as "B" (open past open_after_s), its "E" carries the CPU time
+    long.__exit__(None, None, None)
+    tl.close()
+    text = next((tdir / "events").glob("*.jsonl")).read_text()
+    assert '["B",' in text
+    _run, items = _items(tdir)
+    (busy,), (sleeps,), (lng,) = _spans(items, "busy"), _spans(items, "sleeps"), _spans(items, "long")
+    assert 30_000 <= busy[8] <= busy[6]  # at least the busy loop's CPU, never more than the wall time
+    assert sleeps[8] < sleeps[6] / 4
+    assert 10_000 <= lng[8] <= lng[6]
+    assert "c" not in (busy[7] or {})  # the reader's extras are what they were
+    out = tdir / "trace.json"
+    export_trace(tdir, out)
+    tdur = {e["name"]: e.get("tdur") for e in load(out).events if e.get("ph") == "X"}
+    assert tdur["busy"] == busy[8] and tdur["long"] == lng[8]  # Perfetto's "Thread duration"
+
+
+def test_short_spans_stop_paying_for_cpu_time(tdir):
+    """A name whose last span lasted under 100 µs stops reading the thread's CPU clock (a syscall
+    that costs more than the rest of the span); it reads it again after one lasted longer."""
+    tl.configure(tdir, open_after_s=60)
+    for _ in range(5):
+        with tl.record_span("tiny"):
+            pass
+    with tl.record_span("tiny"):
+        _busy(0.002)  # long, without its CPU time: the name was short
+    with tl.record_span("tiny"):
+        _busy(0.002)  # long again: it carries it
+    tl.close()
+    _run, items = _items(tdir)
+    cpu = [it[8] for it in _spans(items, "tiny")]
+    assert cpu[0] is not None and cpu[1:6] == [None] * 5 and cpu[6] is not None and cpu[6] >= 2000
+
+
+def test_every_record_the_writer_writes_is_one_of_the_defined_records(tdir):
+    """The file's records, as written by the writer, decode as the records of
+    ``forge_obs.recording.timeline.records``: each code one record type with named fields."""
+    from forge_obs.recording.timeline import records
+
+    tl.configure(tdir, open_after_s=0)
+    tl.set_step(2)
+    with tl.record_span("a", flow="f1", k=1):
+        tl.record_event("ev", n=2)
+    tl.add_step_tag("eval")
+    hung = tl.record_span("hung")
+    hung.__enter__()
+    with pytest.raises(ValueError):
+        with tl.record_span("err"):
+            raise ValueError("x")
+    tl.flush()
+    hung.__exit__(None, None, None)
+    tl.close()
+    path = next((tdir / "events").glob("*.jsonl"))
+    kinds = {}
+    for line in path.read_text().splitlines()[1:]:
+        rec = records.decode(json.loads(line))
+        assert rec is not None, line
+        kinds.setdefault(type(rec).__name__, []).append(rec)
+    assert set(kinds) >= {"SpanRecord", "NameRecord", "LaneRecord", "InstantRecord", "StepRecord", "TagRecord",
+                          "BeginRecord", "EndRecord", "CloseRecord"}
+    names = {r.id: r.name for r in kinds["NameRecord"]}
+    a = next(r for r in kinds["SpanRecord"] if names[r.name] == "a")
+    assert a.step == 2 and a.extras[records.X_FLOW] == "f1" and a.extras[records.X_ATTRS] == {"k": 1}
+    err = next(r for r in kinds["SpanRecord"] if names[r.name] == "err")
+    assert err.extras[records.X_ERROR].startswith("ValueError")
+    (b,), (e,) = kinds["BeginRecord"], kinds["EndRecord"]
+    assert names[b.name] == "hung" and e.sid == b.sid and e.ts >= b.ts
+    (tag,) = kinds["TagRecord"]
+    assert tag.tag == "eval" and tag.step == 2
+    assert records.decode([records.BEGIN, 1, "x"]) is None and records.decode(["?", 1]) is None
+    assert records.decode([1, 2, 0, 1, None, {"a": 3}]) is None  # attributes that are not a dict
+
+
+def test_no_index_arithmetic_on_records_outside_their_definition():
+    """The writer reads buffer entries and writes records through their named definitions only."""
+    import ast
+
+    src = Path(tl.__file__).parent
+    for name in ("writer.py", "recorder.py"):
+        tree = ast.parse((src / name).read_text())
+        idx = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Subscript)
+               and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, int)]
+        assert not idx, f"{name}: index reads at lines {idx}"
+
+
+def test_public_path_star_import(tmp_path):
+    """``from forge_obs.timeline import *`` gives the recording API (its __all__ names only what
+    it has)."""
+    code = "from forge_obs.timeline import *\nprint(sorted(k for k in dir() if not k.startswith('_')))\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert json.loads(out.stdout.replace("'", '"')) == sorted(["record_span", "record_event", "set_step", "add_step_tag",
+                                                               "get_step", "configure", "flush", "close", "is_enabled"])

@@ -99,14 +99,17 @@ def test_skipped_while_compiling(tmp_path, monkeypatch):
 
     from forge_obs import titan
     from forge_obs.recording import timeline
+    from forge_obs.recording.timeline import recorder
 
+    timeline.close()
+    recorder.clear()  # earlier tests' records made before any configure are not this run's
     timeline.configure(tmp_path)
-    timeline._torch_loaded[0] = True
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    recorder.refresh_compile_check()  # what the writer does once torch is imported
+    monkeypatch.setattr(torch.compiler, "is_dynamo_compiling", lambda: True)
     with titan.log_trace_span("compiled"):
         titan.log_trace_instant("compiled_event")
         titan.log_trace_scalar({"compiled_scalar": 1.0})
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    monkeypatch.setattr(torch.compiler, "is_dynamo_compiling", lambda: False)
     with titan.log_trace_span("eager"):
         pass
     timeline.close()

@@ -2,7 +2,7 @@
 
     from forge_obs.perf_tracker import Tracer, trace      # was: forge.observability.perf_tracker
 
-Also ``_TimerCPU`` / ``_TimerCUDA`` (torchforge's timer classes) and the names its tests patch:
+Also ``_TimerCPU`` / ``_TimerCUDA`` (torchforge's timer classes, ``TimerCPU`` / ``TimerCUDA`` here) and the names its tests patch:
 replacing ``forge_obs.perf_tracker.record_metric`` (``monkeypatch.setattr`` / ``mock.patch``)
 routes every Tracer's and ``@trace``'s values through the replacement, one call per value as
 torchforge's Tracer makes them (``forge_obs.recording.tracer.set_record_hook``); forge_obs's extra
@@ -18,10 +18,14 @@ from typing import Any
 from forge_obs._compat.env import DISABLE_PERF_METRICS, FORGE_DISABLE_METRICS, METRIC_TIMER_USES_GPU
 from forge_obs.recording.collector import record_metric
 from forge_obs.recording.reduce import Reduce
-from forge_obs.recording.tracer import Tracer, _TimerCPU, _TimerCUDA, set_record_hook, trace
+from forge_obs.recording.tracer import TimerCPU, TimerCUDA, Tracer, set_record_hook, trace
 
-__all__ = ["Tracer", "trace", "record_metric", "Reduce", "_TimerCPU", "_TimerCUDA", "DISABLE_PERF_METRICS",
+__all__ = ["Tracer", "trace", "record_metric", "Reduce", "TimerCPU", "TimerCUDA", "DISABLE_PERF_METRICS",
            "FORGE_DISABLE_METRICS", "METRIC_TIMER_USES_GPU"]
+
+# torchforge's names of its timer classes (``from forge_obs.perf_tracker import _TimerCPU``)
+_TimerCPU = TimerCPU
+_TimerCUDA = TimerCUDA
 
 _RECORD_METRIC = record_metric
 

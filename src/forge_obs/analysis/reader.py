@@ -15,9 +15,13 @@
 
 Items (times are epoch µs, corrected by the host's clock offset against the controller)::
 
-    (SPAN,    stream, lane, name, step, start, dur, extras)     a finished span (``extras["x"] ==
+    (SPAN,    stream, lane, name, step, start, dur, extras, cpu_us)
+                                                                a finished span (``extras["x"] ==
                                                                  "shutdown"``: cut short by a clean
-                                                                 close, ``dur`` up to the close)
+                                                                 close, ``dur`` up to the close);
+                                                                 ``cpu_us``: its thread's CPU time
+                                                                 (µs, ≤ ``dur``), None when the span
+                                                                 did not read it
     (OPEN,    stream, lane, name, step, start, extras)          a span that never ended (yielded
                                                                  when the stream ends)
     (INSTANT, stream, lane, name, step, ts, extras)
@@ -42,6 +46,10 @@ from typing import Any, Callable, Iterator
 
 from forge_obs.analysis import titan_logs
 from forge_obs.analysis.jsonl_reader import json_lines
+from forge_obs.recording.timeline.records import (  # the records' codes (R_: not this module's item kinds)
+    BEGIN as R_BEGIN, CLOCK as R_CLOCK, CLOSE as R_CLOSE, DROPPED as R_DROPPED, END as R_END, INSTANT as R_INSTANT,
+    LANE as R_LANE, META as R_META, NAME as R_NAME, STEP as R_STEP, TAG as R_TAG, X_ATTRS, X_CPU,
+)
 
 __all__ = ["Stream", "Run", "clean_header", "scan", "walk", "run_end"]
 
@@ -100,6 +108,7 @@ class Run:
     first_malformed: str = ""  # where the first one is, and why
 
 
+_CLOCK_LINE = f'["{R_CLOCK}"'.encode()  # how a clock record's line starts
 #: ints beyond this are not what the writer writes (and would not fit the SQL views' BIGINT)
 _BIG = 1 << 62
 #: header fields and the types they must have (a field of another type is removed)
@@ -130,7 +139,7 @@ def clean_header(h: Any) -> "dict | None":
 
 def _ex(x: Any) -> bool:
     """Extras: None, or a dict whose attributes (``"a"``) are a dict too."""
-    return x is None or (type(x) is dict and type(x.get("a", {})) is dict)
+    return x is None or (type(x) is dict and type(x.get(X_ATTRS, {})) is dict)
 
 
 def _record_ok(r: list) -> bool:
@@ -140,27 +149,27 @@ def _record_ok(r: list) -> bool:
     if type(k) is int:  # complete span: ts, dur, lane, name, step[, extras]
         return (n >= 5 and _int(k) and _int(r[1]) and _int(r[2]) and _int(r[3]) and (r[4] is None or _int(r[4]))
                 and (n < 6 or _ex(r[5])))
-    if k == "N":
+    if k == R_NAME:
         return n >= 3 and _int(r[1]) and type(r[2]) is str
-    if k == "L":
+    if k == R_LANE:
         return n >= 3 and _int(r[1]) and type(r[2]) is str
-    if k == "I":
+    if k == R_INSTANT:
         return (n >= 5 and _int(r[1]) and _int(r[2]) and _int(r[3]) and (r[4] is None or _int(r[4]))
                 and (n < 6 or _ex(r[5])))
-    if k == "B":
+    if k == R_BEGIN:
         return (n >= 6 and _int(r[1]) and _int(r[2]) and _int(r[3]) and _int(r[4]) and (r[5] is None or _int(r[5]))
                 and (n < 7 or _ex(r[6])))
-    if k == "E":
+    if k == R_END:
         return n >= 3 and _int(r[1]) and _int(r[2]) and (n < 4 or _ex(r[3]))
-    if k == "S":
+    if k == R_STEP:
         return n >= 4 and _int(r[1]) and _int(r[2]) and (r[3] is None or _int(r[3]))
-    if k == "T":
+    if k == R_TAG:
         return n >= 5 and _int(r[1]) and _int(r[2]) and (r[3] is None or _int(r[3])) and type(r[4]) is str
-    if k == "M":
+    if k == R_META:
         return n >= 2 and type(r[1]) is dict
-    if k == "D" or k == "Z":
+    if k == R_DROPPED or k == R_CLOSE:
         return n >= 2 and _int(r[1])
-    if k == "C":
+    if k == R_CLOCK:
         return n >= 3 and _int(r[1]) and _int(r[2])
     return False
 
@@ -243,7 +252,7 @@ def scan(run_dir: "str | Path", keep: Callable[[dict], bool] | None = None, cloc
                         if h2.get("clk"):
                             d = int(h2["clk"][0]) - int(h2["clk"][1])
                             samples[host] = min(d, samples.get(host, d))
-                    elif line.startswith(b'["C"'):
+                    elif line.startswith(_CLOCK_LINE):
                         try:
                             c = json.loads(line.decode("utf-8"))
                         except (ValueError, RecursionError):
@@ -294,45 +303,52 @@ def walk(run: Run) -> Iterator[tuple]:
                         st.first_ts = ts
                     if st.last_ts is None or end > st.last_ts:
                         st.last_ts = end
-                    yield (SPAN, st, r[2], names.get(r[3], "?"), r[4], ts, r[1], r[5] if len(r) > 5 else None)
+                    ex = r[5] if len(r) > 5 else None
+                    cpu = None
+                    if ex and X_CPU in ex:
+                        ex, cpu = _split_cpu(ex)
+                    yield (SPAN, st, r[2], names.get(r[3], "?"), r[4], ts, r[1], ex, cpu)
                     continue
-                if k == "N":
+                if k == R_NAME:
                     names[r[1]] = r[2]
                     continue
-                if k == "L":
+                if k == R_LANE:
                     st.lanes[r[1]] = r[2]
                     continue
-                if k == "I":
+                if k == R_INSTANT:
                     ts = base + r[1]
                     _touch(st, ts)
                     yield (INSTANT, st, r[2], names.get(r[3], "?"), r[4], ts, r[5] if len(r) > 5 else None)
-                elif k == "B":
+                elif k == R_BEGIN:
                     ts = base + r[2]
                     _touch(st, ts)
                     op[r[1]] = (r[3], names.get(r[4], "?"), r[5], ts, r[6] if len(r) > 6 else None)
-                elif k == "E":
+                elif k == R_END:
                     b = op.pop(r[1], None)
                     ts = base + r[2]
                     _touch(st, ts)
                     if b is not None:
                         ex = b[4]
+                        cpu = None
                         if len(r) > 3 and r[3]:
                             ex = dict(ex or {}, **r[3])
-                        yield (SPAN, st, b[0], b[1], b[2], b[3], ts - b[3], ex)
-                elif k == "S":
+                            if X_CPU in ex:
+                                ex, cpu = _split_cpu(ex)
+                        yield (SPAN, st, b[0], b[1], b[2], b[3], ts - b[3], ex, cpu)
+                elif k == R_STEP:
                     ts = base + r[1]
                     _touch(st, ts)
                     yield (STEP, st, r[2], r[3], ts)
-                elif k == "T":
+                elif k == R_TAG:
                     ts = base + r[1]
                     _touch(st, ts)
                     yield (TAG, st, r[2], r[3], r[4], ts)
-                elif k == "M":
+                elif k == R_META:
                     if isinstance(r[1].get("actor"), str) and r[1]["actor"]:
                         st.actor = r[1]["actor"]
-                elif k == "D":
+                elif k == R_DROPPED:
                     st.dropped += r[1]
-                elif k == "Z":
+                elif k == R_CLOSE:
                     _touch(st, base + r[1])
                     st.clean = True
                     continue
@@ -373,6 +389,12 @@ def walk(run: Run) -> Iterator[tuple]:
     if run.malformed:
         logger.warning("forge_obs: %s: %d malformed timeline line(s) skipped (first: %s)", run.run_dir / "events",
                        run.malformed, run.first_malformed)
+
+
+def _split_cpu(ex: dict) -> tuple:
+    """``(extras without the CPU time, CPU µs or None when it is not an int)``."""
+    cpu = ex.pop(X_CPU)
+    return ex or None, cpu if _int(cpu) else None
 
 
 def _brief(r: Any) -> str:

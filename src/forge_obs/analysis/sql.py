@@ -139,7 +139,7 @@ def _write_timeline(run_dir: Path, spans_csv: Path, events_csv: Path) -> None:
         for it in reader.walk(run):
             k = it[0]
             if k is SPAN:
-                _k, st, lane, name, step, ts, dur, ex = it
+                _k, st, lane, name, step, ts, dur, ex, _cpu = it
                 w = who(st)
                 ws.writerow((*w[:7], st.lanes.get(lane, lane), name, step, ts, ts + dur, dur, True,
                              ex.get("e") if ex else None, _flow(ex), _attrs(ex), *w[7]))

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from forge_obs.analysis.jsonl_reader import json_lines
+from forge_obs.recording.timeline.records import BEGIN, CLOSE, INSTANT, LANE, NAME, STEP, TAG, X_ATTRS, X_ERROR
 
 __all__ = ["titan_files", "timeline_dirs", "convert_file", "PREFIX"]
 
@@ -119,23 +120,23 @@ def _records(recs: list[dict], run_id: str, session: str) -> Iterator[Any]:
         lane = lanes.get(lk)
         if lane is None:
             lane = lanes[lk] = len(lanes) + 1
-            yield ["L", lane, str(r.get("task_name") or f"thread {r.get('tid')}")]
+            yield [LANE, lane, str(r.get("task_name") or f"thread {r.get('tid')}")]
         step = _int(r.get("step"))
         if step != last_step and step is not None:
             last_step = step
-            yield ["S", rel, lane, step]
+            yield [STEP, rel, lane, step]
         for tag in r.get("step_tags") or ():
             if (step, tag) not in tags_seen:
                 tags_seen.add((step, tag))
-                yield ["T", rel, lane, step, str(tag)]
+                yield [TAG, rel, lane, step, str(tag)]
         yield from _record(r, rel, lane, step, names, stacks)
     sid = 0
     for lane, stack in stacks.items():  # never ended: open at the end of the data
         for name, start, step, err in stack:
             nid = yield from _name(names, name)
             sid += 1
-            yield ["B", sid, start, lane, nid, step, {"e": err} if err else None]
-    yield ["Z", end - t0]
+            yield [BEGIN, sid, start, lane, nid, step, {X_ERROR: err} if err else None]
+    yield [CLOSE, end - t0]
 
 
 def _record(r: dict, rel: int, lane: int, step: Any, names: dict, stacks: dict) -> Iterator[Any]:
@@ -154,19 +155,19 @@ def _record(r: dict, rel: int, lane: int, step: Any, names: dict, stacks: dict) 
             if stack[i][0] == base:
                 name, start, s_step, err = stack.pop(i)
                 nid = yield from _name(names, name)
-                yield [start, max(rel - start, 0), lane, nid, s_step, {"e": err} if err else None]
+                yield [start, max(rel - start, 0), lane, nid, s_step, {X_ERROR: err} if err else None]
                 break
     elif kind == "metric_value" and r.get("event_name") is not None:
         nid = yield from _name(names, str(r["event_name"]))
-        yield ["I", rel, lane, nid, step, {"a": {"value": r.get("value")}}]
+        yield [INSTANT, rel, lane, nid, step, {X_ATTRS: {"value": r.get("value")}}]
     else:
         nid = yield from _name(names, kind)
-        yield ["I", rel, lane, nid, step, None]
+        yield [INSTANT, rel, lane, nid, step, None]
 
 
 def _name(names: dict, name: str) -> Iterator[Any]:
     nid = names.get(name)
     if nid is None:
         nid = names[name] = len(names) + 1
-        yield ["N", nid, name]
+        yield [NAME, nid, name]
     return nid

@@ -272,10 +272,12 @@ def _stream_events(trace: _TraceFile, st: reader.Stream, items: list) -> list[st
 
 def _span_event(trace: _TraceFile, it: tuple, pid: int, tid: int) -> str:
     """A finished span as an ``X`` slice: category ``error`` when it raised, ``shutdown`` when a
-    clean shutdown cut it short, ``span`` otherwise."""
-    _k, st, _lane, name, step, ts, dur, ex = it
+    clean shutdown cut it short, ``span`` otherwise; its CPU time as the slice's thread
+    duration (``tdur``, Perfetto's "Thread duration")."""
+    _k, st, _lane, name, step, ts, dur, ex, cpu = it
+    tdur = "" if cpu is None else f',"tdur":{cpu}'
     if not ex:
-        return (f'{{"ph":"X","pid":{pid},"tid":{tid},"ts":{ts},"dur":{dur},'
+        return (f'{{"ph":"X","pid":{pid},"tid":{tid},"ts":{ts},"dur":{dur}{tdur},'
                 f'"name":{trace.name(name)},"args":{{"step":{"null" if step is None else step}}}}}')
     args = {"step": step}
     cat = "span"
@@ -292,7 +294,7 @@ def _span_event(trace: _TraceFile, it: tuple, pid: int, tid: int) -> str:
         args["cut_by_shutdown"] = True
         cat = "shutdown"
         trace.stats["cut_by_shutdown"] += 1
-    return (f'{{"ph":"X","cat":"{cat}","pid":{pid},"tid":{tid},"ts":{ts},"dur":{dur},'
+    return (f'{{"ph":"X","cat":"{cat}","pid":{pid},"tid":{tid},"ts":{ts},"dur":{dur}{tdur},'
             f'"name":{trace.name(name)},"args":{_dumps(args, default=str)}}}')
 
 

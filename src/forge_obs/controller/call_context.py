@@ -27,7 +27,7 @@ import logging
 import threading
 from typing import Any
 
-from forge_obs.recording.timeline import _cur, _incoming_check, _Span, call_link, set_incoming
+from forge_obs.recording.timeline import call_link, in_span, link_check, set_incoming, set_link_check
 
 __all__ = ["install", "uninstall", "installed"]
 
@@ -64,8 +64,8 @@ def _is_current(token: Any) -> bool:
 def _with_parent(link: Any, args: tuple) -> tuple:
     """Unpickling a linked message: mark ``link`` for this message's spans; returns ``args``."""
     try:
-        if _incoming_check[0] is None:
-            _incoming_check[0] = _is_current
+        if link_check() is None:
+            set_link_check(_is_current)
         set_incoming(link, _message_token())
     except Exception:  # noqa: BLE001 - the call goes through whatever happens here
         pass
@@ -99,7 +99,7 @@ def install() -> bool:
     @functools.wraps(orig_check)
     def check(method_name: Any, signature: Any, args: Any, kwargs: Any) -> Any:
         out = orig_check(method_name, signature, args, kwargs)
-        if type(_cur.get()) is _Span and type(args) is tuple and not isinstance(method_name, init):
+        if in_span() and type(args) is tuple and not isinstance(method_name, init):
             link = call_link()
             if link is not None:
                 _pending.args, _pending.link = args, link
@@ -115,7 +115,7 @@ def install() -> bool:
         return orig_pickle(obj, *a, **kw)
 
     _orig[0] = (orig_check, orig_pickle)
-    _incoming_check[0] = _is_current
+    set_link_check(_is_current)
     actor_mesh._check_endpoint_arguments, actor_mesh.pickle = check, pickle
     return True
 

@@ -14,6 +14,11 @@
     with trace("reward", timer="cpu") as t:  # context manager yielding the Tracer
         ...; t.step("score")
 
+Every ``@trace`` call, ``with trace()`` block and Tracer region is also a timeline span named
+``prefix`` (a Tracer's steps: spans ``prefix/<step>`` inside it), linked to the calling span like
+``record_span``'s: the one span mechanism of :mod:`forge_obs.recording.timeline.recorder`, with
+an exit hook that records the metrics.
+
 Metric names (torchforge's): ``{prefix}/{step}/duration_avg_s`` (MEAN), ``…/duration_max_s``
 (MAX), ``{prefix}/total_duration_avg_s``, ``{prefix}/total_duration_max_s``, with
 ``track_memory``: ``{prefix}/memory_delta_end_start_avg_gb`` (MEAN) and
@@ -42,8 +47,6 @@ from __future__ import annotations
 
 import atexit
 import contextvars
-import functools
-import inspect
 import itertools
 import logging
 import sys
@@ -58,12 +61,14 @@ from forge_obs.core.safe import safe_str
 from forge_obs.recording.collector import MetricCollector, record_metric
 from forge_obs.recording.reduce import Reduce
 from forge_obs.recording.sketch import DISTRIBUTION
+from forge_obs.recording.timeline.recorder import clock_ns, new_span, wrap
 
-__all__ = ["Tracer", "trace", "set_record_hook"]
+__all__ = ["Tracer", "trace", "set_record_hook", "TimerCPU", "TimerCUDA"]
 
 logger = logging.getLogger("forge_obs")
 
 _clock_s = time.perf_counter
+_clock_ns = clock_ns  # the timeline's clock: a region's metrics and its span time one interval
 _MEAN, _MAX = Reduce.MEAN, Reduce.MAX
 _GIB = float(1 << 30)
 
@@ -120,14 +125,15 @@ def set_record_hook(fn: Callable[[str, Any, Any], None] | None) -> None:
     _record_groups, record_metric = through_hook, fn
 
 
-def _record_total(keys: tuple[str, str, str], seconds: float) -> None:
-    """Record one region's total duration under its (avg, max, dist) keys.
+def _record_total(span: Any, seconds: float) -> None:
+    """Record a ``@trace`` call's total duration under its prefix's (avg, max, dist) keys: the
+    exit hook of its span.
 
-    ``@trace``'s wrappers call this module-level function and capture nothing else of this
-    module: a wrapper on a class defined in a user's ``__main__`` is pickled by value (Monarch
-    sends the class to its processes), and a module-level function travels by reference, while
-    the collector it records into (its lock) could not travel at all."""
-    _record_groups([(keys, seconds)], _REDS)
+    ``@trace``'s wrappers capture this module-level function, the span factory and the prefix,
+    and nothing else of this module: a wrapper on a class defined in a user's ``__main__`` is
+    pickled by value (Monarch sends the class to its processes), and a module-level function
+    travels by reference, while the collector it records into (its lock) could not travel."""
+    _record_groups([(_total_keys_cache.get(span.name) or _total_keys(span.name), seconds)], _REDS)
 
 
 def _emit_durations(pairs: list) -> None:
@@ -457,13 +463,17 @@ _GPU = _GpuTimings()
 class Tracer:
     """Times a region: ``start()``, any number of ``step(name)``, ``stop()``; reusable.
 
+    The region is a timeline span named ``prefix`` (linked to the calling span as a
+    ``record_span`` is), and each step a span ``{prefix}/{name}`` inside it: the host's
+    intervals between the calls (with ``timer="gpu"`` the metrics are GPU time).
+
     Args:
         prefix: metric name prefix, e.g. ``"trainer/step"``.
         track_memory: record the device-memory delta and peak of the region (outermost tracked
             region only; see docs/tracer.md).
-        timer: ``"cpu"`` (``time.perf_counter``) or ``"gpu"`` (CUDA events on the current
-            stream, resolved asynchronously; falls back to ``"cpu"`` without CUDA).
-            ``METRIC_TIMER_USES_GPU`` overrides it.
+        timer: ``"cpu"`` (the timeline's clock, ``time.perf_counter_ns``) or ``"gpu"`` (CUDA
+            events on the current stream, resolved asynchronously; falls back to ``"cpu"``
+            without CUDA). ``METRIC_TIMER_USES_GPU`` overrides it.
 
     Raises ``ValueError`` for an unknown ``timer``, and for ``step``/``stop`` before ``start``
     and ``start`` while started (programming errors, as in torchforge), unless disabled.
@@ -472,8 +482,9 @@ class Tracer:
     # defaults at class level: a Tracer is created per decorated call, so __init__ stays short
     _gpu = False
     _active = False
-    _t0 = _last = 0.0
-    _steps: list = []
+    _last = 0  # ns: start, or the last step
+    _steps: list = []  # (name, start ns, end ns) per step
+    _span: Any = None
     _names: list = []
     _events: list = []
     _dev = 0
@@ -500,14 +511,14 @@ class Tracer:
         return self._active
 
     @property
-    def _timer(self) -> "_TimerCPU | _TimerCUDA | None":
-        """torchforge's timer object of a started Tracer (a view: ``_TimerCUDA`` for CUDA-event
-        timing, ``_TimerCPU`` otherwise; durations in ms); None when stopped."""
+    def _timer(self) -> "TimerCPU | TimerCUDA | None":
+        """torchforge's timer object of a started Tracer (a view: ``TimerCUDA`` for CUDA-event
+        timing, ``TimerCPU`` otherwise; durations in ms); None when stopped."""
         if not self._active:
             return None
         if self._gpu:
-            return _TimerCUDA._view(self)
-        return _TimerCPU._view(self)
+            return TimerCUDA._view(self)
+        return TimerCPU._view(self)
 
     def start(self) -> "Tracer":
         if self._disable:
@@ -520,26 +531,32 @@ class Tracer:
                 _OWNER.acquire(self)
             except Exception as e:  # noqa: BLE001 - never raise into the training step
                 _warn_once("memory_error", f"Tracer({self.prefix!r}): device memory could not be read: {e!r}")
-        if self._gpu:
-            try:
-                self._dev = dev = _current_device()
-                ev = _GPU.event(dev)
-                _record(ev, dev)
-                self._events = [ev]
-                self._names = []
-                return self
-            except Exception as e:  # noqa: BLE001 - CUDA unusable: time this region on the CPU
-                _warn_once("gpu_start", f"Tracer({self.prefix!r}) could not record a CUDA event ({e!r}); using CPU timing")
-                self._gpu = False
+        if self._gpu and not self._gpu_start():
+            self._gpu = False
         self._steps = []
-        self._t0 = self._last = _clock_s()
+        span = self._span = new_span(self.prefix)  # holds nothing of the Tracer: an abandoned one is collected
+        span.__enter__()
+        self._last = span.t0
         return self
+
+    def _gpu_start(self) -> bool:
+        try:
+            self._dev = dev = _current_device()
+            ev = _GPU.event(dev)
+            _record(ev, dev)
+            self._events = [ev]
+            self._names = []
+            return True
+        except Exception as e:  # noqa: BLE001 - CUDA unusable: time this region on the CPU
+            _warn_once("gpu_start", f"Tracer({self.prefix!r}) could not record a CUDA event ({e!r}); using CPU timing")
+            return False
 
     def step(self, name: str) -> None:
         if not self._active:
             if self._disable:
                 return
             raise ValueError(f"Tracer({self.prefix!r}) must be started before calling step")
+        now = _clock_ns()
         if self._gpu:
             try:
                 ev = _GPU.event(self._dev)
@@ -548,35 +565,45 @@ class Tracer:
                 self._names.append(name)
             except Exception as e:  # noqa: BLE001
                 _warn_once("gpu_step", f"Tracer({self.prefix!r}).step could not record a CUDA event: {e!r}")
-        else:
-            now = _clock_s()
-            self._steps.append((name, now - self._last))
-            self._last = now
+        self._steps.append((name, self._last, now))
+        self._last = now
 
     def stop(self) -> None:
+        self._stop(None, None)
+
+    def _stop(self, et: Any, ev: Any) -> None:
+        """End the region (``ev``: the exception that ended it, marked on its span)."""
         if not self._active:
             if self._disable:
                 return
             raise ValueError(f"Tracer({self.prefix!r}) must be started before calling stop")
+        span = self._span
         try:
+            for name, a, b in self._steps:
+                span.child(_step_span_name(self.prefix, name), a, b)
             if self._gpu:
-                try:
-                    ev = _GPU.event(self._dev)
-                    _record(ev, self._dev)
-                    self._events.append(ev)
-                    _GPU.submit(self.prefix, self._names, self._events, self._dev)
-                except Exception as e:  # noqa: BLE001 - never raise into the training step
-                    _warn_once("gpu_stop", f"Tracer({self.prefix!r}) could not queue its GPU timing: {e!r}")
-                self._events = []
-                self._names = []
-            else:
-                _record_groups(_duration_pairs(self.prefix, self._steps, _clock_s() - self._t0), _REDS)
+                self._gpu_stop()
+            span.__exit__(et, ev, None)
+            if not self._gpu:
+                steps = [(name, (b - a) / 1e9) for name, a, b in self._steps]
+                _record_groups(_duration_pairs(self.prefix, steps, (span.t1 - span.t0) / 1e9), _REDS)
         except Exception as e:  # noqa: BLE001 - never raise into the training step
             _warn_once("stop_error", f"Tracer({self.prefix!r}).stop() could not record its timings: {e!r}")
         finally:
             if self._mem_token:
                 self._end_memory(record=True)
             self._active = False
+
+    def _gpu_stop(self) -> None:
+        try:
+            ev = _GPU.event(self._dev)
+            _record(ev, self._dev)
+            self._events.append(ev)
+            _GPU.submit(self.prefix, self._names, self._events, self._dev)
+        except Exception as e:  # noqa: BLE001 - never raise into the training step
+            _warn_once("gpu_stop", f"Tracer({self.prefix!r}) could not queue its GPU timing: {e!r}")
+        self._events = []
+        self._names = []
 
     def _end_memory(self, record: bool) -> None:
         tok = self._mem_token
@@ -597,12 +624,25 @@ class Tracer:
     def __enter__(self) -> "Tracer":
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+        self._stop(et, ev)
+
+
+_step_span_names: dict[tuple[str, str], str] = {}
+
+
+def _step_span_name(prefix: str, name: Any) -> str:
+    key = (prefix, name) if type(name) is str else None
+    s = _step_span_names.get(key) if key is not None else None
+    if s is None:
+        s = f"{prefix}/{name if type(name) is str else safe_str(name)}"
+        if key is not None and len(_step_span_names) < 65536:
+            _step_span_names[key] = s
+    return s
 
 
 # ---------------------------------------------------------------------------- torchforge's timers
-class _TimerCPU:
+class TimerCPU:
     """torchforge's CPU timer: ``start()``, ``step(name)``, ``get_all_durations()`` ->
     ``([(name, ms), ...], ms since the last step)``. A :class:`Tracer` does not use it (it times
     with ``perf_counter`` itself); ``tracer._timer`` is a view of a started Tracer's steps."""
@@ -612,10 +652,10 @@ class _TimerCPU:
         self._chain_start: float | None = None
 
     @classmethod
-    def _view(cls, tracer: Tracer) -> "_TimerCPU":
+    def _view(cls, tracer: Tracer) -> "TimerCPU":
         t = cls()
-        t._durations = [(n, d * 1000.0) for n, d in tracer._steps]
-        t._chain_start = tracer._last
+        t._durations = [(n, (b - a) / 1e6) for n, a, b in tracer._steps]
+        t._chain_start = tracer._last / 1e9
         return t
 
     def start(self) -> None:
@@ -634,8 +674,8 @@ class _TimerCPU:
         return list(self._durations), last
 
 
-class _TimerCUDA:
-    """torchforge's CUDA-event timer: the same interface as :class:`_TimerCPU`;
+class TimerCUDA:
+    """torchforge's CUDA-event timer: the same interface as :class:`TimerCPU`;
     ``get_all_durations()`` waits for the events (a Tracer never does: its GPU timings are
     resolved in the background). Needs CUDA."""
 
@@ -646,7 +686,7 @@ class _TimerCUDA:
         self._events: list[Any] = []
 
     @classmethod
-    def _view(cls, tracer: Tracer) -> "_TimerCUDA":
+    def _view(cls, tracer: Tracer) -> "TimerCUDA":
         t = cls.__new__(cls)
         t._names = list(tracer._names)
         t._events = list(tracer._events)
@@ -705,54 +745,10 @@ class trace:
         simple = not mem and (timer == "cpu" or not _cuda_available())
         if timer == "gpu" and simple:
             _warn_once("gpu_timer_no_cuda", "Tracer(timer='gpu'): CUDA is not available; using CPU timing")
-        keys = _total_keys(prefix)
-
-        if inspect.iscoroutinefunction(fn):
-            if simple:
-
-                @functools.wraps(fn)
-                async def awrapper(*args: Any, **kwargs: Any) -> Any:
-                    t0 = _clock_s()
-                    try:
-                        return await fn(*args, **kwargs)
-                    finally:
-                        _record_total(keys, _clock_s() - t0)
-
-            else:
-
-                @functools.wraps(fn)
-                async def awrapper(*args: Any, **kwargs: Any) -> Any:
-                    t = Tracer(prefix, mem, timer)
-                    t.start()
-                    try:
-                        return await fn(*args, **kwargs)
-                    finally:
-                        t.stop()
-
-            return awrapper
-
-        if simple:
-
-            @functools.wraps(fn)
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                t0 = _clock_s()
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    _record_total(keys, _clock_s() - t0)
-
-        else:
-
-            @functools.wraps(fn)
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                t = Tracer(prefix, mem, timer)
-                t.start()
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    t.stop()
-
-        return wrapper
+        if simple:  # a span whose exit records the total: no Tracer object per call
+            _total_keys(prefix)
+            return wrap(fn, new_span, prefix, None, _record_total)
+        return wrap(fn, Tracer, prefix, mem, timer)
 
     # ------------------------------------------------------------ context manager
     # The open tracers live in a context variable, not on the object: one ``trace`` object may
@@ -763,16 +759,16 @@ class trace:
         _open_var.set(_open_var.get() + ((self, t),))
         return t.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
         stack = _open_var.get()
-        for i in range(len(stack) - 1, -1, -1):
-            if stack[i][0] is self:
+        for i, (owner, tracer) in reversed(list(enumerate(stack))):
+            if owner is self:
                 _open_var.set(stack[:i] + stack[i + 1 :])
-                stack[i][1].stop()
+                tracer._stop(et, ev)
                 return
 
     async def __aenter__(self) -> Tracer:
         return self.__enter__()
 
-    async def __aexit__(self, *exc: Any) -> None:
-        self.__exit__(*exc)
+    async def __aexit__(self, et: Any, ev: Any, tb: Any) -> None:
+        self.__exit__(et, ev, tb)

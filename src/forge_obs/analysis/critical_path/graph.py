@@ -128,7 +128,7 @@ def load(run_dir: "str | Path") -> Graph:
     for it in reader.walk(run):
         k = it[0]
         if k is SPAN:
-            _k, st, lane, name, step, ts, dur, ex = it
+            _k, st, lane, name, step, ts, dur, ex, _cpu = it
             g.spans.append(s := Span(st, lane, name, step, ts, max(dur, 0), _flow_key(ex), False))
             s.link = _link_key(ex)
         elif k is INSTANT:

@@ -81,7 +81,7 @@ def scan(run_dir: Path, cfg: DoctorConfig) -> Tables:
     for it in reader.walk(run):
         k = it[0]
         if k is SPAN:
-            _k, st, _lane, name, step, ts, dur, _ex = it
+            _k, st, _lane, name, step, ts, dur, _ex, _cpu = it
             end = ts + dur
             life = lifecycle.get(name)
             if life is None:

@@ -5,20 +5,18 @@ record, spans open longer than ``open_after_s`` are written as ``B`` (so a hang 
 clean close too), spans younger than that when the file is closed cleanly as ``B`` + ``E`` marked
 ``{"x": "shutdown"}`` (cut short by the shutdown, not a hang), the
 file is rotated past ``max_file_mb``, and the process identity is resolved when the file is
-opened (and re-checked every pass: a new mesh/rank opens a new file). See
-:mod:`forge_obs.recording.timeline.schema` for the format.
+opened (and re-checked every pass: a new mesh/rank opens a new file). It takes the entries
+through the buffer's API (:mod:`forge_obs.recording.timeline.recorder`) and reads and writes
+them as :mod:`forge_obs.recording.timeline.records` defines them.
 """
 
 from __future__ import annotations
 
 import atexit
-import importlib
-import json
 import logging
 import os
 import re
 import secrets
-import sys
 import threading
 import time
 from pathlib import Path
@@ -26,6 +24,39 @@ from typing import Any
 
 from forge_obs.core.identity import current_identity, mesh_selected
 from forge_obs.core.selfobs import SELF_OBS
+from forge_obs.recording.timeline import recorder
+from forge_obs.recording.timeline.records import (
+    CUT_SHUTDOWN,
+    K_BEGIN,
+    K_END,
+    K_EVENT,
+    K_LANE,
+    K_STEP,
+    K_TAG,
+    X_CPU,
+    X_CUT,
+    X_ERROR,
+    BeginEntry,
+    BeginRecord,
+    ClockRecord,
+    CloseRecord,
+    DroppedRecord,
+    EndEntry,
+    EndRecord,
+    EventEntry,
+    InstantRecord,
+    LaneEntry,
+    LaneRecord,
+    MetaRecord,
+    NameRecord,
+    SpanRecord,
+    StepEntry,
+    StepRecord,
+    TagEntry,
+    TagRecord,
+    dumps,
+    entry_kind,
+)
 from forge_obs.recording.timeline.schema import VERSION, rank_selected, validate_options
 
 __all__ = [
@@ -41,10 +72,6 @@ __all__ = [
     "current_writer",
 ]
 
-# the recording state this writer drains (not `from forge_obs import timeline`: importing through
-# the root package can deadlock with another thread that is still initialising it)
-_tl = importlib.import_module("forge_obs.recording.timeline")
-
 logger = logging.getLogger("forge_obs")
 
 _WALL0_NS = time.time_ns()
@@ -53,10 +80,12 @@ _PC0_NS = time.perf_counter_ns()
 _BASE_NS = _WALL0_NS - _PC0_NS
 #: one id per process lifetime: a restarted process (even with the same pid) is a new session
 SESSION = secrets.token_hex(4)
+#: entries one pass takes at most (the rest waits for the next pass)
+PASS_MAX = 400_000
 
 _writer: "Writer | None" = None
 _lock = threading.Lock()
-_last_seq = [0]
+_last_seq = 0  # the highest entry number taken so far (gaps: entries dropped)
 _lane_defs: dict[int, tuple] = {}  # lane -> (label, thread id), for the whole process
 
 
@@ -72,14 +101,9 @@ def _safe(s: Any) -> str:
     return re.sub(r"[^A-Za-z0-9.\-]", "-", str(s)) or "x"
 
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)  # holds no state between calls
-
-
-def _dumps(o: Any) -> str:
-    return _ENCODER.encode(o)
-
-
 class Writer:
+    """One process's timeline file: opened, rotated, reopened for a new identity, closed."""
+
     def __init__(self, run_dir: Path, opts: dict[str, Any], clk: list | None) -> None:
         self.run_dir = Path(run_dir)
         self.opts = opts
@@ -97,13 +121,17 @@ class Writer:
         self.names: dict[str, int] = {}
         self.lanes_in_file: set[int] = set()
         self.lane_defs = _lane_defs  # process-wide: lanes outlive writers
-        self.open: dict[int, tuple] = {}  # sid -> begin entry, not written yet
-        self.written_open: dict[int, bool] = {}  # sid -> B written, waiting for its E
+        self.open: dict[int, BeginEntry] = {}  # sid -> begin entry, not written yet
+        self.written_open: dict[int, BeginEntry] = {}  # sid -> its "B" is written, waiting for its "E"
         self.dropped = 0
         self.ident_key: tuple | None = None
         self.actor = ""
         self.selected = True
         self.thread = threading.Thread(target=self._run, name="forge_obs-timeline", daemon=True)
+        #: entry kind -> (its definition, the method that writes it)
+        self._handlers = {K_BEGIN: (BeginEntry, self._begin), K_END: (EndEntry, self._end),
+                          K_EVENT: (EventEntry, self._event), K_STEP: (StepEntry, self._step),
+                          K_TAG: (TagEntry, self._tag), K_LANE: (LaneEntry, self._lane_entry)}
 
     # ------------------------------------------------------------ files
     def _select(self) -> bool:
@@ -121,7 +149,7 @@ class Writer:
         self.actor = ident.actor
         self.selected = self._select()
         if not self.selected:
-            _tl._set_on(False)
+            recorder.set_recording(False)
             return
         ev = self.run_dir / "events"
         ev.mkdir(parents=True, exist_ok=True)
@@ -150,7 +178,7 @@ class Writer:
             "clk": self.clk,
             "file": self.file_index,
         }
-        s = _dumps(header) + "\n"
+        s = dumps(header) + "\n"
         self.f.write(s)
         self.nbytes = len(s)
         self.names = {}
@@ -161,7 +189,7 @@ class Writer:
             return
         try:
             if clean:
-                self.f.write(f'["Z",{now_us() - self.t0}]\n')
+                self.f.write(CloseRecord.encode(now_us() - self.t0))
             self.f.flush()
             os.fsync(self.f.fileno())
         except (OSError, ValueError):
@@ -185,161 +213,153 @@ class Writer:
                 except OSError:
                     pass
 
+    def _ready(self) -> bool:
+        """Whether the file is open for this process's identity (opened, or reopened when the
+        mesh or rank changed; an actor name learnt late is written as an identity update)."""
+        if self.f is None and self.selected:
+            self._open()
+        elif self.f is not None:
+            ident = current_identity()
+            if (ident.mesh, ident.rank) != self.ident_key:
+                self._close_file(clean=True)
+                self.file_index = 0
+                self.paths = []
+                self._open("identity")
+            elif ident.actor != self.actor:
+                self.actor = ident.actor
+                self.f.write(MetaRecord.encode({"actor": ident.actor}))
+        return self.selected and self.f is not None
+
     def clock_sample(self, clk: list) -> None:
         """A later (local receive, controller send) pair: written when it narrows the estimate
         of this host's clock offset (readers take the minimum of ``recv - send``)."""
-        if self.clk is not None and clk[0] - clk[1] >= self.clk[0] - self.clk[1]:
+        recv_us, ctl_us = clk
+        if self.clk is not None and recv_us - ctl_us >= _offset(self.clk):
             return
         self.clk = clk
         with self.lock:
             if self.f is not None:
                 try:
-                    self.f.write(f'["C",{int(clk[0])},{int(clk[1])}]\n')
+                    self.f.write(ClockRecord.encode(recv_us, ctl_us))
                 except (OSError, ValueError):
                     pass
 
     # ------------------------------------------------------------ records
+    def _us(self, t_ns: int) -> int:
+        """A recording-clock time as µs since this file's ``t0`` (floored: nesting survives)."""
+        return (t_ns + _BASE_NS) // 1000 - self.t0
+
     def _nid(self, name: str, out: list) -> int:
         nid = self.names.get(name)
         if nid is None:
             nid = len(self.names) + 1
             self.names[name] = nid
-            out.append(f'["N",{nid},{_dumps(name)}]\n')
+            out.append(NameRecord.encode(nid, name))
         return nid
 
     def _lane(self, lane: int, out: list) -> int:
         if lane not in self.lanes_in_file:
             self.lanes_in_file.add(lane)
             label, tid = self.lane_defs.get(lane, (f"track-{lane}", 0))
-            out.append(f'["L",{lane},{_dumps(label)},{tid}]\n')
+            out.append(LaneRecord.encode(lane, label, tid))
         return lane
 
     def _seq(self, seq: int) -> None:
-        last = _last_seq[0]
+        global _last_seq
+        last = _last_seq
         if seq > last:
             if seq > last + 1:
                 self.dropped += seq - last - 1
-            _last_seq[0] = seq
+            _last_seq = seq
         elif self.dropped:
             self.dropped -= 1  # out of order between threads, not lost
 
+    def _begin(self, b: BeginEntry, out: list) -> None:
+        self._seq(b.sid)
+        self.open[b.sid] = b
+
+    def _end(self, e: EndEntry, out: list) -> None:
+        b = self.open.pop(e.sid, None)
+        if b is not None:  # begin and end in one pass: one complete record
+            ts = self._us(b.t_ns)
+            dur = self._us(e.t_ns) - ts
+            ex = _end_extras(b.extras, e, b.cpu_ns, dur)
+            out.append(SpanRecord.encode(ts, dur, self._lane(b.lane, out), self._nid(b.name, out), b.step, ex))
+            return
+        b = self.written_open.pop(e.sid, None)
+        if b is not None:  # its "B" is on disk
+            ts = self._us(e.t_ns)
+            out.append(EndRecord.encode(e.sid, ts, _end_extras(None, e, b.cpu_ns, ts - self._us(b.t_ns))))
+
+    def _event(self, e: EventEntry, out: list) -> None:
+        self._seq(e.seq)
+        out.append(InstantRecord.encode(self._us(e.t_ns), self._lane(e.lane, out), self._nid(e.name, out), e.step,
+                                        e.extras))
+
+    def _step(self, e: StepEntry, out: list) -> None:
+        self._seq(e.seq)
+        out.append(StepRecord.encode(self._us(e.t_ns), self._lane(e.lane, out), e.step))
+
+    def _tag(self, e: TagEntry, out: list) -> None:
+        self._seq(e.seq)
+        out.append(TagRecord.encode(self._us(e.t_ns), self._lane(e.lane, out), e.step, e.tag))
+
+    def _lane_entry(self, e: LaneEntry, out: list) -> None:
+        self.lane_defs[e.lane] = (e.label, e.tid)
+
+    def _open_spans(self, final: bool, out: list) -> None:
+        """Spans still open: written as "B" once open past ``open_after_s`` (a possible hang), or
+        at a clean close (then also "E" at the close: cut short by the shutdown, not a hang)."""
+        now_ns = recorder.clock_ns()  # the recording clock: the one span starts were taken with
+        lim = now_ns - self.open_after_ns
+        for sid, b in list(self.open.items()):
+            old = b.t_ns <= lim
+            if not (final or old):
+                continue
+            del self.open[sid]
+            out.append(BeginRecord.encode(sid, self._us(b.t_ns), self._lane(b.lane, out), self._nid(b.name, out),
+                                          b.step, b.extras))
+            if old:
+                self.written_open[sid] = b
+            else:
+                out.append(EndRecord.encode(sid, self._us(now_ns), {X_CUT: CUT_SHUTDOWN}))
+
     def _drain(self, final: bool = False) -> None:
-        """Write what the buffer holds (one pass per tick, under the writer's lock). One function
-        on purpose: it is the per-record loop of the writer thread, its lookups bound once."""
+        """Write what the buffer holds (one pass per tick, under the writer's lock)."""
         with self.lock:
-            if self.f is None and self.selected:
-                self._open()
-            elif self.f is not None:
-                ident = current_identity()
-                if (ident.mesh, ident.rank) != self.ident_key:
-                    self._close_file(clean=True)
-                    self.file_index = 0
-                    self.paths = []
-                    self._open("identity")
-                elif ident.actor != self.actor:
-                    self.actor = ident.actor
-                    self.f.write(f'["M",{_dumps({"actor": ident.actor})}]\n')
-            if not self.selected or self.f is None:
-                _tl._buf.clear()
+            if not self._ready():
+                recorder.clear()
                 return
-            buf = _tl._buf
-            pop = buf.popleft
             out: list[str] = []
-            t0 = self.t0
-            base = _BASE_NS
             dropped0 = self.dropped
-            n = 0
-            while n < 400_000:
-                try:
-                    e = pop()
-                except IndexError:
-                    break
-                n += 1
-                k = e[0]
-                if k == 1:  # begin
-                    self._seq(e[1])
-                    self.open[e[1]] = e
-                elif k == 2:  # end
-                    b = self.open.pop(e[1], None)
-                    if b is not None:
-                        ts = (b[2] + base) // 1000 - t0
-                        dur = (e[2] + base) // 1000 - t0 - ts  # floors of both ends: nesting survives
-                        lane = self._lane(b[3], out)
-                        nid = self._nid(b[4], out)
-                        st = "null" if b[5] is None else b[5]
-                        ex = b[6]
-                        if e[3] is not None:
-                            ex = dict(ex or {}, e=e[3])
-                        if ex:
-                            out.append(f"[{ts},{dur},{lane},{nid},{st},{_dumps(ex)}]\n")
-                        else:
-                            out.append(f"[{ts},{dur},{lane},{nid},{st}]\n")
-                    elif self.written_open.pop(e[1], None) is not None:
-                        ts = (e[2] + base) // 1000 - t0
-                        if e[3] is not None:
-                            out.append(f'["E",{e[1]},{ts},{_dumps({"e": e[3]})}]\n')
-                        else:
-                            out.append(f'["E",{e[1]},{ts}]\n')
-                elif k == 6:  # event
-                    self._seq(e[1])
-                    ts = (e[2] + base) // 1000 - t0
-                    lane = self._lane(e[3], out)
-                    nid = self._nid(e[4], out)
-                    st = "null" if e[5] is None else e[5]
-                    if e[6]:
-                        out.append(f'["I",{ts},{lane},{nid},{st},{_dumps(e[6])}]\n')
-                    else:
-                        out.append(f'["I",{ts},{lane},{nid},{st}]\n')
-                elif k == 4:  # step
-                    self._seq(e[1])
-                    ts = (e[2] + base) // 1000 - t0
-                    out.append(f'["S",{ts},{self._lane(e[3], out)},{e[4]}]\n')
-                elif k == 5:  # tag
-                    self._seq(e[1])
-                    ts = (e[2] + base) // 1000 - t0
-                    st = "null" if e[4] is None else e[4]
-                    out.append(f'["T",{ts},{self._lane(e[3], out)},{st},{_dumps(e[5])}]\n')
-                elif k == 3:  # lane definition
-                    self.lane_defs[e[1]] = (e[2], e[3])
+            handlers = self._handlers
+            for e in recorder.take(PASS_MAX):
+                entry, write = handlers[entry_kind(e)]
+                write(entry._make(e), out)
             if self.open:
-                now_ns = _tl._clock_ns()  # the recording clock: the one span starts were taken with
-                lim = now_ns - self.open_after_ns
-                for sid, b in list(self.open.items()):
-                    old = b[2] <= lim
-                    if final or old:
-                        del self.open[sid]
-                        ts = (b[2] + base) // 1000 - t0
-                        lane = self._lane(b[3], out)
-                        nid = self._nid(b[4], out)
-                        st = "null" if b[5] is None else b[5]
-                        tail = f",{_dumps(b[6])}" if b[6] else ""
-                        out.append(f'["B",{sid},{ts},{lane},{nid},{st}{tail}]\n')
-                        if old:
-                            self.written_open[sid] = True  # open past open_after_s: a possible hang
-                        else:
-                            # younger than open_after_s when the timeline closes cleanly: cut short by
-                            # the shutdown (or the end of the run), not a hang; ends at the close
-                            out.append(f'["E",{sid},{(now_ns + base) // 1000 - t0},{{"x":"shutdown"}}]\n')
+                self._open_spans(final, out)
             if self.dropped > dropped0:
-                out.append(f'["D",{self.dropped - dropped0}]\n')
+                out.append(DroppedRecord.encode(self.dropped - dropped0))
             if out:
-                s = "".join(out)
-                try:
-                    self.f.write(s)
-                    self.f.flush()
-                except (OSError, ValueError) as err:
-                    logger.warning("forge_obs: timeline write to %s failed: %r", self.path, err)
-                    return
-                self.nbytes += len(s)
-                if self.nbytes > self.max_bytes:
-                    self._rotate()
+                self._write("".join(out))
+
+    def _write(self, s: str) -> None:
+        try:
+            self.f.write(s)
+            self.f.flush()
+        except (OSError, ValueError) as err:
+            logger.warning("forge_obs: timeline write to %s failed: %r", self.path, err)
+            return
+        self.nbytes += len(s)
+        if self.nbytes > self.max_bytes:
+            self._rotate()
 
     def _run(self) -> None:
         interval = self.opts["flush_interval_s"]
         while not self.stop_ev.wait(interval):
             if _writer is not self and self.selected:
                 break  # replaced or abandoned: never drain another writer's buffer
-            _tl._torch_loaded[0] = "torch" in sys.modules
+            recorder.refresh_compile_check()
             cpu0 = time.thread_time()
             try:
                 self._drain()
@@ -364,31 +384,48 @@ class Writer:
             self._close_file(clean=True)
 
 
+def _offset(clk: list) -> int:
+    recv_us, ctl_us = clk
+    return recv_us - ctl_us
+
+
+def _end_extras(extras: "dict | None", e: EndEntry, cpu0: "int | None", dur_us: int) -> "dict | None":
+    """A span's extras at its end: plus its error, and its CPU µs (never more than its ``dur_us``)."""
+    if e.error is None and (cpu0 is None or e.cpu_ns is None):
+        return extras
+    ex = dict(extras) if extras else {}
+    if e.error is not None:
+        ex[X_ERROR] = e.error
+    if cpu0 is not None and e.cpu_ns is not None:
+        ex[X_CPU] = max(0, min((e.cpu_ns - cpu0) // 1000, dur_us))
+    return ex
+
+
 # -------------------------------------------------------------------- module API
 def configure(run_dir: Any, options: dict[str, Any], clk: list | None = None) -> bool:
     """(Re)configure this process's writer. Same run dir: keeps the writer running."""
     global _writer
-    if _tl.DISABLED:
+    if recorder.DISABLED:
         return False
     opts = validate_options(options)
     if run_dir is None:
-        return _tl._ON
+        return recorder.is_enabled()
     run_dir = Path(run_dir)
     with _lock:
         w = _writer
         if w is not None and w.run_dir == run_dir and w.f is not None:
             if clk is not None:
                 w.clock_sample(clk)
-            return _tl._ON
+            return recorder.is_enabled()
         if w is not None:
             _writer = None
             w.close()
         if not opts["enabled"]:
-            _tl._set_on(False)
+            recorder.set_recording(False)
             return False
-        _tl._set_on(True)
-        _tl._torch_loaded[0] = "torch" in sys.modules
-        _tl._swap_buffer(_tl.BUFFER_CAP)
+        recorder.set_recording(True)
+        recorder.refresh_compile_check()
+        recorder.use_capacity(recorder.BUFFER_CAP)
         w = Writer(run_dir, opts, clk)
         _writer = w
         w.start()
@@ -396,7 +433,7 @@ def configure(run_dir: Any, options: dict[str, Any], clk: list | None = None) ->
             _writer = None
             w.stop_ev.set()
             w.thread.join(timeout=5)
-            _tl._swap_buffer(_tl.PRECONFIG_CAP)
+            recorder.use_capacity(recorder.PRECONFIG_CAP)
             return False
     return True
 
@@ -440,7 +477,7 @@ def close() -> None:
         w, _writer = _writer, None
     if w is not None:
         w.close()
-        _tl._swap_buffer(_tl.PRECONFIG_CAP)
+        recorder.use_capacity(recorder.PRECONFIG_CAP)
 
 
 def current_writer() -> "Writer | None":
@@ -452,8 +489,8 @@ def _after_fork_in_child() -> None:
     records); the child records into the small pre-configuration buffer until configured."""
     global _writer
     _writer = None
-    _tl._buf.clear()
-    _tl._swap_buffer(_tl.PRECONFIG_CAP)
+    recorder.clear()
+    recorder.use_capacity(recorder.PRECONFIG_CAP)
 
 
 atexit.register(close)
