@@ -23,7 +23,9 @@ __all__ = ["DoctorConfig"]
 @dataclass
 class DoctorConfig:
     # ---- stragglers and slowdowns (per span and step; live: per duration metric and step)
-    #: a rank is out of line when its duration is >= this x the median of the other ranks of its mesh
+    #: a rank is out of line when its duration is >= this x its reference: the larger of the median
+    #: of the other ranks of its mesh at that step and the median of their usual durations (once
+    #: out of line: the smaller of the two)
     straggler_ratio: float = 2.0
     #: ... or (``slowdown``) >= this x its own rolling baseline
     history_ratio: float = 2.0
@@ -48,8 +50,8 @@ class DoctorConfig:
     #: of a loaded machine (out of line in 60-65 % of their steps) are not findings
     min_episode_steps: int = 4
     persist: float = 0.8
-    #: a rank's own baseline: the median of its last ``history_steps`` normal durations, used once
-    #: it has ``history_min_steps`` of them
+    #: a rank's own baseline (and its usual duration, its peers' reference): the median of its last
+    #: ``history_steps`` normal durations, used once it has ``history_min_steps`` of them
     history_steps: int = 16
     history_min_steps: int = 5
     #: span / metric names that wait on other ranks (collectives, queues): time there is a
