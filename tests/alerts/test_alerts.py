@@ -463,10 +463,11 @@ def test_docstring_examples():
     import forge_obs.alerts.config
     import forge_obs.alerts.sinks
     import forge_obs.analysis.doctor
-    from forge_obs.analysis.doctor import config, detect, finding, subjects, roots, replay, rules, timeline_rules
+    from forge_obs.analysis.doctor import (config, detect, finding, replay, roots, rules, stragglers, subjects, tables,
+                                           timeline_rules)
 
     for mod in (forge_obs.alerts, forge_obs.alerts.config, forge_obs.alerts.sinks, forge_obs.analysis.doctor, config,
-                detect, finding, subjects, roots, replay, rules, timeline_rules):
+                detect, finding, subjects, roots, replay, rules, tables, stragglers, timeline_rules):
         res = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
         assert res.failed == 0, mod.__name__
 

@@ -66,6 +66,9 @@ class DoctorConfig:
     hang_factor: float = 10.0
     #: a process silent for this x its mean gap between records has stalled
     silence_factor: float = 20.0
+    #: while a run is still being written, a silent process (or a rank without a timeline) is
+    #: judged only once the run began this many steps since (the start-up is not a stall)
+    stall_steps: int = 3
     # ---- sync bottlenecks
     #: span names (or duration metric names, live) that move state rather than compute
     sync_spans: str = r"weight|sync|ckpt|checkpoint|reload|barrier"
