@@ -29,7 +29,7 @@ from forge_obs.recording.timeline.schema import DEFAULT_OPTIONS, rank_selected
 
 __all__ = [
     "Progress",
-    "writer_pass_s",
+    "writer_lag_s",
     "hang_findings",
     "stall_findings",
     "sync_findings",
@@ -71,11 +71,11 @@ def hang_findings(t: Tables, cfg: DoctorConfig, ids: Identities) -> list[Finding
 
 class Progress:
     """How far the run went on after a moment: the steps it began since, and whether every process
-    that recorded since closed its file (the run ended; its data is complete). ``pass_s``: how
-    stale a process's data can be while it is still being written (its writer's passes)."""
+    that recorded since closed its file (the run ended; its data is complete). ``lag_s``: how
+    stale a process's data can be while it is still being written (:func:`writer_lag_s`)."""
 
-    def __init__(self, t: Tables, pass_s: float) -> None:
-        self.pass_us = pass_s * 1e6
+    def __init__(self, t: Tables, lag_s: float) -> None:
+        self.lag_us = lag_s * 1e6
         starts: dict[int, list] = defaultdict(list)
         for (attempt, _step), (first, _last) in t.step_wall.items():
             starts[attempt].append(first)
@@ -108,8 +108,8 @@ def stall_findings(t: Tables, cfg: DoctorConfig, ids: Identities, hung: set,
     """A process that was active (>= 3 records) and went silent before the end of the data
     without closing its file, for more than max(``stall_min_s``, ``silence_factor`` x its mean gap
     between records). While the run is still being written (a process that recorded since has not
-    closed its file), only after the run began ``stall_steps`` steps since and more than its
-    writer's passes (``progress.pass_us``) went by, and never inside a span still open (busy; a
+    closed its file), only after the run began ``stall_steps`` steps since and more than the
+    writers' lag (``progress.lag_us``) went by, and never inside a span still open (busy; a
     hang when too long): the start-up, a long step and the writers' lag are not stalls."""
     busy = {it[1].key for it in t.opens}
     out, waiting = [], []
@@ -121,7 +121,7 @@ def stall_findings(t: Tables, cfg: DoctorConfig, ids: Identities, hung: set,
         if silent <= max(cfg.stall_min_s * 1e6, cfg.silence_factor * gap):
             continue
         if not progress.ended_since(st.attempt, st.last_ts):
-            if silent <= progress.pass_us:
+            if silent <= progress.lag_us:
                 continue
             if st.key in busy or progress.steps_since(st.attempt, st.last_ts) < cfg.stall_steps:
                 waiting.append((stream_where(ids, st)["where"], silent))
@@ -147,7 +147,7 @@ def _stall(t: Tables, ids: Identities, st: Any, silent: float, gap: float) -> Fi
     return f.set_where(w)
 
 
-def writer_pass_s(run_dir: Path) -> float:
+def writer_lag_s(run_dir: Path) -> float:
     """How stale the data of a process that is still writing can be: four passes of its timeline
     writer (``flush_interval_s`` from the run's ``meta.json``, else the default; a busy host
     delays a pass), plus ``open_after_s`` (a span open that long is written as open)."""
@@ -273,7 +273,7 @@ def timeline_findings(run_dir: "str | Path", cfg: DoctorConfig, ids: Identities)
     hangs = hang_findings(t, cfg, ids)
     hung = {(f.details["host"], f.details["pid"]) for f in hangs}
     out += hangs
-    progress = Progress(t, writer_pass_s(run_dir))
+    progress = Progress(t, writer_lag_s(run_dir))
     s, n = stall_findings(t, cfg, ids, {k for k in t.run.streams if (k[0], k[1]) in hung}, progress)
     out += s
     notes += n
