@@ -78,20 +78,26 @@ def scan(run_dir: Path, cfg: DoctorConfig) -> Tables:
 
 
 class _Sink:
-    """What :func:`scan` does with each record (the names' classes are learnt once per name)."""
+    """What :func:`scan` does with each record; what a span's name means on its stream (its group,
+    whether it is a start-up or state-moving span, a controller's wait) is learnt once."""
 
     def __init__(self, t: Tables, cfg: DoctorConfig) -> None:
         self.t = t
         self.life_re, self.sync_re = cfg.lifecycle_re, cfg.sync_re
         self.peers: dict[int, str] = {}  # id(stream) -> its peer group
-        self.lifecycle: dict[str, bool] = {}
-        self.sync: dict[str, bool] = {}
+        self.kinds: dict[tuple, tuple] = {}  # (id(stream), name) -> (group, lifecycle, sync, ctl, ctl wait)
 
     def group(self, st: Any) -> str:
         mesh = self.peers.get(id(st))
         if mesh is None:
             mesh = self.peers[id(st)] = peer_group(st)
         return mesh
+
+    def kind(self, st: Any, name: str) -> tuple:
+        ctl = bool(st.header.get("ctl"))
+        k = self.kinds[(id(st), name)] = ((st.attempt, self.group(st), name), bool(self.life_re.search(name)),
+                                          bool(self.sync_re.search(name)), ctl, ctl and "wait" in name.lower())
+        return k
 
     def step_mark(self, it: tuple) -> None:
         _k, st, _lane, step, ts = it
@@ -102,13 +108,10 @@ class _Sink:
 
     def span(self, it: tuple) -> None:
         _k, st, _lane, name, step, ts, dur, _ex = it
+        kind = self.kinds.get((id(st), name)) or self.kind(st, name)
+        g, life, sync, ctl, ctl_wait = kind
         t = self.t
         end = ts + dur
-        life = self.lifecycle.get(name)
-        if life is None:
-            life = self.lifecycle[name] = bool(self.life_re.search(name))
-        mesh = self.group(st)
-        g = (st.attempt, mesh, name)
         if dur > t.longest[g]:
             t.longest[g] = dur
         if life:
@@ -118,21 +121,18 @@ class _Sink:
             cell = t.per_step[g][step].get(st.rank)
             if cell is None:
                 t.per_step[g][step][st.rank] = [dur, ts, end]
-                t.stream_of[(st.attempt, mesh, st.rank)] = st
+                t.stream_of[(st.attempt, g[1], st.rank)] = st
             else:
                 cell[0] += dur
                 _widen_cell(cell, ts, end)
             _widen(t.step_wall, (st.attempt, step), ts, end)
             t.last_step[st.key] = step
-        elif not st.header.get("ctl"):
-            t.unstepped[(st.attempt, mesh)] += 1
-        s = self.sync.get(name)
-        if s is None:
-            s = self.sync[name] = bool(self.sync_re.search(name))
-        if s:
+        elif not ctl:
+            t.unstepped[(st.attempt, g[1])] += 1
+        if sync:
             t.budget[(st.key, name)].append((ts, end))
             t.budget_steps[(st.key, name)].append(step)
-        if st.header.get("ctl") and "wait" in name.lower():
+        if ctl_wait:
             t.ctl_wait[(st.key, name)].append((ts, end))
 
 
