@@ -123,16 +123,17 @@ def stall_findings(t: Tables, cfg: DoctorConfig, ids: Identities, hung: set,
         if not progress.ended_since(st.attempt, st.last_ts):
             if silent <= progress.lag_us:
                 continue
-            if st.key in busy or progress.steps_since(st.attempt, st.last_ts) < cfg.stall_steps:
-                waiting.append((stream_where(ids, st)["where"], silent))
+            n = progress.steps_since(st.attempt, st.last_ts)
+            if st.key in busy or n < cfg.stall_steps:
+                why = "in an open span" if st.key in busy else f"{n} step(s) begun since"
+                waiting.append(f"{stream_where(ids, st)['where']} silent {silent / 1e6:.1f}s, {why}")
                 continue
         out.append(_stall(t, ids, st, silent, gap))
     notes = []
     if waiting:
-        notes.append("stall: not judged yet: " + ", ".join(f"{w} silent {s / 1e6:.1f}s" for w, s in sorted(waiting)[:4])
-                     + (f" and {len(waiting) - 4} more" if len(waiting) > 4 else "")
-                     + f", while the run is still being written and inside an open span or fewer than "
-                     f"{cfg.stall_steps} steps before its newest records (the start-up, a long step)")
+        notes.append("stall: not judged yet (the run is still being written): " + "; ".join(sorted(waiting)[:4])
+                     + (f"; and {len(waiting) - 4} more" if len(waiting) > 4 else "")
+                     + f" (judged once the run began {cfg.stall_steps} steps since, outside an open span)")
     return out, notes
 
 
