@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from pathlib import Path
 from typing import Any, Callable
 
@@ -184,8 +185,6 @@ class BusyDP:
 
     def __init__(self, steps: int, seed: int = 0, *, slow_rank: int | None = None, slow_from: int = 0,
                  slow_s: float = 0.5, extra: dict | None = None, quick_at_end: int = 0) -> None:
-        import random
-
         rnd = random.Random(seed)
         self.fb = {(r, s): rnd.uniform(0.040, 0.064) for r in (0, 1) for s in range(steps)}
         s = rnd.randrange(10, 60)
@@ -204,7 +203,7 @@ class BusyDP:
         self.tail = {(r, s): rnd.uniform(0.002, 0.010) for r in (0, 1) for s in range(steps)}
         self.opt = {(r, s): rnd.uniform(0.008, 0.012) for r in (0, 1) for s in range(steps)}
 
-    def _favour(self, rnd, rank: int, steps: range) -> None:
+    def _favour(self, rnd: random.Random, rank: int, steps: range) -> None:
         for k in steps:
             self.fb[(rank, k)] *= rnd.uniform(0.4, 0.7)
             self.fb[(1 - rank, k)] *= rnd.uniform(1.0, 1.3)
