@@ -107,7 +107,8 @@ class _Sink:
             self.t.marks[key] = ts
 
     def span(self, it: tuple) -> None:
-        _k, st, _lane, name, step, ts, dur, _ex = it
+        # a span row of reader.walk: (SPAN, stream, lane, name, step, start, duration, extras, ...)
+        st, name, step, ts, dur = it[1], it[3], it[4], it[5], it[6]
         kind = self.kinds.get((id(st), name)) or self.kind(st, name)
         g, life, sync, ctl, ctl_wait = kind
         t = self.t
