@@ -16,7 +16,7 @@ import pytest
 from forge_obs.alerts import AlertsBackend
 from forge_obs.core.types import Metric
 from forge_obs.backends.record import RunContext, StepRecord
-from tests.support.doctor_runs import source
+from tests.support.doctor_runs import BusyDP, source
 
 
 def record(step, glob=None, per_rank=None, missing=(), wall=None, sources=None):
@@ -227,6 +227,75 @@ def test_watchdog_reports_a_stalled_loop_and_its_end(tmp_path):
     assert not be._watchdog.is_alive() and not be._dispatch.thread.is_alive()  # stopped in finish()
 
 
+# ---------------------------------------------------------------- a busy host: clean runs, real faults
+
+
+def feed_busy(be, dp: BusyDP, steps: int) -> None:
+    """The GRPO trainer's per-rank duration metrics of ``dp`` (tests.support.doctor_runs), step
+    after step, with the step's wall time."""
+    wall = 1000.0
+    for s in range(steps):
+        wall += dp.step_s(s)
+        be.log_step(record(s, {"trainer/tokens_per_s": 2000.0 / dp.step_s(s)},
+                           {f"trainer/Trainer/r{r}": dp.metrics(r, s) for r in (0, 1)}, wall=wall))
+
+
+@pytest.mark.parametrize("steps, quick_at_end", [(300, 9), (1000, 0)])
+def test_clean_runs_on_a_busy_host_raise_no_alert(tmp_path, steps, quick_at_end):
+    """2 data-parallel ranks on a busy host (BusyDP: one rank favoured by the scheduler for 5-12
+    steps at a time, the other then 2-4x it at every step). Straggler alerts fired at such steps
+    of clean runs (214, 269, 325, ... of a 1,000-step run): the other rank took its usual time."""
+    be, _cb = backend(tmp_path)
+    try:
+        feed_busy(be, BusyDP(steps, quick_at_end=quick_at_end), steps)
+    finally:
+        be.finish()
+    assert jsonl(tmp_path) == []
+
+
+def test_a_continuous_fault_through_a_busy_spell_is_one_alert(tmp_path):
+    """Rank 1 0.5 s slower from step 600 to the end; rank 0 descheduled for 0.3 s at steps
+    791-794 (rank 1 only 1.6-1.9x its peer there). The alert resolved at 794 and fired again at
+    798: now it fires once, within 3 steps, and stays on."""
+    be, cb = backend(tmp_path)
+    try:
+        feed_busy(be, BusyDP(1000, slow_rank=1, slow_from=600, extra={(0, s): 0.3 for s in range(791, 795)}), 1000)
+    finally:
+        be.finish()
+    rows = jsonl(tmp_path)
+    (f,) = [a for a in rows if a["rule"] == "straggler"]
+    assert (f["state"], f["where"], f["onset_step"]) == ("firing", "trainer/Trainer/r1", 600) and f["step"] <= 603
+    assert all(a.get("consequence_of") == [f["id"]] for a in rows if a["rule"] == "throughput_drop"), rows
+    assert [a["rule"] for a in cb.alerts] == ["straggler"]
+
+
+def test_a_fault_from_step_0_alerts_since_step_0(tmp_path):
+    """Rank 1 0.5 s slower from step 0, rank 0's first step 0.3 s slower (its warm-up)."""
+    be, _cb = backend(tmp_path)
+    try:
+        feed_busy(be, BusyDP(60, slow_rank=1, extra={(0, 0): 0.3}), 60)
+    finally:
+        be.finish()
+    (f,) = fired(jsonl(tmp_path))
+    # 4 hits from step 1 (at step 0 it was 1.6x its peer), then dated back to the step it began
+    assert (f["rule"], f["rank"], f["onset_step"]) == ("straggler", 1, 0) and f["step"] <= 4
+    assert "since step 0:" in f["message"]
+
+
+def test_the_stall_watchdog_has_no_limit_before_the_steps_have_a_rhythm(tmp_path):
+    """The start-up (a minute while vLLM loads) and the first step are never a stall: the limit
+    exists from the second step on (then at least stall_floor_s and the flush timeout)."""
+    be, _cb = backend(tmp_path)
+    try:
+        assert be.stall_threshold_s() is None
+        be.log_step(record(0, {"x": 1.0}))
+        assert be.stall_threshold_s() is None
+        be.log_step(record(1, {"x": 1.0}))
+        assert be.stall_threshold_s() >= max(be.settings.stall_floor_s, be.flush_timeout_s)
+    finally:
+        be.finish()
+
+
 # ---------------------------------------------------------------- sinks
 
 
@@ -394,10 +463,11 @@ def test_docstring_examples():
     import forge_obs.alerts.config
     import forge_obs.alerts.sinks
     import forge_obs.analysis.doctor
-    from forge_obs.analysis.doctor import config, detect, finding, subjects, roots, replay, rules, timeline_rules
+    from forge_obs.analysis.doctor import (config, detect, finding, replay, roots, rules, stragglers, subjects, tables,
+                                           timeline_rules)
 
     for mod in (forge_obs.alerts, forge_obs.alerts.config, forge_obs.alerts.sinks, forge_obs.analysis.doctor, config,
-                detect, finding, subjects, roots, replay, rules, timeline_rules):
+                detect, finding, subjects, roots, replay, rules, tables, stragglers, timeline_rules):
         res = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
         assert res.failed == 0, mod.__name__
 

@@ -11,7 +11,7 @@ import sys
 
 from forge_obs.recording import timeline as tl
 from forge_obs.analysis.doctor import diagnose, diagnose_run, format_findings
-from tests.support.doctor_runs import source, write_metrics, write_timeline
+from tests.support.doctor_runs import BusyDP, source, write_metrics, write_startup, write_timeline
 from tests.recording.test_timeline import _fake_run
 
 
@@ -74,6 +74,19 @@ def test_a_small_out_of_line_step_just_before_the_onset_does_not_move_it(tmp_pat
         t.update(step, {0: 0.01, 1: slow}, step_s=0.15 if step < 3 else 0.4)
     (ep,) = [e for e in t.finish() if e.kind == "straggler"]
     assert (ep.rank, ep.onset, ep.end, ep.hit_steps[0], ep.hits) == (1, 3, 11, 3, 9)
+
+
+def test_a_peer_slow_at_the_first_slow_step_does_not_move_the_onset():
+    """Rank 1 3x slower from step 6; rank 0 overslept at step 6 (35 ms instead of 20 ms: a busy
+    host), so rank 1 was only 1.7x it there. It was 'since step 7' (tests/alerts/test_alerts_mesh.py
+    on a loaded machine): rank 1 was at its slow level and slower than its peer: step 6."""
+    from forge_obs.analysis.doctor.config import DoctorConfig
+    from forge_obs.analysis.doctor.detect import GroupTracker
+    t = GroupTracker(DoctorConfig(), keep=True)
+    for step in range(16):
+        t.update(step, {0: 0.035 if step == 6 else 0.02, 1: 0.06 if step >= 6 else 0.02}, step_s=0.08)
+    (ep,) = [e for e in t.finish() if e.kind == "straggler"]
+    assert (ep.rank, ep.onset, ep.end, ep.hits) == (1, 6, 15, 10)
 
 
 def test_an_even_straggler_keeps_its_first_step_and_a_ramp_starts_at_half_its_median_excess():
@@ -182,6 +195,103 @@ def test_single_rank_mesh_and_short_runs_say_what_was_not_judged(tmp_path):
     assert "trainer" in text and "1 rank" in text and "2 steps" in text, d.notes
     out = _cli("doctor", str(tmp_path))
     assert out.returncode == 0 and "not judged" in out.stdout, out.stdout
+
+
+# ---------------------------------------------------------------- a busy host: clean runs, real faults
+
+
+def test_clean_runs_on_a_busy_host_have_no_finding(tmp_path):
+    """2 data-parallel ranks on a host shared with other jobs (BusyDP: one rank favoured by the
+    scheduler for 5-12 steps at a time, 0.4-0.7x its usual time, the other waiting for it in the
+    all-reduce; ranks descheduled now and then). The 300-step run ends while rank 0 is favoured:
+    rank 1 is then 2-4x rank 0 at every step and rank 0 waits for it, as in the README run that
+    reported 'trainer r1 steps 292..299'. Rank 1 takes its usual time: no straggler."""
+    for steps, quick in ((300, 9), (1000, 0)):
+        run = tmp_path / str(steps)
+        write_timeline(run, {"trainer": 2}, steps, BusyDP(steps, quick_at_end=quick).spans)
+        d = diagnose_run(run)
+        assert d.findings == [], format_findings(d.findings)
+        out = _cli("doctor", str(run))
+        assert out.returncode == 0 and "doctor: no findings" in out.stdout, out.stdout
+    notes = diagnose_run(tmp_path / "300").notes
+    assert any("trainer/Trainer/r1, the rank waited for, reaches 'grad_allreduce' no later than its peers usually do" in n for n in notes), notes
+
+
+def test_a_continuous_fault_through_a_busy_spell_is_one_finding(tmp_path):
+    """Rank 1 0.5 s slower from step 600 to the end; at steps 791-794 rank 0 is descheduled for
+    0.3 s too, so rank 1 is only 1.6-1.9x its peer there. It was two findings (600..790 and
+    795..999): once out of line, a rank stays so while it is out of line against its peers' usual
+    time (hysteresis)."""
+    dp = BusyDP(1000, slow_rank=1, slow_from=600, extra={(0, s): 0.3 for s in range(791, 795)})
+    assert all(dp.fb[(1, s)] < 2 * dp.fb[(0, s)] for s in range(791, 795))
+    write_timeline(tmp_path, {"trainer": 2}, 1000, dp.spans)
+    found = diagnose(tmp_path)
+    assert [(f.kind, f.rank, f.steps) for f in found] == [("straggler", 1, [600, 999])], format_findings(found)
+    assert "since step 600:" in found[0].message and "400/400 steps" in found[0].message
+
+
+def test_a_fault_from_step_0_is_dated_step_0_when_the_peer_starts_slowly(tmp_path):
+    """GRPO --fault-slow-trainer-rank 1: rank 1 0.5 s slower from step 0; rank 0's first
+    forward_backward takes 0.3 s longer (its warm-up), so at step 0 rank 1 is 1.6x its peer only.
+    It was 'since step 1': a step just before the onset where the rank was at the fault's level and
+    slower than its peer by the minimum excess belongs to it."""
+    dp = BusyDP(60, slow_rank=1, extra={(0, 0): 0.3})
+    assert dp.fb[(1, 0)] < 2 * dp.fb[(0, 0)]
+    write_timeline(tmp_path, {"trainer": 2}, 60, dp.spans)
+    (f,) = diagnose(tmp_path)
+    assert (f.kind, f.rank, f.onset_step, f.steps) == ("straggler", 1, 0, [0, 59]), f.message
+    assert "since step 0 (from the start)" in f.message
+
+
+def test_slow_work_without_a_span_names_the_rank_the_others_wait_for(tmp_path):
+    """From step 10 rank 1 spends 0.3 s outside any span before the all-reduce; rank 0 waits
+    there. Only the wait is out of line; rank 1 reaches it 0.3 s late: it is named."""
+    def arrival(rank, step):
+        return 0.05 * jitter(rank, step) + (0.3 if rank == 1 and step >= 10 else 0.0)
+
+    def spans(mesh, rank, step):
+        wait = max(arrival(0, step), arrival(1, step)) - arrival(rank, step) + 0.002
+        return [("forward_backward", 0.05 * jitter(rank, step)), (None, arrival(rank, step) - 0.05 * jitter(rank, step)),
+                ("grad_allreduce", wait)]
+
+    write_timeline(tmp_path, {"trainer": 2}, 40, spans)
+    (f,) = diagnose(tmp_path)
+    assert (f.kind, f.rank, f.onset_step, f.steps) == ("straggler", 1, 10, [10, 39]), f.message
+    assert f.details["inferred_from_waits"] and f.details["arrival_ratio"] > 5, f.details
+    assert "the slow work itself has no span" in f.message
+    assert [(c["kind"], c["where"], c["span"]) for c in f.consequences] == [
+        ("waits", "trainer/Trainer/r0", "grad_allreduce"), ("slowdown", "controller/r0", "controller_step")]
+
+
+def test_a_run_in_its_start_up_has_no_stall_and_no_absent_rank(tmp_path):
+    """The GRPO app's first minute: the controller is in its start-up span while the meshes start
+    (vLLM loads); no step yet; trainer rank 0 has not opened its file. It was 'stall ...
+    controller/r0 ... dead or stuck' and 'trainer/r0 wrote no timeline'."""
+    write_startup(tmp_path, 12.0, {"generator_0": 1, "reference": 1, "trainer": 1}, {"generator_0": 1, "reference": 1,
+                                                                                      "trainer": 2})
+    d = diagnose_run(tmp_path)
+    assert d.findings == [], format_findings(d.findings)
+    assert any(n.startswith("stall: not judged yet") and "controller/r0 silent 12.0s, in an open span" in n
+               for n in d.notes), d.notes
+
+
+def test_a_run_still_being_written_has_no_stall_from_its_writers_lag(tmp_path):
+    """Mid-run, every process's last records are not all on disk yet (a writer pass every 0.5 s,
+    delayed on a busy host): three processes' data end 0.6-1.2 s before the newest records. It
+    was three 'stall ... went silent ~1.2 s before the end of the data' findings."""
+    write_timeline(tmp_path, {"generator_0": 1, "trainer": 2}, 200, lambda m, r, s: [("work", 0.02)], writing=True,
+                   unwritten_s={("generator_0", 0): 1.2, ("trainer", 1): 0.8, ("controller", 0): 0.6})
+    d = diagnose_run(tmp_path)
+    assert d.findings == [], format_findings(d.findings)
+
+
+def test_a_process_dead_in_a_run_still_being_written_is_a_stall(tmp_path):
+    """The same run, a replica dead at step 6 of 300 (no process has closed its file yet): silent
+    for ~8 s and 294 steps, it is a stall."""
+    write_timeline(tmp_path, {"generator_0": 1, "generator_1": 1}, 300, lambda m, r, s: [("generate", 0.025)],
+                   writing=True, dead={("generator_1", 0): 6}, actors={"generator_0": "Generator", "generator_1": "Generator"})
+    found = diagnose(tmp_path)
+    assert [(f.kind, f.mesh, f.steps) for f in found] == [("stall", "generator_1", [5])], format_findings(found)
 
 
 # ---------------------------------------------------------------- one finding per root event

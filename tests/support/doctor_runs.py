@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,16 +27,20 @@ def _header(mesh: str, rank: int, ws: int, actor: str, pid: int, ctl: bool = Fal
 def write_timeline(run_dir: Path, meshes: dict[str, int], steps: int, spans: SpanFn, *,
                    gap_s: float = 0.002, startup_s: float = 0.0, wait_s: Callable[[int], float] | None = None,
                    actors: dict[str, str] | None = None, open_at: dict | None = None,
-                   dead: dict | None = None, coords: "Callable[[str, int], dict] | None" = None) -> None:
+                   dead: dict | None = None, coords: "Callable[[str, int], dict] | None" = None,
+                   writing: bool = False, unwritten_s: dict | None = None) -> None:
     """One file per (mesh, rank) plus the controller's. Every step starts when the slowest rank of
     the previous one ended (+ ``gap_s``); a rank's spans run back to back from the step's start.
 
-    ``spans(mesh, rank, step)`` -> ``[(name, seconds), ...]``; ``wait_s(step)``: the controller's
+    ``spans(mesh, rank, step)`` -> ``[(name, seconds), ...]`` (a ``None`` name: time the rank
+    spends without a span); ``wait_s(step)``: the controller's
     ``wait_for_batch`` at the start of its ``controller_step`` (concurrent with the ranks' work); ``startup_s``: a one-off ``startup`` span on
     the controller before step 0; ``open_at[(mesh, rank)] = (step, name)``: that span never ends
     and the process writes nothing after it; ``dead[(mesh, rank)] = step``: the process stops
     writing at that step without closing its file. ``coords(mesh, rank)``: the rank's coordinates
-    in the header (default ``{"procs": rank}``)."""
+    in the header (default ``{"procs": rank}``). ``writing``: the run is still being written (no
+    process has closed its file yet); ``unwritten_s[(mesh, rank)] = s``: that process's records of
+    the last ``s`` seconds are not on disk yet (its writer's next pass has not run)."""
     ev = Path(run_dir) / "events"
     ev.mkdir(parents=True, exist_ok=True)
     actors = actors or {}
@@ -78,6 +83,9 @@ def write_timeline(run_dir: Path, meshes: dict[str, int], steps: int, spans: Spa
             s["lines"].append(["S", start, 0, step])
             ts = start
             for name, sec in spans(mesh, r, step):
+                if name is None:
+                    ts += max(1, int(sec * 1e6))
+                    continue
                 if open_at.get((mesh, r)) == (step, name):
                     s["lines"].append(["B", 1, ts, 0, name_id(s, name), step])
                     s["stopped"] = True
@@ -94,11 +102,39 @@ def write_timeline(run_dir: Path, meshes: dict[str, int], steps: int, spans: Spa
         ctl["lines"].append([start, end - start, 0, sid, step])
         t = end
     for s in [*streams.values(), ctl]:
-        if not s["stopped"]:
+        if not s["stopped"] and not writing:
             s["lines"].append(["Z", t])
+    for key, lag_s in (unwritten_s or {}).items():
+        s = streams[key] if key in streams else ctl
+        s["lines"] = [x for x in s["lines"] if not _written_after(x, t - int(lag_s * 1e6))]
     for (mesh, r), s in [*streams.items(), (("controller", 0), ctl)]:
         path = ev / f"node0_{s['h']['pid']}_{mesh}_{r}.jsonl"
         path.write_text("".join(json.dumps(x) + "\n" for x in [s["h"], *s["lines"]]))
+
+
+def write_startup(run_dir: Path, seconds: float, started: dict[str, int], ws: dict[str, int]) -> None:
+    """A run in its start-up, still being written (the GRPO app's first minute): the controller
+    made a call and opened its ``startup`` span at 0; the processes of ``started`` (mesh -> ranks
+    started, out of ``ws[mesh]``) opened their files one after another over ``seconds``, each
+    recording ``set_step(0)``; the other ranks have not started yet."""
+    ev = Path(run_dir) / "events"
+    ev.mkdir(parents=True, exist_ok=True)
+    files = {"controller_0": [_header("controller", 0, 1, "", 1, ctl=True), ["L", 0, "Task-1", 1], ["N", 1, "call"],
+                              ["I", 1000, 0, 1, None, {"p": "c.1"}], ["N", 2, "startup"], ["B", 1, 900, 0, 2, None]]}
+    procs = [(mesh, r) for mesh, n in started.items() for r in range(n)]
+    for i, (mesh, r) in enumerate(procs):
+        h = _header(mesh, r, ws[mesh], "", 101 + i)
+        h["t0"] = T0_US + int(seconds * 1e6 * (i + 1) / len(procs))
+        files[f"{mesh}_{r}"] = [h, ["L", 0, "Task-6", 1], ["S", 0, 0, 0]]
+    for name, lines in files.items():
+        (ev / f"node0_{lines[0]['pid']}_{name}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def _written_after(rec: list, cut_us: int) -> bool:
+    """A record that ends (a span) or happens (a step mark) after ``cut_us``."""
+    if type(rec[0]) is int:
+        return rec[0] + rec[1] > cut_us
+    return rec[0] == "S" and rec[1] > cut_us
 
 
 def write_metrics(run_dir: Path, steps: int, sources: list[dict], values: Callable[[dict, int], dict],
@@ -135,3 +171,56 @@ def source(mesh: str, rank: int, actor: str = "", pid: int = 0) -> dict:
     label = f"{mesh}/{actor}/r{rank}" if actor else f"{mesh}/r{rank}"
     return {"host": "node0", "pid": pid or 200 + rank, "mesh": mesh, "actor": actor, "rank": rank,
             "coords": {"procs": rank}, "world_size": 0, "label": label}
+
+
+class BusyDP:
+    """A 2-rank data-parallel trainer on a host shared with other jobs, shaped after the GRPO
+    app's clean runs (2 cores, load 4-10): each rank's ``forward_backward`` takes 40-64 ms (its
+    shard); every 45-130 steps, for 5-12 steps, one rank runs at 0.4-0.7x and the other at
+    1.0-1.3x (the scheduler favours one); a rank is descheduled for 40-140 ms at 4 % of its steps;
+    the rank that arrives first waits in ``grad_allreduce`` for the other (+2-10 ms). Planted:
+    ``slow_rank`` takes ``slow_s`` longer from ``slow_from``; ``extra[(rank, step)] = s`` adds ``s``
+    to one rank's step (a busy host); ``quick_at_end``: rank 0 is the favoured one for that many
+    last steps."""
+
+    def __init__(self, steps: int, seed: int = 0, *, slow_rank: int | None = None, slow_from: int = 0,
+                 slow_s: float = 0.5, extra: dict | None = None, quick_at_end: int = 0) -> None:
+        rnd = random.Random(seed)
+        self.fb = {(r, s): rnd.uniform(0.040, 0.064) for r in (0, 1) for s in range(steps)}
+        s = rnd.randrange(10, 60)
+        while s < steps:
+            r, n = rnd.randrange(2), rnd.randrange(5, 13)
+            self._favour(rnd, r, range(s, min(s + n, steps)))
+            s += n + rnd.randrange(40, 120)
+        self._favour(rnd, 0, range(max(0, steps - quick_at_end), steps))
+        for key in self.fb:
+            if rnd.random() < 0.04:
+                self.fb[key] += rnd.uniform(0.04, 0.14)
+            if slow_rank == key[0] and key[1] >= slow_from:
+                self.fb[key] += slow_s
+        for key, sec in (extra or {}).items():
+            self.fb[key] += sec
+        self.tail = {(r, s): rnd.uniform(0.002, 0.010) for r in (0, 1) for s in range(steps)}
+        self.opt = {(r, s): rnd.uniform(0.008, 0.012) for r in (0, 1) for s in range(steps)}
+
+    def _favour(self, rnd: random.Random, rank: int, steps: range) -> None:
+        for k in steps:
+            self.fb[(rank, k)] *= rnd.uniform(0.4, 0.7)
+            self.fb[(1 - rank, k)] *= rnd.uniform(1.0, 1.3)
+
+    def wait_s(self, rank: int, step: int) -> float:
+        return max(self.fb[(0, step)], self.fb[(1, step)]) - self.fb[(rank, step)] + self.tail[(rank, step)]
+
+    def spans(self, mesh: str, rank: int, step: int) -> list:
+        return [("batch_creation", 0.0005), ("forward_backward", self.fb[(rank, step)]),
+                ("grad_allreduce", self.wait_s(rank, step)), ("optimizer_step", self.opt[(rank, step)])]
+
+    def step_s(self, step: int) -> float:
+        return max(sum(d for _n, d in self.spans("trainer", r, step)) for r in (0, 1)) + 0.06
+
+    def metrics(self, rank: int, step: int) -> dict:
+        """The rank's duration metrics at ``step``, as the GRPO trainer records them."""
+        d = dict(self.spans("trainer", rank, step))
+        return {"span/batch_creation/duration_s": d["batch_creation"],
+                "span/forward_backward/duration_s": d["forward_backward"],
+                "trainer/step_s": sum(d.values()), "trainer/idle_s": 0.06}

@@ -23,7 +23,9 @@ __all__ = ["DoctorConfig"]
 @dataclass
 class DoctorConfig:
     # ---- stragglers and slowdowns (per span and step; live: per duration metric and step)
-    #: a rank is out of line when its duration is >= this x the median of the other ranks of its mesh
+    #: a rank is out of line when its duration is >= this x its reference: the larger of the median
+    #: of the other ranks of its mesh at that step and the median of their usual durations (once
+    #: out of line: the smaller of the two)
     straggler_ratio: float = 2.0
     #: ... or (``slowdown``) >= this x its own rolling baseline
     history_ratio: float = 2.0
@@ -48,8 +50,8 @@ class DoctorConfig:
     #: of a loaded machine (out of line in 60-65 % of their steps) are not findings
     min_episode_steps: int = 4
     persist: float = 0.8
-    #: a rank's own baseline: the median of its last ``history_steps`` normal durations, used once
-    #: it has ``history_min_steps`` of them
+    #: a rank's own baseline (and its usual duration, its peers' reference): the median of its last
+    #: ``history_steps`` normal durations, used once it has ``history_min_steps`` of them
     history_steps: int = 16
     history_min_steps: int = 5
     #: span / metric names that wait on other ranks (collectives, queues): time there is a
@@ -64,6 +66,9 @@ class DoctorConfig:
     hang_factor: float = 10.0
     #: a process silent for this x its mean gap between records has stalled
     silence_factor: float = 20.0
+    #: while a run is still being written, a silent process (or a rank without a timeline) is
+    #: judged only once the run began this many steps since (the start-up is not a stall)
+    stall_steps: int = 3
     # ---- sync bottlenecks
     #: span names (or duration metric names, live) that move state rather than compute
     sync_spans: str = r"weight|sync|ckpt|checkpoint|reload|barrier"

@@ -11,10 +11,17 @@ starts (``onset``) and ends (``clear``).
     ...         print(step, c.kind, c.state, "rank", c.rank, "since step", c.onset)
     5 straggler onset rank 1 since step 2
 
-The straggler test works from 2 ranks up: at each step a rank's duration is compared with the
-median of the *other* ranks of its mesh (for 2 ranks: the other one); it is out of line when it
-is ``straggler_ratio`` x that and longer by ``min_excess_s`` and by ``min_step_share`` of the
-step; the condition starts when that holds in ``fire_steps`` (4) of the last ``window_steps`` (5) steps.
+The straggler test works from 2 ranks up: at each step a rank's duration is compared with a
+reference, the larger of the median of the *other* ranks of its mesh that step (for 2 ranks: the
+other one) and the median of their usual durations (each rank's last ``history_steps`` durations
+in line with its peers): a peer that happened to be quick is no evidence. It is out of line when
+it is ``straggler_ratio`` x that and longer by ``min_excess_s`` and by ``min_step_share`` of the
+step; the condition starts when that holds in ``fire_steps`` (4) of the last ``window_steps`` (5)
+steps, and, once on, holds while the rank is ``straggler_ratio`` x the *smaller* of the two and
+still longer than its peers by the minimum (hysteresis: peers slowed too at some steps, by a busy
+host, do not end it). Its onset moves back over the steps just before it where the rank was
+already at the level of the condition and longer than its peers (a peer's slow first step does
+not hide a fault from step 0).
 Each rank is also compared with its own rolling baseline (``slowdown``). A rank that does a span
 its peers do not do (they spend < ``role_peer_max_s`` on it, or lack it) from its first steps has
 a *role*: it is never a straggler for that span, only judged against its own history. A rank
@@ -24,6 +31,7 @@ happened to spend under ``role_peer_max_s``.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import median
@@ -61,13 +69,17 @@ class Persistence:
     ``onset`` is the first hit of the window that started it, not counting a lone hit that a miss
     follows, nor (given ``level``, a hit's payload -> its size) leading hits smaller than
     ``lead_share`` x the median size of the window's hits: one noisy step just before the
-    condition began is not its start."""
+    condition began is not its start. Given ``back`` (a step's payload and the payloads of the
+    window's hits from the onset on -> whether the condition held there too), the onset then
+    moves back over the steps just before it that ``back`` accepts (they count as hits): a hit
+    that looked small, or a miss, because the reference was high that step."""
 
-    __slots__ = ("fire", "clear", "recent", "hits", "active", "onset", "level", "lead_share")
+    __slots__ = ("fire", "clear", "recent", "hits", "active", "onset", "level", "lead_share", "back")
 
-    def __init__(self, fire: int, window: int, clear: int, level: Any = None, lead_share: float = 0.0) -> None:
+    def __init__(self, fire: int, window: int, clear: int, level: Any = None, lead_share: float = 0.0,
+                 back: Any = None) -> None:
         self.fire, self.clear = fire, clear
-        self.level, self.lead_share = level, lead_share
+        self.level, self.lead_share, self.back = level, lead_share, back
         self.recent: deque = deque(maxlen=window)
         self.hits = 0
         self.active = False
@@ -83,22 +95,34 @@ class Persistence:
         if not self.active:
             if hit and self.hits >= self.fire:
                 self.active = True
-                self.onset = self._first_sustained_hit()
+                self.onset = self._start()
                 return "onset"
         elif self.hits <= self.clear:
             self.active = False
             return "clear"
         return None
 
-    def _first_sustained_hit(self) -> Any:
-        rec = list(self.recent)
+    def _start(self) -> Any:
+        rec = self.recent
+        i = self._first_sustained_hit()
+        if self.back is not None:
+            hits = [p for _s, h, p in list(rec)[i:] if h]
+            while i > 0 and rec[i - 1][2] is not None and self.back(rec[i - 1][2], hits):
+                i -= 1
+                if not rec[i][1]:  # the condition held there: a hit of its window
+                    rec[i] = (rec[i][0], True, rec[i][2])
+                    self.hits += 1
+        return rec[i][0]
+
+    def _first_sustained_hit(self) -> int:
+        rec = self.recent
         floor = None
         if self.level is not None and self.lead_share > 0:
             floor = self.lead_share * fmedian([self.level(p) for _s, h, p in rec if h])
-        for i, (s, h, p) in enumerate(rec):
+        for i, (_s, h, p) in enumerate(rec):
             if h and (i + 1 == len(rec) or rec[i + 1][1]) and (floor is None or self.level(p) >= floor):
-                return s
-        return rec[-1][0]
+                return i
+        return len(rec) - 1
 
     def window_hits(self) -> list:
         """The window's hits from ``onset`` on (the ones before it were not the condition)."""
@@ -143,6 +167,11 @@ class History:
         self.values.append(v)
         self._adds += 1
 
+    def reset(self) -> None:
+        self.values.clear()
+        self._base = None
+        self._adds = 0
+
 
 def median_without(vals: list, i: int) -> float:
     """Median of sorted ``vals`` without the element at index ``i`` (``len(vals) >= 2``)."""
@@ -184,7 +213,7 @@ class Episode:
         self.hits += 1
         self.end = step
         if len(self.ratios) < _MAX_KEPT:
-            r, d, ref = payload
+            r, d, ref = payload[:3]
             self.ratios.append(r)
             self.values.append(d)
             self.refs.append(ref)
@@ -201,10 +230,12 @@ class Episode:
 
 
 class _Rank:
-    __slots__ = ("peer", "hist", "hist_p", "seen", "role_like", "role", "ep", "hep", "last")
+    __slots__ = ("peer", "usual", "hist", "hist_p", "seen", "role_like", "role", "ep", "hep", "last")
 
-    def __init__(self, cfg: DoctorConfig) -> None:
-        self.peer = Persistence(cfg.fire_steps, cfg.window_steps, cfg.clear_steps, _excess_of, cfg.onset_share)
+    def __init__(self, cfg: DoctorConfig, back: Any) -> None:
+        self.peer = Persistence(cfg.fire_steps, cfg.window_steps, cfg.clear_steps, _excess_of, cfg.onset_share, back)
+        #: its durations at the steps it was not out of line against its peers: its peers' reference
+        self.usual = History(cfg.history_steps, cfg.history_min_steps)
         self.hist = History(cfg.history_steps, cfg.history_min_steps)
         self.hist_p = Persistence(cfg.fire_steps, cfg.window_steps, cfg.clear_steps, _excess_of, cfg.onset_share)
         self.seen = 0
@@ -213,6 +244,18 @@ class _Rank:
         self.ep: Episode | None = None
         self.hep: Episode | None = None
         self.last: float = 0.0
+
+
+def _at_level(lead_share: float) -> Any:
+    """``Persistence.back`` of a straggler: a step just before its onset belongs to it when the
+    rank was slower than its peers that step by the minimum excess and took at least
+    ``lead_share`` x the median duration of the window's hits (its peers were slow too that step:
+    the first step of a run, a busy host)."""
+
+    def back(miss: tuple, hits: list) -> bool:
+        return miss[3] and miss[1] >= lead_share * fmedian([h[1] for h in hits])
+
+    return back
 
 
 class GroupTracker:
@@ -232,6 +275,7 @@ class GroupTracker:
         self.max_ranks = 0
         self.steps = 0
         self.peer_steps = 0  # steps where >= 2 ranks could be compared
+        self._back = _at_level(cfg.onset_share)
 
     @property
     def idle(self) -> bool:
@@ -247,76 +291,123 @@ class GroupTracker:
         return {r: st.last for r, st in self.ranks.items() if st.role}
 
     def update(self, step: Any, values: dict, step_s: float | None = None) -> list[Change]:
-        cfg = self.cfg
         n = len(values)
         self.steps += 1
         if n > self.max_ranks:
             self.max_ranks = n
-        need = cfg.min_excess_s
+        need = self.cfg.min_excess_s
         if step_s:
-            need = max(need, cfg.min_step_share * step_s)
-        out: list[Change] = []
-        if not self.history and max(values.values(), default=0.0) < need and self.idle and self.settled(n):
-            # nothing can be out of line and nothing is on: skip the work; the windows restart
-            # (earlier hits no longer count: stricter than judging this step as a miss)
-            for st in self.ranks.values():
-                if st.peer.hits:
-                    st.peer.recent.clear()
-                    st.peer.hits = 0
-            return out
+            need = max(need, self.cfg.min_step_share * step_s)
+        if not self.history and self._quiet(values, need, n):
+            return []
         if n >= 2:
             self.peer_steps += 1
             items = sorted(values.items(), key=lambda kv: kv[1])
         else:
             items = list(values.items())
-        vals = [v for _r, v in items]
-        ratio_min, role_max = cfg.straggler_ratio, self.role_max
-        for idx, (rank, d) in enumerate(items):
+        out: list[Change] = []
+        for (rank, d), (ref_now, usual) in zip(items, self._references(items)):
             st = self.ranks.get(rank)
             if st is None:
-                st = self.ranks[rank] = _Rank(cfg)
+                st = self.ranks[rank] = _Rank(self.cfg, self._back)
             st.seen += 1
             st.last = d
-            # ---- against the other ranks of the mesh, this step
-            if n >= 2:
-                ref = median_without(vals, idx)
-                role_like = ref <= role_max and d > role_max and d > ratio_min * ref
-            else:
-                ref, role_like = None, role_max >= 0
-            if st.role is None:
-                st.role_like += role_like
-                if st.seen >= cfg.fire_steps:
-                    st.role = st.role_like == st.seen
-            # a step like a role's is judged once the rank is known to have none (its peers' work
-            # was merely quick that step); until then (its first ``fire_steps``) it is not
-            if ref is not None and st.role is not True and (st.role is False or not role_like):
-                hit = d >= ratio_min * ref and d - ref >= need
-                payload = (d / ref if ref > 0 else float("inf"), d, ref) if hit else None
-                ch = st.peer.update(step, hit, payload)
-                if ch is not None or st.ep is not None:
-                    out += self._advance(st, "straggler", rank, step, hit, payload, ch)
-            # ---- against its own history (a value under ``need`` cannot exceed anything by ``need``)
-            if not self.history:
-                continue
-            if d < need:
-                if len(st.hist.values) >= st.hist.min_n:
-                    ch = st.hist_p.update(step, False)
-                    if ch is not None or st.hep is not None:
-                        out += self._advance(st, "slowdown", rank, step, False, None, ch)
-                st.hist.add(d)
-                continue
-            base = st.hist.baseline()
-            if base is None:
-                st.hist.add(d)
-                continue
-            hit = d >= cfg.history_ratio * base and d - base >= need
-            payload = (d / base if base > 0 else float("inf"), d, base) if hit else None
-            if not hit:
-                st.hist.add(d)
-            ch = st.hist_p.update(step, hit, payload)
-            if ch is not None or st.hep is not None:
-                out += self._advance(st, "slowdown", rank, step, hit, payload, ch)
+            out += self._against_peers(st, rank, step, d, ref_now, usual, need)
+            if self.history:
+                out += self._against_history(st, rank, step, d, need)
         return out
+
+    def _quiet(self, values: dict, need: float, n: int) -> bool:
+        """Nothing can be out of line (every value under ``need``) and nothing is on: the step is
+        skipped, and the windows and usual durations restart (earlier hits no longer count:
+        stricter than judging this step as a miss)."""
+        if max(values.values(), default=0.0) >= need or not self.idle or not self.settled(n):
+            return False
+        for st in self.ranks.values():
+            if st.peer.hits:
+                st.peer.recent.clear()
+                st.peer.hits = 0
+            if st.usual.values:
+                st.usual.reset()
+        return True
+
+    def _references(self, items: list) -> list:
+        """Per rank, in ``items`` order (sorted by duration): (the median of the other ranks at this
+        step, the median of their usual durations or None); (None, None) without peers."""
+        n = len(items)
+        if n < 2:
+            return [(None, None)] * n
+        ranks = self.ranks
+        base = [st.usual.baseline() if (st := ranks.get(r)) is not None else None for r, _v in items]
+        if n == 2:  # each one's peer is the other
+            return [(items[1][1], base[1]), (items[0][1], base[0])]
+        vals = [v for _r, v in items]
+        known = sorted(b for b in base if b is not None)
+        everyone = fmedian(known) if known else None
+        out = []
+        for i, b in enumerate(base):
+            if b is None:
+                usual = everyone
+            else:
+                usual = median_without(known, bisect_left(known, b)) if len(known) >= 2 else None
+            out.append((median_without(vals, i), usual))
+        return out
+
+    def _against_peers(self, st: _Rank, rank: Any, step: Any, d: float, ref_now: float | None,
+                       usual: float | None, need: float) -> list[Change]:
+        """Straggler. To start, the reference is the larger of its peers' median this step and their
+        usual durations (a step where the peers were quick is no evidence); once on, the smaller
+        (a step where they were slow too does not end it)."""
+        cfg = self.cfg
+        if ref_now is None:
+            role_like = self.role_max >= 0
+        else:
+            role_like = ref_now <= self.role_max and d > self.role_max and d > cfg.straggler_ratio * ref_now
+        if st.role is None:
+            st.role_like += role_like
+            if st.seen >= cfg.fire_steps:
+                st.role = st.role_like == st.seen
+        # a step like a role's is judged once the rank is known to have none (its peers' work
+        # was merely quick that step); until then (its first ``fire_steps``) it is not
+        if ref_now is None or st.role is True or (st.role is None and role_like):
+            st.usual.add(d)
+            return []
+        p = st.peer
+        ref = ref_now if usual is None else (min(ref_now, usual) if p.active else max(ref_now, usual))
+        slower = d - ref_now >= need
+        hit = slower and d >= cfg.straggler_ratio * ref and d - ref >= need
+        payload = (d / ref if ref > 0 else float("inf"), d, ref, slower)
+        if not hit:
+            st.usual.add(d)
+        ch = p.update(step, hit, payload)
+        if ch is None and st.ep is None:
+            return []
+        return self._advance(st, "straggler", rank, step, hit, payload if hit else None, ch)
+
+    def _against_history(self, st: _Rank, rank: Any, step: Any, d: float, need: float) -> list[Change]:
+        """Slowdown: the rank against its own rolling baseline (a value under ``need`` cannot
+        exceed anything by ``need``)."""
+        h = st.hist
+        if d < need:
+            out: list[Change] = []
+            if len(h.values) >= h.min_n:
+                ch = st.hist_p.update(step, False)
+                if ch is not None or st.hep is not None:
+                    out = self._advance(st, "slowdown", rank, step, False, None, ch)
+            h.add(d)
+            return out
+        base = h.baseline()
+        if base is None:
+            h.add(d)
+            return []
+        hit = d >= self.cfg.history_ratio * base and d - base >= need
+        payload = (d / base if base > 0 else float("inf"), d, base) if hit else None
+        if not hit:
+            h.add(d)
+        ch = st.hist_p.update(step, hit, payload)
+        if ch is None and st.hep is None:
+            return []
+        return self._advance(st, "slowdown", rank, step, hit, payload, ch)
 
     def _advance(self, st: _Rank, kind: str, rank: Any, step: Any, hit: bool, payload: Any,
                  change: str | None) -> list[Change]:
@@ -357,7 +448,7 @@ class GroupTracker:
 def _info(ep: Episode, payload: Any) -> dict:
     d = ep.summary()
     if payload is not None:
-        d["ratio"], d["value_s"], d["reference_s_now"] = payload
+        d["ratio"], d["value_s"], d["reference_s_now"] = payload[:3]
     d["last_hit_step"] = ep.end
     return d
 
