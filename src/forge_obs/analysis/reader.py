@@ -77,6 +77,7 @@ class Stream:
     dropped: int = 0
     track: Any = None  # free for the consumer
     opens: dict = field(default_factory=dict)  # span id -> (lane, name, step, ts, extras): begun, not ended
+    clock: int | None = None  # the smallest "local receive - controller send" of its clock samples (µs)
 
     @property
     def host(self) -> str:
@@ -145,6 +146,7 @@ class Cursor:
     key: Any = None  # the current session's stream key (None: before the first header, or dropped)
     base: int = 0  # the session's t0 plus its host's clock offset
     line_off: int = 0  # the byte offset of the line being read (set by read_from)
+    host: Any = None  # the host of the file's first header (its clock samples are that host's)
 
 
 #: ints beyond this are not what the writer writes (and would not fit the SQL views' BIGINT)
@@ -397,6 +399,9 @@ def _file_lines(cur: Cursor, limit: int | None) -> Iterator[tuple]:
 def _header(run: Run, cur: Cursor, r: dict, touched: list | None) -> None:
     """A header: the file's first, or a restarted process appending to it (a new session)."""
     h = clean_header(r)
+    if cur.host is None:
+        cur.host = h.get("host")
+    _note_header(run, h, cur.host)
     st = run.stream_for(h)
     cur.names = {}
     if st is None:
@@ -458,6 +463,8 @@ def _state_record(st: Stream, cur: Cursor, r: list, k: str) -> "tuple | None":
         st.dropped += r[1]
     elif k == _CLOSED:
         _touch(st, cur.base + r[1])
+    elif k == _CLOCK:
+        st.clock = r[1] - r[2] if st.clock is None else min(st.clock, r[1] - r[2])
     return None
 
 

@@ -15,7 +15,7 @@ from forge_obs.analysis.critical_path.graph import Graph, Window
 from forge_obs.analysis.critical_path.walk import Segment, Walker
 from forge_obs.analysis.doctor.subjects import replica_family
 
-__all__ = ["step_result", "stage_label", "answer", "compare", "medians", "Busy"]
+__all__ = ["step_result", "stage_label", "answer", "compare", "compare_to", "medians", "cause", "idle_mesh", "Busy"]
 
 
 def _who(st: Any) -> dict:
@@ -133,7 +133,7 @@ def step_result(g: Graph, walker: Walker, busy: Busy, w: Window) -> dict:
             "by_mesh": _by(stages, "mesh"), "by_name": _by(stages, "name"), "slack": _slack(busy, w, segs)}
 
 
-def _cause(r: dict) -> dict | None:
+def cause(r: dict) -> dict | None:
     """The stage the step waited on: the largest that is neither a wait nor the step span's own
     time, else the largest that is not a wait, else the largest."""
     st = r["stages"]
@@ -151,7 +151,7 @@ def _key(a: dict) -> tuple:
 def answer(r: dict, medians: dict) -> None:
     """Adds ``cause``, ``idle`` and ``answer`` (the one line) to step result ``r``. ``medians``:
     :func:`medians` of the run's fast steps."""
-    c = _cause(r)
+    c = cause(r)
     line = f"step {r['step']}: {r['duration_s']:.3f} s"
     if r["unfinished"]:
         line += " (unfinished)"
@@ -169,13 +169,13 @@ def answer(r: dict, medians: dict) -> None:
         line += f", {c['ratio_to_median']:.1f}x its median in the fast steps"
     else:
         line += ", never on the path in the fast steps"
-    idle = _idle_mesh(r, c["mesh"])
+    idle = idle_mesh(r, c["mesh"])
     if idle is not None:
         line += f"; {idle['mesh']} idle {idle['idle_s']:.3f} s"
     r["cause"], r["idle"], r["answer"] = c, idle, line
 
 
-def _idle_mesh(r: dict, skip: str) -> dict | None:
+def idle_mesh(r: dict, skip: str) -> dict | None:
     """The mesh (other than the cause's) that did the most work in the step, with its idle time
     (its least idle rank's): what the slow stage kept waiting."""
     idle: dict[str, float] = {}
@@ -204,7 +204,13 @@ def medians(results: list) -> dict:
 def compare(r: dict, fast: list, top: int = 3) -> dict:
     """What changed on ``r``'s path against the ``fast`` steps: the stages whose path time grew
     most over their median there."""
-    ref = medians(fast) if fast else {}
+    med = statistics.median(f["duration_s"] for f in fast) if fast else None
+    return compare_to(r, medians(fast) if fast else {}, len(fast), med, top)
+
+
+def compare_to(r: dict, ref: dict, fast_steps: int, fast_median_s: "float | None", top: int = 3) -> dict:
+    """:func:`compare` against ``ref`` (:func:`medians` of ``fast_steps`` steps whose median
+    duration is ``fast_median_s``)."""
     mine = {_key(a): a for a in r["stages"]}
     rows = []
     for k in set(k for k in ref if k[1] is not None) | set(mine):
@@ -213,6 +219,6 @@ def compare(r: dict, fast: list, top: int = 3) -> dict:
         rows.append({"mesh": k[0], "actor": k[1], "rank": k[2], "name": k[3], "step_s": now, "fast_s": was,
                      "fast_steps_on_path": n, "delta_s": now - was})
     rows.sort(key=lambda x: -x["delta_s"])
-    med = statistics.median(f["duration_s"] for f in fast) if fast else None
-    return {"fast_steps": len(fast), "fast_median_s": med, "grew": [x for x in rows[:top] if x["delta_s"] > 0],
+    return {"fast_steps": fast_steps, "fast_median_s": fast_median_s,
+            "grew": [x for x in rows[:top] if x["delta_s"] > 0],
             "shrank": sorted((x for x in rows if x["delta_s"] < 0), key=lambda x: x["delta_s"])[:top]}

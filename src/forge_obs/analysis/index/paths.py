@@ -1,0 +1,189 @@
+"""Which steps an update computes (again), and the span graph each batch of them is computed on.
+
+A stored step is replaced when the update brought rows that could change it: rows that start
+before its end (less :data:`~.steps.MARGIN_US`), or it was unfinished (it ends at the end of the
+data, which moved), or the spans still open changed; every stored step that starts at or after
+the first replaced one is replaced with it. Steps are computed in batches of about
+:data:`BATCH_SPANS` spans, each on the graph of the spans that end after the batch's first step
+began (with the closure of :func:`closure`) and start before its end: the memory an update needs
+is a batch's, whatever the run's length.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from forge_obs.analysis import reader
+from forge_obs.analysis.index import store
+from forge_obs.analysis.index.build import write_rows
+from forge_obs.analysis.index.schema import STEP_TABLES
+from forge_obs.analysis.index.steps import MARGIN_US, StepSet, graph_from, streams_of, step_rows
+from forge_obs.analysis.index.views import create_views
+
+__all__ = ["compute_steps", "closure", "BATCH_SPANS"]
+
+#: about how many spans one batch of steps is computed on
+BATCH_SPANS = 600_000
+_NEVER = 1 << 62
+
+_SPAN_T = "FROM _spans x JOIN _streams s ON s.sid = x.sid"
+
+
+def closure(con: Any, lo: int) -> int:
+    """The earliest time the graph of the spans ending after ``lo`` must reach back to: the
+    start of every span that contains one of them (and of theirs), and of every span still open,
+    and the time of the endpoint calls that opened them."""
+    op = con.execute("SELECT min(x.start + s.offset_us) FROM _opens x JOIN _streams s ON s.sid = x.sid").fetchone()[0]
+    if op is not None:
+        lo = min(lo, op)
+    while True:
+        a = con.execute(f"SELECT min(x.start + s.offset_us) {_SPAN_T} WHERE x.end + s.offset_us >= ? "
+                        "AND x.start + s.offset_us < ?", [lo, lo]).fetchone()[0]
+        b = con.execute(f"SELECT min(e.ts + s.offset_us) FROM _events e JOIN _streams s ON s.sid = e.sid "
+                        f"WHERE e.name = 'call' AND e.ts + s.offset_us < ? AND e.link IN "
+                        f"(SELECT x.link {_SPAN_T} WHERE x.link IS NOT NULL AND x.end + s.offset_us >= ?)",
+                        [lo, lo]).fetchone()[0]
+        new = min([v for v in (a, b) if v is not None], default=lo)
+        if new >= lo:
+            return lo
+        lo = new
+
+
+def _state(con: Any, man: store.Manifest) -> tuple:
+    end = con.execute("SELECT max(last_ts + offset_us), min(first_ts + offset_us), "
+                      f"(SELECT count(*) FROM _spans) FROM _streams").fetchone()
+    return end[0] or 0, end[1] or 0, end[2] or 0
+
+
+def compute_steps(d: Path, man: store.Manifest, lo_raw: "int | None", offsets: dict) -> None:
+    """Compute the steps the update may have changed (all of them when none is stored yet or
+    a clock offset changed) and store their rows in place of the old ones."""
+    import duckdb
+
+    con = duckdb.connect()
+    create_views(con, d, man)
+    st = man.state.setdefault("path", {})
+    okey = json.dumps(sorted(offsets.items()))
+    opens_lo = con.execute("SELECT min(x.start + s.offset_us) FROM _opens x JOIN _streams s ON s.sid = x.sid").fetchone()[0]
+    if not man.tables.get("steps") or st.get("offsets") != okey:
+        bound = -_NEVER
+    else:
+        shift = min([0, *offsets.values()])
+        lo = min([v for v in (None if lo_raw is None else lo_raw + shift, opens_lo, st.get("opens_lo"))
+                  if v is not None], default=None)
+        rows = con.execute("SELECT start_us FROM _steps WHERE unfinished OR end_us >= ?",
+                           [_NEVER if lo is None else lo - MARGIN_US]).fetchall()
+        starts = [r[0] for r in rows] + ([lo] if lo is not None else [])
+        if not starts:
+            return
+        bound = min(starts)
+    _drop(con, d, man, bound)
+    _batches(con, d, man, bound)
+    st["offsets"], st["opens_lo"] = okey, opens_lo
+
+
+def _drop(con: Any, d: Path, man: store.Manifest, bound: int) -> None:
+    """Remove the stored steps that start at or after ``bound`` from every per-step table."""
+    gone = [r[0] for r in con.execute("SELECT step FROM _steps WHERE start_us >= ?", [bound]).fetchall()]
+    if not gone:
+        return
+    lo, hi = min(gone), max(gone)
+    con.execute("CREATE TEMP TABLE _gone AS SELECT unnest(?::BIGINT[]) AS step", [gone])
+    for table in STEP_TABLES:
+        keep = []
+        for seg in man.segments(table):
+            if seg["hi"] < lo or seg["lo"] > hi:
+                keep.append(seg)
+                continue
+            man.garbage.append(seg["file"])
+            f = str(d / seg["file"]).replace("'", "''")
+            n = con.execute(f"SELECT count(*) FROM read_parquet('{f}') WHERE step NOT IN (SELECT step FROM _gone)").fetchone()[0]
+            if n:
+                name = f"{table}-{man.gen}-k{len(keep)}-{seg['lo']}.parquet"
+                con.execute(f"COPY (SELECT * FROM read_parquet('{f}') WHERE step NOT IN (SELECT step FROM _gone)) "
+                            f"TO '{d / ('.' + name + '.tmp')}' (FORMAT parquet, COMPRESSION zstd)")
+                (d / f".{name}.tmp").replace(d / name)
+                lo_hi = con.execute(f"SELECT min(step), max(step) FROM read_parquet('{d / name}')").fetchone()
+                keep.append({"file": name, "rows": n, "lo": lo_hi[0], "hi": lo_hi[1]})
+        man.tables[table] = keep
+
+
+def _batches(con: Any, d: Path, man: store.Manifest, bound: int) -> None:
+    """Compute and store every step that starts at or after ``bound``, a batch at a time."""
+    end, first, n_spans = _state(con, man)
+    lo = max(bound, first)
+    width = max(int((end - first) * BATCH_SPANS / max(n_spans, 1)), 1)
+    ctx = _Context(con, d, man, end)
+    done_steps: set = set()
+    while True:
+        hi = lo + width
+        g = ctx.graph(closure(con, lo - MARGIN_US), hi + MARGIN_US)
+        last = hi >= end
+
+        def keep(w: Any) -> bool:
+            return w.start >= lo and w.step not in done_steps and (last or w.end + MARGIN_US <= hi)
+
+        kept = [w for w in g.windows if keep(w)]
+        rest = [w.start for w in g.windows if w.start >= lo and w.step not in done_steps and not keep(w)]
+        _store(d, man, step_rows(g, kept))
+        done_steps.update(w.step for w in kept)
+        if last:
+            return
+        if rest and not kept:
+            width *= 2  # a step longer than the batch: a wider one
+            continue
+        lo = min(rest) if rest else hi
+
+
+def _store(d: Path, man: store.Manifest, rows: StepSet) -> None:
+    steps = rows.cols["steps"]["step"]
+    if not steps:
+        return
+    before = {t: len(man.segments(t)) for t in STEP_TABLES}
+    write_rows(d, man, rows.cols)
+    for table in STEP_TABLES:
+        for seg in man.segments(table)[before[table]:]:
+            seg["lo"], seg["hi"] = min(steps), max(steps)
+
+
+class _Context:
+    """What every batch's graph shares: the sessions as streams, the reading order of the files."""
+
+    def __init__(self, con: Any, d: Path, man: store.Manifest, end: int) -> None:
+        self.con, self.end = con, end
+        st = man.state
+        offsets = dict(con.execute("SELECT host, offset_us FROM _streams").fetchall())
+        attempts = sorted(st.get("starts", []))
+        lanes: dict = {}
+        for sid, lane, label in con.execute("SELECT sid, lane, label FROM _lane_labels").fetchall():
+            lanes.setdefault(sid, {})[lane] = label
+        self.by_sid = streams_of(st.get("streams", []), lanes, offsets, attempts)
+        self.run = reader.Run(d.parent, {s.key: s for s in self.by_sid.values()}, [], offsets, attempts)
+        files = sorted(st.get("files", {}).values(), key=lambda f: f["order"])
+        con.execute("CREATE OR REPLACE TEMP TABLE _frank AS SELECT unnest(?::INTEGER[]) AS fid, "
+                    "unnest(?::INTEGER[]) AS rnk", [[f["fid"] for f in files], list(range(len(files)))])
+
+    def _cols(self, sql: str, params: list, names: tuple) -> dict:
+        rows = self.con.execute(sql, params).fetchall()
+        return {n: [r[i] for r in rows] for i, n in enumerate(names)}
+
+    def graph(self, lo: int, hi: int) -> Any:
+        names = ("sid", "lane", "name", "step", "start", "dur", "flow", "flow_t", "link")
+        sel = "x.sid, x.lane, x.name, x.step, x.start + s.offset_us, {dur}, x.flow, x.flow_t, x.link"
+        far = self.con.execute(f"SELECT max(x.end + s.offset_us) {_SPAN_T} WHERE x.start + s.offset_us <= ? "
+                               "AND x.end + s.offset_us > ?", [hi, hi]).fetchone()[0]
+        hi = max(hi, far or hi)  # the spans inside those that reach past hi (their waits)
+        spans = self._cols(f"SELECT {sel.format(dur='x.dur')} {_SPAN_T} JOIN _frank f ON f.fid = x.fid "
+                           "WHERE x.end + s.offset_us >= ? AND x.start + s.offset_us <= ? ORDER BY f.rnk, x.off",
+                           [lo, hi], names)
+        opens = self._cols(f"SELECT {sel.format(dur='0')} FROM _opens x JOIN _streams s ON s.sid = x.sid "
+                           "LEFT JOIN _frank f ON f.fid = x.fid ORDER BY f.rnk, x.off", [], names)
+        ev = "FROM _events e JOIN _streams s ON s.sid = e.sid JOIN _frank f ON f.fid = e.fid"
+        steps = self.con.execute(f"SELECT e.sid, e.step, e.ts + s.offset_us {ev} WHERE e.kind = 'step' "
+                                 "AND e.ts + s.offset_us BETWEEN ? AND ? ORDER BY f.rnk, e.off", [lo, hi]).fetchall()
+        calls = {link: (sid, lane, ts) for link, sid, lane, ts in self.con.execute(
+            f"SELECT e.link, e.sid, e.lane, e.ts + s.offset_us {ev} WHERE e.name = 'call' AND e.kind = 'event' "
+            "AND e.link IS NOT NULL AND e.ts + s.offset_us BETWEEN ? AND ? ORDER BY f.rnk, e.off", [lo, hi]).fetchall()}
+        return graph_from(self.run, self.by_sid, spans, opens, calls, steps, self.end)

@@ -1,0 +1,74 @@
+"""DuckDB views over the index's segments: ``spans``, ``events``, ``metrics``,
+``critical_path``, ``slack`` (docs/timeline.md, "Views"), ``span_steps`` (the doctor's per-step
+evidence), and the stored tables themselves as ``_<table>`` (``_steps``, ``_stages``, ...).
+
+DuckDB reads the Parquet segments where they lie (projection and filter pushdown, each row
+group's min/max): a query filtered on one step reads the row groups that can hold it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from forge_obs.analysis.index.schema import PARALLEL_DIMS, TABLES
+from forge_obs.analysis.index.store import Manifest
+
+__all__ = ["create_views", "DUCK_TYPES"]
+
+DUCK_TYPES = {"int32": "INTEGER", "int64": "BIGINT", "float64": "DOUBLE", "string": "VARCHAR", "bool": "BOOLEAN",
+              "int8": "TINYINT"}
+
+
+def _q(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def _table(con: Any, d: Path, man: Manifest, table: str) -> None:
+    files = man.files(d, table)
+    if files:
+        con.execute(f"CREATE VIEW _{table} AS SELECT * FROM read_parquet([{', '.join(_q(f) for f in files)}])")
+    else:
+        cols = ", ".join(f'"{c}" {DUCK_TYPES[t]}' for c, t in TABLES[table].items())
+        con.execute(f"CREATE TABLE _{table} ({cols})")
+
+
+def _dims(alias: str) -> str:
+    return ", ".join(f"{alias}.{d}" for d in PARALLEL_DIMS)
+
+
+def create_views(con: Any, d: Path, man: Manifest) -> None:
+    """Every view of the module docstring, on ``con``."""
+    for table in TABLES:
+        _table(con, d, man, table)
+    con.execute("CREATE VIEW _lane_labels AS SELECT sid, lane, max(label) AS label FROM _lanes GROUP BY ALL")
+    con.execute("CREATE VIEW _run_end AS SELECT max(last_ts + offset_us) AS end_us FROM _streams")
+    who = ("st.run_id, st.attempt, st.host, st.pid, st.mesh, x.actor, st.rank, "
+           "coalesce(l.label, CAST(x.lane AS VARCHAR)) AS task")
+    joins = ("JOIN _streams st ON st.sid = x.sid LEFT JOIN _lane_labels l ON l.sid = x.sid AND l.lane = x.lane")
+    con.execute(f"""CREATE VIEW spans AS
+        SELECT {who}, x.name, x.step, x.start + st.offset_us AS start_us, x.start + x.dur + st.offset_us AS end_us,
+               x.dur AS dur_us, true AS finished, x.error, x.flow, x.attrs, {_dims('st')}, x.dur / 1000.0 AS dur_ms
+        FROM _spans x {joins}
+        UNION ALL
+        SELECT {who}, x.name, x.step, x.start + st.offset_us, e.end_us, greatest(e.end_us - x.start - st.offset_us, 0),
+               false, NULL, x.flow, x.attrs, {_dims('st')}, greatest(e.end_us - x.start - st.offset_us, 0) / 1000.0
+        FROM _opens x {joins} CROSS JOIN _run_end e""")
+    con.execute(f"""CREATE VIEW events AS
+        SELECT {who}, x.kind, x.name, x.step, x.ts + st.offset_us AS ts_us, x.flow, x.attrs, {_dims('st')}
+        FROM _events x {joins}""")
+    con.execute(f"CREATE VIEW metrics AS SELECT * EXCLUDE (off) FROM _metrics")
+    con.execute("""CREATE VIEW critical_path AS
+        SELECT p.step, p.seq, p.mesh, p.actor, p.rank, p.host, p.pid, p.task, p.name, p.start_us, p.end_us,
+               p.duration_s * 1e3 AS dur_ms, p.link, p.wait, p.unfinished, s.duration_s * 1e3 AS step_ms
+        FROM _path p JOIN _steps s USING (step)""")
+    con.execute("""CREATE VIEW slack AS
+        SELECT x.step, x.mesh, x.actor, x.rank, x.host, x.pid, x.busy_s * 1e3 AS busy_ms, x.waiting_s * 1e3 AS waiting_ms,
+               x.idle_s * 1e3 AS idle_ms, x.on_path_s * 1e3 AS on_path_ms, s.duration_s * 1e3 AS step_ms
+        FROM _slack x JOIN _steps s USING (step)""")
+    con.execute(f"""CREATE VIEW span_steps AS
+        SELECT st.attempt, st.mesh,
+               CASE WHEN st.pp IS NULL THEN st.mesh ELSE st.mesh || '[pp=' || st.pp || ']' END AS peer_group,
+               x.name, x.step, st.rank, sum(x.dur) AS dur_us, min(x.start + st.offset_us) AS start_us,
+               max(x.start + x.dur + st.offset_us) AS end_us, count(*) AS spans
+        FROM _spans x JOIN _streams st ON st.sid = x.sid WHERE x.step IS NOT NULL GROUP BY ALL""")
