@@ -47,7 +47,9 @@ def _config(settings: dict) -> PathConfig:
 def _indexed(settings: dict, index: bool) -> bool:
     """Whether the stored per-step results answer: the index is asked for, and the settings are
     the defaults the results were computed with (other settings walk the run again)."""
-    return index and _config(settings) == PathConfig()
+    from forge_obs.analysis.index import available
+
+    return index and _config(settings) == PathConfig() and available()
 
 
 def analyse(run: "str | Path | Graph", *, index: bool = True, first: "int | None" = None,

@@ -37,6 +37,7 @@ The API the other readers use (each a lookup in the index, whatever the run's le
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import weakref
@@ -46,7 +47,9 @@ from typing import Any
 from forge_obs.analysis.index import store
 from forge_obs.analysis.index.store import INDEX_DIR
 
-__all__ = ["RunIndex", "open_index", "INDEX_DIR"]
+__all__ = ["RunIndex", "open_index", "available", "INDEX_DIR"]
+
+logger = logging.getLogger("forge_obs")
 
 
 class RunIndex:
@@ -118,6 +121,17 @@ class RunIndex:
             "row_number() OVER (PARTITION BY b ORDER BY value DESC) AS r3 FROM m) WHERE r1 = 1 OR r2 = 1 OR r3 = 1) "
             "ORDER BY step", [buckets, key, source]).fetchall()
 
+    def summary(self) -> dict:
+        """Rows per table, the index's size and its sources' (MB), whether it is private."""
+        man = self.manifest
+        rows = {t: sum(s["rows"] for s in segs) for t, segs in man.tables.items()}
+        size = sum((self.dir / s["file"]).stat().st_size for segs in man.tables.values() for s in segs)
+        src = sum(p.stat().st_size for p in self.run_dir.glob("events/*.jsonl"))
+        src += (self.run_dir / "metrics.jsonl").stat().st_size if (self.run_dir / "metrics.jsonl").exists() else 0
+        return {"spans": rows.get("spans", 0) + rows.get("opens", 0), "events": rows.get("events", 0),
+                "metrics": rows.get("metrics", 0), "steps": rows.get("steps", 0), "index_mb": size / 1e6,
+                "source_mb": src / 1e6, "private": self._tmp is not None}
+
     def evidence(self, con: Any = None) -> Any:
         """The doctor's per-step evidence: a DuckDB relation of ``span_steps``
         (:data:`~forge_obs.analysis.index.schema.EVIDENCE_COLS`)."""
@@ -142,13 +156,41 @@ def _fresh(run_dir: Path, man: "store.Manifest | None") -> bool:
     return not m.exists() or m.stat().st_size <= man.state.get("metrics", {}).get("offset", -1)
 
 
-def open_index(run_dir: "str | Path", update: bool = True, rebuild: bool = False) -> RunIndex:
+def available() -> bool:
+    """Whether the index can be built here: DuckDB and pyarrow are installed (``pip install
+    'forge-obs[timeline]'``). Without them ``why``, ``trace``, ``report`` and ``show`` read the
+    files directly, as before the index."""
+    import importlib.util
+
+    return importlib.util.find_spec("duckdb") is not None and importlib.util.find_spec("pyarrow") is not None
+
+
+def _warn(run_dir: Path, man: store.Manifest) -> None:
+    """One warning per source the index skipped malformed lines of (every time it is opened:
+    what the files hold does not change because they were indexed before)."""
+    st = man.state
+    if st.get("malformed"):
+        logger.warning("forge_obs: %s: %d malformed timeline line(s) skipped (first: %s)", run_dir / "events",
+                       st["malformed"], st.get("first_malformed"))
+    m = st.get("metrics") or {}
+    if m.get("malformed"):
+        logger.warning("forge_obs: %s: %d malformed line(s) skipped (first: %s)", run_dir / "metrics.jsonl",
+                       m["malformed"], m.get("first_malformed"))
+
+
+def open_index(run_dir: "str | Path", update: bool = True, rebuild: bool = False, warn: bool = True) -> RunIndex:
     """The index of ``run_dir``, brought up to date first (``update``; ``rebuild``: from
     scratch). A run directory that cannot be written gets a private index in a temporary
-    directory, unless its own index is up to date."""
+    directory, unless its own index is up to date. ``warn``: log the malformed lines skipped."""
+    idx = _open(Path(run_dir), update, rebuild)
+    if warn:
+        _warn(idx.run_dir, idx.manifest)
+    return idx
+
+
+def _open(run_dir: Path, update: bool, rebuild: bool) -> RunIndex:
     from forge_obs.analysis.index.updater import update_index
 
-    run_dir = Path(run_dir)
     d = store.index_dir(run_dir)
     if store.writable(run_dir):
         man = update_index(run_dir, d, rebuild) if update or rebuild else store.Manifest.load(d)

@@ -83,6 +83,11 @@ class Update:
                         "dropped": st.dropped, "clock": st.clock,
                         "opens": {str(k): list(v) for k, v in st.opens.items()}})
         out.sort(key=lambda s: s["sid"])
+        if self.run.malformed:
+            st = self.man.state
+            st["first_malformed"] = st.get("first_malformed") or self.run.first_malformed
+            st["malformed"] = st.get("malformed", 0) + self.run.malformed
+            self.run.malformed = 0
         self.man.state["streams"] = self.sessions = out
         self.man.state["samples"] = self.run.samples
         self.man.state["starts"] = sorted(self.run.starts)
@@ -198,7 +203,8 @@ class Update:
         m["offset"] = off
         self.changed = True
         if bad[0]:
-            logger.warning("forge_obs: %s: %d malformed line(s) skipped (first: %s)", path, bad[0], bad[1])
+            m["first_malformed"] = m.get("first_malformed") or bad[1]
+            m["malformed"] = m.get("malformed", 0) + bad[0]
 
     # ------------------------------------------------------------------ rows of the small tables
     def stream_rows(self, offsets: dict, attempts: list) -> Columns:

@@ -161,9 +161,6 @@ class _Context:
             lanes.setdefault(sid, {})[lane] = label
         self.by_sid = streams_of(st.get("streams", []), lanes, offsets, attempts)
         self.run = reader.Run(d.parent, {s.key: s for s in self.by_sid.values()}, [], offsets, attempts)
-        files = sorted(st.get("files", {}).values(), key=lambda f: f["order"])
-        con.execute("CREATE OR REPLACE TEMP TABLE _frank AS SELECT unnest(?::INTEGER[]) AS fid, "
-                    "unnest(?::INTEGER[]) AS rnk", [[f["fid"] for f in files], list(range(len(files)))])
 
     def _cols(self, sql: str, params: list, names: tuple) -> dict:
         rows = self.con.execute(sql, params).fetchall()

@@ -58,7 +58,8 @@ def clocks(up: Update) -> tuple[dict, list]:
 
 def _fresh(d: Path, old: "store.Manifest | None") -> store.Manifest:
     man = store.Manifest()
-    if old is not None:
+    if old is not None:  # segment names carry the update's number: never one of the old ones
+        man.gen = old.gen
         man.garbage = old.garbage + [s["file"] for segs in old.tables.values() for s in segs]
     return man
 

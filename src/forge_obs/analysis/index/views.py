@@ -38,9 +38,13 @@ def _dims(alias: str) -> str:
 
 
 def create_views(con: Any, d: Path, man: Manifest) -> None:
-    """Every view of the module docstring, on ``con``."""
+    """Every view of the module docstring, on ``con``; ``_frank`` gives each source file (fid)
+    its rank in the reading order (rows sort by ``_frank.rnk``, then their byte offset)."""
     for table in TABLES:
         _table(con, d, man, table)
+    files = sorted(man.state.get("files", {}).values(), key=lambda f: f["order"])
+    con.execute("CREATE TEMP TABLE _frank AS SELECT unnest(?::INTEGER[]) AS fid, unnest(?::INTEGER[]) AS rnk",
+                [[f["fid"] for f in files], list(range(len(files)))])
     con.execute("CREATE VIEW _lane_labels AS SELECT sid, lane, max(label) AS label FROM _lanes GROUP BY ALL")
     con.execute("CREATE VIEW _run_end AS SELECT max(last_ts + offset_us) AS end_us FROM _streams")
     who = ("st.run_id, st.attempt, st.host, st.pid, st.mesh, x.actor, st.rank, "
