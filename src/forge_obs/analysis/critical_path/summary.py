@@ -18,7 +18,13 @@ from forge_obs.analysis.doctor.subjects import replica_family
 __all__ = ["step_result", "stage_label", "answer", "compare", "compare_to", "medians", "cause", "idle_mesh", "Busy"]
 
 
-def _who(st: Any) -> dict:
+def _who(st: Any, cache: "dict | None" = None) -> dict:
+    """The identity fields of a stream (``cache``: id(stream) -> them, filled as they are asked)."""
+    if cache is not None:
+        w = cache.get(id(st))
+        if w is None:
+            w = cache[id(st)] = {"mesh": st.mesh, "actor": st.actor, "rank": st.rank, "host": st.host, "pid": st.pid}
+        return w
     return {"mesh": st.mesh, "actor": st.actor, "rank": st.rank, "host": st.host, "pid": st.pid}
 
 
@@ -31,7 +37,7 @@ def _segments(path: list, walker: Walker) -> list:
     out = []
     for seg in path:
         sp = seg.span
-        out.append({**_who(sp.stream), "name": sp.name, "task": sp.stream.lanes.get(sp.lane, str(sp.lane)),
+        out.append({**_who(sp.stream, walker.who), "name": sp.name, "task": sp.stream.lanes.get(sp.lane, str(sp.lane)),
                     "step": sp.step, "start_us": seg.start, "end_us": seg.end,
                     "duration_s": (seg.end - seg.start) / 1e6, "link": seg.link,
                     "controller": bool(sp.stream.header.get("ctl")) or sp.lane == -1, "wait": walker.is_wait(sp.name),
@@ -69,6 +75,7 @@ class Busy:
     def __init__(self, g: Graph, walker: Walker) -> None:
         self.per: dict[int, tuple] = {}
         self.streams = {}
+        self.who: dict = {}
         for s in sorted(g.roots, key=lambda s: s.start):
             if g.is_ctl(s.stream):
                 continue
@@ -115,7 +122,7 @@ def _slack(busy: Busy, w: Window, segs: list) -> list:
         if st.first_ts is not None and (st.first_ts > w.end or (st.last_ts or 0) < w.start):
             continue
         work = max(b - wt, 0)
-        out.append({**_who(st), "busy_s": work / 1e6, "waiting_s": wt / 1e6, "idle_s": (span_us - work) / 1e6,
+        out.append({**_who(st, busy.who), "busy_s": work / 1e6, "waiting_s": wt / 1e6, "idle_s": (span_us - work) / 1e6,
                     "on_path_s": on_path.get((st.host, st.pid, st.mesh, st.rank), 0.0)})
     out.sort(key=lambda r: (r["mesh"], r["rank"], r["host"], r["pid"]))
     return out

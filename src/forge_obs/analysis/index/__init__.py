@@ -67,14 +67,12 @@ class RunIndex:
     def connect(self) -> Any:
         """A DuckDB connection with every view over the manifest's segments. The segments it
         reads stay on disk while the connection lives (it holds ``read.lock`` shared)."""
-        import duckdb
-
-        from forge_obs.analysis.index.views import create_views
+        from forge_obs.analysis.index.views import connect, create_views
 
         lock = store.read_lock(self.dir)
         lock.__enter__()
         man = store.Manifest.load(self.dir) or self.manifest
-        con = duckdb.connect()
+        con = connect()
         weakref.finalize(con, lock.__exit__, None, None, None)
         weakref.finalize(con, lambda _keep: None, self)  # a private index's directory outlives the connection
         create_views(con, self.dir, man)

@@ -245,15 +245,16 @@ def _metric_row(line: bytes, bad: list) -> "dict | None":
     return None
 
 
-def write_rows(d: Path, man: store.Manifest, cols: Columns, src: "int | None" = None) -> None:
-    """A segment per table of ``cols`` that has rows (``src``: the TorchTitan file they come from)."""
+def write_rows(d: Path, man: store.Manifest, cols: Columns, src: "int | None" = None, tag: str = "") -> None:
+    """A segment per table of ``cols`` that has rows (``src``: the TorchTitan file they come from;
+    ``tag``: the worker that writes them, in their names)."""
     for table in cols:
         n = cols.rows(table)
         if not n:
             continue
         segs = man.segments(table)
-        entry = store.write_segment(d, table, man.gen, len(segs) + (0 if src is None else 1000 * (src + 1)),
-                                    cols[table], arrow_schema(table))
+        num = f"{tag}{len(segs) + (0 if src is None else 1000 * (src + 1))}"
+        entry = store.write_segment(d, table, man.gen, num, cols.columns(table), arrow_schema(table))
         if src is not None:
             entry["src"] = src
         segs.append(entry)

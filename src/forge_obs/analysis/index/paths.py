@@ -12,6 +12,7 @@ is a batch's, whatever the run's length.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from forge_obs.analysis.index import store
 from forge_obs.analysis.index.build import write_rows
 from forge_obs.analysis.index.schema import STEP_TABLES
 from forge_obs.analysis.index.steps import MARGIN_US, StepSet, graph_from, streams_of, step_rows
-from forge_obs.analysis.index.views import create_views
+from forge_obs.analysis.index.views import connect, create_views
 
 __all__ = ["compute_steps", "closure", "BATCH_SPANS"]
 
@@ -60,9 +61,7 @@ def _state(con: Any, man: store.Manifest) -> tuple:
 def compute_steps(d: Path, man: store.Manifest, lo_raw: "int | None", offsets: dict) -> None:
     """Compute the steps the update may have changed (all of them when none is stored yet or
     a clock offset changed) and store their rows in place of the old ones."""
-    import duckdb
-
-    con = duckdb.connect()
+    con = connect()
     create_views(con, d, man)
     st = man.state.setdefault("path", {})
     okey = json.dumps(sorted(offsets.items()))
@@ -80,8 +79,67 @@ def compute_steps(d: Path, man: store.Manifest, lo_raw: "int | None", offsets: d
             return
         bound = min(starts)
     _drop(con, d, man, bound)
-    _batches(con, d, man, bound)
+    end, first, n_spans = _state(con, man)
+    parts = _parts(con, max(bound, first), end, n_spans)
+    con.close()
+    if len(parts) == 1:
+        _batches(d, man, parts[0], end, n_spans)
+    else:
+        _in_workers(d, man, parts, end, n_spans)
     st["offsets"], st["opens_lo"] = okey, opens_lo
+
+
+#: steps are computed in this many worker processes when there are at least WORKER_SPANS spans
+#: per worker to compute them on (one process below that, or on one core)
+WORKERS = 2
+WORKER_SPANS = 400_000
+
+
+def _parts(con: Any, lo: int, end: int, n_spans: int) -> list:
+    """``[(lo, hi), ...]``: the time ranges whose steps each worker computes (a step belongs to
+    the range its start is in), of about as many spans each."""
+    todo = con.execute(f"SELECT count(*) {_SPAN_T} WHERE x.start + s.offset_us >= ?", [lo]).fetchone()[0]
+    k = min(WORKERS, os.cpu_count() or 1, max(todo // WORKER_SPANS, 1))
+    if k <= 1:
+        return [(lo, _NEVER)]
+    qs = con.execute(f"SELECT quantile_disc(x.start + s.offset_us, ?::DOUBLE[]) {_SPAN_T} "
+                     "WHERE x.start + s.offset_us >= ?", [[i / k for i in range(1, k)], lo]).fetchone()[0]
+    cuts = [lo, *qs, _NEVER]
+    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
+def _in_workers(d: Path, man: store.Manifest, parts: list, end: int, n_spans: int) -> None:
+    """:func:`_batches` of each part in a forked process (each with its own DuckDB); their
+    segments are added to ``man``. No DuckDB connection is open in this process when it forks."""
+    before = {t: list(man.segments(t)) for t in STEP_TABLES}
+    kids = []
+    for i, part in enumerate(parts):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the worker
+            os.close(r)
+            code = 1
+            try:
+                for t in STEP_TABLES:
+                    man.tables[t] = []
+                _batches(d, man, part, end, n_spans, tag=f"w{i}-")
+                os.write(w, json.dumps({t: man.tables[t] for t in STEP_TABLES}).encode())
+                code = 0
+            finally:
+                os.close(w)
+                os._exit(code)
+        os.close(w)
+        kids.append((pid, r))
+    out = []
+    for pid, r in kids:
+        with os.fdopen(r, "rb") as f:
+            data = f.read()
+        _pid, status = os.waitpid(pid, 0)
+        if status != 0 or not data:
+            raise RuntimeError(f"a worker computing the steps failed (status {status})")
+        out.append(json.loads(data))
+    for t in STEP_TABLES:
+        man.tables[t] = before[t] + [seg for res in out for seg in res[t]]
 
 
 def _drop(con: Any, d: Path, man: store.Manifest, bound: int) -> None:
@@ -110,39 +168,37 @@ def _drop(con: Any, d: Path, man: store.Manifest, bound: int) -> None:
         man.tables[table] = keep
 
 
-def _batches(con: Any, d: Path, man: store.Manifest, bound: int) -> None:
-    """Compute and store every step that starts at or after ``bound``, a batch at a time."""
-    end, first, n_spans = _state(con, man)
-    lo = max(bound, first)
+def _batches(d: Path, man: store.Manifest, part: tuple, end: int, n_spans: int, tag: str = "") -> None:
+    """Compute and store every step that starts in ``part`` (``[lo, hi)``), a batch at a time."""
+    con = connect()
+    create_views(con, d, man)
+    lo, stop = part
+    first = con.execute("SELECT min(first_ts + offset_us) FROM _streams").fetchone()[0] or 0
     width = max(int((end - first) * BATCH_SPANS / max(n_spans, 1)), 1)
     ctx = _Context(con, d, man, end)
     done_steps: set = set()
-    while True:
-        hi = lo + width
-        g = ctx.graph(closure(con, lo - MARGIN_US), hi + MARGIN_US)
-        last = hi >= end
-
-        def keep(w: Any) -> bool:
-            return w.start >= lo and w.step not in done_steps and (last or w.end + MARGIN_US <= hi)
-
-        kept = [w for w in g.windows if keep(w)]
-        rest = [w.start for w in g.windows if w.start >= lo and w.step not in done_steps and not keep(w)]
-        _store(d, man, step_rows(g, kept))
+    while lo < stop and lo <= end:
+        sel_hi, load_hi = min(lo + width, stop), lo + width
+        last = load_hi >= end
+        g = ctx.graph(closure(con, lo - MARGIN_US), load_hi + MARGIN_US)
+        cand = [w for w in g.windows if lo <= w.start < sel_hi and w.step not in done_steps]
+        kept = [w for w in cand if last or w.end + MARGIN_US <= load_hi]
+        rest = [w.start for w in cand if not (last or w.end + MARGIN_US <= load_hi)]
+        _store(d, man, step_rows(g, kept), tag)
         done_steps.update(w.step for w in kept)
-        if last:
-            return
         if rest and not kept:
             width *= 2  # a step longer than the batch: a wider one
             continue
-        lo = min(rest) if rest else hi
+        lo = min(rest) if rest else sel_hi
+    con.close()
 
 
-def _store(d: Path, man: store.Manifest, rows: StepSet) -> None:
-    steps = rows.cols["steps"]["step"]
+def _store(d: Path, man: store.Manifest, rows: StepSet, tag: str = "") -> None:
+    steps = [r[0] for r in rows.cols["steps"]]
     if not steps:
         return
     before = {t: len(man.segments(t)) for t in STEP_TABLES}
-    write_rows(d, man, rows.cols)
+    write_rows(d, man, rows.cols, tag=tag)
     for table in STEP_TABLES:
         for seg in man.segments(table)[before[table]:]:
             seg["lo"], seg["hi"] = min(steps), max(steps)

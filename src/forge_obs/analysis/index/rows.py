@@ -22,17 +22,21 @@ FLOW_STR, FLOW_INT, FLOW_OTHER = 0, 1, 2
 
 
 class Columns(dict):
-    """table -> column -> values."""
+    """table -> the rows to write (tuples in the table's column order); :meth:`columns` turns
+    them into columns when they are written."""
 
     def __init__(self, *tables: str) -> None:
-        super().__init__({t: {c: [] for c in TABLES[t]} for t in tables})
+        super().__init__({t: [] for t in tables})
 
     def rows(self, table: str) -> int:
-        return len(next(iter(self[table].values())))
+        return len(self[table])
 
     def add(self, table: str, values: tuple) -> None:
-        for col, v in zip(self[table].values(), values):
-            col.append(v)
+        self[table].append(values)
+
+    def columns(self, table: str) -> dict:
+        cols = list(zip(*self[table])) or [()] * len(TABLES[table])
+        return {name: list(c) for name, c in zip(TABLES[table], cols)}
 
 
 def flow_of(ex: dict | None) -> tuple:
@@ -63,7 +67,6 @@ class TimelineRows:
     def __init__(self, cols: Columns, sid_of: dict) -> None:
         self.cols = cols
         self.sid_of = sid_of  # stream key -> sid
-        self.spans, self.events = cols["spans"], cols["events"]
         self.lo: int | None = None  # the earliest time of a row added (raw µs)
 
     def _early(self, ts: int) -> None:

@@ -111,7 +111,7 @@ def write_lock(d: Path, wait: bool = True) -> Any:
     return _flock(d / "write.lock", fcntl.LOCK_EX, wait)
 
 
-def write_segment(d: Path, table: str, gen: int, n: int, columns: dict, schema: Any) -> dict:
+def write_segment(d: Path, table: str, gen: int, n: Any, columns: dict, schema: Any) -> dict:
     """Write one segment (a ``.tmp`` renamed into place); its manifest entry."""
     import pyarrow as pa
     import pyarrow.parquet as pq

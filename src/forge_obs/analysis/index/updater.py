@@ -18,6 +18,7 @@ from forge_obs.analysis.index import store
 from forge_obs.analysis.index.build import APPEND_TABLES, Update, write_rows
 from forge_obs.analysis.index.paths import compute_steps
 from forge_obs.analysis.index.schema import STEP_TABLES
+from forge_obs.analysis.index.views import connect
 
 __all__ = ["update_index", "clocks", "MERGE_AT"]
 
@@ -67,9 +68,8 @@ def _fresh(d: Path, old: "store.Manifest | None") -> store.Manifest:
 def _flush(d: Path, man: store.Manifest) -> Any:
     def flush(up: Update) -> None:
         write_rows(d, man, up.cols)
-        for table in up.cols.values():
-            for col in table.values():
-                col.clear()
+        for rows in up.cols.values():
+            rows.clear()
     return flush
 
 
@@ -123,8 +123,6 @@ def _write(d: Path, man: store.Manifest, up: Update) -> None:
 def _merge(d: Path, man: store.Manifest, table: str) -> None:
     """Merge a table's small segments into one when there are :data:`MERGE_AT` of them (DuckDB
     writes it, in the order of the rows: by step for the per-step tables)."""
-    import duckdb
-
     segs = man.segments(table)
     small = [s for s in segs if s["rows"] < SMALL_ROWS and "src" not in s]
     if len(small) < MERGE_AT:
@@ -132,7 +130,7 @@ def _merge(d: Path, man: store.Manifest, table: str) -> None:
     name = f"{table}-{man.gen}-m{len(segs)}.parquet"
     files = ", ".join("'" + str(d / s["file"]).replace("'", "''") + "'" for s in small)
     order = " ORDER BY step" if table in STEP_TABLES else ""
-    con = duckdb.connect()
+    con = connect()
     con.execute(f"COPY (SELECT * FROM read_parquet([{files}]){order}) TO '{d / ('.' + name + '.tmp')}' "
                 "(FORMAT parquet, COMPRESSION zstd)")
     (d / f".{name}.tmp").replace(d / name)

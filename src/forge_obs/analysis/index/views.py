@@ -14,10 +14,19 @@ from typing import Any
 from forge_obs.analysis.index.schema import PARALLEL_DIMS, TABLES
 from forge_obs.analysis.index.store import Manifest
 
-__all__ = ["create_views", "DUCK_TYPES"]
+__all__ = ["create_views", "connect", "DUCK_TYPES"]
 
 DUCK_TYPES = {"int32": "INTEGER", "int64": "BIGINT", "float64": "DOUBLE", "string": "VARCHAR", "bool": "BOOLEAN",
               "int8": "TINYINT"}
+
+
+def connect() -> Any:
+    """An in-memory DuckDB connection that prints nothing (no progress bar)."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")
+    return con
 
 
 def _q(s: str) -> str:
