@@ -8,7 +8,7 @@ controller's GIL: it never delays a flush. It exits when the run finishes (after
 update) or when the controller is gone. Without it, the first command after the run builds the
 index, and every command indexes what was appended since the last one.
 
-    python -m forge_obs.analysis.index.live RUN_DIR [--interval-s 1.0] [--parent PID]
+    python -m forge_obs.analysis.index.live RUN_DIR [--interval-s 1.0] [--cpu-share 0.01] [--parent PID]
 """
 
 from __future__ import annotations
@@ -31,9 +31,11 @@ DEFAULT_INTERVAL_S = 1.0
 
 
 def follow(run_dir: Path, interval_s: float = DEFAULT_INTERVAL_S, parent: "int | None" = None,
-           stop: "threading.Event | None" = None) -> int:
+           stop: "threading.Event | None" = None, cpu_share: float = 0.0) -> int:
     """Update the index of ``run_dir`` every ``interval_s`` until ``stop`` is set, SIGTERM /
-    SIGINT arrives or process ``parent`` is gone; then once more. Returns the number of updates."""
+    SIGINT arrives or process ``parent`` is gone; then once more. With ``cpu_share`` (e.g. 0.01)
+    it waits longer after an update that cost more, so that it uses at most that share of one
+    core. Returns the number of updates."""
     from forge_obs.analysis.index import store
     from forge_obs.analysis.index.updater import update_index
 
@@ -45,6 +47,7 @@ def follow(run_dir: Path, interval_s: float = DEFAULT_INTERVAL_S, parent: "int |
     n = 0
     while True:
         last = stop.is_set() or (parent is not None and not _alive(parent))
+        cost = time.process_time()
         if (run_dir / "events").is_dir() or (run_dir / "metrics.jsonl").exists():
             try:
                 update_index(run_dir, d)
@@ -53,7 +56,8 @@ def follow(run_dir: Path, interval_s: float = DEFAULT_INTERVAL_S, parent: "int |
                 print(f"forge_obs index: {run_dir}: {type(e).__name__}: {e}", file=sys.stderr)
         if last:
             return n
-        stop.wait(interval_s)
+        cost = time.process_time() - cost
+        stop.wait(max(interval_s, cost / cpu_share - cost) if cpu_share > 0 else interval_s)
 
 
 def _alive(pid: int) -> bool:
@@ -113,8 +117,9 @@ def main(argv: "list[str] | None" = None) -> int:
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--interval-s", type=float, default=DEFAULT_INTERVAL_S)
     ap.add_argument("--parent", type=int, default=None)
+    ap.add_argument("--cpu-share", type=float, default=0.0, help="use at most this share of one core (e.g. 0.01)")
     args = ap.parse_args(argv)
-    follow(args.run_dir, args.interval_s, args.parent)
+    follow(args.run_dir, args.interval_s, args.parent, cpu_share=args.cpu_share)
     return 0
 
 

@@ -30,6 +30,9 @@ BATCH_SPANS = 600_000
 _NEVER = 1 << 62
 
 _SPAN_T = "FROM _spans x JOIN _streams s ON s.sid = x.sid"
+#: ``x.end + s.offset_us >= ?`` with a first test on the stored column (``_lo_end``: the bound
+#: less the largest offset), which the row groups' min/max can answer without reading them
+_ENDS_AFTER = "x.end >= getvariable('off_hi_neg') + ? AND x.end + s.offset_us >= ?"
 
 
 def closure(con: Any, lo: int) -> int:
@@ -40,12 +43,12 @@ def closure(con: Any, lo: int) -> int:
     if op is not None:
         lo = min(lo, op)
     while True:
-        a = con.execute(f"SELECT min(x.start + s.offset_us) {_SPAN_T} WHERE x.end + s.offset_us >= ? "
-                        "AND x.start + s.offset_us < ?", [lo, lo]).fetchone()[0]
+        a = con.execute(f"SELECT min(x.start + s.offset_us) {_SPAN_T} WHERE {_ENDS_AFTER} "
+                        "AND x.start + s.offset_us < ?", [lo, lo, lo]).fetchone()[0]
         b = con.execute(f"SELECT min(e.ts + s.offset_us) FROM _events e JOIN _streams s ON s.sid = e.sid "
                         f"WHERE e.name = 'call' AND e.ts + s.offset_us < ? AND e.link IN "
-                        f"(SELECT x.link {_SPAN_T} WHERE x.link IS NOT NULL AND x.end + s.offset_us >= ?)",
-                        [lo, lo]).fetchone()[0]
+                        f"(SELECT x.link {_SPAN_T} WHERE x.link IS NOT NULL AND {_ENDS_AFTER})",
+                        [lo, lo, lo]).fetchone()[0]
         new = min([v for v in (a, b) if v is not None], default=lo)
         if new >= lo:
             return lo
@@ -78,15 +81,31 @@ def compute_steps(d: Path, man: store.Manifest, lo_raw: "int | None", offsets: d
         if not starts:
             return
         bound = min(starts)
+    try:
+        _compute(con, d, man, bound)
+    except _Clash:  # a step number met again (a resumed attempt): every step is computed again
+        con = connect()
+        create_views(con, d, man)
+        _compute(con, d, man, -_NEVER)
+    st["offsets"], st["opens_lo"] = okey, opens_lo
+
+
+class _Clash(Exception):
+    """A step computed again has the number of a stored step it does not replace: the steps
+    of a resumed attempt that repeats step numbers (the graph's windows are per step number,
+    over every attempt), computed with the steps they share a number with."""
+
+
+def _compute(con: Any, d: Path, man: store.Manifest, bound: int) -> None:
     _drop(con, d, man, bound)
+    stored = {r[0] for r in con.execute("SELECT step FROM _steps").fetchall()} if bound > -_NEVER else set()
     end, first, n_spans = _state(con, man)
     parts = _parts(con, max(bound, first), end, n_spans)
-    con.close()
     if len(parts) == 1:
-        _batches(d, man, parts[0], end, n_spans)
+        _batches(d, man, parts[0], end, n_spans, con=con, clash=stored)
     else:
-        _in_workers(d, man, parts, end, n_spans)
-    st["offsets"], st["opens_lo"] = okey, opens_lo
+        con.close()  # no DuckDB open across the fork
+        _in_workers(d, man, parts, end, n_spans, stored)
 
 
 #: steps are computed in this many worker processes when there are at least WORKER_SPANS spans
@@ -98,7 +117,7 @@ WORKER_SPANS = 400_000
 def _parts(con: Any, lo: int, end: int, n_spans: int) -> list:
     """``[(lo, hi), ...]``: the time ranges whose steps each worker computes (a step belongs to
     the range its start is in), of about as many spans each."""
-    todo = con.execute(f"SELECT count(*) {_SPAN_T} WHERE x.start + s.offset_us >= ?", [lo]).fetchone()[0]
+    todo = con.execute(f"SELECT count(*) {_SPAN_T} WHERE {_ENDS_AFTER}", [lo, lo]).fetchone()[0]
     k = min(WORKERS, os.cpu_count() or 1, max(todo // WORKER_SPANS, 1))
     if k <= 1:
         return [(lo, _NEVER)]
@@ -108,7 +127,7 @@ def _parts(con: Any, lo: int, end: int, n_spans: int) -> list:
     return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
 
 
-def _in_workers(d: Path, man: store.Manifest, parts: list, end: int, n_spans: int) -> None:
+def _in_workers(d: Path, man: store.Manifest, parts: list, end: int, n_spans: int, clash: set) -> None:
     """:func:`_batches` of each part in a forked process (each with its own DuckDB); their
     segments are added to ``man``. No DuckDB connection is open in this process when it forks."""
     before = {t: list(man.segments(t)) for t in STEP_TABLES}
@@ -122,7 +141,11 @@ def _in_workers(d: Path, man: store.Manifest, parts: list, end: int, n_spans: in
             try:
                 for t in STEP_TABLES:
                     man.tables[t] = []
-                _batches(d, man, part, end, n_spans, tag=f"w{i}-")
+                try:
+                    _batches(d, man, part, end, n_spans, tag=f"w{i}-", clash=clash)
+                except _Clash:
+                    code = 3
+                    raise
                 os.write(w, json.dumps({t: man.tables[t] for t in STEP_TABLES}).encode())
                 code = 0
             finally:
@@ -131,13 +154,20 @@ def _in_workers(d: Path, man: store.Manifest, parts: list, end: int, n_spans: in
         os.close(w)
         kids.append((pid, r))
     out = []
+    clashed = False
     for pid, r in kids:
         with os.fdopen(r, "rb") as f:
             data = f.read()
         _pid, status = os.waitpid(pid, 0)
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 3:
+            clashed = True
+            continue
         if status != 0 or not data:
             raise RuntimeError(f"a worker computing the steps failed (status {status})")
         out.append(json.loads(data))
+    if clashed:
+        man.garbage += [seg["file"] for res in out for t in STEP_TABLES for seg in res[t]]
+        raise _Clash()
     for t in STEP_TABLES:
         man.tables[t] = before[t] + [seg for res in out for seg in res[t]]
 
@@ -168,10 +198,12 @@ def _drop(con: Any, d: Path, man: store.Manifest, bound: int) -> None:
         man.tables[table] = keep
 
 
-def _batches(d: Path, man: store.Manifest, part: tuple, end: int, n_spans: int, tag: str = "") -> None:
+def _batches(d: Path, man: store.Manifest, part: tuple, end: int, n_spans: int, tag: str = "",
+             con: Any = None, clash: "set | None" = None) -> None:
     """Compute and store every step that starts in ``part`` (``[lo, hi)``), a batch at a time."""
-    con = connect()
-    create_views(con, d, man)
+    if con is None:
+        con = connect()
+        create_views(con, d, man)
     lo, stop = part
     first = con.execute("SELECT min(first_ts + offset_us) FROM _streams").fetchone()[0] or 0
     width = max(int((end - first) * BATCH_SPANS / max(n_spans, 1)), 1)
@@ -184,13 +216,17 @@ def _batches(d: Path, man: store.Manifest, part: tuple, end: int, n_spans: int, 
         cand = [w for w in g.windows if lo <= w.start < sel_hi and w.step not in done_steps]
         kept = [w for w in cand if last or w.end + MARGIN_US <= load_hi]
         rest = [w.start for w in cand if not (last or w.end + MARGIN_US <= load_hi)]
-        _store(d, man, step_rows(g, kept), tag)
+        if clash and any(w.step in clash for w in cand):
+            raise _Clash()
+        # an unfinished step is computed again at the next update: in a segment of its own, it
+        # is dropped whole then (the finished ones' segment stays as it is)
+        _store(d, man, step_rows(g, [w for w in kept if not w.unfinished]), tag)
+        _store(d, man, step_rows(g, [w for w in kept if w.unfinished]), tag)
         done_steps.update(w.step for w in kept)
         if rest and not kept:
             width *= 2  # a step longer than the batch: a wider one
             continue
         lo = min(rest) if rest else sel_hi
-    con.close()
 
 
 def _store(d: Path, man: store.Manifest, rows: StepSet, tag: str = "") -> None:
@@ -226,11 +262,11 @@ class _Context:
         names = ("sid", "lane", "name", "step", "start", "dur", "flow", "flow_t", "link")
         sel = "x.sid, x.lane, x.name, x.step, x.start + s.offset_us, {dur}, x.flow, x.flow_t, x.link"
         far = self.con.execute(f"SELECT max(x.end + s.offset_us) {_SPAN_T} WHERE x.start + s.offset_us <= ? "
-                               "AND x.end + s.offset_us > ?", [hi, hi]).fetchone()[0]
+                               f"AND {_ENDS_AFTER}", [hi, hi, hi + 1]).fetchone()[0]
         hi = max(hi, far or hi)  # the spans inside those that reach past hi (their waits)
         spans = self._cols(f"SELECT {sel.format(dur='x.dur')} {_SPAN_T} JOIN _frank f ON f.fid = x.fid "
-                           "WHERE x.end + s.offset_us >= ? AND x.start + s.offset_us <= ? ORDER BY f.rnk, x.off",
-                           [lo, hi], names)
+                           f"WHERE {_ENDS_AFTER} AND x.start + s.offset_us <= ? ORDER BY f.rnk, x.off",
+                           [lo, lo, hi], names)
         opens = self._cols(f"SELECT {sel.format(dur='0')} FROM _opens x JOIN _streams s ON s.sid = x.sid "
                            "LEFT JOIN _frank f ON f.fid = x.fid ORDER BY f.rnk, x.off", [], names)
         ev = "FROM _events e JOIN _streams s ON s.sid = e.sid JOIN _frank f ON f.fid = e.fid"

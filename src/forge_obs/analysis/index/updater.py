@@ -110,27 +110,36 @@ def _write(d: Path, man: store.Manifest, up: Update) -> None:
     for fid, cols in up.titan.items():
         write_rows(d, man, cols, src=fid)
     offsets, attempts = clocks(up)
+    man.state["offsets"] = offsets
     small = up.stream_rows(offsets, attempts)
     for table in ("streams", "opens"):
         man.garbage += [s["file"] for s in man.segments(table)]
         man.tables[table] = []
     write_rows(d, man, small)
     compute_steps(d, man, up.lo, offsets)
+    con = None
     for table in APPEND_TABLES + STEP_TABLES:
-        _merge(d, man, table)
+        if _mergeable(man, table):
+            con = con or connect()
+            _merge(con, d, man, table)
 
 
-def _merge(d: Path, man: store.Manifest, table: str) -> None:
-    """Merge a table's small segments into one when there are :data:`MERGE_AT` of them (DuckDB
-    writes it, in the order of the rows: by step for the per-step tables)."""
+def _small(man: store.Manifest, table: str) -> list:
+    return [s for s in man.segments(table) if s["rows"] < SMALL_ROWS and "src" not in s]
+
+
+def _mergeable(man: store.Manifest, table: str) -> bool:
+    return len(_small(man, table)) >= MERGE_AT
+
+
+def _merge(con: Any, d: Path, man: store.Manifest, table: str) -> None:
+    """Merge a table's small segments into one (DuckDB writes it, in the order of the rows: by
+    step for the per-step tables)."""
     segs = man.segments(table)
-    small = [s for s in segs if s["rows"] < SMALL_ROWS and "src" not in s]
-    if len(small) < MERGE_AT:
-        return
+    small = _small(man, table)
     name = f"{table}-{man.gen}-m{len(segs)}.parquet"
     files = ", ".join("'" + str(d / s["file"]).replace("'", "''") + "'" for s in small)
     order = " ORDER BY step" if table in STEP_TABLES else ""
-    con = connect()
     con.execute(f"COPY (SELECT * FROM read_parquet([{files}]){order}) TO '{d / ('.' + name + '.tmp')}' "
                 "(FORMAT parquet, COMPRESSION zstd)")
     (d / f".{name}.tmp").replace(d / name)
@@ -138,6 +147,5 @@ def _merge(d: Path, man: store.Manifest, table: str) -> None:
     if table in STEP_TABLES:
         entry["lo"] = min(s["lo"] for s in small)
         entry["hi"] = max(s["hi"] for s in small)
-    keep = [s for s in segs if s not in small]
-    man.tables[table] = keep + [entry]
+    man.tables[table] = [s for s in segs if s not in small] + [entry]
     man.garbage += [s["file"] for s in small]

@@ -36,10 +36,10 @@ def _q(s: str) -> str:
 def _table(con: Any, d: Path, man: Manifest, table: str) -> None:
     files = man.files(d, table)
     if files:
-        con.execute(f"CREATE VIEW _{table} AS SELECT * FROM read_parquet([{', '.join(_q(f) for f in files)}])")
+        con.execute(f"CREATE OR REPLACE VIEW _{table} AS SELECT * FROM read_parquet([{', '.join(_q(f) for f in files)}])")
     else:
         cols = ", ".join(f'"{c}" {DUCK_TYPES[t]}' for c, t in TABLES[table].items())
-        con.execute(f"CREATE TABLE _{table} ({cols})")
+        con.execute(f"CREATE OR REPLACE TABLE _{table} ({cols})")
 
 
 def _dims(alias: str) -> str:
@@ -51,15 +51,16 @@ def create_views(con: Any, d: Path, man: Manifest) -> None:
     its rank in the reading order (rows sort by ``_frank.rnk``, then their byte offset)."""
     for table in TABLES:
         _table(con, d, man, table)
+    con.execute(f"SET VARIABLE off_hi_neg = {-max([0, *man.state.get('offsets', {}).values()])}")
     files = sorted(man.state.get("files", {}).values(), key=lambda f: f["order"])
-    con.execute("CREATE TEMP TABLE _frank AS SELECT unnest(?::INTEGER[]) AS fid, unnest(?::INTEGER[]) AS rnk",
+    con.execute("CREATE OR REPLACE TEMP TABLE _frank AS SELECT unnest(?::INTEGER[]) AS fid, unnest(?::INTEGER[]) AS rnk",
                 [[f["fid"] for f in files], list(range(len(files)))])
-    con.execute("CREATE VIEW _lane_labels AS SELECT sid, lane, max(label) AS label FROM _lanes GROUP BY ALL")
-    con.execute("CREATE VIEW _run_end AS SELECT max(last_ts + offset_us) AS end_us FROM _streams")
+    con.execute("CREATE OR REPLACE VIEW _lane_labels AS SELECT sid, lane, max(label) AS label FROM _lanes GROUP BY ALL")
+    con.execute("CREATE OR REPLACE VIEW _run_end AS SELECT max(last_ts + offset_us) AS end_us FROM _streams")
     who = ("st.run_id, st.attempt, st.host, st.pid, st.mesh, x.actor, st.rank, "
            "coalesce(l.label, CAST(x.lane AS VARCHAR)) AS task")
     joins = ("JOIN _streams st ON st.sid = x.sid LEFT JOIN _lane_labels l ON l.sid = x.sid AND l.lane = x.lane")
-    con.execute(f"""CREATE VIEW spans AS
+    con.execute(f"""CREATE OR REPLACE VIEW spans AS
         SELECT {who}, x.name, x.step, x.start + st.offset_us AS start_us, x.start + x.dur + st.offset_us AS end_us,
                x.dur AS dur_us, true AS finished, x.error, x.flow, x.attrs, {_dims('st')}, x.dur / 1000.0 AS dur_ms
         FROM _spans x {joins}
@@ -67,19 +68,19 @@ def create_views(con: Any, d: Path, man: Manifest) -> None:
         SELECT {who}, x.name, x.step, x.start + st.offset_us, e.end_us, greatest(e.end_us - x.start - st.offset_us, 0),
                false, NULL, x.flow, x.attrs, {_dims('st')}, greatest(e.end_us - x.start - st.offset_us, 0) / 1000.0
         FROM _opens x {joins} CROSS JOIN _run_end e""")
-    con.execute(f"""CREATE VIEW events AS
+    con.execute(f"""CREATE OR REPLACE VIEW events AS
         SELECT {who}, x.kind, x.name, x.step, x.ts + st.offset_us AS ts_us, x.flow, x.attrs, {_dims('st')}
         FROM _events x {joins}""")
-    con.execute(f"CREATE VIEW metrics AS SELECT * EXCLUDE (off) FROM _metrics")
-    con.execute("""CREATE VIEW critical_path AS
+    con.execute(f"CREATE OR REPLACE VIEW metrics AS SELECT * EXCLUDE (off) FROM _metrics")
+    con.execute("""CREATE OR REPLACE VIEW critical_path AS
         SELECT p.step, p.seq, p.mesh, p.actor, p.rank, p.host, p.pid, p.task, p.name, p.start_us, p.end_us,
                p.duration_s * 1e3 AS dur_ms, p.link, p.wait, p.unfinished, s.duration_s * 1e3 AS step_ms
         FROM _path p JOIN _steps s USING (step)""")
-    con.execute("""CREATE VIEW slack AS
+    con.execute("""CREATE OR REPLACE VIEW slack AS
         SELECT x.step, x.mesh, x.actor, x.rank, x.host, x.pid, x.busy_s * 1e3 AS busy_ms, x.waiting_s * 1e3 AS waiting_ms,
                x.idle_s * 1e3 AS idle_ms, x.on_path_s * 1e3 AS on_path_ms, s.duration_s * 1e3 AS step_ms
         FROM _slack x JOIN _steps s USING (step)""")
-    con.execute(f"""CREATE VIEW span_steps AS
+    con.execute(f"""CREATE OR REPLACE VIEW span_steps AS
         SELECT st.attempt, st.mesh,
                CASE WHEN st.pp IS NULL THEN st.mesh ELSE st.mesh || '[pp=' || st.pp || ']' END AS peer_group,
                x.name, x.step, st.rank, sum(x.dur) AS dur_us, min(x.start + st.offset_us) AS start_us,
