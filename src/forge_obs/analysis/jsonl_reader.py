@@ -64,7 +64,8 @@ def parse_line(b: bytes) -> Any:
     try:
         s = b.decode("utf-8")
         value, end = _raw_decode(s)  # the common case, without json.loads' whitespace scans
-        if end != len(s) and s[end:].strip():
+        n = len(s)
+        if end != n and not (end == n - 1 and s[end] == "\n") and s[end:].strip():
             raise ValueError("extra data after the value")
         return value
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError

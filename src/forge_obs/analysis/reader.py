@@ -183,8 +183,12 @@ def _ex(x: Any) -> bool:
 
 
 def _span_ok(r: list, n: int) -> bool:
-    return n >= 5 and _int(r[0]) and _int(r[1]) and _int(r[2]) and _int(r[3]) and (r[4] is None or _int(r[4])) \
-        and (n < 6 or _ex(r[5]))
+    if n < 5:
+        return False
+    a, b, c, d, e = r[0], r[1], r[2], r[3], r[4]  # the common record, checked without a call per field
+    return (type(a) is int and type(b) is int and type(c) is int and type(d) is int and -_BIG < a < _BIG
+            and -_BIG < b < _BIG and -_BIG < c < _BIG and -_BIG < d < _BIG
+            and (e is None or (type(e) is int and -_BIG < e < _BIG)) and (n < 6 or _ex(r[5])))
 
 
 #: per record code: whether a record of that code has the shape and types the reader reads

@@ -21,7 +21,7 @@ from forge_obs.analysis.index import store
 from forge_obs.analysis.index.build import write_rows
 from forge_obs.analysis.index.schema import STEP_TABLES
 from forge_obs.analysis.index.steps import MARGIN_US, StepSet, graph_from, streams_of, step_rows
-from forge_obs.analysis.index.views import connect, create_views
+from forge_obs.analysis.index.views import STEP_INPUTS, connect, create_views
 
 __all__ = ["compute_steps", "closure", "BATCH_SPANS"]
 
@@ -65,7 +65,7 @@ def compute_steps(d: Path, man: store.Manifest, lo_raw: "int | None", offsets: d
     """Compute the steps the update may have changed (all of them when none is stored yet or
     a clock offset changed) and store their rows in place of the old ones."""
     con = connect()
-    create_views(con, d, man)
+    create_views(con, d, man, STEP_INPUTS)
     st = man.state.setdefault("path", {})
     okey = json.dumps(sorted(offsets.items()))
     opens_lo = con.execute("SELECT min(x.start + s.offset_us) FROM _opens x JOIN _streams s ON s.sid = x.sid").fetchone()[0]
@@ -85,7 +85,7 @@ def compute_steps(d: Path, man: store.Manifest, lo_raw: "int | None", offsets: d
         _compute(con, d, man, bound)
     except _Clash:  # a step number met again (a resumed attempt): every step is computed again
         con = connect()
-        create_views(con, d, man)
+        create_views(con, d, man, STEP_INPUTS)
         _compute(con, d, man, -_NEVER)
     st["offsets"], st["opens_lo"] = okey, opens_lo
 
@@ -98,6 +98,7 @@ class _Clash(Exception):
 
 def _compute(con: Any, d: Path, man: store.Manifest, bound: int) -> None:
     _drop(con, d, man, bound)
+    create_views(con, d, man, ("steps",))  # without the dropped segments
     stored = {r[0] for r in con.execute("SELECT step FROM _steps").fetchall()} if bound > -_NEVER else set()
     end, first, n_spans = _state(con, man)
     parts = _parts(con, max(bound, first), end, n_spans)
@@ -203,7 +204,7 @@ def _batches(d: Path, man: store.Manifest, part: tuple, end: int, n_spans: int, 
     """Compute and store every step that starts in ``part`` (``[lo, hi)``), a batch at a time."""
     if con is None:
         con = connect()
-        create_views(con, d, man)
+        create_views(con, d, man, STEP_INPUTS)
     lo, stop = part
     first = con.execute("SELECT min(first_ts + offset_us) FROM _streams").fetchone()[0] or 0
     width = max(int((end - first) * BATCH_SPANS / max(n_spans, 1)), 1)

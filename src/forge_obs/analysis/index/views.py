@@ -14,7 +14,7 @@ from typing import Any
 from forge_obs.analysis.index.schema import PARALLEL_DIMS, TABLES
 from forge_obs.analysis.index.store import Manifest
 
-__all__ = ["create_views", "connect", "DUCK_TYPES"]
+__all__ = ["create_views", "connect", "DUCK_TYPES", "STEP_INPUTS"]
 
 DUCK_TYPES = {"int32": "INTEGER", "int64": "BIGINT", "float64": "DOUBLE", "string": "VARCHAR", "bool": "BOOLEAN",
               "int8": "TINYINT"}
@@ -46,16 +46,23 @@ def _dims(alias: str) -> str:
     return ", ".join(f"{alias}.{d}" for d in PARALLEL_DIMS)
 
 
-def create_views(con: Any, d: Path, man: Manifest) -> None:
-    """Every view of the module docstring, on ``con``; ``_frank`` gives each source file (fid)
-    its rank in the reading order (rows sort by ``_frank.rnk``, then their byte offset)."""
-    for table in TABLES:
+#: the stored tables the per-step computation reads
+STEP_INPUTS = ("spans", "events", "opens", "streams", "lanes", "steps")
+
+
+def create_views(con: Any, d: Path, man: Manifest, tables: "tuple | None" = None) -> None:
+    """Every view of the module docstring, on ``con`` (``tables``: only those stored tables,
+    as ``_<table>``, and none of the SQL views); ``_frank`` gives each source file (fid) its
+    rank in the reading order (rows sort by ``_frank.rnk``, then their byte offset)."""
+    for table in tables or TABLES:
         _table(con, d, man, table)
     con.execute(f"SET VARIABLE off_hi_neg = {-max([0, *man.state.get('offsets', {}).values()])}")
     files = sorted(man.state.get("files", {}).values(), key=lambda f: f["order"])
     con.execute("CREATE OR REPLACE TEMP TABLE _frank AS SELECT unnest(?::INTEGER[]) AS fid, unnest(?::INTEGER[]) AS rnk",
                 [[f["fid"] for f in files], list(range(len(files)))])
     con.execute("CREATE OR REPLACE VIEW _lane_labels AS SELECT sid, lane, max(label) AS label FROM _lanes GROUP BY ALL")
+    if tables is not None:
+        return
     con.execute("CREATE OR REPLACE VIEW _run_end AS SELECT max(last_ts + offset_us) AS end_us FROM _streams")
     who = ("st.run_id, st.attempt, st.host, st.pid, st.mesh, x.actor, st.rank, "
            "coalesce(l.label, CAST(x.lane AS VARCHAR)) AS task")
