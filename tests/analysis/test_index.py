@@ -12,6 +12,7 @@ import os
 import random
 import shutil
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -265,3 +266,41 @@ def test_index_command(tmp_path, capsys):
     shutil.rmtree(tmp_path / "index")
     assert main(["sql", str(tmp_path), "SELECT count(*) FROM slack WHERE step = 2"]) == 0  # builds it again
     assert (tmp_path / "index" / "manifest.json").exists()
+
+
+def test_live_indexer_keeps_the_index_up_to_date(tmp_path):
+    """The ``index`` backend's child process indexes a run while it is written: a step flushed
+    to the files becomes a finished step of the index without any command being run; at finish
+    the index holds every step, and its answers are the direct read's."""
+    from forge_obs.analysis.index.live import IndexBackend
+    from forge_obs.backends.base import get_logger_backend_class
+    from forge_obs.backends.record import RunContext
+
+    assert get_logger_backend_class("index") is IndexBackend
+    with pytest.raises(ValueError, match="valid: interval_s"):
+        IndexBackend({"intervall_s": 1})
+    src = grpo_run(tmp_path / "src", 40)
+    run = tmp_path / "run"
+    (run / "events").mkdir(parents=True)
+    full = {run / "events" / p.name: p.read_bytes() for p in (src / "events").glob("*.jsonl")}
+    for p, b in full.items():
+        p.write_bytes(b[: len(b) // 2])
+    be = IndexBackend({"interval_s": 0.2})
+    be.init(run=RunContext(run_id="run", run_dir=run))
+    try:
+        d = store.index_dir(run)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            man = store.Manifest.load(d)
+            if man is not None and sum(s["rows"] for s in man.tables.get("steps", [])) > 0:
+                break
+            time.sleep(0.05)
+        assert man is not None and man.tables.get("steps"), "the live indexer indexed nothing"
+        for p, b in full.items():
+            p.write_bytes(b)
+    finally:
+        be.finish()
+    man = store.Manifest.load(store.index_dir(run))
+    assert man.state["files"] and all(f["offset"] == len(full[run / rel]) for rel, f in man.state["files"].items())
+    assert open_index(run, update=False).connect().execute("SELECT count(*) FROM _steps").fetchone()[0] == 40
+    assert_same_answers(run)

@@ -38,8 +38,8 @@ def _table(con: Any, d: Path, man: Manifest, table: str) -> None:
     if files:
         con.execute(f"CREATE OR REPLACE VIEW _{table} AS SELECT * FROM read_parquet([{', '.join(_q(f) for f in files)}])")
     else:
-        cols = ", ".join(f'"{c}" {DUCK_TYPES[t]}' for c, t in TABLES[table].items())
-        con.execute(f"CREATE OR REPLACE TABLE _{table} ({cols})")
+        cols = ", ".join(f'CAST(NULL AS {DUCK_TYPES[t]}) AS "{c}"' for c, t in TABLES[table].items())
+        con.execute(f"CREATE OR REPLACE VIEW _{table} AS SELECT {cols} WHERE false")
 
 
 def _dims(alias: str) -> str:
