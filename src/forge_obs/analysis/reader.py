@@ -50,6 +50,7 @@ from forge_obs.analysis import titan_logs
 from forge_obs.analysis.jsonl_reader import BLANK, NOT_JSON, NOT_PARSED, parse_line
 
 __all__ = ["Stream", "Run", "Cursor", "clean_header", "scan", "walk", "read_from", "run_end", "file_order",
+           "first_header", "event_files", "finish_clocks",
            "SPAN", "OPEN", "INSTANT", "STEP", "TAG", "END"]
 
 logger = logging.getLogger("forge_obs")
@@ -218,7 +219,8 @@ def _record_ok(r: list) -> bool:
     return ok is not None and ok(r, len(r))
 
 
-def _first_header(path: Path) -> dict | None:
+def first_header(path: Path) -> dict | None:
+    """The cleaned header on the first line of ``path`` (None: not a timeline file, or torn)."""
     try:
         with open(path, "rb") as f:
             line = f.readline()
@@ -287,7 +289,7 @@ def scan(run_dir: "str | Path", keep: Callable[[dict], bool] | None = None, cloc
     run = Run(Path(run_dir), {}, [], {}, [], keep=keep)
     found: list[tuple] = []
     for p in event_files(run.run_dir):
-        h = _first_header(p)
+        h = first_header(p)
         if h is None:
             continue
         if h.get("ctl"):

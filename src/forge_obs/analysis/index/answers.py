@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any
 
-from forge_obs.analysis.critical_path import summary
+import forge_obs.analysis.critical_path.summary as summary
 from forge_obs.analysis.doctor.subjects import replica_family
 
 __all__ = ["why", "results", "all_results", "reference"]

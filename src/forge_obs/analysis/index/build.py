@@ -132,7 +132,7 @@ class Update:
         return None
 
     def _new_file(self, rel: str, path: Path, ident: tuple, titan: bool) -> "dict | None":
-        h = titan_logs.header_of(path, self.run_dir.name) if titan else reader._first_header(path)
+        h = titan_logs.header_of(path, self.run_dir.name) if titan else reader.first_header(path)
         if h is None:
             return None  # not a timeline file (yet: its header is not complete)
         if h.get("ctl") and self.run.controller_host is None:

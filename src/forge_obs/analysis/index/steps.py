@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 from forge_obs.analysis import reader
-from forge_obs.analysis.critical_path import summary
+import forge_obs.analysis.critical_path.summary as summary
 from forge_obs.analysis.critical_path.graph import Graph, build, controller_streams
 from forge_obs.analysis.critical_path.walk import PathConfig, Walker
 from forge_obs.analysis.index.rows import FLOW_INT, Columns
