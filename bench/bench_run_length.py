@@ -179,7 +179,7 @@ def _proc_cpu(pid: int) -> float:
     return (int(parts[11]) + int(parts[12])) * _TICK_S
 
 
-def live(cache: Path, rate: float, seconds: float, interval_s: float) -> dict:
+def live(cache: Path, rate: float, seconds: float, interval_s: float, cpu_share: float = 0.0) -> dict:
     """A writer appends a step every ``1/rate`` s while the live indexer follows the run."""
     from forge_obs.analysis.index import open_index
 
@@ -192,7 +192,7 @@ def live(cache: Path, rate: float, seconds: float, interval_s: float) -> dict:
             (run / "events" / name).write_text(head)
         env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT}")
         proc = subprocess.Popen([sys.executable, "-m", "forge_obs.analysis.index.live", str(run), "--interval-s",
-                                 str(interval_s), "--parent", str(os.getpid())], env=env)
+                                 str(interval_s), "--parent", str(os.getpid()), "--cpu-share", str(cpu_share)], env=env)
         time.sleep(2.0)  # its start-up (imports) is not the indexing's cost
         cpu0, t0 = _proc_cpu(proc.pid), time.perf_counter()
         lat: list = []
@@ -211,7 +211,8 @@ def live(cache: Path, rate: float, seconds: float, interval_s: float) -> dict:
         proc.terminate()
         proc.wait(60)
         check = open_index(run).connect().execute("SELECT count(*) FROM _steps").fetchone()[0]
-    return {"steps_written": n, "rate_steps_per_s": rate, "interval_s": interval_s, "wall_s": wall,
+    return {"steps_written": n, "rate_steps_per_s": rate, "interval_s": interval_s, "cpu_share_cap": cpu_share,
+            "wall_s": wall,
             "indexer_cpu_s": cpu, "indexer_cpu_share_of_one_core": cpu / wall,
             "seen_latency_s": {"median": statistics.median(lat), "max": max(lat)} if lat else None,
             "steps_indexed": check}
@@ -223,7 +224,7 @@ def _seen(run: Path, step: int, flushed: float) -> float:
     from forge_obs.analysis.index import store
 
     d = store.index_dir(run)
-    while time.perf_counter() - flushed < 10:
+    while time.perf_counter() - flushed < 60:
         man = store.Manifest.load(d)
         if man is not None and man.tables.get("steps"):
             import duckdb
@@ -270,6 +271,7 @@ def main() -> None:
     ap.add_argument("--live-rate", type=float, default=10.0)
     ap.add_argument("--live-s", type=float, default=30.0)
     ap.add_argument("--live-interval-s", type=float, default=1.0)
+    ap.add_argument("--live-cpu-share", type=float, default=0.0, help="the live indexer's --cpu-share (0: none)")
     args = ap.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
     base = _base_src(args.base)
@@ -284,7 +286,7 @@ def main() -> None:
             shutil.rmtree(run / "index", ignore_errors=True)
             r["base"] = measure(run, base, 1, args.base_timeout_s, first=False)
         print(json.dumps(r, indent=1), flush=True)
-    res["live"] = live(args.cache, args.live_rate, args.live_s, args.live_interval_s)
+    res["live"] = live(args.cache, args.live_rate, args.live_s, args.live_interval_s, args.live_cpu_share)
     shutil.rmtree(base.parent, ignore_errors=True)
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)

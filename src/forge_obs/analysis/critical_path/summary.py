@@ -15,7 +15,8 @@ from forge_obs.analysis.critical_path.graph import Graph, Window
 from forge_obs.analysis.critical_path.walk import Segment, Walker
 from forge_obs.analysis.doctor.subjects import replica_family
 
-__all__ = ["step_result", "stage_label", "answer", "compare", "compare_to", "medians", "cause", "idle_mesh", "Busy"]
+__all__ = ["step_result", "stage_label", "answer", "compare", "compare_to", "medians", "cause", "idle_mesh", "total_by",
+           "Busy"]
 
 
 def _who(st: Any, cache: "dict | None" = None) -> dict:
@@ -62,7 +63,8 @@ def _stages(segs: list, total_s: float) -> list:
     return out
 
 
-def _by(stages: list, key: str) -> dict:
+def total_by(stages: list, key: str) -> dict:
+    """Time on the path per value of ``key`` (``mesh``, ``name``) over ``stages``."""
     out: dict[str, float] = {}
     for a in stages:
         out[str(a[key])] = out.get(str(a[key]), 0.0) + a["path_s"]
@@ -137,7 +139,7 @@ def step_result(g: Graph, walker: Walker, busy: Busy, w: Window) -> dict:
     root = w.root.name if w.root is not None else "step"
     return {"step": w.step, "root": root, "start_us": w.start, "end_us": w.end, "duration_s": total_s,
             "unfinished": w.unfinished or any(s["unfinished"] for s in segs), "path": segs, "stages": stages,
-            "by_mesh": _by(stages, "mesh"), "by_name": _by(stages, "name"), "slack": _slack(busy, w, segs)}
+            "by_mesh": total_by(stages, "mesh"), "by_name": total_by(stages, "name"), "slack": _slack(busy, w, segs)}
 
 
 def cause(r: dict) -> dict | None:

@@ -44,19 +44,12 @@ def _result(h: dict, parts: dict, n: int) -> dict:
         p.pop("seq")
     stages = [{k: v for k, v in a.items() if k != "seq"} for a in parts["stages"].get(n, [])]
     r = {"step": n, "root": h["root"], "start_us": h["start_us"], "end_us": h["end_us"], "duration_s": h["duration_s"],
-         "unfinished": h["unfinished"], "path": path, "stages": stages, "by_mesh": _by(stages, "mesh"),
-         "by_name": _by(stages, "name"), "slack": parts["slack"].get(n, [])}
+         "unfinished": h["unfinished"], "path": path, "stages": stages, "by_mesh": summary.total_by(stages, "mesh"),
+         "by_name": summary.total_by(stages, "name"), "slack": parts["slack"].get(n, [])}
     c = stages[h["cause"]] if h["cause"] is not None else None
     r["stored_cause"] = c
     r["stored_idle"] = {"mesh": h["idle_mesh"], "idle_s": h["idle_s"]} if h["idle_mesh"] is not None else None
     return r
-
-
-def _by(stages: list, key: str) -> dict:
-    out: dict[str, float] = {}
-    for a in stages:
-        out[str(a[key])] = out.get(str(a[key]), 0.0) + a["path_s"]
-    return out
 
 
 #: the median of a group's ``path_s`` as :func:`statistics.median` computes it: the middle value,

@@ -255,21 +255,16 @@ class _Context:
         self.by_sid = streams_of(st.get("streams", []), lanes, offsets, attempts)
         self.run = reader.Run(d.parent, {s.key: s for s in self.by_sid.values()}, [], offsets, attempts)
 
-    def _cols(self, sql: str, params: list, names: tuple) -> dict:
-        rows = self.con.execute(sql, params).fetchall()
-        return {n: [r[i] for r in rows] for i, n in enumerate(names)}
-
     def graph(self, lo: int, hi: int) -> Any:
-        names = ("sid", "lane", "name", "step", "start", "dur", "flow", "flow_t", "link")
         sel = "x.sid, x.lane, x.name, x.step, x.start + s.offset_us, {dur}, x.flow, x.flow_t, x.link"
         far = self.con.execute(f"SELECT max(x.end + s.offset_us) {_SPAN_T} WHERE x.start + s.offset_us <= ? "
                                f"AND {_ENDS_AFTER}", [hi, hi, hi + 1]).fetchone()[0]
         hi = max(hi, far or hi)  # the spans inside those that reach past hi (their waits)
-        spans = self._cols(f"SELECT {sel.format(dur='x.dur')} {_SPAN_T} JOIN _frank f ON f.fid = x.fid "
-                           f"WHERE {_ENDS_AFTER} AND x.start + s.offset_us <= ? ORDER BY f.rnk, x.off",
-                           [lo, lo, hi], names)
-        opens = self._cols(f"SELECT {sel.format(dur='0')} FROM _opens x JOIN _streams s ON s.sid = x.sid "
-                           "LEFT JOIN _frank f ON f.fid = x.fid ORDER BY f.rnk, x.off", [], names)
+        spans = self.con.execute(f"SELECT {sel.format(dur='x.dur')} {_SPAN_T} JOIN _frank f ON f.fid = x.fid "
+                                 f"WHERE {_ENDS_AFTER} AND x.start + s.offset_us <= ? ORDER BY f.rnk, x.off",
+                                 [lo, lo, hi]).fetchall()
+        opens = self.con.execute(f"SELECT {sel.format(dur='0')} FROM _opens x JOIN _streams s ON s.sid = x.sid "
+                                 "LEFT JOIN _frank f ON f.fid = x.fid ORDER BY f.rnk, x.off").fetchall()
         ev = "FROM _events e JOIN _streams s ON s.sid = e.sid JOIN _frank f ON f.fid = e.fid"
         steps = self.con.execute(f"SELECT e.sid, e.step, e.ts + s.offset_us {ev} WHERE e.kind = 'step' "
                                  "AND e.ts + s.offset_us BETWEEN ? AND ? ORDER BY f.rnk, e.off", [lo, hi]).fetchall()

@@ -20,7 +20,7 @@ from forge_obs.analysis import reader
 import forge_obs.analysis.critical_path.summary as summary
 from forge_obs.analysis.critical_path.graph import Graph, build, controller_streams
 from forge_obs.analysis.critical_path.walk import PathConfig, Walker
-from forge_obs.analysis.index.rows import FLOW_INT, Columns
+from forge_obs.analysis.index.rows import FLOW_INT, FLOW_STR, Columns
 
 __all__ = ["step_rows", "graph_from", "MARGIN_US", "StepSet"]
 
@@ -88,14 +88,14 @@ def streams_of(sessions: list, lanes: dict, offsets: dict, attempts: list) -> di
     return out
 
 
-def graph_from(run: reader.Run, by_sid: dict, spans: dict, opens: dict, calls: dict, steps: list,
+def graph_from(run: reader.Run, by_sid: dict, spans: list, opens: list, calls: dict, steps: list,
                end: int) -> Graph:
-    """The span graph of index rows (columns as lists, sorted in reading order): ``spans`` and
-    ``opens`` with sid, lane, name, step, start (corrected), dur, flow, flow_t, link; ``calls``
-    link -> (sid, lane, ts); ``steps`` [(step, ts)] of the controller, by reading order."""
-    def tuples(c: dict, durs: Any) -> list:
-        return [(by_sid[sid], lane, name, step, ts, dur, _flow(f, ft), link) for sid, lane, name, step, ts, dur, f, ft, link
-                in zip(c["sid"], c["lane"], c["name"], c["step"], c["start"], durs, c["flow"], c["flow_t"], c["link"])]
+    """The span graph of index rows (in reading order): ``spans`` and ``opens`` as rows of sid,
+    lane, name, step, start (corrected), dur, flow, flow_t, link; ``calls`` link -> (sid, lane,
+    ts); ``steps`` [(sid, step, ts)] of ``set_step`` records, by reading order."""
+    def tuples(rows: list) -> list:
+        return [(by_sid[sid], lane, name, step, ts, dur, f if ft == FLOW_STR or f is None else _flow(f, ft), link)
+                for sid, lane, name, step, ts, dur, f, ft, link in rows]
 
     ctl = controller_streams(by_sid.values())
     ctl_ids = {id(st) for st in ctl}
@@ -103,8 +103,8 @@ def graph_from(run: reader.Run, by_sid: dict, spans: dict, opens: dict, calls: d
     for sid, n, ts in steps:
         if id(by_sid[sid]) in ctl_ids and n is not None:
             first.setdefault(n, ts)
-    span_t = tuples(spans, spans["dur"])
-    open_t = tuples(opens, [0] * len(opens["sid"]))
+    span_t = tuples(spans)
+    open_t = tuples(opens)
     call_t = {link: (by_sid[sid], lane, ts) for link, (sid, lane, ts) in calls.items()}
     return build(run, ctl, span_t, open_t, call_t, first, end)
 
