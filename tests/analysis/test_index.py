@@ -304,3 +304,17 @@ def test_live_indexer_keeps_the_index_up_to_date(tmp_path):
     assert man.state["files"] and all(f["offset"] == len(full[run / rel]) for rel, f in man.state["files"].items())
     assert open_index(run, update=False).connect().execute("SELECT count(*) FROM _steps").fetchone()[0] == 40
     assert_same_answers(run)
+
+
+@pytest.mark.parametrize("fault", [{"carried_sync_s": 0.3}, {"slow_rank": (1, 0.6), "trainer_host": "node1",
+                                                              "trainer_skew_s": 0.03}, {"hang": (59,)}])
+def test_batches_and_workers_answer_as_one_graph(tmp_path, monkeypatch, fault):
+    """Steps computed in many small batches, in 2 worker processes, answer as the one graph
+    of the direct read: each batch's graph reaches back far enough (a step's carried-over work,
+    another host's clock, a hang that runs to the end of the data)."""
+    from forge_obs.analysis.index import paths
+
+    monkeypatch.setattr(paths, "BATCH_SPANS", 150)
+    monkeypatch.setattr(paths, "WORKER_SPANS", 400)
+    grpo_run(tmp_path, 60, slow_from=20, **fault)
+    assert_same_answers(tmp_path)
