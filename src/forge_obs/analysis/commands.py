@@ -7,6 +7,7 @@
     forge-obs report runs/<run_id>             # self-contained HTML report
     forge-obs why    runs/<run_id> --step 37   # the step's critical path across actors, and slack
     forge-obs serve  runs/                     # live local web view of every run (or runs/<run_id>)
+    forge-obs index  runs/<run_id> [--rebuild] # bring the run's index up to date (every command does it first)
 
 A subcommand is a ``run(args) -> exit code`` function registered with :func:`command` together
 with its help and its ``add_arguments``; :func:`forge_obs.cli.main` (the installed entry point)
@@ -14,7 +15,7 @@ builds the parser from :data:`COMMANDS` and turns a missing optional package int
 Heavy imports (duckdb, the doctor, the report) happen inside each subcommand.
 
     >>> sorted(COMMANDS)
-    ['doctor', 'report', 'serve', 'show', 'sql', 'trace', 'why']
+    ['doctor', 'index', 'report', 'serve', 'show', 'sql', 'trace', 'why']
 """
 
 from __future__ import annotations
@@ -51,8 +52,6 @@ def _show_args(p: argparse.ArgumentParser) -> None:
 
 @command("show", "print a run's reduced metrics, one JSON line per step", _show_args)
 def _show(args: argparse.Namespace) -> int:
-    from forge_obs.analysis.store import read_jsonl
-
     if args.mode not in SHOW_MODES:
         print(f"forge-obs show: unknown --mode {args.mode!r}; valid: {', '.join(SHOW_MODES)}", file=sys.stderr)
         return 2
@@ -62,17 +61,41 @@ def _show(args: argparse.Namespace) -> int:
     if not path.is_file():
         print(f"forge-obs show: no metrics.jsonl in {args.run_dir} (pass a run directory, e.g. runs/<run_id>)", file=sys.stderr)
         return 2
-    mode = None if args.mode == "all" else args.mode
     try:
-        for row in read_jsonl(path):  # streamed: the first lines print before the file is read
-            if mode is None or row.get("mode") == mode:
-                print(json.dumps(row))
+        rows = _metric_rows(args.run_dir, None if args.mode == "all" else args.mode)
+        for batch in iter(lambda: rows.fetchmany(4096), []):
+            print("\n".join(r[0] for r in batch))
     except BrokenPipeError:
         raise  # handled by main(): the reader (e.g. `head`) has gone
     except OSError as e:
         print(f"forge-obs show: cannot read {path}: {e.strerror or e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _metric_rows(run_dir: Path, mode: "str | None") -> Any:
+    """The rows of ``metrics.jsonl`` (of one mode), in file order, from the run's index (or the
+    file, where the index cannot be built), as a cursor of ``(JSON text,)`` rows."""
+    from forge_obs.analysis.index import available, open_index
+
+    if not available():
+        return _FileRows(run_dir / "metrics.jsonl", mode)
+    con = open_index(run_dir).connect()
+    if mode is None:
+        return con.execute("SELECT json FROM _metric_rows ORDER BY off")
+    return con.execute("SELECT json FROM _metric_rows WHERE mode = ? ORDER BY off", [mode])
+
+
+class _FileRows:
+    """``fetchmany`` over ``metrics.jsonl`` read directly (streamed)."""
+
+    def __init__(self, path: Path, mode: "str | None") -> None:
+        from forge_obs.analysis.store import read_jsonl
+
+        self.rows = ((json.dumps(r),) for r in read_jsonl(path) if mode is None or r.get("mode") == mode)
+
+    def fetchmany(self, n: int) -> list:
+        return [r for _, r in zip(range(n), self.rows)]
 
 
 def _one_line(e: BaseException) -> str:
@@ -176,11 +199,12 @@ def _serve_until_interrupted(srv: Any) -> int:
 
 def _sql_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path)
-    p.add_argument("query", help="SQL over the views metrics, spans, events (DuckDB dialect)")
+    p.add_argument("query", help="SQL over the views metrics, spans, events, critical_path, slack, span_steps "
+                                 "(DuckDB dialect)")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
 
 
-@command("sql", "query a run with DuckDB: views metrics, spans, events", _sql_args)
+@command("sql", "query a run with DuckDB: views metrics, spans, events, critical_path, slack", _sql_args)
 def _sql(args: argparse.Namespace) -> int:
     if not _check_run_dir(args.run_dir, "sql"):
         return 2
@@ -196,7 +220,8 @@ def _sql(args: argparse.Namespace) -> int:
     try:
         cur = con.execute(args.query)
     except Exception as e:  # noqa: BLE001 - a user's SQL error
-        print(f"forge-obs sql: {_one_line(e)} (views: metrics, spans, events)", file=sys.stderr)
+        print(f"forge-obs sql: {_one_line(e)} (views: metrics, spans, events, critical_path, slack, span_steps)",
+              file=sys.stderr)
         return 1
     cols = [d[0] for d in (cur.description or [])]
     rows = cur.fetchall()
@@ -332,3 +357,31 @@ def _serve_live(args: argparse.Namespace) -> int:
     print(f"forge-obs serve: {args.runs.resolve()} on {srv.url}   (from another machine: "
           f"ssh -L {srv.port}:127.0.0.1:{srv.port} <host>; Ctrl+C stops)", flush=True)
     return _serve_until_interrupted(srv)
+
+
+def _index_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--rebuild", action="store_true", help="index every file again from its start")
+
+
+@command("index", "bring a run's index up to date (<run_dir>/index/: what every other command reads)", _index_args)
+def _index(args: argparse.Namespace) -> int:
+    import time
+
+    from forge_obs.analysis.index import open_index
+
+    if not _check_run_dir(args.run_dir, "index"):
+        return 2
+    t = time.perf_counter()
+    try:
+        idx = open_index(args.run_dir, rebuild=args.rebuild)
+    except OSError as e:
+        print(f"forge-obs index: cannot index {args.run_dir}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    took = time.perf_counter() - t
+    s = idx.summary()
+    where = "a temporary directory (the run directory is read-only)" if s["private"] else str(idx.dir)
+    print(f"forge-obs index: {args.run_dir}: {s['spans']} spans, {s['events']} events, {s['metrics']} metric values, "
+          f"{s['steps']} steps with their critical path; {s['index_mb']:.1f} MB in {where} "
+          f"({s['source_mb']:.1f} MB of JSONL); {took:.2f} s")
+    return 0

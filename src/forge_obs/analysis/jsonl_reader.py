@@ -20,11 +20,13 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-__all__ = ["NOT_JSON", "json_lines"]
+__all__ = ["NOT_JSON", "NOT_PARSED", "BLANK", "json_lines", "parse_line"]
 
 _raw_decode = json.JSONDecoder().raw_decode
 
 NOT_JSON = "not valid JSON (or not UTF-8)"
+#: what :func:`parse_line` returns for a line that is not JSON, and for a blank line
+NOT_PARSED, BLANK = object(), object()
 _TYPE_NAMES = {dict: "a JSON object", list: "a JSON array"}
 
 
@@ -38,20 +40,13 @@ def json_lines(
     (which returns why a value is not well-formed, None when it is) accepts. Every other complete
     line calls ``on_malformed(line_number, why)`` (1-based) and is skipped; a torn last line is
     skipped silently. Streamed: the first values come out before the file is read."""
-    raw = _raw_decode
     with open(path, "rb") as f:
         for i, b in enumerate(f, 1):
-            try:
-                s = b.decode("utf-8")
-                value, end = raw(s)  # the common case, without json.loads' whitespace scans
-                if end != len(s) - 1 and s[end:].strip():
-                    raise ValueError("extra data after the value")
-            except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-                value = _slow_parse(b)
-                if value is _BAD:
-                    if b.endswith(b"\n") and b.strip():
-                        on_malformed(i, NOT_JSON)
-                    continue  # else: blank, or a torn last line
+            value = parse_line(b)
+            if value is NOT_PARSED or value is BLANK:
+                if value is NOT_PARSED and b.endswith(b"\n"):
+                    on_malformed(i, NOT_JSON)
+                continue  # else: blank, or a torn last line
             if not isinstance(value, types):
                 on_malformed(i, f"a JSON {type(value).__name__}, not {' or '.join(_TYPE_NAMES.get(t, t.__name__) for t in types)}")
                 continue
@@ -61,6 +56,21 @@ def json_lines(
                     on_malformed(i, why)
                     continue
             yield value
+
+
+def parse_line(b: bytes) -> Any:
+    """The JSON value of one line (bytes, with or without its newline); :data:`NOT_PARSED` when
+    it is not valid UTF-8 / JSON (or holds more than one value), :data:`BLANK` when it is blank."""
+    try:
+        s = b.decode("utf-8")
+        value, end = _raw_decode(s)  # the common case, without json.loads' whitespace scans
+        n = len(s)
+        if end != n and not (end == n - 1 and s[end] == "\n") and s[end:].strip():
+            raise ValueError("extra data after the value")
+        return value
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        value = _slow_parse(b)
+        return (BLANK if not b.strip() else NOT_PARSED) if value is _BAD else value
 
 
 _BAD = object()

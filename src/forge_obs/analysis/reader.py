@@ -34,6 +34,12 @@ whether it closed cleanly). Only well-formed records are yielded: a torn last li
 silently; any other line that is not valid UTF-8 / JSON, or a record of the wrong shape or types
 (``123``, ``null``, a short record, a string where a number belongs, a header with a bad field) is
 skipped and counted in ``Run.malformed``, with one warning per :func:`walk`.
+
+Reading is resumable: a :class:`Cursor` holds one file's position (the byte offset after its
+last complete line) and what its records define (names, the current session), and
+:func:`read_from` turns the complete lines after it into items, so that
+:mod:`forge_obs.analysis.index` indexes a growing file from where it stopped. TorchTitan's own
+``structured_logs`` files are read as timelines too (:mod:`.titan_logs`), converted in memory.
 """
 
 from __future__ import annotations
@@ -45,17 +51,21 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from forge_obs.analysis import titan_logs
-from forge_obs.analysis.jsonl_reader import json_lines
-from forge_obs.recording.timeline.records import (  # the records' codes (R_: not this module's item kinds)
-    BEGIN as R_BEGIN, CLOCK as R_CLOCK, CLOSE as R_CLOSE, DROPPED as R_DROPPED, END as R_END, INSTANT as R_INSTANT,
-    LANE as R_LANE, META as R_META, NAME as R_NAME, STEP as R_STEP, TAG as R_TAG, X_ATTRS, X_CPU,
-)
+from forge_obs.analysis.jsonl_reader import BLANK, NOT_JSON, NOT_PARSED, parse_line
+from forge_obs.recording.timeline import records as rec
 
-__all__ = ["Stream", "Run", "clean_header", "scan", "walk", "run_end"]
+__all__ = ["Stream", "Run", "Cursor", "clean_header", "scan", "walk", "read_from", "run_end", "file_order",
+           "first_header", "event_files", "finish_clocks",
+           "SPAN", "OPEN", "INSTANT", "STEP", "TAG", "END"]
 
 logger = logging.getLogger("forge_obs")
 
 SPAN, OPEN, INSTANT, STEP, TAG, END = "span", "open", "instant", "step", "tag", "end"
+
+#: the record codes (defined once, in forge_obs/recording/timeline/records.py), read in this one place
+_NAME, _LANE, _INSTANT, _BEGIN, _ENDED, _STEP, _TAG, _META, _DROPPED, _CLOCK, _CLOSED = (
+    rec.NAME, rec.LANE, rec.INSTANT, rec.BEGIN, rec.END, rec.STEP, rec.TAG, rec.META, rec.DROPPED, rec.CLOCK, rec.CLOSE)
+_CLOCK_LINE = f'["{rec.CLOCK}"'.encode()  # how a clock record's line starts
 
 
 @dataclass
@@ -73,6 +83,8 @@ class Stream:
     records: int = 0
     dropped: int = 0
     track: Any = None  # free for the consumer
+    opens: dict = field(default_factory=dict)  # span id -> (lane, name, step, ts, extras): begun, not ended
+    clock: int | None = None  # the smallest "local receive - controller send" of its clock samples (µs)
 
     @property
     def host(self) -> str:
@@ -106,9 +118,44 @@ class Run:
     controller_host: str | None = None
     malformed: int = 0  # lines skipped by walk(): not JSON, or not a well-formed record
     first_malformed: str = ""  # where the first one is, and why
+    samples: dict = field(default_factory=dict)  # host -> smallest "local receive - controller send" (µs)
+    starts: set = field(default_factory=set)  # controller start times seen in headers
+    keep: Any = None  # the stream filter scan() was given
+
+    def stream_for(self, h: dict) -> "Stream | None":
+        """The stream of header ``h`` (created, with its clock offset and attempt, when new);
+        None when ``keep`` drops it."""
+        key = (h.get("host"), h.get("pid"), h.get("session"))
+        st = self.streams.get(key)
+        if st is None:
+            if self.keep is not None and not self.keep(h):
+                return None
+            st = self.streams[key] = Stream(key=key, header=h, actor=h.get("actor", ""))
+            st.offset_us = self.offsets.get(st.host, 0)
+            s = h.get("start")
+            st.attempt = self.attempts.index(s) if s in self.attempts else 0
+        return st
+
+    def note_malformed(self, path: Any, line: int, why: str) -> None:
+        if not self.malformed:
+            self.first_malformed = f"{path}{f':{line}' if line else ''}: {why}"
+        self.malformed += 1
 
 
-_CLOCK_LINE = f'["{R_CLOCK}"'.encode()  # how a clock record's line starts
+@dataclass
+class Cursor:
+    """Where reading one file stands: the byte offset after its last complete line, the names its
+    records defined, the session its next records belong to and that session's time base."""
+
+    path: Path
+    offset: int = 0
+    names: dict = field(default_factory=dict)
+    key: Any = None  # the current session's stream key (None: before the first header, or dropped)
+    base: int = 0  # the session's t0 plus its host's clock offset
+    line_off: int = 0  # the byte offset of the line being read (set by read_from)
+    host: Any = None  # the host of the file's first header (its clock samples are that host's)
+
+
 #: ints beyond this are not what the writer writes (and would not fit the SQL views' BIGINT)
 _BIG = 1 << 62
 #: header fields and the types they must have (a field of another type is removed)
@@ -139,57 +186,47 @@ def clean_header(h: Any) -> "dict | None":
 
 def _ex(x: Any) -> bool:
     """Extras: None, or a dict whose attributes (``"a"``) are a dict too."""
-    return x is None or (type(x) is dict and type(x.get(X_ATTRS, {})) is dict)
+    return x is None or (type(x) is dict and type(x.get(rec.X_ATTRS, {})) is dict)
+
+
+def _span_ok(r: list, n: int) -> bool:
+    if n < 5:
+        return False
+    a, b, c, d, e = r[0], r[1], r[2], r[3], r[4]  # the common record, checked without a call per field
+    return (type(a) is int and type(b) is int and type(c) is int and type(d) is int and -_BIG < a < _BIG
+            and -_BIG < b < _BIG and -_BIG < c < _BIG and -_BIG < d < _BIG
+            and (e is None or (type(e) is int and -_BIG < e < _BIG)) and (n < 6 or _ex(r[5])))
+
+
+#: per record code: whether a record of that code has the shape and types the reader reads
+_SHAPES: dict[str, Callable[[list, int], bool]] = {
+    _NAME: lambda r, n: n >= 3 and _int(r[1]) and type(r[2]) is str,
+    _LANE: lambda r, n: n >= 3 and _int(r[1]) and type(r[2]) is str,
+    _INSTANT: lambda r, n: n >= 5 and _int(r[1]) and _int(r[2]) and _int(r[3]) and (r[4] is None or _int(r[4]))
+    and (n < 6 or _ex(r[5])),
+    _BEGIN: lambda r, n: n >= 6 and _int(r[1]) and _int(r[2]) and _int(r[3]) and _int(r[4])
+    and (r[5] is None or _int(r[5])) and (n < 7 or _ex(r[6])),
+    _ENDED: lambda r, n: n >= 3 and _int(r[1]) and _int(r[2]) and (n < 4 or _ex(r[3])),
+    _STEP: lambda r, n: n >= 4 and _int(r[1]) and _int(r[2]) and (r[3] is None or _int(r[3])),
+    _TAG: lambda r, n: n >= 5 and _int(r[1]) and _int(r[2]) and (r[3] is None or _int(r[3])) and type(r[4]) is str,
+    _META: lambda r, n: n >= 2 and type(r[1]) is dict,
+    _DROPPED: lambda r, n: n >= 2 and _int(r[1]),
+    _CLOSED: lambda r, n: n >= 2 and _int(r[1]),
+    _CLOCK: lambda r, n: n >= 3 and _int(r[1]) and _int(r[2]),
+}
 
 
 def _record_ok(r: list) -> bool:
     """Whether a record has the shape and types :func:`walk` reads (see the schema)."""
-    n = len(r)
     k = r[0]
     if type(k) is int:  # complete span: ts, dur, lane, name, step[, extras]
-        return (n >= 5 and _int(k) and _int(r[1]) and _int(r[2]) and _int(r[3]) and (r[4] is None or _int(r[4]))
-                and (n < 6 or _ex(r[5])))
-    if k == R_NAME:
-        return n >= 3 and _int(r[1]) and type(r[2]) is str
-    if k == R_LANE:
-        return n >= 3 and _int(r[1]) and type(r[2]) is str
-    if k == R_INSTANT:
-        return (n >= 5 and _int(r[1]) and _int(r[2]) and _int(r[3]) and (r[4] is None or _int(r[4]))
-                and (n < 6 or _ex(r[5])))
-    if k == R_BEGIN:
-        return (n >= 6 and _int(r[1]) and _int(r[2]) and _int(r[3]) and _int(r[4]) and (r[5] is None or _int(r[5]))
-                and (n < 7 or _ex(r[6])))
-    if k == R_END:
-        return n >= 3 and _int(r[1]) and _int(r[2]) and (n < 4 or _ex(r[3]))
-    if k == R_STEP:
-        return n >= 4 and _int(r[1]) and _int(r[2]) and (r[3] is None or _int(r[3]))
-    if k == R_TAG:
-        return n >= 5 and _int(r[1]) and _int(r[2]) and (r[3] is None or _int(r[3])) and type(r[4]) is str
-    if k == R_META:
-        return n >= 2 and type(r[1]) is dict
-    if k == R_DROPPED or k == R_CLOSE:
-        return n >= 2 and _int(r[1])
-    if k == R_CLOCK:
-        return n >= 3 and _int(r[1]) and _int(r[2])
-    return False
+        return _span_ok(r, len(r))
+    ok = _SHAPES.get(k) if type(k) is str else None
+    return ok is not None and ok(r, len(r))
 
 
-def _lines(path: Path, run: "Run | None" = None) -> Iterator[Any]:
-    """Each line of ``path`` parsed (a list record or a header dict). Lines that are not valid
-    UTF-8 / JSON, or neither a list nor a dict, are counted in ``run.malformed``; a torn last
-    line (the writer died mid-line) is skipped silently."""
-    return json_lines(path, lambda line, why: _malformed(run, path, line, why))
-
-
-def _malformed(run: "Run | None", path: Path, line: int, why: str) -> None:
-    if run is None:
-        return
-    if not run.malformed:
-        run.first_malformed = f"{path}{f':{line}' if line else ''}: {why}"
-    run.malformed += 1
-
-
-def _first_header(path: Path) -> dict | None:
+def first_header(path: Path) -> dict | None:
+    """The cleaned header on the first line of ``path`` (None: not a timeline file, or torn)."""
     try:
         with open(path, "rb") as f:
             line = f.readline()
@@ -198,190 +235,108 @@ def _first_header(path: Path) -> dict | None:
         return None
 
 
+def file_order(h: dict, path: Path) -> tuple:
+    """The reading order of a file whose first header is ``h``: by process session, then its
+    rotation number (a process's records come together)."""
+    return (h.get("host") or "", h.get("pid") or 0, h.get("session") or "", int(h.get("file", 0)), str(path))
+
+
+def event_files(run_dir: Path) -> list[Path]:
+    """The run's timeline files: ``events/*.jsonl``."""
+    ev = run_dir / "events"
+    return sorted(ev.glob("*.jsonl")) if ev.is_dir() else []
+
+
+def _note_clock(run: Run, host: Any, d: int) -> None:
+    run.samples[host] = min(d, run.samples.get(host, d))
+
+
+def _note_header(run: Run, h: dict, host: Any = None) -> None:
+    """A header's controller start (an attempt) and clock sample."""
+    if h.get("start") is not None:
+        run.starts.add(h["start"])
+    if h.get("clk"):
+        _note_clock(run, h.get("host") if host is None else host, int(h["clk"][0]) - int(h["clk"][1]))
+
+
+def _scan_clocks(run: Run, path: Path, host: Any) -> None:
+    """Later, tighter clock samples (``C`` records) and later sessions' headers of one file."""
+    with open(path, "rb") as f:
+        next(f, None)
+        for line in f:
+            if line.startswith(b'{"h"'):  # a restarted process appended to this file
+                h2 = clean_header(parse_line(line))
+                if h2 is not None:
+                    _note_header(run, h2, host)
+                    run.stream_for(h2)
+            elif line.startswith(_CLOCK_LINE):
+                c = parse_line(line)
+                if isinstance(c, list) and len(c) >= 3 and _int(c[1]) and _int(c[2]):
+                    _note_clock(run, host, c[1] - c[2])
+
+
+def finish_clocks(run: Run) -> None:
+    """Per-host clock offsets from the samples, attempts from the start times; applied to every
+    stream."""
+    run.offsets = {h: -d for h, d in run.samples.items()}
+    if run.controller_host is not None:
+        run.offsets[run.controller_host] = 0
+    run.attempts = sorted(run.starts)
+    for st in run.streams.values():
+        st.offset_us = run.offsets.get(st.host, 0)
+        s = st.header.get("start")
+        st.attempt = run.attempts.index(s) if s in run.attempts else 0
+
+
 def scan(run_dir: "str | Path", keep: Callable[[dict], bool] | None = None, clocks: bool = True) -> Run:
     """Headers of every event file, per-host clock offsets and attempts (restarts).
-    ``keep(header)`` drops whole processes (rank/mesh filters) before reading them."""
-    run_dir = Path(run_dir)
-    ev = run_dir / "events"
-    extra = [d for d in titan_logs.timeline_dirs(run_dir) if d != ev]  # TorchTitan's own files, converted
-    paths = sorted(ev.glob("*.jsonl")) if ev.is_dir() else []
-    for d in extra:
-        paths.extend(sorted(d.glob("*.jsonl")))
-    streams: dict[tuple, Stream] = {}
-    files: list[tuple] = []
-    samples: dict[str, int] = {}
-    ctl_host = None
-    starts: set = set()
-    for p in paths:
-        h = _first_header(p)
+    ``keep(header)`` drops whole processes (rank/mesh filters) before reading them. TorchTitan's
+    own files (:mod:`.titan_logs`) are streams too, read from memory; nothing is written."""
+    run = Run(Path(run_dir), {}, [], {}, [], keep=keep)
+    found: list[tuple] = []
+    for p in event_files(run.run_dir):
+        h = first_header(p)
         if h is None:
             continue
         if h.get("ctl"):
-            ctl_host = h.get("host")
-        if h.get("start") is not None:
-            starts.add(h["start"])
-        key = (h.get("host"), h.get("pid"), h.get("session"))
-        if clocks and h.get("clk"):
-            d = int(h["clk"][0]) - int(h["clk"][1])
-            samples[h["host"]] = min(d, samples.get(h["host"], d))
-        if keep is not None and not keep(h):
-            continue
-        st = streams.get(key)
-        if st is None:
-            st = streams[key] = Stream(key=key, header=h, actor=h.get("actor", ""))
-        st.files.append((int(h.get("file", 0)), p))
-        files.append((key, int(h.get("file", 0)), p))
-    if clocks:  # later, tighter samples ("C" records) and later sessions: one cheap pass
-        for key, _i, p in list(files):
-            host = key[0]
-            with open(p, "rb") as f:
-                next(f, None)
-                for line in f:
-                    if line.startswith(b'{"h"'):  # a restarted process appended to this file
-                        try:
-                            h2 = clean_header(json.loads(line.decode("utf-8")))
-                        except (ValueError, RecursionError):
-                            continue
-                        if h2 is None:
-                            continue
-                        k2 = (h2.get("host"), h2.get("pid"), h2.get("session"))
-                        if h2.get("start") is not None:
-                            starts.add(h2["start"])
-                        if k2 not in streams and (keep is None or keep(h2)):
-                            streams[k2] = Stream(key=k2, header=h2, actor=h2.get("actor", ""))
-                        if h2.get("clk"):
-                            d = int(h2["clk"][0]) - int(h2["clk"][1])
-                            samples[host] = min(d, samples.get(host, d))
-                    elif line.startswith(_CLOCK_LINE):
-                        try:
-                            c = json.loads(line.decode("utf-8"))
-                        except (ValueError, RecursionError):
-                            continue
-                        if not (isinstance(c, list) and len(c) >= 3 and _int(c[1]) and _int(c[2])):
-                            continue
-                        d = c[1] - c[2]
-                        samples[host] = min(d, samples.get(host, d))
-    offsets = {h: (0 if h == ctl_host else -d) for h, d in samples.items()}
-    if ctl_host is not None:
-        offsets[ctl_host] = 0
-    attempts = sorted(starts)
-    for st in streams.values():
-        st.offset_us = offsets.get(st.host, 0)
-        s = st.header.get("start")
-        st.attempt = attempts.index(s) if s in attempts else 0
-    files.sort(key=lambda t: (t[0][0] or "", t[0][1] or 0, t[0][2] or "", t[1], str(t[2])))
-    return Run(run_dir, streams, [(p, k) for k, _i, p in files], offsets, attempts, ctl_host)
+            run.controller_host = h.get("host")
+        if clocks:
+            _note_header(run, h)
+        elif h.get("start") is not None:
+            run.starts.add(h["start"])
+        if run.stream_for(h) is not None:
+            found.append((file_order(h, p), p, h))
+    for src in titan_logs.titan_files(run.run_dir):
+        h = titan_logs.header_of(src, run.run_dir.name)
+        if run.stream_for(h) is not None:
+            found.append((file_order(h, src), src, h))
+    if clocks:
+        for _o, p, h in found:
+            if not titan_logs.is_titan(p):
+                _scan_clocks(run, p, h.get("host"))
+    finish_clocks(run)
+    found.sort(key=lambda t: t[0])
+    for _o, p, h in found:
+        run.streams[(h.get("host"), h.get("pid"), h.get("session"))].files.append((int(h.get("file", 0)), p))
+        run.files.append((p, (h.get("host"), h.get("pid"), h.get("session"))))
+    return run
 
 
 def walk(run: Run) -> Iterator[tuple]:
     """Every record of the run, normalised (see the module docstring). The records of one
-    process come together; its ``OPEN`` spans and its ``END`` follow its last record.
-
-    One function on purpose: it is the per-record loop of every view, and its lookups are bound
-    once, outside the loop."""
-    opens: dict[tuple, dict] = {}
+    process come together; its ``OPEN`` spans and its ``END`` follow its last record."""
     done: set = set()
     touched: list = []
     files = run.files
-    for fi, (path, key) in enumerate(files):
-        st = run.streams[key]
-        touched.append(key)
-        names: dict[int, str] = {}
-        base = int(st.header.get("t0", 0)) + st.offset_us
-        op = opens.setdefault(key, {})
-        for r in _lines(path, run):
-            if isinstance(r, list):
-                if not r or not _record_ok(r):
-                    _malformed(run, path, 0, f"a record of the wrong shape ({_brief(r)})")
-                    continue
-                k = r[0]
-                st.records += 1
-                if type(k) is int:  # complete span
-                    ts = base + k
-                    end = ts + r[1]
-                    if st.first_ts is None or ts < st.first_ts:
-                        st.first_ts = ts
-                    if st.last_ts is None or end > st.last_ts:
-                        st.last_ts = end
-                    ex = r[5] if len(r) > 5 else None
-                    cpu = None
-                    if ex and X_CPU in ex:
-                        ex, cpu = _split_cpu(ex)
-                    yield (SPAN, st, r[2], names.get(r[3], "?"), r[4], ts, r[1], ex, cpu)
-                    continue
-                if k == R_NAME:
-                    names[r[1]] = r[2]
-                    continue
-                if k == R_LANE:
-                    st.lanes[r[1]] = r[2]
-                    continue
-                if k == R_INSTANT:
-                    ts = base + r[1]
-                    _touch(st, ts)
-                    yield (INSTANT, st, r[2], names.get(r[3], "?"), r[4], ts, r[5] if len(r) > 5 else None)
-                elif k == R_BEGIN:
-                    ts = base + r[2]
-                    _touch(st, ts)
-                    op[r[1]] = (r[3], names.get(r[4], "?"), r[5], ts, r[6] if len(r) > 6 else None)
-                elif k == R_END:
-                    b = op.pop(r[1], None)
-                    ts = base + r[2]
-                    _touch(st, ts)
-                    if b is not None:
-                        ex = b[4]
-                        cpu = None
-                        if len(r) > 3 and r[3]:
-                            ex = dict(ex or {}, **r[3])
-                            if X_CPU in ex:
-                                ex, cpu = _split_cpu(ex)
-                        yield (SPAN, st, b[0], b[1], b[2], b[3], ts - b[3], ex, cpu)
-                elif k == R_STEP:
-                    ts = base + r[1]
-                    _touch(st, ts)
-                    yield (STEP, st, r[2], r[3], ts)
-                elif k == R_TAG:
-                    ts = base + r[1]
-                    _touch(st, ts)
-                    yield (TAG, st, r[2], r[3], r[4], ts)
-                elif k == R_META:
-                    if isinstance(r[1].get("actor"), str) and r[1]["actor"]:
-                        st.actor = r[1]["actor"]
-                elif k == R_DROPPED:
-                    st.dropped += r[1]
-                elif k == R_CLOSE:
-                    _touch(st, base + r[1])
-                    st.clean = True
-                    continue
-                st.clean = False
-            elif isinstance(r, dict) and r.get("h"):
-                r = clean_header(r)
-                nkey = (r.get("host"), r.get("pid"), r.get("session"))
-                if nkey != key:  # a restarted process appended to the same file
-                    st = run.streams.get(nkey)
-                    if st is None:
-                        st = run.streams[nkey] = Stream(key=nkey, header=r, actor=r.get("actor", ""))
-                        st.offset_us = run.offsets.get(st.host, 0)
-                        s = r.get("start")
-                        st.attempt = run.attempts.index(s) if s in run.attempts else 0
-                    key = nkey
-                    op = opens.setdefault(key, {})
-                names = {}
-                if r.get("actor"):
-                    st.actor = r["actor"]
-                base = int(r.get("t0", 0)) + st.offset_us
-                touched.append(key)
-            else:
-                _malformed(run, path, 0, f"an object that is not a header ({_brief(r)})")
+    for fi, (path, _key) in enumerate(files):
+        cur = Cursor(path)
+        yield from read_from(run, cur, touched)
         if fi + 1 < len(files) and files[fi + 1][1] == files[fi][1]:
             continue  # the next file continues this process (rotation)
         for k in dict.fromkeys(touched):
-            if k in done:
-                continue
-            done.add(k)
-            s2 = run.streams[k]
-            for _sid, b in opens.pop(k, {}).items():
-                yield (OPEN, s2, b[0], b[1], b[2], b[3], b[4])
-            yield (END, s2)
+            if k not in done:
+                done.add(k)
+                yield from _stream_end(run.streams[k])
         touched = []
     for key, st in run.streams.items():
         if key not in done:
@@ -391,9 +346,149 @@ def walk(run: Run) -> Iterator[tuple]:
                        run.malformed, run.first_malformed)
 
 
+def _stream_end(st: Stream) -> Iterator[tuple]:
+    for _sid, b in list(st.opens.items()):
+        yield (OPEN, st, b[0], b[1], b[2], b[3], b[4])
+    st.opens = {}
+    yield (END, st)
+
+
+def read_from(run: Run, cur: Cursor, touched: list | None = None, limit: int | None = None) -> Iterator[tuple]:
+    """The items of ``cur``'s file after ``cur.offset``, up to its last complete line (or
+    ``limit`` bytes); ``cur`` moves past each line read. A torn last line waits: it is read once
+    complete. ``touched`` collects the stream keys met."""
+    if titan_logs.is_titan(cur.path):
+        lines = titan_logs.timeline_lines(cur.path, run.run_dir.name) if cur.offset == 0 else iter(())
+    else:
+        lines = _file_lines(cur, limit)
+    for raw, size in lines:
+        cur.line_off = cur.offset
+        cur.offset += size
+        r = parse_line(raw) if type(raw) is bytes else raw
+        if type(r) is list:
+            if r and _record_ok(r):
+                st = run.streams.get(cur.key) if cur.key is not None else None
+                if st is not None and (item := _record(st, cur, r)) is not None:
+                    yield item
+                continue
+            why = f"a record of the wrong shape ({_brief(r)})"
+        elif type(r) is dict:
+            if r.get("h"):
+                _header(run, cur, r, touched)
+                continue
+            why = f"an object that is not a header ({_brief(r)})"
+        elif r is BLANK:
+            continue
+        else:
+            why = NOT_JSON if r is NOT_PARSED else f"a JSON {type(r).__name__}, not a JSON array or a JSON object"
+        run.note_malformed(cur.path, 0, f"{why} (at byte {cur.line_off})")
+
+
+#: bytes read from a file at a time
+_CHUNK = 8 << 20
+
+
+def _file_lines(cur: Cursor, limit: int | None) -> Iterator[tuple]:
+    """``(line, size in bytes)`` of each complete line after ``cur.offset`` (at most ``limit``
+    bytes); a torn last line (no newline yet) is left for later."""
+    left = limit
+    with open(cur.path, "rb") as f:
+        f.seek(cur.offset)
+        rest = b""
+        while left is None or left > 0:
+            data = f.read(_CHUNK if left is None else min(_CHUNK, left))
+            if not data:
+                return
+            if left is not None:
+                left -= len(data)
+            data = rest + data
+            end = data.rfind(b"\n") + 1
+            rest = data[end:]
+            for line in data[:end].splitlines(keepends=True):
+                yield line, len(line)
+
+
+def _header(run: Run, cur: Cursor, r: dict, touched: list | None) -> None:
+    """A header: the file's first, or a restarted process appending to it (a new session)."""
+    h = clean_header(r)
+    if cur.host is None:
+        cur.host = h.get("host")
+    _note_header(run, h, cur.host)
+    st = run.stream_for(h)
+    cur.names = {}
+    if st is None:
+        cur.key = None
+        return
+    cur.key = st.key
+    if h.get("actor"):
+        st.actor = h["actor"]
+    cur.base = int(h.get("t0", 0)) + st.offset_us
+    if touched is not None:
+        touched.append(st.key)
+
+
+def _record(st: Stream, cur: Cursor, r: list) -> "tuple | None":
+    """One well-formed record: an item, or None for a record that only changes state."""
+    k = r[0]
+    st.records += 1
+    if type(k) is int:  # a complete span
+        ts = cur.base + k
+        end = ts + r[1]
+        if st.first_ts is None or ts < st.first_ts:
+            st.first_ts = ts
+        if st.last_ts is None or end > st.last_ts:
+            st.last_ts = end
+        ex = r[5] if len(r) > 5 else None
+        cpu = None
+        if ex and rec.X_CPU in ex:
+            ex, cpu = _split_cpu(ex)
+        return (SPAN, st, r[2], cur.names.get(r[3], "?"), r[4], ts, r[1], ex, cpu)
+    if k == _NAME:
+        cur.names[r[1]] = r[2]
+        return None
+    if k == _LANE:
+        st.lanes[r[1]] = r[2]
+        return None
+    st.clean = k == _CLOSED
+    if k == _INSTANT:
+        ts = _touch(st, cur.base + r[1])
+        return (INSTANT, st, r[2], cur.names.get(r[3], "?"), r[4], ts, r[5] if len(r) > 5 else None)
+    if k == _STEP:
+        return (STEP, st, r[2], r[3], _touch(st, cur.base + r[1]))
+    if k == _TAG:
+        return (TAG, st, r[2], r[3], r[4], _touch(st, cur.base + r[1]))
+    return _state_record(st, cur, r, k)
+
+
+def _state_record(st: Stream, cur: Cursor, r: list, k: str) -> "tuple | None":
+    """``B`` / ``E`` (an ended span is an item), ``M``, ``D``, ``Z``, ``C``."""
+    if k == _BEGIN:
+        st.opens[r[1]] = (r[3], cur.names.get(r[4], "?"), r[5], _touch(st, cur.base + r[2]), r[6] if len(r) > 6 else None)
+    elif k == _ENDED:
+        b = st.opens.pop(r[1], None)
+        ts = _touch(st, cur.base + r[2])
+        if b is not None:
+            ex, cpu = b[4], None
+            if len(r) > 3 and r[3]:
+                ex = dict(ex or {}, **r[3])
+                if rec.X_CPU in ex:
+                    ex, cpu = _split_cpu(ex)
+            return (SPAN, st, b[0], b[1], b[2], b[3], ts - b[3], ex, cpu)
+    elif k == _META:
+        if isinstance(r[1].get("actor"), str) and r[1]["actor"]:
+            st.actor = r[1]["actor"]
+    elif k == _DROPPED:
+        st.dropped += r[1]
+    elif k == _CLOSED:
+        _touch(st, cur.base + r[1])
+    elif k == _CLOCK:
+        st.clock = r[1] - r[2] if st.clock is None else min(st.clock, r[1] - r[2])
+    return None
+
+
 def _split_cpu(ex: dict) -> tuple:
     """``(extras without the CPU time, CPU µs or None when it is not an int)``."""
-    cpu = ex.pop(X_CPU)
+    cpu = ex.pop(rec.X_CPU)
     return ex or None, cpu if _int(cpu) else None
 
 
@@ -404,11 +499,12 @@ def _brief(r: Any) -> str:
         return type(r).__name__
 
 
-def _touch(st: Stream, ts: int) -> None:
+def _touch(st: Stream, ts: int) -> int:
     if st.first_ts is None or ts < st.first_ts:
         st.first_ts = ts
     if st.last_ts is None or ts > st.last_ts:
         st.last_ts = ts
+    return ts
 
 
 def run_end(run: Run) -> int | None:

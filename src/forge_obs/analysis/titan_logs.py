@@ -4,8 +4,8 @@ TorchTitan (``torchtitan.observability.structured_logger``) writes one JSONL fil
 ``<output_dir>/structured_logs/<source>.global_rank_<rank>.<time>-<id>.jsonl``, one JSON object
 per record (``log_type_name``, ``step``, ``step_tags``, ``time_us``, ``value``, ``task_name``,
 ``rank``, ``source``, ``host_name``, ``pid``, ``tid``). :func:`timeline_dirs` turns each such file
-into a forge_obs timeline file (once; again when the source changed), so that ``forge-obs
-trace`` / ``sql`` / ``doctor`` read a TorchTitan run that never used forge_obs:
+into the records of a forge_obs timeline file, in memory (:func:`timeline_records`), so that
+``forge-obs trace`` / ``sql`` / ``doctor`` read a TorchTitan run that never used forge_obs:
 
 - ``X_start`` / ``X_end`` pairs (matched last-in first-out per thread and task, as TorchTitan's
   own analysis does) are spans ``X``; an ``X_error`` between them marks the span with the error;
@@ -15,8 +15,7 @@ trace`` / ``sql`` / ``doctor`` read a TorchTitan run that never used forge_obs:
 - a record whose step differs from the last is preceded by a step record; new step tags are
   tag records. The source is the mesh, the global rank the rank, each thread (and asyncio task) a lane.
 
-The converted files go to ``<dir>/events/titan_<file>.jsonl``, or, when that directory cannot be
-written, to a per-run cache directory under the system's temporary directory.
+Nothing is written beside the run: :func:`convert_file` writes a converted file where asked.
 
     >>> import json, tempfile
     >>> from pathlib import Path
@@ -31,17 +30,15 @@ written, to a per-run cache directory under the system's temporary directory.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
 from forge_obs.analysis.jsonl_reader import json_lines
 from forge_obs.recording.timeline.records import BEGIN, CLOSE, INSTANT, LANE, NAME, STEP, TAG, X_ATTRS, X_ERROR
 
-__all__ = ["titan_files", "timeline_dirs", "convert_file", "PREFIX"]
+__all__ = ["titan_files", "is_titan", "timeline_records", "header_of", "timeline_lines", "convert_file", "PREFIX"]
 
 #: converted files are named ``titan_<TorchTitan file name>``
 PREFIX = "titan_"
@@ -57,27 +54,35 @@ def titan_files(run_dir: "str | Path") -> list[Path]:
     return out
 
 
-def timeline_dirs(run_dir: "str | Path") -> list[Path]:
-    """The directories holding the converted timeline files of ``run_dir``'s TorchTitan files
-    (converting those not converted yet, or changed since); empty when it has none."""
-    files = titan_files(run_dir)
-    if not files:
-        return []
-    dest = Path(run_dir) / "events"
-    try:
-        dest.mkdir(parents=True, exist_ok=True)
-        probe = dest / ".forge_obs_probe"
-        probe.write_text("")
-        probe.unlink()
-    except OSError:
-        key = hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
-        dest = Path(tempfile.gettempdir()) / "forge_obs_titan" / key / "events"
-        dest.mkdir(parents=True, exist_ok=True)
-    for src in files:
-        out = dest / f"{PREFIX}{src.name}"
-        if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
-            convert_file(src, out, run_id=Path(run_dir).name)
-    return [dest]
+def is_titan(path: Path) -> bool:
+    """Whether ``path`` is one of TorchTitan's per-rank files (not a forge_obs timeline file)."""
+    return ".global_rank_" in path.name
+
+
+def timeline_records(src: Path, run_id: str) -> list:
+    """``src`` (one TorchTitan rank's records) as the records of a forge_obs timeline file,
+    header first, in memory (nothing is written; the last file converted is kept for the next
+    call while it is unchanged)."""
+    st = src.stat()
+    key = (str(src), st.st_size, st.st_mtime_ns, run_id)
+    if _last[0] != key:
+        recs = [r for r in json_lines(src, lambda line, why: None) if isinstance(r, dict) and r.get("log_type_name")]
+        _last[:] = [key, list(_records(recs, run_id, src.name))]
+    return _last[1]
+
+
+_last: list = [None, None]
+
+
+def header_of(src: Path, run_id: str) -> dict:
+    """The timeline header of TorchTitan file ``src`` (see :func:`timeline_records`)."""
+    return timeline_records(src, run_id)[0]
+
+
+def timeline_lines(src: Path, run_id: str) -> Iterator[tuple]:
+    """``(record, 1)`` for each record of :func:`timeline_records`: what the timeline reader
+    reads from a file, a record at a time (the second value counts records, not bytes)."""
+    return ((r, 1) for r in timeline_records(src, run_id))
 
 
 def convert_file(src: Path, out: Path, run_id: str) -> int:

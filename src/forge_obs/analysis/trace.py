@@ -15,7 +15,8 @@ open at the end of the data are drawn up to the last timestamp with ``args.unfin
 than ``open_after_s`` then) ends at the shutdown with ``args.cut_by_shutdown = true`` (category
 ``shutdown``) and is not counted as unfinished; spans that raised carry ``args.error`` and
 category ``error``. Per-host clock offsets (estimated against the controller) are applied.
-Memory: per-process state, flow points and open spans; the records themselves are streamed.
+Memory: per-process state, flow points and open spans; the records themselves are streamed
+from the run's index (:mod:`forge_obs.analysis.index`), filtered on steps, meshes and ranks there.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def parse_names(spec: str | None) -> set[str] | None:
 
 
 def make_keep(ranks: Any, meshes: set | None) -> Callable[[dict], bool] | None:
-    """The stream filter of :func:`reader.scan`: ``ranks`` is a rank spec of
+    """The stream filter (on a header): ``ranks`` is a rank spec of
     :func:`~forge_obs.recording.timeline.schema.parse_ranks` (``"0,3"``, ``"0-7"``, ``"every:4"``, a set)."""
     if ranks is not None:
         parse_ranks(ranks)  # raises ValueError on a bad spec, before any file is read
@@ -90,14 +91,14 @@ def export_trace(
     """Write ``out`` (Chrome JSON trace), atomically (a ``.tmp`` file renamed at the end). Returns
     counts: slices, instants, unfinished, cut_by_shutdown, errors, flows, tracks (and, with
     ``critical_path``, ``path_slices``: a "critical path" process, see :func:`_path_events`)."""
-    run = reader.scan(run_dir, make_keep(ranks, meshes))
+    run, streams = _read(run_dir, make_keep(ranks, meshes), steps)
     out = Path(out)
     tmp = out.with_name(out.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         trace = _TraceFile(f)
         trace.number_tracks(run)
         f.write('{"traceEvents":[\n')
-        for st, items in _streams_in_steps(run, steps):
+        for st, items in streams:
             trace.emit(_stream_events(trace, st, items))
         trace.emit(_unfinished_events(trace, reader.run_end(run) or 0))
         trace.emit(_flow_events(trace))
@@ -109,6 +110,48 @@ def export_trace(
         f.write(f'\n],"displayTimeUnit":"ms","otherData":{_dumps(other, default=str)}}}\n')
     tmp.replace(out)
     return trace.stats
+
+
+def _read(run_dir: "str | Path", keep: Any, steps: tuple[int, int] | None) -> tuple:
+    """The run's sessions and ``(stream, items)`` per session: from the run's index, or, where it
+    cannot be built (no DuckDB or pyarrow), from the files themselves."""
+    from forge_obs.analysis.index import available, open_index
+    from forge_obs.analysis.index.timeline import items_by_stream, sessions
+
+    if not available():
+        run = reader.scan(run_dir, keep)
+        return run, _streams_in_steps(run, steps)
+    idx = open_index(run_dir)
+    con = idx.connect()
+    run = sessions(idx, con, keep)
+    return run, items_by_stream(con, run, steps)
+
+
+def _streams_in_steps(run: reader.Run, steps: tuple[int, int] | None) -> Iterator[tuple[reader.Stream, list]]:
+    """``(stream, items)`` per contiguous run of one stream's records in :func:`reader.walk`,
+    keeping the records whose step is inside ``steps`` (all when None)."""
+    lo, hi = steps if steps is not None else (None, None)
+    cur: reader.Stream | None = None
+    items: list = []
+    for it in reader.walk(run):
+        kind = it[0]
+        st = it[1]
+        if st is not cur:
+            if cur is not None and items:
+                yield cur, items
+            cur, items = st, []
+        if kind is END:
+            if items:
+                yield cur, items
+            cur, items = None, []
+            continue
+        if lo is not None:
+            step = it[3] if (kind is STEP or kind is TAG) else it[4]
+            if step is None or step < lo or step > hi:
+                continue
+        items.append(it)
+    if cur is not None and items:
+        yield cur, items
 
 
 class _TraceFile:
@@ -165,33 +208,6 @@ class _TraceFile:
                 args["flow"] = ex["f"]
                 self.flows.setdefault(_dumps(ex["f"], default=str), []).append(point)
         return args
-
-
-def _streams_in_steps(run: reader.Run, steps: tuple[int, int] | None) -> Iterator[tuple[reader.Stream, list]]:
-    """``(stream, items)`` per contiguous run of one stream's records in :func:`reader.walk`,
-    keeping the records whose step is inside ``steps`` (all when None)."""
-    lo, hi = steps if steps is not None else (None, None)
-    cur: reader.Stream | None = None
-    items: list = []
-    for it in reader.walk(run):
-        kind = it[0]
-        st = it[1]
-        if st is not cur:
-            if cur is not None and items:
-                yield cur, items
-            cur, items = st, []
-        if kind is END:
-            if items:
-                yield cur, items
-            cur, items = None, []
-            continue
-        if lo is not None:
-            step = it[3] if (kind is STEP or kind is TAG) else it[4]
-            if step is None or step < lo or step > hi:
-                continue
-        items.append(it)
-    if cur is not None and items:
-        yield cur, items
 
 
 def _pack_tasks(st: reader.Stream, items: list) -> dict[int, int]:
@@ -350,9 +366,7 @@ def _path_events(trace: _TraceFile, run_dir: Path, steps: tuple[int, int] | None
              f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":1,"args":{{"name":"steps"}}}}',
              f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":2,"args":{{"name":"path"}}}}']
     n = 0
-    for r in analyse(run_dir):
-        if steps is not None and not steps[0] <= r["step"] <= steps[1]:
-            continue
+    for r in analyse(run_dir, first=steps[0] if steps else None, last=steps[1] if steps else None):
         lines.append(f'{{"ph":"X","cat":"critical_path","pid":{pid},"tid":1,"ts":{r["start_us"]},'
                      f'"dur":{r["end_us"] - r["start_us"]},"name":{_dumps(r["answer"])},"args":{{"step":{r["step"]}}}}}')
         for sg in r["path"]:

@@ -389,6 +389,7 @@ _BACKENDS: dict[str, "type[LoggerBackend] | str"] = {
     "wandb": "forge_obs.backends.wandb:WandbBackend",
     "tensorboard": "forge_obs.backends.tensorboard:TensorBoardBackend",
     "alerts": "forge_obs.alerts.backend:AlertsBackend",
+    "index": "forge_obs.analysis.index.live:IndexBackend",
 }
 
 

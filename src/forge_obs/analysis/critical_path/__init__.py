@@ -44,8 +44,25 @@ def _config(settings: dict) -> PathConfig:
     return PathConfig(**settings)
 
 
-def analyse(run: "str | Path | Graph", **settings: Any) -> list:
-    """Every controller step's result (path, stages, slack, cause, one-line answer), by step."""
+def _indexed(settings: dict, index: bool) -> bool:
+    """Whether the stored per-step results answer: the index is asked for, and the settings are
+    the defaults the results were computed with (other settings walk the run again)."""
+    from forge_obs.analysis.index import available
+
+    return index and _config(settings) == PathConfig() and available()
+
+
+def analyse(run: "str | Path | Graph", *, index: bool = True, first: "int | None" = None,
+            last: "int | None" = None, **settings: Any) -> list:
+    """Every controller step's result (path, stages, slack, cause, one-line answer), by step
+    (``first`` / ``last``: only the steps in that range). From a run directory with the default
+    settings, read from the run's index (:mod:`forge_obs.analysis.index`); from a :class:`Graph`
+    (or with ``index=False``), computed."""
+    if not isinstance(run, Graph) and _indexed(settings, index):
+        from forge_obs.analysis.index import open_index
+        from forge_obs.analysis.index.answers import all_results
+
+        return all_results(open_index(run), first, last)
     g = run if isinstance(run, Graph) else load(run)
     walker = Walker(g, _config(settings))
     busy = Busy(g, walker)
@@ -53,6 +70,9 @@ def analyse(run: "str | Path | Graph", **settings: Any) -> list:
     med = medians(_fast(results))
     for r in results:
         answer(r, med)
+    if first is not None or last is not None:
+        lo, hi = first if first is not None else -(1 << 62), last if last is not None else 1 << 62
+        results = [r for r in results if lo <= r["step"] <= hi]
     return results
 
 
@@ -64,12 +84,18 @@ def _fast(results: list) -> list:
     return [r for r in done if r["duration_s"] <= cut]
 
 
-def why(run_dir: "str | Path", steps: "Iterable[int] | None" = None, slowest: int | None = None,
-        **settings: Any) -> dict:
+def why(run_dir: "str | Path", steps: "Iterable[int] | None" = None, slowest: int | None = None, *,
+        index: bool = True, **settings: Any) -> dict:
     """The critical path of the chosen steps: ``steps`` (ids), or the ``slowest`` K (unfinished
     steps first), or (neither) the slowest one. Each step's result also has ``compare``: what grew on its path against the
-    fast half of the run's steps. ``settings``: fields of :class:`PathConfig`."""
-    results = analyse(run_dir, **settings)
+    fast half of the run's steps. ``settings``: fields of :class:`PathConfig`. With the default
+    settings the answers are lookups in the run's index (``index=False``: the run is walked)."""
+    if _indexed(settings, index):
+        from forge_obs.analysis.index import open_index
+        from forge_obs.analysis.index.answers import why as indexed_why
+
+        return indexed_why(open_index(run_dir), None if steps is None else list(steps), slowest)
+    results = analyse(run_dir, index=False, **settings)
     by_step = {r["step"]: r for r in results}
     if steps is not None:
         want = list(steps)
@@ -88,9 +114,9 @@ def why(run_dir: "str | Path", steps: "Iterable[int] | None" = None, slowest: in
             "median_step_s": durs[(len(durs) - 1) // 2] if durs else None, "steps": chosen}
 
 
-def critical_path(run_dir: "str | Path", step: int, **settings: Any) -> dict:
+def critical_path(run_dir: "str | Path", step: int, *, index: bool = True, **settings: Any) -> dict:
     """The critical path of controller step ``step`` (a dict; see :func:`why`)."""
-    return why(run_dir, steps=[step], **settings)["steps"][0]
+    return why(run_dir, steps=[step], index=index, **settings)["steps"][0]
 
 
 def explain(run_dir: "str | Path", first_step: int, last_step: int, history: int = 32, **settings: Any) -> dict | None:

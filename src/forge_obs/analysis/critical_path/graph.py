@@ -37,7 +37,7 @@ from typing import Any
 from forge_obs.analysis import reader
 from forge_obs.analysis.reader import INSTANT, OPEN, SPAN, STEP
 
-__all__ = ["Span", "Graph", "Window", "load", "roots_between"]
+__all__ = ["Span", "Graph", "Window", "load", "build", "controller_streams", "roots_between", "flow_key"]
 
 
 class Span:
@@ -100,7 +100,7 @@ class Graph:
         return bool(s.stream.header.get("ctl"))
 
 
-def _flow_key(ex: Any) -> Any:
+def flow_key(ex: Any) -> Any:
     if not ex or "f" not in ex:
         return None
     f = ex["f"]
@@ -113,35 +113,56 @@ def _link_key(ex: Any) -> Any:
 
 
 def load(run_dir: "str | Path") -> Graph:
-    """One pass over the run's timeline files: spans nested per track, flows, step windows. The
-    steps are the controller's (the process whose header says ``ctl``); without one (a plain
-    script, an SPMD job launched by torchrun) the first rank 0's."""
+    """One pass over the run's timeline files (the direct read, without the index): spans nested
+    per track, flows, step windows. See :func:`build`."""
     run = reader.scan(run_dir)
-    g = Graph(run=run)
+    ctl = controller_streams(run.streams.values())
+    ctl_ids = {id(st) for st in ctl}
+    spans: list = []
     opens: list = []
     calls: dict[str, tuple] = {}  # link id -> (stream, lane, ts) of the "call" event
     steps: dict[int, int] = {}
-    g.ctl = {id(st) for st in run.streams.values() if st.header.get("ctl")}
-    if not g.ctl and run.streams:  # a standalone script, or an SPMD job: its (first) rank 0 steps
-        first = min(run.streams.values(), key=lambda st: (st.rank, st.attempt, st.mesh, st.host or "", st.pid))
-        g.ctl = {id(first)}
     for it in reader.walk(run):
         k = it[0]
         if k is SPAN:
             _k, st, lane, name, step, ts, dur, ex, _cpu = it
-            g.spans.append(s := Span(st, lane, name, step, ts, max(dur, 0), _flow_key(ex), False))
-            s.link = _link_key(ex)
+            spans.append((st, lane, name, step, ts, dur, flow_key(ex), _link_key(ex)))
         elif k is INSTANT:
             if it[3] == "call" and (link := _link_key(it[6])) is not None:
                 calls[link] = (it[1], it[2], it[5])
         elif k is OPEN:
-            opens.append(it)
-        elif k is STEP and id(it[1]) in g.ctl and it[3] is not None:
+            _k, st, lane, name, step, ts, ex = it
+            opens.append((st, lane, name, step, ts, 0, flow_key(ex), _link_key(ex)))
+        elif k is STEP and id(it[1]) in ctl_ids and it[3] is not None:
             steps.setdefault(it[3], it[4])
-    g.end = reader.run_end(run) or 0
-    for _k, st, lane, name, step, ts, ex in opens:
-        g.spans.append(s := Span(st, lane, name, step, ts, max(g.end - ts, 0), _flow_key(ex), True))
-        s.link = _link_key(ex)
+    return build(run, ctl, spans, opens, calls, steps, reader.run_end(run) or 0)
+
+
+def controller_streams(streams: Any) -> list:
+    """The streams whose steps are the steps: the controller's (header ``ctl``); without one (a
+    plain script, an SPMD job launched by torchrun) the first rank 0's."""
+    streams = list(streams)
+    ctl = [st for st in streams if st.header.get("ctl")]
+    if not ctl and streams:
+        ctl = [min(streams, key=lambda st: (st.rank, st.attempt, st.mesh, st.host or "", st.pid))]
+    return ctl
+
+
+def build(run: reader.Run, ctl: list, spans: list, opens: list, calls: dict, steps: dict, end: int) -> Graph:
+    """The graph of ``spans`` and ``opens`` (``(stream, lane, name, step, start, dur, flow key,
+    call link)``, in reading order; an open span runs to ``end``, the last timestamp of the
+    data), ``calls`` (link id -> (stream, lane, ts)) and ``steps`` (the controller's step ->
+    the time of its first ``set_step``). :func:`load` and the index
+    (:mod:`forge_obs.analysis.index`) both build it here."""
+    g = Graph(run=run)
+    g.ctl = {id(st) for st in ctl}
+    for st, lane, name, step, ts, dur, flow, link in spans:
+        g.spans.append(s := Span(st, lane, name, step, ts, max(dur, 0), flow, False))
+        s.link = link
+    g.end = end
+    for st, lane, name, step, ts, _d, flow, link in opens:
+        g.spans.append(s := Span(st, lane, name, step, ts, max(end - ts, 0), flow, True))
+        s.link = link
     _nest(g)
     _calls(g, calls)
     for s in g.spans:
@@ -207,13 +228,19 @@ def _windows(g: Graph, steps: dict[int, int]) -> list:
             best[s.step] = s
     out = []
     order = sorted(set(best) | set(steps))
-    for i, n in enumerate(order):
-        nxt = [steps[m] for m in order[i + 1:] if m in steps]
+    nxt: dict[int, Any] = {}  # step -> the set_step time of the next step that has one
+    following = None
+    for n in reversed(order):
+        nxt[n] = following
+        if n in steps:
+            following = steps[n]
+    for n in order:
         r = best.get(n)
-        if r is not None and (n not in steps or not nxt or 2 * r.dur >= nxt[0] - steps[n]):
+        nx = nxt[n]
+        if r is not None and (n not in steps or nx is None or 2 * r.dur >= nx - steps[n]):
             out.append(Window(n, r.start, r.end, r, r.unfinished))
         elif n in steps:
-            out.append(Window(n, steps[n], nxt[0] if nxt else g.end, None, not nxt))
+            out.append(Window(n, steps[n], nx if nx is not None else g.end, None, nx is None))
     return out
 
 

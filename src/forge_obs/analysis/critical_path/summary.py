@@ -15,10 +15,17 @@ from forge_obs.analysis.critical_path.graph import Graph, Window
 from forge_obs.analysis.critical_path.walk import Segment, Walker
 from forge_obs.analysis.doctor.subjects import replica_family
 
-__all__ = ["step_result", "stage_label", "answer", "compare", "medians", "Busy"]
+__all__ = ["step_result", "stage_label", "answer", "compare", "compare_to", "medians", "cause", "idle_mesh", "total_by",
+           "Busy"]
 
 
-def _who(st: Any) -> dict:
+def _who(st: Any, cache: "dict | None" = None) -> dict:
+    """The identity fields of a stream (``cache``: id(stream) -> them, filled as they are asked)."""
+    if cache is not None:
+        w = cache.get(id(st))
+        if w is None:
+            w = cache[id(st)] = {"mesh": st.mesh, "actor": st.actor, "rank": st.rank, "host": st.host, "pid": st.pid}
+        return w
     return {"mesh": st.mesh, "actor": st.actor, "rank": st.rank, "host": st.host, "pid": st.pid}
 
 
@@ -31,7 +38,7 @@ def _segments(path: list, walker: Walker) -> list:
     out = []
     for seg in path:
         sp = seg.span
-        out.append({**_who(sp.stream), "name": sp.name, "task": sp.stream.lanes.get(sp.lane, str(sp.lane)),
+        out.append({**_who(sp.stream, walker.who), "name": sp.name, "task": sp.stream.lanes.get(sp.lane, str(sp.lane)),
                     "step": sp.step, "start_us": seg.start, "end_us": seg.end,
                     "duration_s": (seg.end - seg.start) / 1e6, "link": seg.link,
                     "controller": bool(sp.stream.header.get("ctl")) or sp.lane == -1, "wait": walker.is_wait(sp.name),
@@ -56,7 +63,8 @@ def _stages(segs: list, total_s: float) -> list:
     return out
 
 
-def _by(stages: list, key: str) -> dict:
+def total_by(stages: list, key: str) -> dict:
+    """Time on the path per value of ``key`` (``mesh``, ``name``) over ``stages``."""
     out: dict[str, float] = {}
     for a in stages:
         out[str(a[key])] = out.get(str(a[key]), 0.0) + a["path_s"]
@@ -69,6 +77,7 @@ class Busy:
     def __init__(self, g: Graph, walker: Walker) -> None:
         self.per: dict[int, tuple] = {}
         self.streams = {}
+        self.who: dict = {}
         for s in sorted(g.roots, key=lambda s: s.start):
             if g.is_ctl(s.stream):
                 continue
@@ -115,7 +124,7 @@ def _slack(busy: Busy, w: Window, segs: list) -> list:
         if st.first_ts is not None and (st.first_ts > w.end or (st.last_ts or 0) < w.start):
             continue
         work = max(b - wt, 0)
-        out.append({**_who(st), "busy_s": work / 1e6, "waiting_s": wt / 1e6, "idle_s": (span_us - work) / 1e6,
+        out.append({**_who(st, busy.who), "busy_s": work / 1e6, "waiting_s": wt / 1e6, "idle_s": (span_us - work) / 1e6,
                     "on_path_s": on_path.get((st.host, st.pid, st.mesh, st.rank), 0.0)})
     out.sort(key=lambda r: (r["mesh"], r["rank"], r["host"], r["pid"]))
     return out
@@ -130,10 +139,10 @@ def step_result(g: Graph, walker: Walker, busy: Busy, w: Window) -> dict:
     root = w.root.name if w.root is not None else "step"
     return {"step": w.step, "root": root, "start_us": w.start, "end_us": w.end, "duration_s": total_s,
             "unfinished": w.unfinished or any(s["unfinished"] for s in segs), "path": segs, "stages": stages,
-            "by_mesh": _by(stages, "mesh"), "by_name": _by(stages, "name"), "slack": _slack(busy, w, segs)}
+            "by_mesh": total_by(stages, "mesh"), "by_name": total_by(stages, "name"), "slack": _slack(busy, w, segs)}
 
 
-def _cause(r: dict) -> dict | None:
+def cause(r: dict) -> dict | None:
     """The stage the step waited on: the largest that is neither a wait nor the step span's own
     time, else the largest that is not a wait, else the largest."""
     st = r["stages"]
@@ -151,7 +160,7 @@ def _key(a: dict) -> tuple:
 def answer(r: dict, medians: dict) -> None:
     """Adds ``cause``, ``idle`` and ``answer`` (the one line) to step result ``r``. ``medians``:
     :func:`medians` of the run's fast steps."""
-    c = _cause(r)
+    c = cause(r)
     line = f"step {r['step']}: {r['duration_s']:.3f} s"
     if r["unfinished"]:
         line += " (unfinished)"
@@ -169,13 +178,13 @@ def answer(r: dict, medians: dict) -> None:
         line += f", {c['ratio_to_median']:.1f}x its median in the fast steps"
     else:
         line += ", never on the path in the fast steps"
-    idle = _idle_mesh(r, c["mesh"])
+    idle = idle_mesh(r, c["mesh"])
     if idle is not None:
         line += f"; {idle['mesh']} idle {idle['idle_s']:.3f} s"
     r["cause"], r["idle"], r["answer"] = c, idle, line
 
 
-def _idle_mesh(r: dict, skip: str) -> dict | None:
+def idle_mesh(r: dict, skip: str) -> dict | None:
     """The mesh (other than the cause's) that did the most work in the step, with its idle time
     (its least idle rank's): what the slow stage kept waiting."""
     idle: dict[str, float] = {}
@@ -204,7 +213,13 @@ def medians(results: list) -> dict:
 def compare(r: dict, fast: list, top: int = 3) -> dict:
     """What changed on ``r``'s path against the ``fast`` steps: the stages whose path time grew
     most over their median there."""
-    ref = medians(fast) if fast else {}
+    med = statistics.median(f["duration_s"] for f in fast) if fast else None
+    return compare_to(r, medians(fast) if fast else {}, len(fast), med, top)
+
+
+def compare_to(r: dict, ref: dict, fast_steps: int, fast_median_s: "float | None", top: int = 3) -> dict:
+    """:func:`compare` against ``ref`` (:func:`medians` of ``fast_steps`` steps whose median
+    duration is ``fast_median_s``)."""
     mine = {_key(a): a for a in r["stages"]}
     rows = []
     for k in set(k for k in ref if k[1] is not None) | set(mine):
@@ -213,6 +228,6 @@ def compare(r: dict, fast: list, top: int = 3) -> dict:
         rows.append({"mesh": k[0], "actor": k[1], "rank": k[2], "name": k[3], "step_s": now, "fast_s": was,
                      "fast_steps_on_path": n, "delta_s": now - was})
     rows.sort(key=lambda x: -x["delta_s"])
-    med = statistics.median(f["duration_s"] for f in fast) if fast else None
-    return {"fast_steps": len(fast), "fast_median_s": med, "grew": [x for x in rows[:top] if x["delta_s"] > 0],
+    return {"fast_steps": fast_steps, "fast_median_s": fast_median_s,
+            "grew": [x for x in rows[:top] if x["delta_s"] > 0],
             "shrank": sorted((x for x in rows if x["delta_s"] < 0), key=lambda x: x["delta_s"])[:top]}

@@ -84,6 +84,7 @@ class Walker:
         self.win_lo = 0  # the start of the step being walked
         self.root: Span | None = None  # its root
         self._wait_names: dict[str, bool] = {}
+        self.who: dict = {}  # id(stream) -> its identity fields (the summary's)
         #: flow -> the controller step span that carries it: a span sharing it that started
         #: during that step belongs to that step
         self.step_flows = {w.root.flow: w.root for w in g.windows if w.root is not None and w.root.flow is not None}

@@ -126,6 +126,23 @@ class Panel:
     total: str | None = None
 
 
+def _rows(run_dir: Path) -> Any:
+    """The well-formed rows of ``metrics.jsonl``, in order, read from the run's index
+    (:mod:`forge_obs.analysis.index`); from the file itself where the index cannot be built
+    (DuckDB or pyarrow missing: the report needs neither)."""
+    from forge_obs.analysis.index import available, open_index
+
+    if not available():
+        from forge_obs.analysis.store import read_jsonl
+
+        yield from read_jsonl(run_dir / "metrics.jsonl")
+        return
+    cur = open_index(run_dir).connect().execute("SELECT json FROM _metric_rows ORDER BY off")
+    for batch in iter(lambda: cur.fetchmany(4096), []):
+        for (text,) in batch:
+            yield json.loads(text)
+
+
 class RunData:
     """Every series of ``metrics.jsonl`` and the run's ``meta.json``.
 
@@ -135,8 +152,6 @@ class RunData:
     """
 
     def __init__(self, run_dir: "str | Path") -> None:
-        from forge_obs.analysis.store import read_jsonl
-
         self.run_dir = Path(run_dir)
         self.meta: dict[str, Any] = {}
         self.series: dict[str, list[Point]] = {}
@@ -157,12 +172,10 @@ class RunData:
                 self.meta = {"error": "meta.json is not valid JSON"}
             if not isinstance(self.meta, dict):
                 self.meta = {"error": "meta.json is not a JSON object"}
-        path = self.run_dir / "metrics.jsonl"
-        if not path.exists():
+        if not (self.run_dir / "metrics.jsonl").exists():
             return
-        for row in read_jsonl(path):
-            if isinstance(row, dict):
-                self._add_row(row)
+        for row in _rows(self.run_dir):
+            self._add_row(row)
 
     def _add_row(self, row: dict[str, Any]) -> None:
         mode = row.get("mode", "global_reduce")

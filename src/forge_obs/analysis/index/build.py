@@ -1,0 +1,261 @@
+"""One update of a run's index: the bytes appended to its files since the last update become
+new segments; a file that shrank or was replaced makes the update a rebuild.
+
+What is remembered per source file (in the manifest's ``state``): its identity (inode, first
+line), the byte offset after its last complete line (a torn last line is read once complete),
+and the reader's state there (:class:`forge_obs.analysis.reader.Cursor`: names, session); per
+process session (:class:`~forge_obs.analysis.reader.Stream`): its header, counts, the spans it
+began and has not ended. A resumed job's new files are new sessions (``attempt`` tells them
+apart); a TorchTitan file that changed is read again whole (its segments are replaced).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from forge_obs.analysis import reader, titan_logs
+from forge_obs.analysis.index import store
+from forge_obs.analysis.index.rows import Columns, TimelineRows, dims_of, extras_of, metric_rows
+from forge_obs.analysis.index.schema import arrow_schema
+from forge_obs.analysis.jsonl_reader import BLANK, NOT_JSON, NOT_PARSED, parse_line
+from forge_obs.analysis.store import metric_row_problem
+
+__all__ = ["Update", "APPEND_TABLES", "write_rows"]
+
+logger = logging.getLogger("forge_obs")
+
+#: rows held before they are written as segments (a large file is indexed in parts)
+FLUSH_ROWS = 1_000_000
+#: tables that grow by a segment per update
+APPEND_TABLES = ("spans", "events", "lanes", "metrics", "metric_rows")
+
+
+def _identity(path: Path) -> tuple:
+    """(inode, digest of the first line): a file replaced by another has another."""
+    st = path.stat()
+    with open(path, "rb") as f:
+        head = f.readline(4096)
+    return st.st_ino, hashlib.sha1(head).hexdigest()[:16], st.st_size, st.st_mtime_ns
+
+
+class Update:
+    """Read what is new into ``cols`` (the rows to append) and the manifest's state."""
+
+    def __init__(self, run_dir: Path, man: store.Manifest) -> None:
+        self.run_dir = Path(run_dir)
+        self.man = man
+        st = man.state
+        self.files: dict = st.setdefault("files", {})
+        self.run = reader.Run(self.run_dir, {}, [], {}, [], controller_host=st.get("ctl_host"))
+        self.run.samples = dict(st.get("samples", {}))
+        self.run.starts = set(st.get("starts", []))
+        self.sid_of: dict = {}
+        self.sessions: list = st.setdefault("streams", [])
+        for s in self.sessions:
+            self._restore(s)
+        self.cols = Columns("spans", "events", "lanes", "metrics", "metric_rows")
+        self.titan: dict[int, Columns] = {}  # fid -> rows of a TorchTitan file read again whole
+        self.rebuild = False
+        self.changed = False
+        self.lo: int | None = None  # the earliest raw time of a new timeline row
+
+    # ------------------------------------------------------------------ state
+    def _restore(self, s: dict) -> None:
+        h = s["header"]
+        st = reader.Stream(key=tuple(s["key"]), header=h, actor=s["actor"], first_ts=s["first_ts"],
+                           last_ts=s["last_ts"], clean=s["clean"], records=s["records"], dropped=s["dropped"],
+                           clock=s.get("clock"))
+        st.opens = {int(k): tuple(v) for k, v in s["opens"].items()}
+        self.run.streams[st.key] = st
+        self.sid_of[st.key] = s["sid"]
+
+    def _save_streams(self) -> None:
+        out = []
+        for key, st in self.run.streams.items():
+            if key not in self.sid_of:
+                self.sid_of[key] = len(self.sid_of)
+            out.append({"sid": self.sid_of[key], "key": list(key), "header": st.header, "actor": st.actor,
+                        "first_ts": st.first_ts, "last_ts": st.last_ts, "clean": st.clean, "records": st.records,
+                        "dropped": st.dropped, "clock": st.clock,
+                        "opens": {str(k): list(v) for k, v in st.opens.items()}})
+        out.sort(key=lambda s: s["sid"])
+        if self.run.malformed:
+            st = self.man.state
+            st["first_malformed"] = st.get("first_malformed") or self.run.first_malformed
+            st["malformed"] = st.get("malformed", 0) + self.run.malformed
+            self.run.malformed = 0
+        self.man.state["streams"] = self.sessions = out
+        self.man.state["samples"] = self.run.samples
+        self.man.state["starts"] = sorted(self.run.starts)
+        self.man.state["ctl_host"] = self.run.controller_host
+
+    # ------------------------------------------------------------------ the timeline
+    def read_timeline(self, flush: Any = None) -> None:
+        """Every event file's new complete lines, in reading order (TorchTitan files read again
+        when changed); ``flush(update)`` is called whenever the rows held grow large."""
+        todo = []
+        for path, titan in [(p, False) for p in reader.event_files(self.run_dir)] + \
+                [(p, True) for p in titan_logs.titan_files(self.run_dir)]:
+            f = self._check(path, titan)
+            if self.rebuild:
+                return
+            if f is not None:
+                todo.append((f, path))
+        todo.sort(key=lambda t: t[0]["order"])
+        for f, path in todo:
+            self._read_file(path, f, flush)
+        self._save_streams()
+
+    def _check(self, path: Path, titan: bool) -> "dict | None":
+        """The state of ``path`` when it has lines to read (None: nothing new)."""
+        rel = os.path.relpath(path, self.run_dir)
+        try:
+            ident = _identity(path)
+        except OSError:
+            return None
+        f = self.files.get(rel)
+        if f is None:
+            f = self._new_file(rel, path, ident, titan)
+            if f is None:
+                return None
+        elif titan and (f["size"], f["mtime"]) != ident[2:]:
+            self._reset_titan(f, ident)
+        elif not titan and ((f["ino"], f["head"]) != ident[:2] or ident[2] < f["offset"]):
+            self.rebuild = True
+            return None
+        if (not titan and f["offset"] < ident[2]) or (titan and f["offset"] == 0):
+            return f
+        return None
+
+    def _new_file(self, rel: str, path: Path, ident: tuple, titan: bool) -> "dict | None":
+        h = titan_logs.header_of(path, self.run_dir.name) if titan else reader.first_header(path)
+        if h is None:
+            return None  # not a timeline file (yet: its header is not complete)
+        if h.get("ctl") and self.run.controller_host is None:
+            self.run.controller_host = h.get("host")
+        f = self.files[rel] = {"fid": len(self.files), "ino": ident[0], "head": ident[1], "size": ident[2],
+                               "mtime": ident[3], "offset": 0, "names": {}, "key": None, "base": 0, "host": None,
+                               "titan": titan, "order": list(reader.file_order(h, path))}
+        return f
+
+    def _reset_titan(self, f: dict, ident: tuple) -> None:
+        f.update(offset=0, names={}, key=None, size=ident[2], mtime=ident[3])
+        for segs in self.man.tables.values():
+            self.man.garbage += [s["file"] for s in segs if s.get("src") == f["fid"]]
+            segs[:] = [s for s in segs if s.get("src") != f["fid"]]
+        for st in self.run.streams.values():
+            if st.key[2] == Path(f["order"][-1]).name:
+                st.opens, st.records, st.first_ts, st.last_ts = {}, 0, None, None
+
+    def _read_file(self, path: Path, f: dict, flush: Any) -> None:
+        cur = reader.Cursor(path, f["offset"], {int(k): v for k, v in f["names"].items()},
+                            tuple(f["key"]) if f["key"] else None, f["base"], 0, f["host"])
+        fid, titan = f["fid"], f["titan"]
+        cols = self.titan.setdefault(fid, Columns("spans", "events", "lanes")) if titan else self.cols
+        rows = TimelineRows(cols, self.sid_of)
+        touched: list = []
+        sid_of = self.sid_of
+        for it in reader.read_from(self.run, cur, touched):
+            if it[1].key not in sid_of:
+                sid_of[it[1].key] = len(sid_of)
+            rows.add(it, fid, cur.line_off)
+            if flush is not None and not titan and cols.rows("spans") + cols.rows("events") >= FLUSH_ROWS:
+                flush(self)
+        for key in dict.fromkeys(touched + ([cur.key] if cur.key is not None else [])):
+            if key not in sid_of:
+                sid_of[key] = len(sid_of)
+            rows.lanes(self.run.streams[key])
+        f.update(offset=cur.offset, names={str(k): v for k, v in cur.names.items()},
+                 key=list(cur.key) if cur.key else None, base=cur.base, host=cur.host)
+        if rows.lo is not None:
+            self.lo = rows.lo if self.lo is None else min(self.lo, rows.lo)
+        self.changed = True
+
+    # ------------------------------------------------------------------ metrics.jsonl
+    def read_metrics(self) -> None:
+        """``metrics.jsonl``'s new complete rows (a file that shrank or was replaced: rebuild)."""
+        path = self.run_dir / "metrics.jsonl"
+        try:
+            ident = _identity(path)
+        except OSError:
+            return
+        m = self.man.state.setdefault("metrics", {"ino": ident[0], "head": ident[1], "offset": 0})
+        if (m["ino"], m["head"]) != ident[:2] or ident[2] < m["offset"]:
+            self.rebuild = True
+            return
+        if ident[2] <= m["offset"]:
+            return
+        bad = [0, ""]
+        with open(path, "rb") as fh:
+            fh.seek(m["offset"])
+            data = fh.read(ident[2] - m["offset"])
+        end = data.rfind(b"\n") + 1
+        off = m["offset"]
+        for line in data[:end].splitlines(keepends=True):
+            row = _metric_row(line, bad)
+            if row is not None:
+                metric_rows(self.cols, row, off)
+            off += len(line)
+        m["offset"] = off
+        self.changed = True
+        if bad[0]:
+            m["first_malformed"] = m.get("first_malformed") or bad[1]
+            m["malformed"] = m.get("malformed", 0) + bad[0]
+
+    # ------------------------------------------------------------------ rows of the small tables
+    def stream_rows(self, offsets: dict, attempts: list) -> Columns:
+        """The ``streams`` and ``opens`` tables as they stand (rewritten at every update)."""
+        cols = Columns("streams", "opens")
+        last_fid = {}
+        for f in self.files.values():
+            k = f["key"]
+            if k:
+                last_fid[tuple(k)] = f["fid"]
+        for key, st in self.run.streams.items():
+            h = st.header
+            sid = self.sid_of[key]
+            start = h.get("start")
+            cols.add("streams", (sid, h.get("run"), attempts.index(start) if start in attempts else 0, st.host,
+                                 st.pid, h.get("session"), st.mesh, st.actor, st.rank, bool(h.get("ctl")),
+                                 offsets.get(st.host, 0), st.first_ts, st.last_ts, st.clean, st.records, st.dropped,
+                                 float(start) if isinstance(start, (int, float)) else None,
+                                 *dims_of(h.get("coords"))))
+            for n, (lane, name, step, ts, ex) in enumerate(list(st.opens.values())):
+                _e, flow, ft, attrs, link, _c = extras_of(ex)
+                cols.add("opens", (sid, st.actor, lane, name, step, ts, flow, ft, attrs, link,
+                                   last_fid.get(key, 0), n))
+        return cols
+
+
+def _metric_row(line: bytes, bad: list) -> "dict | None":
+    """A well-formed row of ``metrics.jsonl``, or None (counted in ``bad`` unless blank)."""
+    v = parse_line(line)
+    if v is BLANK:
+        return None
+    why = NOT_JSON if v is NOT_PARSED else (f"a JSON {type(v).__name__}, not a JSON object" if type(v) is not dict
+                                            else metric_row_problem(v))
+    if why is None:
+        return v
+    bad[0] += 1
+    bad[1] = bad[1] or why
+    return None
+
+
+def write_rows(d: Path, man: store.Manifest, cols: Columns, src: "int | None" = None, tag: str = "") -> None:
+    """A segment per table of ``cols`` that has rows (``src``: the TorchTitan file they come from;
+    ``tag``: the worker that writes them, in their names)."""
+    for table in cols:
+        n = cols.rows(table)
+        if not n:
+            continue
+        segs = man.segments(table)
+        num = f"{tag}{len(segs) + (0 if src is None else 1000 * (src + 1))}"
+        entry = store.write_segment(d, table, man.gen, num, cols.columns(table), arrow_schema(table))
+        if src is not None:
+            entry["src"] = src
+        segs.append(entry)
+

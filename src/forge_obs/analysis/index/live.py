@@ -1,0 +1,127 @@
+"""Indexing while the run goes: one process per run that brings its index up to date every
+``interval_s``, so that a new step is a lookup for ``sql``, ``why`` (and ``serve``) within
+about ``interval_s`` of its flush, whoever asks.
+
+It is a child process of the controller (started by the ``index`` backend:
+``"index": {"interval_s": 1.0}`` in ``init_backends``), at a low priority, apart from the
+controller's GIL: it never delays a flush. It exits when the run finishes (after one last
+update) or when the controller is gone. Without it, the first command after the run builds the
+index, and every command indexes what was appended since the last one.
+
+    python -m forge_obs.analysis.index.live RUN_DIR [--interval-s 1.0] [--cpu-share 0.01] [--parent PID]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from forge_obs.backends.base import LoggerBackend
+
+__all__ = ["follow", "IndexBackend", "DEFAULT_INTERVAL_S"]
+
+DEFAULT_INTERVAL_S = 1.0
+
+
+def follow(run_dir: Path, interval_s: float = DEFAULT_INTERVAL_S, parent: "int | None" = None,
+           stop: "threading.Event | None" = None, cpu_share: float = 0.0) -> int:
+    """Update the index of ``run_dir`` every ``interval_s`` until ``stop`` is set, SIGTERM /
+    SIGINT arrives or process ``parent`` is gone; then once more. With ``cpu_share`` (e.g. 0.01)
+    it waits longer after an update that cost more, so that it uses at most that share of one
+    core. Returns the number of updates."""
+    from forge_obs.analysis.index import store
+    from forge_obs.analysis.index.updater import update_index
+
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_a: stop.set())
+    d = store.index_dir(run_dir)
+    n = 0
+    while True:
+        last = stop.is_set() or (parent is not None and not _alive(parent))
+        cost = time.process_time()
+        if (run_dir / "events").is_dir() or (run_dir / "metrics.jsonl").exists():
+            try:
+                update_index(run_dir, d)
+                n += 1
+            except Exception as e:  # noqa: BLE001 - the next pass tries again; the files are the record
+                print(f"forge_obs index: {run_dir}: {type(e).__name__}: {e}", file=sys.stderr)
+        if last:
+            return n
+        cost = time.process_time() - cost
+        stop.wait(max(interval_s, cost / cpu_share - cost) if cpu_share > 0 else interval_s)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return os.getppid() == pid
+
+
+class IndexBackend(LoggerBackend):
+    """Keeps the run's index up to date while it runs (see the module docstring); logs nothing.
+    Config: ``interval_s`` (default 1.0)."""
+
+    def __init__(self, logger_backend_config: "dict[str, Any] | None" = None) -> None:
+        cfg = dict(logger_backend_config or {})
+        interval = cfg.pop("interval_s", DEFAULT_INTERVAL_S)
+        if not isinstance(interval, (int, float)) or isinstance(interval, bool) or not 0.05 <= interval <= 3600:
+            raise ValueError(f"index: interval_s must be a number of seconds in [0.05, 3600], got {interval!r}")
+        if cfg:
+            raise ValueError(f"index: unknown key {sorted(cfg)[0]!r}; valid: interval_s")
+        super().__init__({})
+        self.interval_s = float(interval)
+        self.proc: "subprocess.Popen | None" = None
+
+    def init(self, run: Any = None, **kwargs: Any) -> None:
+        super().init(run)
+        run_dir = getattr(run, "run_dir", None)
+        if run_dir is None or self.proc is not None:
+            return
+        src = str(Path(__file__).resolve().parents[3])
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "forge_obs.analysis.index.live", str(run_dir), "--interval-s", str(self.interval_s),
+             "--parent", str(os.getpid())], env=env, stdin=subprocess.DEVNULL, preexec_fn=lambda: os.nice(10))
+
+    def log_step(self, record: Any) -> None:
+        return None
+
+    def finish(self, timeout_s: float = 60.0) -> None:
+        """One last update of what the run wrote, then the indexer exits (killed past ``timeout_s``)."""
+        p, self.proc = self.proc, None
+        if p is None:
+            return
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def main(argv: "list[str] | None" = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m forge_obs.analysis.index.live", description=__doc__.splitlines()[0])
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--interval-s", type=float, default=DEFAULT_INTERVAL_S)
+    ap.add_argument("--parent", type=int, default=None)
+    ap.add_argument("--cpu-share", type=float, default=0.0, help="use at most this share of one core (e.g. 0.01)")
+    args = ap.parse_args(argv)
+    follow(args.run_dir, args.interval_s, args.parent, cpu_share=args.cpu_share)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The index's files: immutable Parquet segments, a manifest naming them, and two locks.
+
+    <run_dir>/index/
+      manifest.json          what is indexed: per source file its byte offset and the reader's
+                             state there, per table its segments; replaced atomically
+      <table>-<gen>-<n>.parquet   a segment: rows of one table (never changed once written)
+      write.lock             held (exclusive) by the one process that updates the index
+      read.lock              held (shared) by readers while they query; a segment dropped by
+                             an update is deleted only when no reader holds it
+
+A reader takes ``read.lock`` shared, reads the manifest, and queries the segments it names:
+an update running meanwhile writes new segments and a new manifest beside them, and leaves
+the segments it dropped (compacted, replaced) in the manifest's ``garbage`` list until it can
+take ``read.lock`` exclusively (without waiting). So a query never sees a half-written
+segment or a deleted one, and two updaters never interleave.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+__all__ = ["INDEX_DIR", "FORMAT", "Manifest", "index_dir", "writable", "read_lock", "write_lock",
+           "write_segment", "collect_garbage"]
+
+#: the index's directory inside a run directory
+INDEX_DIR = "index"
+#: the manifest's format; an index of another format is rebuilt
+FORMAT = 2
+
+
+def index_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / INDEX_DIR
+
+
+def writable(run_dir: Path) -> bool:
+    """Whether the index of ``run_dir`` can be written (the run directory or its index is writable)."""
+    d = index_dir(run_dir)
+    if d.is_dir():
+        return os.access(d, os.W_OK)
+    return os.access(run_dir, os.W_OK)
+
+
+class Manifest:
+    """What the index holds: ``state`` (the reader's, per source file), ``tables`` (table ->
+    [segment entries]), ``gen`` (how many updates wrote it), ``garbage`` (segments to delete)."""
+
+    def __init__(self, data: dict | None = None) -> None:
+        data = data or {}
+        self.gen: int = data.get("gen", 0)
+        self.state: dict = data.get("state", {})
+        self.tables: dict[str, list] = data.get("tables", {})
+        self.garbage: list = data.get("garbage", [])
+
+    @classmethod
+    def load(cls, d: Path) -> "Manifest | None":
+        try:
+            data = json.loads((d / "manifest.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return cls(data) if isinstance(data, dict) and data.get("format") == FORMAT else None
+
+    def save(self, d: Path) -> None:
+        tmp = d / f".manifest.{os.getpid()}.tmp"
+        data = {"format": FORMAT, "gen": self.gen, "state": self.state, "tables": self.tables, "garbage": self.garbage}
+        tmp.write_text(json.dumps(data, separators=(",", ":")))
+        os.replace(tmp, d / "manifest.json")
+
+    def segments(self, table: str) -> list[dict]:
+        return self.tables.setdefault(table, [])
+
+    def files(self, d: Path, table: str) -> list[str]:
+        return [str(d / s["file"]) for s in self.tables.get(table, ())]
+
+
+@contextmanager
+def _flock(path: Path, mode: int, wait: bool = True) -> Iterator[bool]:
+    """``flock`` of ``path`` (created if missing and possible); yields whether it is held. A
+    lock file that cannot be opened (a read-only run directory) holds nothing: nobody can write
+    there either."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            yield False
+            return
+    try:
+        try:
+            fcntl.flock(fd, mode | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def read_lock(d: Path) -> Any:
+    """Held (shared) while the segments a manifest names are queried."""
+    return _flock(d / "read.lock", fcntl.LOCK_SH)
+
+
+def write_lock(d: Path, wait: bool = True) -> Any:
+    """Held (exclusive) while the index is updated."""
+    return _flock(d / "write.lock", fcntl.LOCK_EX, wait)
+
+
+def write_segment(d: Path, table: str, gen: int, n: Any, columns: dict, schema: Any) -> dict:
+    """Write one segment (a ``.tmp`` renamed into place); its manifest entry."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pa.Table.from_pydict(columns, schema=schema)
+    name = f"{table}-{gen}-{n}.parquet"
+    tmp = d / f".{name}.tmp"
+    # no min/max for floating columns: Arrow leaves NaN out of them, and DuckDB then takes
+    # isnan() to be false everywhere in the row group
+    stats = [f.name for f in schema if not pa.types.is_floating(f.type)]
+    pq.write_table(t, tmp, compression="zstd", row_group_size=256 * 1024, write_statistics=stats)
+    os.replace(tmp, d / name)
+    return {"file": name, "rows": t.num_rows}
+
+
+def collect_garbage(d: Path, man: Manifest) -> None:
+    """Delete the segments ``man`` dropped, when no reader holds ``read.lock`` (else later)."""
+    if not man.garbage:
+        return
+    with _flock(d / "read.lock", fcntl.LOCK_EX, wait=False) as held:
+        if not held:
+            return
+        for name in man.garbage:
+            try:
+                (d / name).unlink()
+            except FileNotFoundError:
+                pass
+        man.garbage = []

@@ -1,0 +1,320 @@
+"""The run's index (forge_obs.analysis.index): built incrementally from the append-only files, it
+answers exactly what a direct read of the files answers (a property test on generated runs with
+torn lines, resumed attempts, clock offsets between hosts, open spans and SPMD coordinates), and
+holds its guarantees: a torn last line waits, a file that shrank or was replaced is indexed
+again, a read-only run directory is answered without writing, concurrent readers never see a
+deleted segment, a live run's new step is queryable at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import time
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("duckdb")
+pytest.importorskip("pyarrow")
+
+from hypothesis import HealthCheck, given, settings, strategies as hs  # noqa: E402
+
+from forge_obs.analysis import reader  # noqa: E402
+from forge_obs.analysis.critical_path import analyse, why  # noqa: E402
+from forge_obs.analysis.index import open_index, store  # noqa: E402
+from tests.support.path_runs import grpo_run  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def direct_spans(run_dir: Path) -> list:
+    """Every span as the reader yields it, as the ``spans`` view's columns (the direct read)."""
+    run = reader.scan(run_dir)
+    out, opens = [], []
+    for it in reader.walk(run):
+        if it[0] is reader.SPAN:
+            _k, st, lane, name, step, ts, dur, ex, _cpu = it
+            out.append((st.attempt, st.host, st.pid, st.mesh, st.rank, st.lanes.get(lane, str(lane)), name, step, ts,
+                        ts + dur, True, (ex or {}).get("e"), _flow(ex)))
+        elif it[0] is reader.OPEN:
+            opens.append(it)
+    end = reader.run_end(run) or 0
+    for _k, st, lane, name, step, ts, ex in opens:
+        out.append((st.attempt, st.host, st.pid, st.mesh, st.rank, st.lanes.get(lane, str(lane)), name, step, ts,
+                    end, False, None, _flow(ex)))
+    return sorted(out, key=repr)
+
+
+def _flow(ex):
+    if not ex or "f" not in ex:
+        return None
+    return ex["f"] if isinstance(ex["f"], str) else json.dumps(ex["f"])
+
+
+def indexed_spans(run_dir: Path) -> list:
+    con = open_index(run_dir).connect()
+    rows = con.execute("SELECT attempt, host, pid, mesh, rank, task, name, step, start_us, end_us, finished, error, "
+                       "flow FROM spans").fetchall()
+    return sorted(rows, key=repr)
+
+
+def assert_same_answers(run_dir: Path) -> None:
+    """The index's spans and every step's critical-path answer equal the direct read's."""
+    assert indexed_spans(run_dir) == direct_spans(run_dir)
+    a = why(run_dir, slowest=10**6)
+    b = why(run_dir, slowest=10**6, index=False)
+    assert a == b
+    assert analyse(run_dir) == analyse(run_dir, index=False)
+
+
+def _resume(run_dir: Path, src: Path, shift_us: int) -> None:
+    """Copy the run in ``src`` into ``run_dir`` as a later attempt: new sessions and pids, a later
+    controller start, times shifted by ``shift_us``."""
+    for p in sorted((src / "events").glob("*.jsonl")):
+        lines = p.read_text().splitlines(keepends=True)
+        h = json.loads(lines[0])
+        h.update(start=h["start"] + 3600, session=h["session"] + "-b", pid=h["pid"] + 100, t0=h["t0"] + shift_us)
+        name = f"{h['host']}_{h['pid']}_{h['mesh']}_{h['rank']}.jsonl"
+        (run_dir / "events" / name).write_text(json.dumps(h) + "\n" + "".join(lines[1:]))
+
+
+def _clock(run_dir: Path, host: str, sample_us: int) -> None:
+    """Give ``host``'s files a clock sample: that host's clock runs ``sample_us`` ahead."""
+    for p in (run_dir / "events").glob(f"{host}_*.jsonl"):
+        lines = p.read_text().splitlines(keepends=True)
+        h = json.loads(lines[0])
+        h["clk"] = [h["t0"] + sample_us + 5, h["t0"] + 5]
+        p.write_text(json.dumps(h) + "\n" + "".join(lines[1:]))
+
+
+def _spmd(run_dir: Path) -> None:
+    for p in (run_dir / "events").glob("*trainer*.jsonl"):
+        lines = p.read_text().splitlines(keepends=True)
+        h = json.loads(lines[0])
+        h["coords"] = {"pp": 0, "dp_shard": h["rank"]}
+        p.write_text(json.dumps(h) + "\n" + "".join(lines[1:]))
+
+
+def _grow(run_dir: Path, full: dict, rng: random.Random, rounds: int) -> None:
+    """Write each file's bytes in ``rounds`` parts (cut anywhere: a line may be torn), updating
+    the index after each part."""
+    cuts = {p: sorted(rng.randrange(len(b) + 1) for _ in range(rounds - 1)) + [len(b)] for p, b in full.items()}
+    for r in range(rounds):
+        for p, b in full.items():
+            p.write_bytes(b[:cuts[p][r]])
+        open_index(run_dir)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=hs.integers(3, 14), fault=hs.sampled_from(["", "slow_replica", "slow_rank", "hang", "carried", "starved"]),
+       resumed=hs.booleans(), skew=hs.sampled_from([0.0, 0.03, -0.03]), clock=hs.booleans(), spmd=hs.booleans(),
+       rounds=hs.integers(1, 4), seed=hs.integers(0, 10**6))
+def test_index_answers_as_a_direct_read(tmp_path_factory, steps, fault, resumed, skew, clock, spmd, rounds, seed):
+    base = tmp_path_factory.mktemp("gen")
+    kw = {"slow_replica": {"slow_replica": (1, 0.5)}, "slow_rank": {"slow_rank": (1, 0.6)},
+          "hang": {"hang": (steps - 1,)}, "carried": {"carried_sync_s": 0.3}, "starved": {"starved": (0.4,)}}.get(fault, {})
+    src = grpo_run(base / "src", steps, slow_from=steps // 2, trainer_host="node1" if skew else "node0",
+                   trainer_skew_s=skew, **kw)
+    if clock and skew:
+        _clock(src, "node1", int(skew * 1e6))
+    if spmd:
+        _spmd(src)
+    if resumed:
+        again = grpo_run(base / "again", 3, slow_rank=(0, 0.4))
+        _resume(src, again, 7_200 * 10**6)
+    full = {p: p.read_bytes() for p in (src / "events").glob("*.jsonl")}
+    run_dir = base / "run"
+    (run_dir / "events").mkdir(parents=True)
+    _grow(run_dir, {run_dir / "events" / p.name: b for p, b in full.items()}, random.Random(seed), rounds)
+    assert_same_answers(run_dir)
+    assert indexed_spans(run_dir) == sorted(indexed_rebuilt(run_dir), key=repr)
+
+
+def indexed_rebuilt(run_dir: Path) -> list:
+    con = open_index(run_dir, rebuild=True).connect()
+    return con.execute("SELECT attempt, host, pid, mesh, rank, task, name, step, start_us, end_us, finished, error, "
+                       "flow FROM spans").fetchall()
+
+
+def test_a_torn_last_line_waits(tmp_path):
+    grpo_run(tmp_path, 6)
+    p = sorted((tmp_path / "events").glob("*controller*.jsonl"))[0]
+    data = p.read_bytes()
+    line = b'[999999999, 10, 0, 1, 99]\n'
+    p.write_bytes(data + line[:9])  # the writer died mid-line (or has not finished it yet)
+    con = open_index(tmp_path).connect()
+    assert con.execute("SELECT count(*) FROM spans WHERE step = 99").fetchone()[0] == 0
+    p.write_bytes(data + line)
+    con = open_index(tmp_path).connect()
+    assert con.execute("SELECT count(*) FROM spans WHERE step = 99").fetchone()[0] == 1
+    assert_same_answers(tmp_path)
+
+
+@pytest.mark.parametrize("how", ["shrank", "replaced"])
+def test_a_file_that_shrank_or_was_replaced_is_indexed_again(tmp_path, how):
+    grpo_run(tmp_path, 8, slow_rank=(1, 0.5), slow_from=4)
+    open_index(tmp_path)
+    p = sorted((tmp_path / "events").glob("*trainer_1.jsonl"))[0]
+    lines = p.read_bytes().splitlines(keepends=True)
+    if how == "shrank":
+        p.write_bytes(b"".join(lines[: len(lines) // 2]))
+    else:
+        tmp = p.with_suffix(".new")
+        tmp.write_bytes(b"".join(lines[: len(lines) // 2]) + b"".join(lines[len(lines) // 2:]).replace(b"\n", b"\n", 1))
+        os.replace(tmp, p)  # another file (another inode) in its place
+    assert_same_answers(tmp_path)
+
+
+def test_metrics_are_indexed_incrementally_and_show_prints_them(tmp_path):
+    rows = [{"run_id": "r", "step": s, "mode": "global_reduce", "wall_time": 1.0 + s, "metrics": {"loss": 1.0 / (s + 1)}}
+            for s in range(5)]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows[:3]) + json.dumps(rows[3])[:10])
+    con = open_index(tmp_path).connect()
+    assert con.execute("SELECT max(step) FROM metrics").fetchone()[0] == 2
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    idx = open_index(tmp_path)
+    assert [s for s, _v, _w in idx.metric_series("loss")] == [0, 1, 2, 3, 4]
+    p = subprocess.run([sys.executable, "-m", "forge_obs.cli", "show", str(tmp_path)], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=120)
+    assert p.returncode == 0 and [json.loads(x) for x in p.stdout.splitlines()] == rows
+
+
+def test_metric_series_downsamples_keeping_spikes(tmp_path):
+    rows = [{"step": s, "mode": "global_reduce", "wall_time": float(s), "metrics": {"x": 100.0 if s == 777 else 1.0}}
+            for s in range(5000)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pts = open_index(tmp_path).metric_series("x", max_points=300)
+    assert len(pts) <= 300 and (777, 100.0, 777.0) in pts and pts[0][0] == 0
+
+
+def test_a_read_only_run_directory_is_answered_without_writing(tmp_path, monkeypatch):
+    grpo_run(tmp_path, 6, slow_rank=(1, 0.5), slow_from=3)
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    monkeypatch.setattr(store, "writable", lambda run_dir: False)
+    idx = open_index(tmp_path)
+    assert idx.summary()["private"] and not idx.dir.is_relative_to(tmp_path)
+    assert idx.connect().execute("SELECT count(*) FROM critical_path WHERE step = 4").fetchone()[0] > 0
+    assert why(tmp_path, steps=[4]) == why(tmp_path, steps=[4], index=False)
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before  # nothing written into the run directory
+
+
+def test_a_reader_keeps_the_segments_it_reads(tmp_path):
+    """A connection holds read.lock: an update that merges segments leaves the old ones on disk
+    until no reader holds them, then deletes them."""
+    run = tmp_path / "r"
+    (run / "events").mkdir(parents=True)
+    full = {}
+    src = grpo_run(tmp_path / "src", 20)
+    for p in (src / "events").glob("*.jsonl"):
+        full[run / "events" / p.name] = p.read_bytes()
+    con = None
+    for part in range(10, 21):  # 11 updates: the small segments get merged
+        for p, b in full.items():
+            p.write_bytes(b[: len(b) * part // 20])
+        idx = open_index(run)
+        if con is None:
+            con = idx.connect()
+            held = {s["file"] for segs in idx.manifest.tables.values() for s in segs}
+    man = store.Manifest.load(store.index_dir(run))
+    assert man.garbage and set(man.garbage) & held  # merged away, kept for the reader
+    assert all((store.index_dir(run) / f).exists() for f in held)
+    assert con.execute("SELECT count(*) FROM spans").fetchone()[0] > 0
+    del con
+    with open(next(iter(full)), "ab") as f:
+        f.write(b'["D", 0]\n')  # something new: the next update runs, and collects the garbage
+    open_index(run)
+    assert not store.Manifest.load(store.index_dir(run)).garbage
+    assert not any((store.index_dir(run) / f).exists() for f in held - {s["file"] for segs in man.tables.values() for s in segs})
+    assert_same_answers(run)
+
+
+def test_concurrent_commands_never_fail(tmp_path):
+    """Two sql commands and an indexing command at once, while the files grow."""
+    src = grpo_run(tmp_path / "src", 200)
+    run = tmp_path / "r"
+    (run / "events").mkdir(parents=True)
+    full = {run / "events" / p.name: p.read_bytes() for p in (src / "events").glob("*.jsonl")}
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    procs = []
+    for part in range(1, 6):
+        for p, b in full.items():
+            p.write_bytes(b[: len(b) * part // 5])
+        procs += [subprocess.Popen([sys.executable, "-m", "forge_obs.cli", *args], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, env=env)
+                  for args in (("sql", str(run), "SELECT count(*) FROM critical_path"),
+                               ("sql", str(run), "SELECT count(*) FROM spans"), ("index", str(run)))]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        assert "Traceback" not in err
+    assert_same_answers(run)
+
+
+def test_index_command(tmp_path, capsys):
+    from forge_obs.cli import main
+
+    grpo_run(tmp_path, 5)
+    assert main(["index", str(tmp_path)]) == 0
+    assert "5 steps with their critical path" in capsys.readouterr().out
+    assert main(["index", str(tmp_path), "--rebuild"]) == 0
+    assert main(["index", str(tmp_path / "nope")]) == 2
+    shutil.rmtree(tmp_path / "index")
+    assert main(["sql", str(tmp_path), "SELECT count(*) FROM slack WHERE step = 2"]) == 0  # builds it again
+    assert (tmp_path / "index" / "manifest.json").exists()
+
+
+def test_live_indexer_keeps_the_index_up_to_date(tmp_path):
+    """The ``index`` backend's child process indexes a run while it is written: a step flushed
+    to the files becomes a finished step of the index without any command being run; at finish
+    the index holds every step, and its answers are the direct read's."""
+    from forge_obs.analysis.index.live import IndexBackend
+    from forge_obs.backends.base import get_logger_backend_class
+    from forge_obs.backends.record import RunContext
+
+    assert get_logger_backend_class("index") is IndexBackend
+    with pytest.raises(ValueError, match="valid: interval_s"):
+        IndexBackend({"intervall_s": 1})
+    src = grpo_run(tmp_path / "src", 40)
+    run = tmp_path / "run"
+    (run / "events").mkdir(parents=True)
+    full = {run / "events" / p.name: p.read_bytes() for p in (src / "events").glob("*.jsonl")}
+    for p, b in full.items():
+        p.write_bytes(b[: len(b) // 2])
+    be = IndexBackend({"interval_s": 0.2})
+    be.init(run=RunContext(run_id="run", run_dir=run))
+    try:
+        d = store.index_dir(run)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            man = store.Manifest.load(d)
+            if man is not None and sum(s["rows"] for s in man.tables.get("steps", [])) > 0:
+                break
+            time.sleep(0.05)
+        assert man is not None and man.tables.get("steps"), "the live indexer indexed nothing"
+        for p, b in full.items():
+            p.write_bytes(b)
+    finally:
+        be.finish()
+    man = store.Manifest.load(store.index_dir(run))
+    assert man.state["files"] and all(f["offset"] == len(full[run / rel]) for rel, f in man.state["files"].items())
+    assert open_index(run, update=False).connect().execute("SELECT count(*) FROM _steps").fetchone()[0] == 40
+    assert_same_answers(run)
+
+
+@pytest.mark.parametrize("fault", [{"carried_sync_s": 0.3}, {"slow_rank": (1, 0.6), "trainer_host": "node1",
+                                                              "trainer_skew_s": 0.03}, {"hang": (59,)}])
+def test_batches_and_workers_answer_as_one_graph(tmp_path, monkeypatch, fault):
+    """Steps computed in many small batches, in 2 worker processes, answer as the one graph
+    of the direct read: each batch's graph reaches back far enough (a step's carried-over work,
+    another host's clock, a hang that runs to the end of the data)."""
+    from forge_obs.analysis.index import paths
+
+    monkeypatch.setattr(paths, "BATCH_SPANS", 150)
+    monkeypatch.setattr(paths, "WORKER_SPANS", 400)
+    grpo_run(tmp_path, 60, slow_from=20, **fault)
+    assert_same_answers(tmp_path)
