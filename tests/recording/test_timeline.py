@@ -409,6 +409,8 @@ def test_spans_carry_their_thread_cpu_time(tdir):
     export_trace(tdir, out)
     tdur = {e["name"]: e.get("tdur") for e in load(out).events if e.get("ph") == "X"}
     assert tdur["busy"] == busy[8] and tdur["long"] == lng[8]  # Perfetto's "Thread duration"
+    from forge_obs.analysis.sql import connect
+
     cpu = dict(connect(tdir).execute("SELECT name, cpu_us FROM spans").fetchall())  # the run's index
     assert cpu == {"busy": busy[8], "sleeps": sleeps[8], "long": lng[8]}
 
