@@ -12,6 +12,8 @@ import pytest
 import forge_obs
 
 ROOT = Path(__file__).resolve().parents[2]
+#: this checkout\'s forge_obs (src/) and its tests/apps helpers (the root), as a child process sees them
+CHECKOUT_PATH = os.pathsep.join((str(ROOT / "src"), str(ROOT)))
 
 TORCHFORGE_ALL = [  # forge.observability.__all__
     "record_metric", "reduce_metrics_states", "get_logger_backend_class", "get_or_create_metric_logger", "Tracer",
@@ -80,5 +82,5 @@ def test_modules_imported_at_once_by_threads_of_a_new_process(mods):
     export their submodules' names import nothing at load)."""
     for _ in range(6):
         out = subprocess.run([sys.executable, "-c", RACE, *mods], capture_output=True, text=True, timeout=120,
-                             env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT)
+                             env=dict(os.environ, PYTHONPATH=CHECKOUT_PATH), cwd=ROOT)
         assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+#: this checkout\'s forge_obs (src/) and its tests/apps helpers (the root), as a child process sees them
+CHECKOUT_PATH = os.pathsep.join((str(ROOT / "src"), str(ROOT)))
 README = ROOT / "README.md"
 FENCE = re.compile(r"(?:<!-- (readme-[a-z]+): ?(.*?) -->\n)?```(\w*)\n(.*?)^```", re.S | re.M)
 
@@ -63,7 +65,7 @@ def in_order(sample: list[str], output: list[str]) -> list[str]:
 
 
 def _env() -> dict:
-    return dict(os.environ, PYTHONPATH=str(ROOT), MONARCH_FILE_LOG="error")
+    return dict(os.environ, PYTHONPATH=CHECKOUT_PATH, MONARCH_FILE_LOG="error")
 
 
 def test_every_block_says_how_it_is_checked():

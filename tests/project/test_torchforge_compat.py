@@ -28,6 +28,8 @@ from forge_obs.analysis.store import read_metrics
 from tests.support.helpers import global_rows, start_logger
 
 ROOT = Path(__file__).resolve().parents[2]
+#: this checkout\'s forge_obs (src/) and its tests/apps helpers (the root), as a child process sees them
+CHECKOUT_PATH = os.pathsep.join((str(ROOT / "src"), str(ROOT)))
 
 
 # ============================================================ one textual change
@@ -70,7 +72,7 @@ def test_compat_modules_are_our_implementation_and_import_no_monarch():
         "assert pt.Tracer is Tracer and m.MetricCollector is forge_obs.MetricCollector\n"
         "print(sorted(k for k in ('monarch', 'torch') if k in sys.modules))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=CHECKOUT_PATH),
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -472,7 +474,7 @@ def test_forge_disable_metrics_at_import_disables_recording():
         "forge_obs.set_enabled(True); m.record_metric('x', 1.0)\n"
         "print(sorted(forge_obs.MetricCollector().snapshot()['states']))\n"
     )
-    env = dict(os.environ, PYTHONPATH=str(ROOT), FORGE_DISABLE_METRICS="true")
+    env = dict(os.environ, PYTHONPATH=CHECKOUT_PATH, FORGE_DISABLE_METRICS="true")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["False {}", "['x']"]
@@ -567,7 +569,7 @@ def test_migration_guide_example_runs_as_torchforge_prints_it(tmp_path):
     assert "forge.observability" not in block["body"] and "from forge_obs import" in block["body"]
     script = tmp_path / "example.py"
     script.write_text(block["body"])
-    env = dict(os.environ, PYTHONPATH=str(ROOT), MONARCH_FILE_LOG="error")
+    env = dict(os.environ, PYTHONPATH=CHECKOUT_PATH, MONARCH_FILE_LOG="error")
     res = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "=== [GlobalReduce] - METRICS STEP 0 ===\nmy_max_metric:  3\nmy_mean_metric: 2\nmy_sum_metric:  6" in res.stdout

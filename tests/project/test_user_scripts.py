@@ -18,6 +18,8 @@ import pytest
 from tests.support.helpers import run_as_user
 
 ROOT = Path(__file__).resolve().parents[2]
+#: this checkout\'s forge_obs (src/) and its tests/apps helpers (the root), as a child process sees them
+CHECKOUT_PATH = os.pathsep.join((str(ROOT / "src"), str(ROOT)))
 SCRIPTS = ROOT / "tests" / "user_scripts"
 
 
@@ -31,7 +33,7 @@ def last_json(out: str) -> dict:
 
 def sql(run_dir: Path, query: str) -> list[dict]:
     res = subprocess.run([sys.executable, "-m", "forge_obs.cli", "sql", str(run_dir), query, "--format", "json"],
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
+                         env=dict(os.environ, PYTHONPATH=CHECKOUT_PATH), capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
@@ -148,7 +150,7 @@ def test_rl_loop_from_the_docs(tmp_path):
                       ("firing", "straggler", "mesh/trainer/r1")}, alerts
     # the doctor, offline: the same rank and nothing else
     res = subprocess.run([sys.executable, "-m", "forge_obs.cli", "doctor", str(run_dir), "--json"],
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
+                         env=dict(os.environ, PYTHONPATH=CHECKOUT_PATH), capture_output=True, text=True, timeout=120)
     findings = json.loads(res.stdout)["findings"]
     assert [(f["kind"], f["where"]) for f in findings] == [("straggler", "mesh/trainer/r1")], findings
 
