@@ -177,7 +177,6 @@ def private_crossings(mod: str) -> set[str]:
 #: private names that still cross a module boundary. This list only shrinks: the rule (a name
 #: starting with ``_`` is never imported from another module) holds everywhere else.
 KNOWN_PRIVATE_CROSSINGS = {
-    "forge_obs.controller.client:forge_obs.controller.logger._STATE",
     "forge_obs.controller.call_context:forge_obs.recording.timeline._cur",
     "forge_obs.controller.call_context:forge_obs.recording.timeline._incoming_check",
     "forge_obs.controller.call_context:forge_obs.recording.timeline._Span",
