@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from forge_obs.analysis.report.data import QUANTILES, group_of, group_sort_key, overview_panels
+from forge_obs.analysis.report.data import group_of, group_sort_key, overview_panels
 from forge_obs.analysis.serve.series import align, merge_to
 from forge_obs.analysis.serve.state import RunState, ServeConfig, read_meta
 from forge_obs.analysis.store import RUN_MARKERS

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from forge_obs.analysis.report.data import QUANTILES, flatten, is_distribution
+from forge_obs.core.formatting import QUANTILES, flatten, is_distribution
 from forge_obs.analysis.serve.series import Buckets
 from forge_obs.analysis.serve.tail import Tail
 from forge_obs.analysis.store import metric_row_problem
