@@ -10,6 +10,8 @@
     [(0, 1.5)]
 """
 
-from forge_obs.analysis.store import metric_row_problem, read_jsonl, read_metrics
+from forge_obs.core.lazy import lazy_exports
 
 __all__ = ["read_metrics", "read_jsonl", "metric_row_problem"]
+_EXPORTS = dict.fromkeys(__all__, "forge_obs.analysis.store")
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__, globals())

@@ -9,8 +9,9 @@ incrementally and holds bounded, downsampled series (:mod:`.state`, :mod:`.serie
 polls it once a second and draws only the charts in view. See docs/serve.md.
 """
 
-from forge_obs.analysis.serve.api import Runs
-from forge_obs.analysis.serve.server import ServeServer
-from forge_obs.analysis.serve.state import RunState, ServeConfig
+from forge_obs.core.lazy import lazy_exports
 
 __all__ = ["Runs", "RunState", "ServeConfig", "ServeServer"]
+_EXPORTS = {"Runs": "forge_obs.analysis.serve.api", "ServeServer": "forge_obs.analysis.serve.server",
+            "RunState": "forge_obs.analysis.serve.state", "ServeConfig": "forge_obs.analysis.serve.state"}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__, globals())
