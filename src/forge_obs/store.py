@@ -2,6 +2,7 @@
 :mod:`forge_obs.analysis.store`).
 
     >>> import tempfile, pathlib
+    >>> from forge_obs.store import read_metrics
     >>> run_dir = pathlib.Path(tempfile.mkdtemp())
     >>> _ = (run_dir / "metrics.jsonl").write_text(
     ...     '{"step": 0, "mode": "global_reduce", "metrics": {"loss": 1.5}}\\n'
