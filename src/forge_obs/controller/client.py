@@ -28,7 +28,8 @@ from forge_obs.core.identity import current_identity, release_mesh_name, unique_
 
 logger = logging.getLogger("forge_obs")
 
-__all__ = ["get_or_create_metric_logger", "MetricLogger", "attach_fetcher", "LoggerHandles"]
+__all__ = ["get_or_create_metric_logger", "MetricLogger", "attach_fetcher", "LoggerHandles", "cached_handles",
+           "set_cached_handles", "spawn_handles_blocking"]
 
 
 class LoggerHandles:

@@ -38,7 +38,7 @@ from forge_obs.core.identity import rank_label
 from forge_obs.wire.messages import ChildMesh, RankKey
 from forge_obs.wire.plan import BYPASS_FRACTION
 
-__all__ = ["RankKey", "ChildMesh", "BUNDLED_SEQS", "BUNDLED", "RankBook", "Cut", "CutBook"]
+__all__ = ["BUNDLED_SEQS", "BUNDLED", "RankBook", "Cut", "CutBook"]
 
 #: cuts whose ranks taken from bundles and resends, and bypassed leaders, are remembered (a
 #: member keeps what it sent its leader for 32 cuts)

@@ -28,7 +28,8 @@ import time
 from typing import Any
 
 from forge_obs.controller.fetcher import store_options
-from forge_obs.controller.pipeline import Cut, FlushPipeline
+from forge_obs.controller.cuts import Cut
+from forge_obs.controller.pipeline import FlushPipeline
 from forge_obs.controller.registry import LOCAL_MESHES, MeshEntry
 from forge_obs.controller.state import CONTROLLER, ControllerState
 from forge_obs.core.selfobs import SELF_OBS

@@ -55,10 +55,11 @@ from typing import Any, Callable, Iterable
 from forge_obs.backends.base import LoggerBackend
 from forge_obs.controller.assembly import StepAssembler
 from forge_obs.controller.backend_worker import DEFAULT_QUEUE_STEPS, BackendSet
-from forge_obs.controller.cuts import ChildMesh, Cut, CutBook, RankBook, RankKey
+from forge_obs.controller.cuts import Cut, CutBook, RankBook
 from forge_obs.core.selfobs import SELF_OBS
 from forge_obs.core.types import Metric
 from forge_obs.recording.reduce import KeyDrops, Reduce
+from forge_obs.wire.messages import ChildMesh, RankKey
 from forge_obs.wire.snapshot import decode_raw, opened
 
 __all__ = ["RESUME_GRACE_S", "FlushPipeline"]

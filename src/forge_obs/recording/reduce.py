@@ -90,6 +90,7 @@ __all__ = [
     "ROW_FIELDS",
     "accumulator_for",
     "adopt_reductions",
+    "blank_maker",
     "exact_fsum",
     "is_registered",
     "takes_numbers",
