@@ -235,7 +235,8 @@ async def _calibrate(n_msgs: int, keys: int) -> None:
         "ack": wire(ack),
         "states": wire(states),
         "ack_batch": wire(AckBatch(ACKB, 1, [(("m", r), ()) for r in range(PROCS_PER_HOST)], [])),
-        "bundle": wire(Bundle(BUNDLE, 1, ("m", 0), 1, [("m", r) for r in range(PROCS_PER_HOST)], {}, dumps_bundle(bundle8))),
+        "bundle": wire(Bundle(BUNDLE, 1, ("m", 0), 1, [("m", r) for r in range(PROCS_PER_HOST)], {},
+                              dumps_bundle(bundle8))),
     }
     pm = this_host().spawn_procs(per_host={"procs": 1}, name="calibrate")
     sender = pm.spawn("Sender", Sender)

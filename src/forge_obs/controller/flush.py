@@ -261,7 +261,8 @@ def send_on_socket(e: MeshEntry, msg: CutOrder | ExportOrder) -> None:
     """Send ``msg`` to the ranks of ``e`` that take their cuts on the inbox socket. A rank whose
     connection is gone or full (dead, or its process frozen) misses it, as a dead rank misses a cast."""
     for key in CONTROLLER.local.send_each(e.socket_keys(), wire(msg)):
-        logger.debug("forge_obs: rank %s of mesh %s did not take %s %s on the socket", key[1], e.name, msg.kind, msg.seq)
+        logger.debug("forge_obs: rank %s of mesh %s did not take %s %s on the socket", key[1], e.name, msg.kind,
+                     msg.seq)
 
 
 # -------------------------------------------------------------------- requests while a cut is under way

@@ -108,7 +108,8 @@ class GlobalLoggingActor(Actor):
         port = await local_port()
         from forge_obs.controller.fetcher import current_options
 
-        identities = await fetcher.connect.call(port, proc_id, {**current_options(), "inbox_socket": start_local_inbox()})
+        options = {**current_options(), "inbox_socket": start_local_inbox()}
+        identities = await fetcher.connect.call(port, proc_id, options)
         size, name = 0, None
         for _point, ident in identities.items():
             size += 1
@@ -136,7 +137,8 @@ class GlobalLoggingActor(Actor):
         e = LOCAL_MESHES.get(proc_id)
         if e is not None:
             return not e.stopping
-        return CONTROLLER.pipeline is not None and any(k[0] == proc_id for kids in list(CONTROLLER.pipeline.book.tree.values()) for k in kids)
+        pipeline = CONTROLLER.pipeline
+        return pipeline is not None and any(k[0] == proc_id for kids in list(pipeline.book.tree.values()) for k in kids)
 
     @endpoint
     async def get_fetcher_count(self) -> int:
