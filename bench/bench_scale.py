@@ -70,15 +70,15 @@ INBOX = [0]  # messages taken by the controller's inbox
 
 def worker_main(design: str, procs: int, per_host: int, steps: int, warmup: int, keys: int, library_config: dict) -> None:
     """One (design, procs) run in this process; prints one JSON line."""
-    import forge_obs.controller.logger as ctl
+    import forge_obs.controller.inbox as inbox
 
-    take = ctl._take
+    take = inbox.take
 
     def counted(msg: tuple) -> None:
         INBOX[0] += 1
         take(msg)
 
-    ctl._take = counted  # counts the inbox's messages; the protocol is the library's
+    inbox.take = counted  # counts the inbox's messages; the protocol is the library's
     asyncio.run(_worker(design, procs, per_host, steps, warmup, keys, library_config))
 
 
@@ -216,8 +216,8 @@ async def _calibrate(n_msgs: int, keys: int) -> None:
 
     from monarch.actor import Actor, Channel, endpoint, this_host
 
-    from forge_obs.wire.messages import ACKB, BUNDLE
     from forge_obs.wire.bundle import dumps_bundle, make_bundle
+    from forge_obs.wire.messages import ACK, ACKB, BUNDLE, STATES, Ack, AckBatch, Bundle, States, wire
     from forge_obs.wire.snapshot import loads
 
     class Sender(Actor):
@@ -228,14 +228,15 @@ async def _calibrate(n_msgs: int, keys: int) -> None:
                 port.send(msg)
 
     templates = _templates(keys)
-    ack = ("ack", 1, ("m", 0), ())
-    states = ("states", 1, ("m", 0), {"label": "m/r0", "mesh": "m", "rank": 0, "host": "h", "pid": 1}, templates[0])
+    ack = Ack(ACK, 1, ("m", 0), [], None)
+    states = States(STATES, 1, ("m", 0), {"label": "m/r0", "mesh": "m", "rank": 0, "host": "h", "pid": 1}, templates[0])
     bundle8 = make_bundle({("m", r): loads(templates[r % len(templates)]) for r in range(PROCS_PER_HOST)})
     payloads = {
-        "ack": ack,
-        "states": states,
-        "ack_batch": (ACKB, 1, [(("m", r), ()) for r in range(PROCS_PER_HOST)], []),
-        "bundle": (BUNDLE, 1, ("m", 0), 1, [("m", r) for r in range(PROCS_PER_HOST)], {}, dumps_bundle(bundle8)),
+        "ack": wire(ack),
+        "states": wire(states),
+        "ack_batch": wire(AckBatch(ACKB, 1, [(("m", r), ()) for r in range(PROCS_PER_HOST)], [])),
+        "bundle": wire(Bundle(BUNDLE, 1, ("m", 0), 1, [("m", r) for r in range(PROCS_PER_HOST)], {},
+                              dumps_bundle(bundle8))),
     }
     pm = this_host().spawn_procs(per_host={"procs": 1}, name="calibrate")
     sender = pm.spawn("Sender", Sender)
@@ -300,11 +301,10 @@ def simulate(ranks: int, design: str, keys: int, group: int, fanin: int, steps: 
     ranks/(group*fanin)."""
     import threading
 
-    from forge_obs.wire.messages import ACKB, BUNDLE
     from forge_obs.backends.base import LoggerBackend
-    from forge_obs.wire.bundle import dumps_bundle, make_bundle, merge_bundles
-    from forge_obs.wire.messages import ACK, STATES
     from forge_obs.controller.pipeline import FlushPipeline
+    from forge_obs.wire.bundle import dumps_bundle, make_bundle, merge_bundles
+    from forge_obs.wire.messages import ACK, ACKB, BUNDLE, STATES, Ack, AckBatch, Bundle, States, view, wire
     from forge_obs.wire.snapshot import loads
 
     done = threading.Event()
@@ -324,8 +324,9 @@ def simulate(ranks: int, design: str, keys: int, group: int, fanin: int, steps: 
         pipe = FlushPipeline({"arrival": Arrival({})}, "sim", flush_timeout_s=600)
         msgs = []
         for k in keys_r:
-            msgs.append(pickle.dumps((ACK, 0, k, ())))
-            msgs.append(pickle.dumps((STATES, 0, k, dict(ident, label=f"m/r{k[1]}", rank=k[1]), templates[k[1] % len(templates)])))
+            msgs.append(pickle.dumps(wire(Ack(ACK, 0, k, [], None))))
+            msgs.append(pickle.dumps(wire(States(STATES, 0, k, dict(ident, label=f"m/r{k[1]}", rank=k[1]),
+                                                 templates[k[1] % len(templates)]))))
     else:
         pipe = FlushPipeline({"arrival": Arrival({})}, "sim", flush_timeout_s=600)
         per = group * fanin
@@ -346,8 +347,8 @@ def simulate(ranks: int, design: str, keys: int, group: int, fanin: int, steps: 
             if len(bundles) > 1:
                 level2.append(time.process_time() - c0)
             members = keys_r[g0:g0 + per]
-            msgs.append(pickle.dumps((ACKB, 0, [(k, ()) for k in members], [])))
-            msgs.append(pickle.dumps((BUNDLE, 0, members[-1], 1, members, {}, payload)))
+            msgs.append(pickle.dumps(wire(AckBatch(ACKB, 0, [(k, ()) for k in members], []))))
+            msgs.append(pickle.dumps(wire(Bundle(BUNDLE, 0, members[-1], 1, members, {}, payload))))
         leader_cpu_s = statistics.median(level1) + (statistics.median(level2) if level2 else 0.0)
     pipe.start()
     labels = {k: f"m/r{k[1]}" for k in keys_r}
@@ -357,16 +358,15 @@ def simulate(ranks: int, design: str, keys: int, group: int, fanin: int, steps: 
         cpu0 = time.process_time()
         cut = pipe.begin_cut(step, None, labels)
         for raw in msgs:
-            m = pickle.loads(raw)
-            kind = m[0]
-            if kind == ACK:
-                pipe.ack(cut.seq, m[2], m[3])
-            elif kind == STATES:
-                pipe.states(cut.seq, m[2], m[3], m[4])
-            elif kind == ACKB:
-                pipe.ack_batch(cut.seq, m[2], m[3])
+            m = view(pickle.loads(raw))
+            if m.kind == ACK:
+                pipe.ack(cut.seq, m.rank, m.children)
+            elif m.kind == STATES:
+                pipe.states(cut.seq, m.rank, m.identity, m.states)
+            elif m.kind == ACKB:
+                pipe.ack_batch(cut.seq, m.items, m.given_up)
             else:
-                pipe.bundle(cut.seq, m[4], m[6], m[5])
+                pipe.bundle(cut.seq, m.ranks, m.bundle, m.identities)
         done.wait(600)
         cpus.append(time.process_time() - cpu0)
     asyncio.run(pipe.close())

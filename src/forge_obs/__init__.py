@@ -16,16 +16,17 @@ see docs/migrating-from-torchforge.md.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 __version__ = "0.1.0"
 
-#: every name of the facade -> the module it comes from. Nothing is imported when ``forge_obs``
-#: is: a name is loaded on first use and then kept here. So importing ``forge_obs`` takes no
-#: other module's import lock (two threads of a new process that import forge_obs and one of its
-#: modules at once cannot deadlock), and the actor API (Monarch) loads only where it is used.
-_LAZY = {
+#: every name of the facade -> the module it comes from, served on first use and then kept here
+#: (:mod:`forge_obs.core.lazy`, the one way every package face is written). Nothing is imported
+#: when ``forge_obs`` is, not even that module: the facade is the parent of every module, so
+#: importing it takes no other module's import lock (two threads of a new process that import
+#: forge_obs and one of its modules at once cannot deadlock), and the actor API (Monarch) loads
+#: only where it is used.
+_EXPORTS = {
     "record_metric": "forge_obs.recording.collector",
     "MetricCollector": "forge_obs.recording.collector",
     "set_enabled": "forge_obs.recording.collector",
@@ -65,24 +66,16 @@ _LAZY = {
     "CountAccumulator": "forge_obs.recording.reduce",
     "LastAccumulator": "forge_obs.recording.reduce",
     "SampleAccumulator": "forge_obs.recording.reduce",
+    # modules reachable as attributes (``forge_obs.spmd.init(...)``) without importing them first
+    "spmd": "forge_obs.spmd",
+    "titan": "forge_obs.titan",
 }
 
 
-#: subpackages reachable as attributes (``forge_obs.spmd.init(...)``) without importing them first
-_SUBMODULES = ("spmd", "titan")
-
-
 def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
-        value = importlib.import_module(f"forge_obs.{name}")
-        globals()[name] = value
-        return value
-    mod = _LAZY.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'forge_obs' has no attribute {name!r}")
-    value = getattr(importlib.import_module(mod), name)
-    globals()[name] = value  # later lookups are plain attribute reads
-    return value
+    from forge_obs.core.lazy import export  # on first use, once forge_obs is loaded
+
+    return export(__name__, _EXPORTS, name, globals())
 
 
 def __dir__() -> list[str]:

@@ -623,7 +623,7 @@ def test_an_spmd_run_is_served_with_its_name_tags_and_notes(tmp_path):
 
 def test_run_start_line_and_quiet(tmp_path, monkeypatch, capsys):
     from forge_obs.backends.record import RunContext
-    from forge_obs.controller.logger import _announce
+    from forge_obs.controller.session import _announce
 
     run = RunContext(run_id="x", run_dir=tmp_path / "runs" / "x")
     monkeypatch.delenv("FORGE_OBS_QUIET", raising=False)

@@ -9,7 +9,8 @@ import logging
 import pytest
 
 from forge_obs.backends.base import LoggerBackend
-from forge_obs.backends.console import ConsoleBackend, format_value, unit_for
+from forge_obs.backends.console import ConsoleBackend
+from forge_obs.core.formatting import format_value, unit_for
 from forge_obs.core.types import LoggingMode, Metric
 from forge_obs.controller.pipeline import FlushPipeline
 from forge_obs.backends.record import StepRecord

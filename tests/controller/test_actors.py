@@ -279,8 +279,8 @@ class _HeldCasts:
 async def test_a_rank_still_starting_does_not_hold_back_the_others_cut(tmp_path):
     """Rank 1 is not connected to the inbox socket yet and a cast to the mesh is held back: rank
     0, connected, takes the cut on the socket and keeps its step; rank 1's value comes late, once."""
-    from forge_obs.controller.logger import _STATE
     from forge_obs.controller.registry import LOCAL_MESHES
+    from forge_obs.controller.state import CONTROLLER
 
     if aggregating():
         pytest.skip("the aggregated route's cuts (with their plan) go by cast only")
@@ -289,7 +289,7 @@ async def test_a_rank_still_starting_does_not_hold_back_the_others_cut(tmp_path)
     a = pm.spawn("Fragile", Fragile)
     await a.record.call(1.0)
     (e,) = [x for x in LOCAL_MESHES.entries() if x.name == "starting"]
-    local = _STATE.local
+    local = CONTROLLER.local
     deadline = time.monotonic() + 30
     while not local.named(e.rank_keys()):  # both fetchers are up; rank 1's connection is then hidden
         assert time.monotonic() < deadline, "the fetchers did not connect"
@@ -366,7 +366,7 @@ async def test_shutdown_returns_once_every_mesh_took_its_last_message(tmp_path):
 def test_no_export_or_resend_request_goes_to_a_stopping_mesh():
     """After ``proc_mesh.stop()`` was called its fetchers hand over what they hold themselves;
     a request cast to them could reach them stopped, which fails its sender."""
-    from forge_obs.controller import logger as ctl
+    from forge_obs.controller.flush import ask_exports, ask_resend
     from forge_obs.controller.registry import LOCAL_MESHES
 
     sent = []
@@ -379,8 +379,8 @@ def test_no_export_or_resend_request_goes_to_a_stopping_mesh():
     LOCAL_MESHES.add("m-stopping", "stopping", 1, _Fetchers())
     LOCAL_MESHES.mark_stopping("m-stopping")
     try:
-        ctl._ask_exports(7, ["m-live", "m-stopping"])
-        ctl._ask_resend(7, {"m-live": [0], "m-stopping": [0]})
+        ask_exports(7, ["m-live", "m-stopping"])
+        ask_resend(7, {"m-live": [0], "m-stopping": [0]})
     finally:
         LOCAL_MESHES.remove("m-live")
         LOCAL_MESHES.remove("m-stopping")

@@ -241,8 +241,8 @@ def test_a_group_whose_leader_does_not_deliver_is_asked_to_resend_within_the_cut
         return {"label": labels[k], "mesh": "m", "rank": k[1]}
 
     async def run():
-        pipe = FlushPipeline({"keep": be}, "t", flush_timeout_s=1.0)
-        pipe.ask_resend = lambda seq, ranks: (asked.append((seq, ranks)), got_ask.set())
+        pipe = FlushPipeline({"keep": be}, "t", flush_timeout_s=1.0,
+                             ask_resend=lambda seq, ranks: (asked.append((seq, ranks)), got_ask.set()))
         pipe.start()
         c0 = pipe.begin_cut(0, None, labels, groups=groups)
         pipe.ack_batch(c0.seq, [(k, ()) for k in keys[:3]])
@@ -271,7 +271,7 @@ def test_a_group_whose_leader_does_not_deliver_is_asked_to_resend_within_the_cut
     g0, g1 = be.records[0].global_dict(), be.records[1].global_dict()
     assert g0["n"] == 1 + 2 + 3 + 4 + 5 and be.records[0].missing == be.records[0].late == ["m/r5"]
     assert g1["n"] == 6 + 6 and g1["obs/late_states"] == 1 and not be.records[1].missing
-    assert pipe.fenced_bundles == 1 and pipe.duplicates_dropped == 1
+    assert pipe.cuts.fenced_bundles == 1 and pipe.cuts.duplicates_dropped == 1
 
 
 def test_a_member_resends_a_cut_once_and_answers_a_cut_it_has_not_taken_directly():
@@ -279,7 +279,7 @@ def test_a_member_resends_a_cut_once_and_answers_a_cut_it_has_not_taken_directly
     (states as RESENT), once; a later resend of everything kept for that leader (a new plan) does
     not repeat it; a cut the controller asked about before the rank took it is answered directly."""
     from forge_obs.controller.aggregate import Route
-    from forge_obs.wire.messages import RESENT
+    from forge_obs.wire.messages import ACK, RESENT, STATES, Ack, States, view, wire
 
     class Port:
         def __init__(self):
@@ -292,12 +292,13 @@ def test_a_member_resends_a_cut_once_and_answers_a_cut_it_has_not_taken_directly
     route = Route(("m", 0), ctl)
     route.plan = {"leader": {0: 1}, "ports": {1: leader}}
     for seq in (1, 2):
-        route.send(leader, ("ack", seq, ("m", 0), ()))
-        route.send(leader, ("states", seq, ("m", 0), {}, b"s%d" % seq))
+        route.send(leader, wire(Ack(ACK, seq, ("m", 0), [], None)))
+        route.send(leader, wire(States(STATES, seq, ("m", 0), {}, b"s%d" % seq)))
     route.resend_cut(2)
-    assert ctl.got == [("ack", 2, ("m", 0), ()), (RESENT, 2, ("m", 0), {}, b"s2")]
+    assert ctl.got == [wire(Ack(ACK, 2, ("m", 0), [], None)), wire(States(RESENT, 2, ("m", 0), {}, b"s2"))]
+    assert all(type(m) is tuple for m in ctl.got)  # what travels is a plain tuple
     route.resend(next(iter(route.sent)))
-    assert [m[1] for m in ctl.got] == [2, 2, 1, 1]
+    assert [view(m).seq for m in ctl.got] == [2, 2, 1, 1]
     route.resend_cut(4)
     assert route.target(4, None) is ctl and route.target(5, None) is leader
 
@@ -455,15 +456,15 @@ def test_the_plan_leads_each_host_group_by_its_highest_live_rank_and_fences_repl
     for r in range(6):
         p.hello(("m", r), f"h{r // 3}", f"port{r}")
     p.hello(("solo", 0), "h0", "portS")
-    plan = p.plan_for("m", 6, set(), True, 10.0, "on", 6)
+    plan = p.replan("m", 6, set(), True, 10.0, "on", 6)
     assert plan["leader"] == {0: 2, 1: 2, 2: 2, 3: 5, 4: 5, 5: 5} and plan["per_rank"] is True
     assert plan["groups"][5] == [("m", 3), ("m", 4), ("m", 5)]
     assert plan["ack_wait_s"] == 9.0 and plan["step_wait_s"] == 9.5
     v5 = plan["version"][5]
-    assert p.current(("m", 5), v5) and p.plan_for("m", 6, set(), True, 10.0, "on", 6) is None
-    assert p.plan_for("solo", 1, set(), True, 10.0, "on", 7) is None  # a lone rank answers directly
+    assert p.current(("m", 5), v5) and p.replan("m", 6, set(), True, 10.0, "on", 6) is None
+    assert p.replan("solo", 1, set(), True, 10.0, "on", 7) is None  # a lone rank answers directly
     # the leader of host 1 lags: rank 4 leads with a new version; the old leader's bundles are fenced
-    plan = p.plan_for("m", 6, {("m", 5)}, True, 10.0, "on", 6)
+    plan = p.replan("m", 6, {("m", 5)}, True, 10.0, "on", 6)
     assert plan["leader"][3] == 4 and plan["lagging"][4] == [("m", 5)]
     assert not p.current(("m", 5), v5) and p.current(("m", 4), plan["version"][4])
     assert plan["version"][2] == 1  # host 0's leader is unchanged: its bundles stay good
@@ -471,9 +472,9 @@ def test_the_plan_leads_each_host_group_by_its_highest_live_rank_and_fences_repl
     q = Planner()
     for r in range(4):
         q.hello(("a", r), "h", r)
-    assert q.plan_for("a", 4, set(), False, 1.0, "auto", AUTO_MIN_RANKS - 1) is None
-    assert q.plan_for("a", 4, set(), False, 1.0, "auto", AUTO_MIN_RANKS)["leader"] == {r: 3 for r in range(4)}
-    assert q.plan_for("a", 4, set(), False, 1.0, "off", 64)["leader"] == {}  # back to direct: cast once
+    assert q.replan("a", 4, set(), False, 1.0, "auto", AUTO_MIN_RANKS - 1) is None
+    assert q.replan("a", 4, set(), False, 1.0, "auto", AUTO_MIN_RANKS)["leader"] == {r: 3 for r in range(4)}
+    assert q.replan("a", 4, set(), False, 1.0, "off", 64)["leader"] == {}  # back to direct: cast once
 
 
 @pytest.mark.parametrize("public_only", [False, True])

@@ -84,7 +84,7 @@ async def test_each_step_has_its_cut_parts_and_the_probe_changes_no_value(tmp_pa
 async def test_the_probe_figure_is_in_its_step_however_soon_the_cut_closes(tmp_path, monkeypatch):
     """The cut carries the probe's round trip from its start: here the step is closed and
     assembled (no rank to wait for) before start_flush returns, and still has the figure."""
-    from forge_obs.controller import logger as lg
+    from forge_obs.controller import flush as lg
     from forge_obs.controller.pipeline import FlushPipeline
 
     mlogger = await start_logger(tmp_path)
@@ -157,11 +157,11 @@ async def test_held_states_go_before_the_next_cut_and_before_final_states(tmp_pa
     """Should the controller's request for a large cut's states never come, the ranks send them
     before their next acknowledgement, or with their final states when the mesh stops: the
     step still has exactly its values (nothing waits for a timeout)."""
-    from forge_obs.controller.logger import _STATE
+    from forge_obs.controller.state import CONTROLLER
 
     mlogger = await start_logger(tmp_path, {"flush_timeout_s": 60})
     asked: list = []
-    _STATE.pipeline.ask_exports = lambda seq, meshes: asked.append(seq)  # requests go nowhere
+    CONTROLLER.pipeline.ask_exports = lambda seq, meshes: asked.append(seq)  # requests go nowhere
     pm = this_host().spawn_procs(per_host={"procs": 2})
     m = pm.spawn("Many", Many)
     await m.record.call(300, 1.0)

@@ -42,7 +42,7 @@ class Worker(Actor):
 
 
 async def main(root: str, kill_at: int) -> None:
-    from forge_obs.controller.logger import _STATE
+    from forge_obs.controller.state import CONTROLLER
     from forge_obs.controller.registry import LOCAL_MESHES
 
     provisioner_hooks.install()
@@ -53,10 +53,10 @@ async def main(root: str, kill_at: int) -> None:
     on_socket, routes = [], []  # messages taken on the socket so far; how the last cut went
     for step in range(6):
         if step == kill_at:
-            _STATE.local.close()  # the fault: the socket is gone, the port is not
+            CONTROLLER.local.close()  # the fault: the socket is gone, the port is not
         await asyncio.gather(*(w.work.call(step) for w in workers))
         await mlogger.flush.call_one(step)
-        on_socket.append(_STATE.local.messages if _STATE.local else None)
+        on_socket.append(CONTROLLER.local.messages if CONTROLLER.local else None)
         routes.append(sorted({e.route for e in LOCAL_MESHES.entries()}))
     threads = sorted({n for w in workers for _, names in (await w.threads.call()).items() for n in names})
     await mlogger.shutdown.call_one()
@@ -335,7 +335,7 @@ def test_with_the_switch_off_every_rank_answers_on_the_port(tmp_path):
     import json
 
     script = tmp_path / "loop.py"
-    script.write_text(USER_SCRIPT.replace("_STATE.local.close()", "pass"))
+    script.write_text(USER_SCRIPT.replace("CONTROLLER.local.close()", "pass"))
     out = run_as_user(script, tmp_path, str(tmp_path / "runs"), "-1", env={"FORGE_OBS_LOCAL_SOCKET": "0", "FORGE_OBS_AGGREGATE": "off"}).stdout
     res = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
     assert res["on_socket"] == [None] * 6 and res["routes"] == [["monarch"]] * 6
@@ -367,33 +367,34 @@ def test_a_mesh_moves_to_the_socket_only_with_no_cut_in_flight_and_back_at_once(
     rank's connection, or a plan (the aggregated route), moves it back to Monarch at once. While
     the mesh starts, its connected ranks take their cuts on the socket ("split"): a cast is held
     back until every rank spawned its fetcher."""
-    from forge_obs.controller import logger as lg
+    from forge_obs.controller.flush import cut_route
     from forge_obs.controller.registry import MeshEntry
+    from forge_obs.controller.state import CONTROLLER
 
     e = MeshEntry("m", "gen", 2, None)
     both = [("m", 0), ("m", 1)]
-    monkeypatch.setattr(lg._STATE, "local", _Local([]))
-    assert lg._cut_route(e, None, _Pipeline()) == "monarch"  # no rank connected yet
-    monkeypatch.setattr(lg._STATE, "local", _Local(both[:1]))
-    assert lg._cut_route(e, None, _Pipeline()) == "split" and e.socket_ranks == {0}  # rank 1 not connected yet
+    monkeypatch.setattr(CONTROLLER, "local", _Local([]))
+    assert cut_route(e, None, _Pipeline()) == "monarch"  # no rank connected yet
+    monkeypatch.setattr(CONTROLLER, "local", _Local(both[:1]))
+    assert cut_route(e, None, _Pipeline()) == "split" and e.socket_ranks == {0}  # rank 1 not connected yet
     e.last_cut = _Cut(closed=False)
-    assert lg._cut_route(e, None, _Pipeline()) == "split" and e.socket_ranks == {0}
-    monkeypatch.setattr(lg._STATE, "local", _Local(both))
-    assert lg._cut_route(e, None, _Pipeline()) == "split" and e.socket_ranks == {0}  # rank 1: a cast in flight
+    assert cut_route(e, None, _Pipeline()) == "split" and e.socket_ranks == {0}
+    monkeypatch.setattr(CONTROLLER, "local", _Local(both))
+    assert cut_route(e, None, _Pipeline()) == "split" and e.socket_ranks == {0}  # rank 1: a cast in flight
     e.last_cut = _Cut(closed=True)
-    assert lg._cut_route(e, None, _Pipeline(lagging=[("m", 1)])) == "split"  # rank 1 may still hold a cast
-    assert lg._cut_route(e, None, _Pipeline()) == "socket" and e.socket_ranks == {0, 1}
+    assert cut_route(e, None, _Pipeline(lagging=[("m", 1)])) == "split"  # rank 1 may still hold a cast
+    assert cut_route(e, None, _Pipeline()) == "socket" and e.socket_ranks == {0, 1}
     e.last_cut = _Cut(closed=False)
-    assert lg._cut_route(e, None, _Pipeline(lagging=[("m", 1)])) == "socket"  # stays: one channel per rank
-    assert lg._cut_route(e, {"groups": {}}, _Pipeline()) == "monarch"  # a plan: through the leaders
+    assert cut_route(e, None, _Pipeline(lagging=[("m", 1)])) == "socket"  # stays: one channel per rank
+    assert cut_route(e, {"groups": {}}, _Pipeline()) == "monarch"  # a plan: through the leaders
     e.socket_ranks = frozenset({0, 1})  # on the socket
-    monkeypatch.setattr(lg._STATE, "local", _Local(both[1:]))
-    assert lg._cut_route(e, None, _Pipeline()) == "monarch"  # rank 0's connection is gone
+    monkeypatch.setattr(CONTROLLER, "local", _Local(both[1:]))
+    assert cut_route(e, None, _Pipeline()) == "monarch"  # rank 0's connection is gone
     e.last_cut = _Cut(closed=True)
-    assert lg._cut_route(e, None, _Pipeline(lagging=[("m", 1)])) == "monarch"  # rank 1 lags: by cast too
-    monkeypatch.setattr(lg._STATE, "local", None)
+    assert cut_route(e, None, _Pipeline(lagging=[("m", 1)])) == "monarch"  # rank 1 lags: by cast too
+    monkeypatch.setattr(CONTROLLER, "local", None)
     e.socket_ranks = frozenset({0, 1})  # on the socket
-    assert lg._cut_route(e, None, _Pipeline()) == "monarch"  # no socket in this process
+    assert cut_route(e, None, _Pipeline()) == "monarch"  # no socket in this process
 
 
 def test_a_message_to_a_sender_that_went_away_is_refused_never_raised():

@@ -104,7 +104,7 @@ async def test_a_cut_waits_for_every_ack_including_meshes_declared_by_ranks():
     assert not cut.closed and cut.expected == {("m", 0), ("kid", 0), ("kid", 1)}
     p.ack(cut.seq, ("kid", 1))
     assert cut.closed and cut.late == []
-    assert p.labels[("kid", 1)] == "leaf/Leaf/r1"
+    assert p.book.labels[("kid", 1)] == "leaf/Leaf/r1"
     nxt = p.begin_cut(1, None, _ranks(1))
     assert nxt.expected == {("m", 0), ("kid", 0), ("kid", 1)}  # known from the last ack
     await p.close()
@@ -248,11 +248,11 @@ async def test_states_a_closed_cut_asked_for_are_opened_as_they_come():
     p.request_exports(cut)
     assert asked == [(cut.seq, ["m"])]
     p.states(cut.seq, ("m", 0), _ident("trainer", 0), dumps(_snap(x=1)))
-    received = p._find(cut.seq).received[("m", 0)]
+    received = p.cuts.find(cut.seq).received[("m", 0)]
     assert isinstance(received[1], dict)  # unpickled; its states, pickled one by one, decoded at assembly
     nxt = p.begin_cut(1, None, _ranks(3))  # a flush waits: the inbox thread only moves bytes
     p.states(cut.seq, ("m", 2), _ident("trainer", 2), dumps(_snap(x=2)))
-    assert isinstance(p._find(cut.seq).received[("m", 2)][1], bytes)
+    assert isinstance(p.cuts.find(cut.seq).received[("m", 2)][1], bytes)
     p.states(cut.seq, ("m", 1), _ident("trainer", 1), b"not a pickle")
     for r in range(3):
         p.ack(nxt.seq, ("m", r))

@@ -4,7 +4,8 @@ import threading
 
 from monarch.actor import Channel
 
-import forge_obs.controller.logger as controller
+from forge_obs.controller.inbox import InboxDrain
+from forge_obs.controller.state import CONTROLLER
 from forge_obs.recording.tracer import _GpuTimings
 from tests.support.helpers import start_logger
 
@@ -15,9 +16,8 @@ def _obs_threads() -> set[str]:
 
 def test_the_inbox_drain_takes_what_was_sent_before_stop_then_ends(monkeypatch):
     taken = []
-    monkeypatch.setattr(controller, "_take", taken.append)
     port, receiver = Channel.open()
-    drain = controller.InboxDrain(port, receiver).start()
+    drain = InboxDrain(port, receiver, taken.append).start()
     assert drain.alive
     for i in range(3):
         port.send(("ack", i))
@@ -44,7 +44,7 @@ async def test_after_shutdown_only_the_inbox_threads_are_left_and_they_have_owne
     await mlogger.shutdown.call_one()
     left = _obs_threads()
     assert left <= {"forge_obs-inbox", "forge_obs-inbox-socket"}, left
-    assert controller._STATE.local is None or controller._STATE.local.alive
+    assert CONTROLLER.local is None or CONTROLLER.local.alive
 
 
 def test_the_inbox_socket_reader_takes_what_was_sent_before_close_then_ends():

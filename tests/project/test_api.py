@@ -13,6 +13,7 @@ import forge_obs
 from tests.support.helpers import CHILD_PATH
 
 ROOT = Path(__file__).resolve().parents[2]
+#: this checkout\'s forge_obs (src/) and its tests/apps helpers (the root), as a child process sees them
 
 TORCHFORGE_ALL = [  # forge.observability.__all__
     "record_metric", "reduce_metrics_states", "get_logger_backend_class", "get_or_create_metric_logger", "Tracer",

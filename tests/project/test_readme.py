@@ -27,6 +27,7 @@ import pytest
 from tests.support.helpers import CHILD_PATH
 
 ROOT = Path(__file__).resolve().parents[2]
+#: this checkout\'s forge_obs (src/) and its tests/apps helpers (the root), as a child process sees them
 README = ROOT / "README.md"
 FENCE = re.compile(r"(?:<!-- (readme-[a-z]+): ?(.*?) -->\n)?```(\w*)\n(.*?)^```", re.S | re.M)
 

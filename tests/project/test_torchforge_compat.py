@@ -28,6 +28,7 @@ from forge_obs.analysis.store import read_metrics
 from tests.support.helpers import CHILD_PATH, global_rows, start_logger
 
 ROOT = Path(__file__).resolve().parents[2]
+#: this checkout\'s forge_obs (src/) and its tests/apps helpers (the root), as a child process sees them
 
 
 # ============================================================ one textual change

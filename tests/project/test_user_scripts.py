@@ -18,6 +18,7 @@ import pytest
 from tests.support.helpers import CHILD_PATH, run_as_user
 
 ROOT = Path(__file__).resolve().parents[2]
+#: this checkout\'s forge_obs (src/) and its tests/apps helpers (the root), as a child process sees them
 SCRIPTS = ROOT / "tests" / "user_scripts"
 
 

@@ -15,7 +15,7 @@ the controller continues it (SIGCONT) once step K is logged (it records nothing 
 stopped). Each host's leader is its highest rank
 (rank 5 of 2 x 3). Prints one JSON line: per step the global values, the per-rank values, the raw
 values per rank, missing/late labels, the flush's blocking time and the inbox messages.
-Runs in its own process (it counts the inbox's messages by wrapping ``forge_obs.controller.logger._take``).
+Runs in its own process (it counts the inbox's messages by wrapping ``forge_obs.controller.inbox.take``).
 """
 
 from __future__ import annotations
@@ -53,15 +53,15 @@ def main() -> None:
     import monarch.actor
 
     monarch.actor.unhandled_fault_hook = lambda failure: None  # a killed rank must not end this run
-    import forge_obs.controller.logger as ctl
+    import forge_obs.controller.inbox as inbox
 
-    take = ctl._take
+    take = inbox.take
 
     def counted(msg: tuple) -> None:
         INBOX[0] += 1
         take(msg)
 
-    ctl._take = counted
+    inbox.take = counted  # before the inbox starts: its drains take every message through this
     print("RESULT " + json.dumps(asyncio.run(run(args))), flush=True)
     sys.stdout.flush()
     os._exit(0)  # the killed rank's mesh cannot be stopped cleanly; the hosts are ended by LocalHosts

@@ -79,10 +79,10 @@ async def start_logger(tmp_path: Path, config: dict[str, Any] | None = None, run
 async def until_answered(label: str, timeout_s: float = 30.0) -> None:
     """Wait until the controller (this process) no longer takes the rank ``label`` for lagging:
     it missed a cut, came back, and its late answer was taken, so the next cut waits for it."""
-    from forge_obs.controller.logger import _STATE
+    from forge_obs.controller.state import CONTROLLER
 
     def lags() -> bool:
-        p = _STATE.pipeline
+        p = CONTROLLER.pipeline
         return p is not None and any(p.label_of(k) == label for k in list(p.lagging))
 
     deadline = time.monotonic() + timeout_s

@@ -12,5 +12,5 @@ docs/alerts.md). Nothing here imports Monarch or torch.
 from forge_obs.core.lazy import lazy_exports
 
 __all__ = ["AlertsBackend", "AlertsConfig"]
-__getattr__, __dir__ = lazy_exports(__name__, {"AlertsBackend": "forge_obs.alerts.backend",
-                                               "AlertsConfig": "forge_obs.alerts.config"}, __all__, globals())
+_EXPORTS = {"AlertsBackend": "forge_obs.alerts.backend", "AlertsConfig": "forge_obs.alerts.config"}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__, globals())

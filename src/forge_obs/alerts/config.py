@@ -67,36 +67,7 @@ class AlertsConfig:
         cfg = dict(cfg or {})
         check_keys("alerts", cfg, cls.valid_keys())
         out = cls()
-        if "sinks" in cfg:
-            sinks = cfg["sinks"]
-            sinks = [sinks] if isinstance(sinks, str) else list(sinks or [])
-            for s in sinks:
-                if s not in SINKS:
-                    raise ValueError(f"alerts: unknown sink {redacted_repr(s)}; valid: {', '.join(SINKS)}")
-            out.sinks = sinks
-        cbs = cfg.get("callback")
-        if cbs is not None:
-            cbs = list(cbs) if isinstance(cbs, (list, tuple)) else [cbs]
-            for cb in cbs:
-                if not callable(cb):
-                    raise ValueError(f"alerts: callback must be a callable taking the alert dict, got {redacted_repr(cb)}")
-            out.callbacks = cbs
-            if "callback" not in out.sinks:
-                out.sinks.append("callback")
-        hooks = cfg.get("webhook")
-        if hooks is not None:
-            hooks = [hooks] if isinstance(hooks, str) else list(hooks)
-            for h in hooks:
-                u = urlparse(str(h))
-                if u.scheme not in ("http", "https") or not u.netloc:
-                    raise ValueError(f"alerts: webhook must be an http(s) URL such as http://127.0.0.1:9000/hook, got {redacted_repr(h)}")
-            out.webhooks = [str(h) for h in hooks]
-            if "webhook" not in out.sinks:
-                out.sinks.append("webhook")
-        if "callback" in out.sinks and not out.callbacks:
-            raise ValueError("alerts: sink 'callback' needs 'callback': a callable taking the alert dict")
-        if "webhook" in out.sinks and not out.webhooks:
-            raise ValueError("alerts: sink 'webhook' needs 'webhook': an http(s) URL")
+        out._parse_sinks(cfg)
         rules = cfg.get("rules") or []
         if not isinstance(rules, (list, tuple)):
             raise ValueError(f'alerts: rules must be a list of rules, e.g. ["trainer/loss > 10"], got '
@@ -109,6 +80,48 @@ class AlertsConfig:
             if d not in RULE_NAMES:
                 raise ValueError(f"alerts: cannot disable unknown rule {redacted_repr(d)}; valid: {', '.join(RULE_NAMES)}")
         out.disable = dis
+        out._parse_numbers(cfg)
+        if cfg.get("file_name") is not None:
+            out.file_name = check_run_path(cfg["file_name"], "alerts: file_name")
+        with redacted_errors():  # the doctor's checks quote the value
+            out.doctor = DoctorConfig.from_dict({k: v for k, v in cfg.items() if k in DoctorConfig.names()})
+        return out
+
+    def _parse_sinks(self, cfg: dict[str, Any]) -> None:
+        """``sinks``, ``callback`` and ``webhook`` (a callback or webhook given adds its sink)."""
+        if "sinks" in cfg:
+            sinks = cfg["sinks"]
+            sinks = [sinks] if isinstance(sinks, str) else list(sinks or [])
+            for s in sinks:
+                if s not in SINKS:
+                    raise ValueError(f"alerts: unknown sink {redacted_repr(s)}; valid: {', '.join(SINKS)}")
+            self.sinks = sinks
+        cbs = cfg.get("callback")
+        if cbs is not None:
+            cbs = list(cbs) if isinstance(cbs, (list, tuple)) else [cbs]
+            for cb in cbs:
+                if not callable(cb):
+                    raise ValueError(f"alerts: callback must be a callable taking the alert dict, got {redacted_repr(cb)}")
+            self.callbacks = cbs
+            if "callback" not in self.sinks:
+                self.sinks.append("callback")
+        hooks = cfg.get("webhook")
+        if hooks is not None:
+            hooks = [hooks] if isinstance(hooks, str) else list(hooks)
+            for h in hooks:
+                u = urlparse(str(h))
+                if u.scheme not in ("http", "https") or not u.netloc:
+                    raise ValueError(f"alerts: webhook must be an http(s) URL such as http://127.0.0.1:9000/hook, got {redacted_repr(h)}")
+            self.webhooks = [str(h) for h in hooks]
+            if "webhook" not in self.sinks:
+                self.sinks.append("webhook")
+        if "callback" in self.sinks and not self.callbacks:
+            raise ValueError("alerts: sink 'callback' needs 'callback': a callable taking the alert dict")
+        if "webhook" in self.sinks and not self.webhooks:
+            raise ValueError("alerts: sink 'webhook' needs 'webhook': an http(s) URL")
+
+    def _parse_numbers(self, cfg: dict[str, Any]) -> None:
+        """The positive numbers: the stall watchdog's, the sink queue's size, the webhook timeout."""
         for k, conv in (("stall_s", float), ("stall_factor", float), ("stall_floor_s", float), ("queue_size", int),
                         ("webhook_timeout_s", float)):
             if cfg.get(k) is not None:
@@ -118,9 +131,4 @@ class AlertsConfig:
                     raise ValueError(f"alerts: {k} must be a number, got {redacted_repr(cfg[k])}") from None
                 if v <= 0:
                     raise ValueError(f"alerts: {k} must be > 0, got {redacted_repr(cfg[k])}")
-                setattr(out, k, v)
-        if cfg.get("file_name") is not None:
-            out.file_name = check_run_path(cfg["file_name"], "alerts: file_name")
-        with redacted_errors():  # the doctor's checks quote the value
-            out.doctor = DoctorConfig.from_dict({k: v for k, v in cfg.items() if k in DoctorConfig.names()})
-        return out
+                setattr(self, k, v)

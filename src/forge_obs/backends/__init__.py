@@ -7,7 +7,7 @@
 
 from forge_obs.core.lazy import lazy_exports
 
-_NAMES = {
+_EXPORTS = {
     "LoggerBackend": "forge_obs.backends.base",
     "backend_names": "forge_obs.backends.base",
     "get_logger_backend_class": "forge_obs.backends.base",
@@ -25,4 +25,4 @@ __all__ = [
     "backend_names",
 ]
 
-__getattr__, __dir__ = lazy_exports(__name__, _NAMES, __all__, globals())
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__, globals())

@@ -58,6 +58,8 @@ __all__ = [
     "scalar_metrics",
     "flattened_clashes",
     "write_each",
+    "awaitable",
+    "parse_modes",
 ]
 
 

@@ -26,16 +26,15 @@
              generator kv_cache_bytes=3GiB tokens_per_s=2750/s
              trainer   advantage_mean=1.49e-08 loss=0.25 step_time_s=1.5s
 
-Numbers: integral values print as integers (``evicted_episodes=0``, not ``0.0``), others with 4
-significant digits (``12.35k`` past 10,000); a distribution's quantiles with 3 (the sketch's 1 %
-error), snapped to the integer they are within 1 % of (``seq_len_tokens=p50=6 p90=7 n=128``).
+Values print as :mod:`forge_obs.core.formatting` writes them for people (the report's tables
+too): integral values as integers, others with 4 significant digits, units from the key's suffix.
 Compact lines are wrapped at ``width`` columns (default 120), continuation lines indented under
 the group's first value.
 
 Keys are sorted and grouped by their prefix (the part before the first ``/``); a ``-- prefix --``
 line separates groups when a block has more than one. Units come from the key's suffix
-(``_s``/``_ms``/``_us`` durations, ``_bytes``, ``_per_s``, ``_pct``) or from the ``units``
-config (``{"trainer/lr": "", "generator/": "tok"}``: key or prefix -> unit, ``""`` for none).
+(:func:`~forge_obs.core.formatting.unit_for`) or from the ``units`` config
+(``{"trainer/lr": "", "generator/": "tok"}``: key or prefix -> unit, ``""`` for none).
 Per-rank blocks are titled with the rank's label: ``mesh/actor/rN``.
 
 A rank that misses a step's flush is reported once, on the step it goes missing, and once more
@@ -59,7 +58,6 @@ stream in, also between steps. Constructed as torchforge's too:
 
 from __future__ import annotations
 
-import math
 import sys
 import textwrap
 import time
@@ -68,15 +66,14 @@ from typing import Any
 
 from forge_obs.backends.base import LoggerBackend, awaitable
 from forge_obs.backends.record import StepRecord
+from forge_obs.core.formatting import format_value, unit_for
 from forge_obs.core.options import parse_options
-from forge_obs.core.safe import printable, safe_repr, safe_str, write_line
+from forge_obs.core.safe import printable, safe_str, write_line
 from forge_obs.core.types import Metric
 
 __all__ = [
     "WIDTH",
     "ConsoleOptions",
-    "unit_for",
-    "format_value",
     "format_block",
     "format_compact",
     "ConsoleBackend",
@@ -113,121 +110,6 @@ class ConsoleOptions:
         inc = self.include or []
         self.include = [inc] if isinstance(inc, str) else list(inc)
         self.units = {str(k): str(v) for k, v in self.units.items()}
-
-#: key suffix -> unit (longest first)
-_SUFFIX_UNITS = (
-    ("_per_sec", "/s"),
-    ("_per_s", "/s"),
-    ("_seconds", "s"),
-    ("_bytes", "bytes"),
-    ("_percent", "%"),
-    ("_pct", "%"),
-    ("_sec", "s"),
-    ("_ms", "ms"),
-    ("_us", "us"),
-    ("_ns", "ns"),
-    ("_s", "s"),
-)
-_TIME_SCALE = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
-
-
-def unit_for(key: str, units: dict[str, str] | None = None) -> str:
-    """Unit of ``key``: from ``units`` (exact key, then longest prefix), else from its suffix."""
-    if units:
-        if key in units:
-            return units[key]
-        best = max((p for p in units if p.endswith("/") and key.startswith(p)), key=len, default=None)
-        if best is not None:
-            return units[best]
-    name = key.rsplit("/", 1)[-1]
-    for suffix, unit in _SUFFIX_UNITS:
-        if name.endswith(suffix) and len(name) > len(suffix):
-            return unit
-    return ""
-
-
-_SI = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
-
-
-def _num(v: float, digits: int = 4) -> str:
-    """``v`` with ``digits`` significant digits; an integral value as an integer."""
-    if not math.isfinite(v):
-        return str(v)
-    a = abs(v)
-    if v == int(v) and a < 1e7:
-        return str(int(v))
-    if a >= 1e4:
-        for scale, suffix in _SI:
-            if a >= scale:
-                return f"{v / scale:.{digits}g}{suffix}"
-    return f"{v:.{digits}g}"
-
-
-def _quantile(v: float) -> str:
-    """A sketch quantile (1 % relative error): 3 significant digits, or the integer within 1 %."""
-    if math.isfinite(v) and abs(v) >= 1 and abs(v - round(v)) <= 0.01 * abs(v):
-        return str(int(round(v)))
-    return _num(v, 3)
-
-
-def _with_unit(v: float, unit: str, sep: str = " ", digits: int = 4) -> str:
-    if not math.isfinite(v):
-        return str(v)
-    if unit in _TIME_SCALE:
-        secs = v * _TIME_SCALE[unit]
-        a = abs(secs)
-        if a == 0 or a >= 1:
-            return f"{_num(secs, digits)}{sep}s"
-        for scale, name in ((1e3, "ms"), (1e6, "us"), (1e9, "ns")):
-            if a * scale >= 1 or name == "ns":
-                return f"{secs * scale:.{digits}g}{sep}{name}"
-    if unit == "bytes":
-        a = abs(v)
-        for name, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-            if a >= scale:
-                return f"{_num(v / scale, digits)}{sep}{name}"
-        return f"{v:.0f}{sep}B"
-    return f"{_num(v, digits)}{sep}{unit}"
-
-
-def format_value(v: Any, unit: str = "", sep: str = " ") -> str:
-    """A value for humans: ``6``, ``0.25``, ``1.5 s``, ``3 GiB``, ``p50=1.2 ms p90=… n=100``.
-    Never raises: a value that cannot be formatted (a dict that contains itself, a ``__str__``
-    that raises) prints as its ``repr``, or ``<TypeName>``."""
-    try:
-        return _format(v, unit, sep)
-    except Exception:  # noqa: BLE001 - one key's value never costs the step's others
-        return safe_repr(v)
-
-
-def _format(v: Any, unit: str, sep: str) -> str:
-    if isinstance(v, bool):
-        return str(v)
-    if isinstance(v, (int, float)):
-        return _with_unit(float(v), unit, sep) if unit else _num(float(v))
-    if isinstance(v, dict):
-        quantiles = all(k in v for k in ("p50", "p90", "p99"))
-        parts = []
-        for k, x in v.items():
-            if k == "count":
-                parts.append(f"n={_format(x, '', ' ')}")
-            elif quantiles and isinstance(x, (int, float)) and not isinstance(x, bool) and k.startswith("p"):
-                parts.append(f"{k}={_with_unit(float(x), unit, '', 3) if unit else _quantile(float(x))}")
-            else:
-                parts.append(f"{printable(safe_str(k))}={_format(x, unit if k != 'nan' else '', '')}")
-        return " ".join(parts)
-    if isinstance(v, list):
-        if v and all(isinstance(r, dict) for r in v):
-            return f"<{len(v)} rows>"
-        return f"<{len(v)} values>"
-    item = getattr(v, "item", None)
-    if callable(item):
-        try:
-            return _format(item(), unit, sep)
-        except Exception:  # noqa: BLE001
-            pass
-    return printable(safe_str(v))
-
 
 def _group(key: str) -> str:
     return key.split("/", 1)[0] if "/" in key else ""

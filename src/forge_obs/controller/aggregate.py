@@ -15,7 +15,7 @@ on alone, at once.
 
 A member keeps what it sent each leader (its last 32 cuts); when the plan names another leader,
 or a message to the leader comes back undeliverable (its process is gone), it resends that to
-the controller (:data:`RESENT`), which keeps the states of a (rank, cut) it did not get and drops
+the controller (a ``resent`` message), which keeps the states of a (rank, cut) it did not get and drops
 the others. The controller drops bundles of a leader replaced since (its plan ``version``).
 When a leader's bundle of a cut is not in ``BYPASS_FRACTION`` of ``flush_timeout_s`` after the
 cut (the leader is dead, hung or slow), the controller asks its group's ranks to resend their
@@ -30,21 +30,21 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from forge_obs.controller.monarch_internals import receiver_with_timeout
 from forge_obs.core.selfobs import SELF_OBS
 from forge_obs.core.threads import STOP, stop_port_thread
 from forge_obs.recording.reduce import KeyDrops
 from forge_obs.wire.bundle import dumps_bundle, make_bundle
-from forge_obs.wire.messages import ACK, ACKB, BUNDLE, EXPECT, HELLO, RESENT
+from forge_obs.wire.messages import (ACK, ACKB, BUNDLE, EXPECT, HELLO, STATES, AckBatch, Bundle, Expect, Hello, resent,
+                                     view, wire)
 from forge_obs.wire.snapshot import loads
 
 logger = logging.getLogger("forge_obs")
 
 __all__ = ["host_key", "Aggregator", "Route"]
 
-#: messages of the aggregated route (the direct route's are fetcher.ACK / STATES / FINAL / STREAM)
 #: messages kept per leader, to resend if it fails: ack + states of the last 32 cuts
 KEEP_SENT = 64
 #: messages for a cut a leader never learnt it leads are dropped after this long
@@ -76,7 +76,7 @@ class Route:
 
     def hello(self) -> None:
         """Tell the controller this rank's host and port (before its first cut)."""
-        self.ctl.send((HELLO, self.key, host_key(), self.port))
+        self.ctl.send(wire(Hello(HELLO, self.key, host_key(), self.port)))
 
     def target(self, seq: int, plan: dict | None) -> Any:
         """The port to answer cut ``seq`` on (``plan``: the mesh's new plan, if it changed)."""
@@ -110,8 +110,8 @@ class Route:
         rank = self.key[1]
         if self.aggregator is None:
             self.aggregator = Aggregator(self._receiver, self.ctl, self.key)
-        self.port.send((EXPECT, seq, plan["groups"][rank], plan["per_rank"], plan["ack_wait_s"], plan["step_wait_s"],
-                        plan["lagging"].get(rank, ()), plan["version"][rank]))
+        self.port.send(wire(Expect(EXPECT, seq, plan["groups"][rank], plan["per_rank"], plan["ack_wait_s"],
+                                   plan["step_wait_s"], plan["lagging"].get(rank, ()), plan["version"][rank])))
 
     def stop(self) -> None:
         """Stop this rank's aggregator thread, if it leads (the fetcher is stopping)."""
@@ -129,17 +129,18 @@ class Route:
         the cut yet, it answers it directly."""
         self.direct_upto = max(self.direct_upto, seq)
         for sent in self.sent.values():
-            mine = [m for m in sent if m[1] == seq]
+            mine = [m for m in sent if view(m).seq == seq]
             if mine:
-                sent[:] = [m for m in sent if m[1] != seq]
+                sent[:] = [m for m in sent if view(m).seq != seq]
                 self._to_controller(mine)
 
     def _to_controller(self, msgs: Iterable[tuple]) -> None:
-        for msg in msgs:
-            if msg[0] != ACK:
-                msg = (RESENT, *msg[1:])
+        for raw in msgs:
+            msg = view(raw)
+            if msg.kind != ACK:
+                msg = resent(msg)
             try:
-                self.ctl.send(msg)
+                self.ctl.send(wire(msg))
             except Exception:  # noqa: BLE001 - a gone controller
                 pass
 
@@ -231,32 +232,37 @@ class Aggregator:
             return None if not self.cuts else 1.0
         return max(0.0005, min(ds) - time.monotonic())
 
-    def _take(self, msg: tuple) -> None:
-        kind, seq = msg[0], msg[1]
+    def _take(self, raw: tuple) -> None:
+        msg = view(raw)
+        kind, seq = msg.kind, msg.seq
         if seq in self.done:  # late for a cut already forwarded: alone, at once
             if kind == ACK:
-                self.lagging.discard(msg[2])
-                self.ctl.send((ACKB, seq, [(msg[2], msg[3])], []))
-            elif kind == "states":
-                self._send_bundle(seq, {msg[2]: (msg[3], msg[4])}, False)
+                self.lagging.discard(msg.rank)
+                self.ctl.send(wire(AckBatch(ACKB, seq, [(msg.rank, msg.children)], [])))
+            elif kind == STATES:
+                self._send_bundle(seq, {msg.rank: (msg.identity, msg.states)}, False)
             return
         gc = self.cuts.get(seq)
         if gc is None:
             gc = self.cuts[seq] = _GroupCut()
         if kind == EXPECT:
-            _, _, members, per_rank, ack_wait_s, step_wait_s, lagging, self.version = msg
-            gc.members = {tuple(m) for m in members}
-            if lagging and not self.cuts_seen:  # a new leader: the controller's view of its group
-                self.lagging |= {tuple(m) for m in lagging}
-            self.cuts_seen += 1
-            gc.per_rank, gc.ack_wait_s, gc.step_wait_s = per_rank, ack_wait_s, step_wait_s
-            gc.t0 = time.monotonic()
+            self._expect(gc, msg)
         elif kind == ACK:
-            self.lagging.discard(msg[2])
-            gc.acked[msg[2]] = msg[3]
-        elif kind == "states":
-            gc.states[msg[2]] = (msg[3], msg[4])
+            self.lagging.discard(msg.rank)
+            gc.acked[msg.rank] = msg.children
+        elif kind == STATES:
+            gc.states[msg.rank] = (msg.identity, msg.states)
         self._progress(seq, gc)
+
+    def _expect(self, gc: _GroupCut, msg: Expect) -> None:
+        """This rank leads the group of ``msg.members`` for the cut (its own cut's plan)."""
+        self.version = msg.version
+        gc.members = {tuple(m) for m in msg.members}
+        if msg.lagging and not self.cuts_seen:  # a new leader: the controller's view of its group
+            self.lagging |= {tuple(m) for m in msg.lagging}
+        self.cuts_seen += 1
+        gc.per_rank, gc.ack_wait_s, gc.step_wait_s = msg.per_rank, msg.ack_wait_s, msg.step_wait_s
+        gc.t0 = time.monotonic()
 
     def _progress(self, seq: int, gc: _GroupCut) -> None:
         if gc.members is None:
@@ -270,7 +276,7 @@ class Aggregator:
         """The group's acks, and the members it gave up on (named, so that the controller closes
         the cut now and reports them as late, instead of waiting for its own timeout)."""
         gc.ack_sent = True
-        self.ctl.send((ACKB, seq, list(gc.acked.items()), sorted(gc.members - gc.acked.keys())))
+        self.ctl.send(wire(AckBatch(ACKB, seq, list(gc.acked.items()), sorted(gc.members - gc.acked.keys()))))
 
     def _finish(self, seq: int, gc: _GroupCut) -> None:
         del self.cuts[seq]
@@ -292,7 +298,7 @@ class Aggregator:
                 idents[key] = self.idents[key] = ident
         bundle = make_bundle(snaps, None, per_rank)
         bundle["drops"].merge(lost)
-        self.ctl.send((BUNDLE, seq, self.own_key, self.version, list(states), idents, dumps_bundle(bundle)))
+        self.ctl.send(wire(Bundle(BUNDLE, seq, self.own_key, self.version, list(states), idents, dumps_bundle(bundle))))
 
     def _expire(self) -> None:
         now = time.monotonic()

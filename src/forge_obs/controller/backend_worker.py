@@ -36,10 +36,11 @@ from typing import Any
 
 from forge_obs.backends.base import LoggerBackend, StreamBatch, call_hook
 from forge_obs.core.selfobs import SELF_OBS
+from forge_obs.core.types import LoggingMode
 
 logger = logging.getLogger("forge_obs")
 
-__all__ = ["BackendWorker", "DEFAULT_QUEUE_STEPS"]
+__all__ = ["BackendWorker", "BackendSet", "DEFAULT_QUEUE_STEPS"]
 
 #: steps a backend may fall behind before new ones are dropped for it (and counted)
 DEFAULT_QUEUE_STEPS = 256
@@ -221,3 +222,79 @@ def _only_log_step(backend: LoggerBackend) -> bool:
     if cls.log_step is LoggerBackend.log_step:
         return False
     return all(getattr(cls, h) is getattr(LoggerBackend, h) for h in ("log_stream_batch", "log_raw", "log_stream"))
+
+
+class BackendSet:
+    """A session's backends, one :class:`BackendWorker` each; the local store (``jsonl``) is fed
+    first and is never behind (its queue is unbounded)."""
+
+    def __init__(self, backends: dict[str, LoggerBackend], queue_steps: int = DEFAULT_QUEUE_STEPS) -> None:
+        order = sorted(backends, key=lambda n: n != "jsonl")
+        self.workers = [BackendWorker(n, backends[n], None if n == "jsonl" else queue_steps) for n in order]
+        #: whether a backend shows per-rank views (a step then carries each rank's reductions)
+        self.per_rank = any(LoggingMode.PER_RANK_REDUCE in be.modes for be in backends.values())
+        #: the backends raw values streamed between flushes go to at once
+        self.streaming = [w for w in self.workers if LoggingMode.PER_RANK_NO_REDUCE in w.backend.modes]
+
+    def start(self) -> None:
+        for w in self.workers:
+            w.start()
+
+    def put(self, record: Any) -> None:
+        """A step, to every backend's queue."""
+        for w in self.workers:
+            w.put(record)
+
+    def put_stream(self, entries: list, sources: dict) -> None:
+        """Streamed raw values, to every streaming backend's queue."""
+        for w in self.streaming:
+            w.put_stream(entries, sources)
+
+    def behind(self, deadline: float) -> list[str]:
+        """Wait until every backend logged what it accepted, at most until ``deadline``; the
+        names of those that did not."""
+        return [w.name for w in self.workers if not w.wait_done(deadline)]
+
+    def stop(self) -> None:
+        """Every backend logs its queue and finishes, all at the same time (see :meth:`join`)."""
+        for w in self.workers:
+            w.stop()
+
+    def join(self, deadline: float) -> list[str]:
+        """Wait for every backend to finish, at most until ``deadline``; the names of those
+        that did not (left behind)."""
+        finished = [w.join(deadline) for w in self.workers]
+        return [w.name for w, ok in zip(self.workers, finished) if not ok]
+
+    @property
+    def errors(self) -> int:
+        return sum(w.errors for w in self.workers)
+
+    def gauges(self) -> dict[str, float]:
+        """The backends' own figures a step reports: the slowest last ``log_step``, and what was
+        dropped because a backend was behind."""
+        ws = self.workers
+        return {"obs/backend_s": max((w.last_s for w in ws), default=0.0),
+                "obs/backend_errors": self.errors,
+                "obs/backend_dropped_steps": sum(w.dropped_steps for w in ws),
+                "obs/backend_dropped_stream_values": sum(w.dropped_stream_values for w in ws)}
+
+    def report(self) -> dict[str, dict[str, Any]]:
+        """Per backend: steps logged, dropped (queue full), errors, values it could not write, and
+        the backend's own :meth:`~forge_obs.backends.base.LoggerBackend.meta_report` (for ``meta.json``)."""
+        return {w.name: {"steps": w.done_steps, "dropped_steps": w.dropped_steps, "errors": w.errors,
+                         **({"dropped_stream_values": w.dropped_stream_values} if w.dropped_stream_values else {}),
+                         **({"skipped_values": n} if (n := getattr(w.backend, "skipped_values", 0)) else {}),
+                         **({"finish_error": w.finish_error} if w.finish_error else {}),
+                         **_own_report(w)} for w in self.workers}
+
+
+def _own_report(w: BackendWorker) -> dict[str, Any]:
+    """A backend's ``meta_report()``; nothing if it raises (or is still running: left behind)."""
+    if not w.finished:
+        return {}
+    try:
+        return dict(w.backend.meta_report() or {})
+    except Exception as e:  # noqa: BLE001 - meta.json is written anyway
+        logger.error("forge_obs: backend %r: meta_report() failed: %r", w.name, e)
+        return {}

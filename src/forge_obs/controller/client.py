@@ -2,7 +2,7 @@
 
     mlogger = await get_or_create_metric_logger(process_name="Controller")
     await mlogger.init_backends.call_one({"console": {"logging_mode": "global_reduce"}})
-    await mlogger.flush.call_one(step)       # the step's cut: see forge_obs.controller.logger
+    await mlogger.flush.call_one(step)       # the step's cut: see forge_obs.controller.flush
     await mlogger.shutdown.call_one()
 
 ``provisioner_hooks.install()`` calls :func:`attach_fetcher` for every new proc mesh; without it,
@@ -18,15 +18,18 @@ from typing import Any
 from monarch.actor import get_or_spawn_controller
 
 from forge_obs.controller.fetcher import FETCHER_NAME, LocalFetcherActor, current_options, hosts_fetcher
-from forge_obs.controller.logger import (GLOBAL_LOGGER_NAME, INBOX_NAME, _STATE, GlobalLoggingActor, ObsInbox, ProbedFlush,
-                                        start_flush)
+from forge_obs.controller.flush import ProbedFlush, start_flush
+from forge_obs.controller.inbox import INBOX_NAME, ObsInbox
+from forge_obs.controller.logger import GLOBAL_LOGGER_NAME, GlobalLoggingActor
 from forge_obs.controller.registry import LOCAL_MESHES
+from forge_obs.controller.state import CONTROLLER
 from forge_obs.core.env import env_flag
 from forge_obs.core.identity import current_identity, release_mesh_name, unique_mesh_name
 
 logger = logging.getLogger("forge_obs")
 
-__all__ = ["get_or_create_metric_logger", "MetricLogger", "attach_fetcher", "LoggerHandles"]
+__all__ = ["get_or_create_metric_logger", "MetricLogger", "attach_fetcher", "LoggerHandles", "cached_handles",
+           "set_cached_handles", "spawn_handles_blocking"]
 
 
 class LoggerHandles:
@@ -36,7 +39,7 @@ class LoggerHandles:
         self.glob = glob
         self.inbox = inbox
         self.port = port  # the inbox's port: every fetcher answers on it ...
-        self.socket = socket  # ... or, on the inbox's host, on its socket (see logger.local_address)
+        self.socket = socket  # ... or, on the inbox's host, on its socket (see inbox.start_local_inbox)
 
 
 _handles: LoggerHandles | None = None
@@ -103,14 +106,14 @@ def _stopping(mesh_id: str, name: str) -> None:
     """``proc_mesh.stop()`` of a mesh cut from here: the next cut takes its final states; with no
     run logging (before ``init_backends`` or after ``shutdown``) its name is free again."""
     LOCAL_MESHES.mark_stopping(mesh_id)
-    if _STATE.pipeline is None:
+    if CONTROLLER.pipeline is None:
         release_mesh_name(name)
 
 
 def _name_scope() -> str:
     """What prefixes the names of meshes spawned from this process: nothing in the controller
     process, else this process's own ``mesh.rN`` (its pid where it has no fetcher)."""
-    if _STATE.in_this_process:
+    if CONTROLLER.in_this_process:
         return ""
     ident = current_identity()
     if hosts_fetcher():
@@ -121,7 +124,7 @@ def _name_scope() -> str:
 def _cut_here() -> bool:
     """Whether meshes spawned in this process are cut from here (the controller process, or a
     process with a fetcher); otherwise the controller registers them."""
-    return _STATE.in_this_process or hosts_fetcher()
+    return CONTROLLER.in_this_process or hosts_fetcher()
 
 
 class _Flush:
@@ -133,8 +136,8 @@ class _Flush:
         self._endpoint = endpoint
 
     def call_one(self, global_step: int) -> Any:
-        if _STATE.in_this_process:
-            if _STATE.probe_round_trip and _STATE.pipeline is not None:
+        if CONTROLLER.in_this_process:
+            if CONTROLLER.probe_round_trip and CONTROLLER.pipeline is not None:
                 return ProbedFlush(global_step)
             return start_flush(global_step)
         return self._endpoint.call_one(global_step)

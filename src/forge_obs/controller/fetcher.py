@@ -45,18 +45,17 @@ from forge_obs.recording import reduce as _reduce
 from forge_obs.recording.reduce import adopt_reductions, user_reductions
 from forge_obs.recording.timeline import follow_cut
 from forge_obs.recording.timeline import writer as _timeline_writer
-from forge_obs.wire.messages import ACK, CUT, DEFAULT_STREAM_INTERVAL_S, EXPORT, FINAL, STATES, STREAM
+from forge_obs.wire.messages import (ACK, CUT, DEFAULT_STREAM_INTERVAL_S, EXPORT, FINAL, STATES, STREAM, Ack, ChildMesh,
+                                     States, Stream, view, wire)
 from forge_obs.controller.local_socket import LocalSender, running_loop as _running_loop
 from forge_obs.wire.snapshot import dumps, encode_raw
 
 logger = logging.getLogger("forge_obs")
 
-__all__ = ["LocalFetcherActor", "FETCHER_NAME", "ACK", "STATES", "FINAL", "STREAM", "apply_options", "current_options",
-           "store_options", "DEFAULT_STREAM_INTERVAL_S"]
+__all__ = ["LocalFetcherActor", "FETCHER_NAME", "apply_options", "current_options", "store_options", "configure_all",
+           "hosts_fetcher", "expect_fetcher", "ACK_STATES_MAX_VALUES"]
 
 FETCHER_NAME = "obs_fetcher"
-#: kinds of message on the controller's inbox port
-#: how often raw values are streamed to ``per_rank_no_reduce`` backends between flushes
 #: how long a fetcher waits for the meshes it spawned to take a new configuration
 CONFIGURE_TIMEOUT_S = 10.0
 
@@ -242,17 +241,18 @@ class LocalFetcherActor(Actor):
         except RuntimeError:  # the actor's loop is closed: it stopped
             pass
 
-    def _take_local(self, msg: tuple) -> None:
-        if msg[0] == CUT:
+    def _take_local(self, raw: tuple) -> None:
+        msg = view(raw)
+        if msg.kind == CUT:
             self._local_cut(msg)
-        elif msg[0] == EXPORT:
-            self._send_held_for(msg[1])
+        elif msg.kind == EXPORT:
+            self._send_held_for(msg.seq)
 
-    def _local_cut(self, msg: tuple) -> None:
+    def _local_cut(self, msg: Any) -> None:
         try:
-            self._take_cut(*msg[1:])
+            self._take_cut(msg.seq, msg.step, msg.actor, msg.ctl_us)
         except Exception as e:  # noqa: BLE001 - the controller names this rank late
-            logger.error("forge_obs: %s could not take cut %s: %r", self.identity.label, msg[1], e)
+            logger.error("forge_obs: %s could not take cut %s: %r", self.identity.label, msg.seq, e)
 
     def _take_cut(self, seq: int, step: int, actor: str, ctl_us: int | None = None, plan: dict | None = None) -> None:
         cpu0 = time.thread_time()
@@ -276,9 +276,8 @@ class LocalFetcherActor(Actor):
         # large one's, or device values (read back at export), follow it
         with_ack = target is self.port and _small(taken)
         data = self._export_states(seq, taken) if with_ack else None
-        ack = (ACK, seq, self.key, children, rank_stamp(entered))
-        if data is not None:
-            ack += (self._identity_dict(), data)
+        ident = self._identity_dict() if data is not None else None
+        ack = Ack(ACK, seq, self.key, children, rank_stamp(entered), ident, data)
         try:
             self._post(target, ack)
         except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
@@ -294,12 +293,13 @@ class LocalFetcherActor(Actor):
         SELF_OBS.add("export", time.thread_time() - cpu0)  # sent with the next cut
 
     def _post(self, target: Any, msg: tuple) -> None:
+        raw = wire(msg)
         if target is self.port:
-            self._to_inbox(msg)
+            self._to_inbox(raw)
         elif self.route is None:
-            target.send(msg)
+            target.send(raw)
         else:
-            self.route.send(target, msg)
+            self.route.send(target, raw)
 
     def _to_inbox(self, msg: tuple) -> None:
         """``msg`` to the controller's inbox: on its socket while that works, then (this message
@@ -331,7 +331,7 @@ class LocalFetcherActor(Actor):
         if data is None:
             return
         try:
-            self._post(target or self.port, (kind, seq, self.key, self._identity_dict(), data))
+            self._post(target or self.port, States(kind, seq, self.key, self._identity_dict(), data))
         except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
             logger.error("forge_obs: %s could not send its states (cut %s): %r", self.identity.label, seq, e)
 
@@ -414,7 +414,7 @@ class LocalFetcherActor(Actor):
         # values that are not numbers travel pickled one by one: one the controller cannot
         # unpickle costs that value only (counted there), never the message
         rows, pickled = encode_raw(rows, lambda key, reason, n: _COLLECTOR.count_drop(reason, n))
-        self._to_inbox((STREAM, self.key, self.identity.label, step, rows, pickled))
+        self._to_inbox(wire(Stream(STREAM, self.key, self.identity.label, step, rows, pickled)))
         return len(rows)
 
     # ------------------------------------------------------------ configuration, torchforge's endpoints
@@ -530,8 +530,8 @@ def _cut_children(seq: int, step: int) -> list[tuple]:
             e.fetchers.cut.broadcast(seq, step, e.actor_label)
         except Exception as ex:  # noqa: BLE001 - a dead mesh shows up as missing ranks
             logger.warning("forge_obs: could not cut mesh %s: %r", e.name, ex)
-        out.append((e.mesh_id, e.size, e.name, e.actor_label, False))
-    out.extend((e.mesh_id, e.size, e.name, e.actor_label, True) for e in stopped)
+        out.append(wire(ChildMesh(e.mesh_id, e.size, e.name, e.actor_label, False)))
+    out.extend(wire(ChildMesh(e.mesh_id, e.size, e.name, e.actor_label, True)) for e in stopped)
     return out
 
 

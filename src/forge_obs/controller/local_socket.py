@@ -43,13 +43,14 @@ from typing import Any, Callable
 
 import cloudpickle
 
+from forge_obs.wire.messages import NAME, SocketName, kind_of, view, wire
+
 __all__ = ["LocalInbox", "LocalSender", "same_host", "running_loop"]
 
 logger = logging.getLogger("forge_obs")
 
 _LEN = struct.Struct("!I")
 _MAX_FRAME = 1 << 31  # a frame's length field: 4 bytes
-_NAME = "__local_name__"  # a sender's first frame when it takes messages too: (_NAME, its name)
 #: bytes the inbox's thread reads at once, into one buffer it reuses (a ``recv`` of this size
 #: would allocate, and unmap, that much at every read)
 _READ_BYTES = 1 << 20
@@ -287,9 +288,9 @@ class LocalInbox:
         return True
 
     def _take_one(self, conn: _Conn, msg: Any) -> None:
-        if type(msg) is tuple and len(msg) == 2 and msg[0] == _NAME:
-            conn.name = msg[1]
-            self.peers[msg[1]] = conn
+        if kind_of(msg) == NAME:  # a sender's first frame when it takes messages too
+            conn.name = view(msg).name
+            self.peers[conn.name] = conn
             return
         self.messages += 1
         self._take(msg)
@@ -340,7 +341,7 @@ class LocalSender:
                 sender._reader = threading.Thread(target=sender._listen, args=(on_message, account),
                                                   name="forge_obs-local-cuts", daemon=True)
                 sender._reader.start()
-            if not sender.send((_NAME, name)):
+            if not sender.send(wire(SocketName(NAME, name))):
                 return None
         return sender
 

@@ -24,6 +24,7 @@ __all__ = [
     "perf_metrics_disabled",
     "timer_uses_gpu",
     "local_socket_enabled",
+    "tracer_switches",
     "METRICS_DISABLED",
     "PERF_METRICS_DISABLED",
 ]

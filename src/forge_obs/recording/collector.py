@@ -39,21 +39,19 @@ from typing import Any
 
 from forge_obs.core.counters import add_count
 from forge_obs.core.env import METRICS_DISABLED
-from forge_obs.core.pickling import PICKLED, pickle_value
 from forge_obs.core.plain import BadRow, plain
 from forge_obs.core.safe import safe_repr
 from forge_obs.core.types import Metric
 from forge_obs.core.warn import WARNER
 from forge_obs.recording.device import DeviceValues
+from forge_obs.recording.export import export_taken
 from forge_obs.recording.reduce import (
     ROW_CLASSES,
-    ROW_FIELDS,
     DropCounts,
     MetricAccumulator,
     Reduce,
     accumulator_for,
     blank_maker,
-    overflowed_keys,
     reserved_key,
     resolve_reduction,
     to_float,
@@ -432,59 +430,6 @@ class MetricCollector:
         self._nonfinite_keys.add(key)
         WARNER.warn("nonfinite", key, f"record_metric({key!r}): non-finite value {v} kept (counted in obs/nonfinite_values)")
 
-    def _coerce(self, key: Any, value: Any, reduction: Any) -> Any:
-        """Turn a non-int/float value into a float (or keep it for a non-numeric reduction such
-        as SAMPLE); _DROP if it cannot be (counted). Never raises."""
-        try:
-            if reduction is _SAMPLE:
-                return self._row(key, value)
-            if type(reduction) is not Reduce:
-                red = _lookup(reduction)
-                if red is None:
-                    return value  # dropped as unknown_reduction under the lock
-                if red is _SAMPLE:
-                    return self._row(key, value)
-                if not accumulator_for(red.value if type(red) is Reduce else red).numeric:
-                    return value
-            if type(value) is (_TENSOR or _tensor_type()):  # plain torch.Tensor: the common case, fast
-                if not value.is_cpu:
-                    return self._device_record(key, value, reduction)
-                try:
-                    return float(value.item())  # .item() rejects tensors of more than one element
-                except Exception as e:  # noqa: BLE001
-                    return self._drop(key, "bad_value", f"Tensor could not be read as a scalar ({safe_repr(e)})")
-            if type(value) is bool:
-                return float(value)
-            if isinstance(value, _TEXT) or value is None:  # np.str_ / np.bytes_ too: never parsed
-                return self._drop(key, "bad_value", f"value of type {_type_name(value)} is not a number")
-            item = getattr(value, "item", None)
-            if item is not None:
-                # torch tensors: ``is_cpu`` is far cheaper than ``.device.type``; others: ``.device``
-                is_cpu = getattr(value, "is_cpu", None)
-                if is_cpu is False or (is_cpu is None and getattr(getattr(value, "device", None), "type", "cpu") != "cpu"):
-                    return self._device_record(key, value, reduction)
-                try:
-                    # .item() itself rejects tensors / arrays of more than one element
-                    v = to_float(item())
-                except Exception as e:  # noqa: BLE001 - bad input never raises into the caller
-                    return self._drop(key, "bad_value", f"{_type_name(value)} could not be read as a scalar ({safe_repr(e)})")
-            else:
-                try:
-                    v = to_float(value)
-                except Exception:  # noqa: BLE001
-                    return self._drop(key, "bad_value", f"value of type {_type_name(value)} is not a number")
-            return v
-        except Exception as e:  # noqa: BLE001 - an .item property, __getattr__, __float__ that raises
-            return self._drop(key, "bad_value", f"{_type_name(value)} value could not be read ({safe_repr(e)})")
-
-    def _row(self, key: Any, value: Any) -> Any:
-        """A SAMPLE row as backends write it (:func:`forge_obs.core.plain.plain`: keys as ``str``);
-        _DROP, counted as ``bad_row``, for a row that contains itself."""
-        try:
-            return plain(value, key)
-        except BadRow as e:
-            return self._drop(key, "bad_row", f"a SAMPLE row {e}")
-
     def device_values(self) -> DeviceValues:
         """This collector's device accumulators (:mod:`forge_obs.recording.device`), created on
         first use; the cut swaps them with the CPU accumulators."""
@@ -630,79 +575,9 @@ class MetricCollector:
         return Taken(accs, raw, counters, device, nonfinite_keys)
 
     def export(self, taken: "Taken", packed: bool = False) -> dict[str, Any]:
-        """Mergeable states of a :class:`Taken` (device values are read here, once per device).
-
-        Returns ``{"states": {key: state}, "raw": [(key, value, ts)] | None, "counters": {...},
-        "wall_time": t}``. With ``packed=True`` (what fetchers send), the built-in numeric
-        reductions come as ``"packed": {reduction: (keys, rows)}`` (see
-        :data:`forge_obs.recording.reduce.ROW_FIELDS`) and ``"states"`` holds the others (SAMPLE, custom),
-        whose pickled bytes (made checking them) are in ``snapshot.PICKLED``: what they travel as.
-
-        Never raises: a key whose state cannot be exported (its ``get_state`` raises) or
-        pickled (a SAMPLE row holding a lock) is left out, counted in ``dropped_values`` and
-        ``dropped_by_reason``; every other key is exported. A SUM / MEAN / STD whose values
-        added up beyond the float range is exported as ``inf`` and counted in
-        ``nonfinite_values``.
-        """
-        accs, counters = taken.accs, taken.counters
-        if taken.device is not None:
-            try:
-                taken.device.resolve_into(taken)
-            except Exception as e:  # noqa: BLE001 - the device's values only
-                try:
-                    n = sum(e2.count for e2 in taken.device.entries.values())
-                except Exception:  # noqa: BLE001
-                    n = 1
-                taken.drop("device_error", n, "<device>", f"device values could not be read ({safe_repr(e)})")
-        out: dict[str, Any] = {"raw": taken.raw, "counters": counters, "wall_time": time.time()}
-        states: dict[str, Any] = {}
-        groups: dict[str, tuple[list, list]] = {}
-        odd: list | None = None  # keys of SAMPLE / custom reductions: checked one by one
-        for k, a in accs.items():
-            try:
-                rt = a.rt
-                if packed:
-                    g = groups.get(rt)
-                    if g is not None:
-                        row = a.row()
-                        g[0].append(k)
-                        g[1].append(row)
-                        continue
-                    if rt in ROW_FIELDS:
-                        groups[rt] = ([k], [a.row()])
-                        continue
-                elif rt in ROW_FIELDS:
-                    states[k] = a.get_state()
-                    continue
-            except Exception:  # noqa: BLE001 - e.g. a custom class without .rt: checked below
-                pass
-            if odd is None:
-                odd = []
-            odd.append(k)
-        if odd is not None:
-            pickled: dict[str, bytes] = {}  # the check's bytes: what the states travel as
-            for k in odd:
-                st = _export_state(k, accs[k], taken, pickled)
-                if st is not None:
-                    states[k] = st
-            out[PICKLED] = pickled
-            if taken.raw:
-                out["raw"] = _picklable_raw(taken.raw, set(odd), taken)
-        over = taken.nonfinite_keys
-        n = 0
-        if packed:
-            for rt, (keys, rows) in groups.items():
-                n += overflowed_keys(rt, keys, rows, over)
-            out["packed"] = groups
-        else:
-            for k, st in states.items():
-                rt = st.get("reduction_type")
-                if rt in ROW_FIELDS:
-                    n += overflowed_keys(rt, [k], [accs[k].row()], over)
-        if n:
-            counters["nonfinite_values"] = counters.get("nonfinite_values", 0) + n
-        out["states"] = states
-        return out
+        """Mergeable states of a :class:`Taken`, off the caller's path: see
+        :func:`forge_obs.recording.export.export_taken`. Never raises."""
+        return export_taken(taken, packed)
 
     def snapshot(self, packed: bool = False) -> dict[str, Any]:
         """:meth:`swap` then :meth:`export`: everything recorded so far, as mergeable states."""
@@ -735,45 +610,60 @@ class MetricCollector:
         self.snapshot()
 
 
-def _values_in(acc: Any) -> int:
-    """How many values an accumulator holds, as far as it tells (for drop counts), else 1."""
-    for attr in ("seen", "count"):
-        n = getattr(acc, attr, None)
-        if type(n) is int and n > 0:
-            return n
-    return 1
-
-
-def _export_state(key: str, acc: Any, taken: Taken, pickled: dict[str, bytes]) -> dict | None:
-    """``acc``'s state, its bytes put in ``pickled``; None when it cannot be exported or pickled
-    (counted)."""
+def _coerce(c: MetricCollector, key: Any, value: Any, reduction: Any) -> Any:
+    """A value of ``record_metric`` that is not an int or float, for collector ``c``: a float
+    (kept as it is for a non-numeric reduction such as SAMPLE; a GPU tensor is accumulated on its
+    device); _DROP if it cannot be (counted). Never raises."""
     try:
-        st = acc.get_state()
-        if not isinstance(st, dict) or "reduction_type" not in st:
-            raise TypeError(f"get_state() returned {type(st).__name__}, not a state dict with a reduction_type")
-    except Exception as e:  # noqa: BLE001 - this key only
-        taken.drop("export_error", _values_in(acc), key, f"{type(acc).__name__}.get_state failed: {safe_repr(e)}")
-        return None
-    try:
-        pickled[key] = pickle_value(st)
-    except Exception as e:  # noqa: BLE001 - e.g. a SAMPLE row holding a lock
-        taken.drop("unpicklable", _values_in(acc), key, f"its state cannot be pickled ({safe_repr(e)})")
-        return None
-    return st
-
-
-def _picklable_raw(raw: list, keys: set, taken: Taken) -> list:
-    """``raw`` without the values of ``keys`` (SAMPLE / custom) that cannot be pickled."""
-    out = []
-    for item in raw:
-        if item[0] in keys and type(item[1]) is not float and type(item[1]) is not int:
+        if reduction is _SAMPLE:
+            return _row(c, key, value)
+        if type(reduction) is not Reduce:
+            red = _lookup(reduction)
+            if red is None:
+                return value  # dropped as unknown_reduction under the lock
+            if red is _SAMPLE:
+                return _row(c, key, value)
+            if not accumulator_for(red.value if type(red) is Reduce else red).numeric:
+                return value
+        if type(value) is (_TENSOR or _tensor_type()):  # plain torch.Tensor: the common case, fast
+            if not value.is_cpu:
+                return c._device_record(key, value, reduction)
             try:
-                pickle_value(item[1])
+                return float(value.item())  # .item() rejects tensors of more than one element
             except Exception as e:  # noqa: BLE001
-                taken.drop("unpicklable", 1, item[0], f"a raw value cannot be pickled ({safe_repr(e)})")
-                continue
-        out.append(item)
-    return out
+                return c._drop(key, "bad_value", f"Tensor could not be read as a scalar ({safe_repr(e)})")
+        if type(value) is bool:
+            return float(value)
+        if isinstance(value, _TEXT) or value is None:  # np.str_ / np.bytes_ too: never parsed
+            return c._drop(key, "bad_value", f"value of type {_type_name(value)} is not a number")
+        item = getattr(value, "item", None)
+        if item is not None:
+            # torch tensors: ``is_cpu`` is far cheaper than ``.device.type``; others: ``.device``
+            is_cpu = getattr(value, "is_cpu", None)
+            if is_cpu is False or (is_cpu is None and getattr(getattr(value, "device", None), "type", "cpu") != "cpu"):
+                return c._device_record(key, value, reduction)
+            try:
+                # .item() itself rejects tensors / arrays of more than one element
+                v = to_float(item())
+            except Exception as e:  # noqa: BLE001 - bad input never raises into the caller
+                return c._drop(key, "bad_value", f"{_type_name(value)} could not be read as a scalar ({safe_repr(e)})")
+        else:
+            try:
+                v = to_float(value)
+            except Exception:  # noqa: BLE001
+                return c._drop(key, "bad_value", f"value of type {_type_name(value)} is not a number")
+        return v
+    except Exception as e:  # noqa: BLE001 - an .item property, __getattr__, __float__ that raises
+        return c._drop(key, "bad_value", f"{_type_name(value)} value could not be read ({safe_repr(e)})")
+
+
+def _row(c: MetricCollector, key: Any, value: Any) -> Any:
+    """A SAMPLE row as backends write it (:func:`forge_obs.core.plain.plain`: keys as ``str``);
+    _DROP, counted as ``bad_row``, for a row that contains itself."""
+    try:
+        return plain(value, key)
+    except BadRow as e:
+        return c._drop(key, "bad_row", f"a SAMPLE row {e}")
 
 
 _TENSOR: Any = None  # torch.Tensor once torch is imported (never imported from here)
@@ -835,7 +725,7 @@ def record_metric(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN)
         if value - value:  # NaN / inf: counted if kept
             return c._record_nonfinite(key, value, reduction)
     elif t is not int:
-        value = c._coerce(key, value, reduction)
+        value = _coerce(c, key, value, reduction)
         if value is _DROP:
             return
         if type(value) is float and value - value:

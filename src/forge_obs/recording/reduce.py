@@ -69,7 +69,6 @@ from typing import Any, Callable
 
 from forge_obs.core.counters import add_count, add_counts
 from forge_obs.core.safe import safe_repr
-from forge_obs.core.types import Metric
 
 __all__ = [
     "Reduce",
@@ -91,6 +90,7 @@ __all__ = [
     "ROW_FIELDS",
     "accumulator_for",
     "adopt_reductions",
+    "blank_maker",
     "exact_fsum",
     "is_registered",
     "takes_numbers",

@@ -23,8 +23,6 @@ from forge_obs.core.types import Metric
 from forge_obs.recording.reduce import (
     ROW_CLASSES,
     ROW_FIELDS,
-    DropCounts,
-    KeyDrops,
     Reduce,
     accumulator_for,
     is_registered,

@@ -4,10 +4,10 @@
     >>> p = Planner()
     >>> for r in range(4):  # what the fetchers' hello said: 2 hosts x 2 ranks
     ...     p.hello(("m1", r), f"host{r // 2}", port=f"port{r}")
-    >>> plan = p.plan_for("m1", 4, lagging=set(), per_rank=False, flush_timeout_s=10, mode="on", job_ranks=4)
+    >>> plan = p.replan("m1", 4, lagging=set(), per_rank=False, flush_timeout_s=10, mode="on", job_ranks=4)
     >>> plan["leader"], plan["ports"]
     ({0: 1, 1: 1, 2: 3, 3: 3}, {1: 'port1', 3: 'port3'})
-    >>> p.plan_for("m1", 4, set(), False, 10, "on", 4) is None  # unchanged: not cast again
+    >>> p.replan("m1", 4, set(), False, 10, "on", 4) is None  # unchanged: not cast again
     True
 
 A *group* is the ranks of one mesh on one Monarch host (the fetchers' ``hello`` names their host,
@@ -75,9 +75,11 @@ class Planner:
         for k in [k for k in self._leads if k[0] == mesh_id]:
             del self._leads[k]
 
-    def plan_for(self, mesh_id: str, size: int, lagging: set, per_rank: bool, flush_timeout_s: float,
-                 mode: str, job_ranks: int) -> dict | None:
-        """Mesh ``mesh_id``'s plan if it changed since it was last cast (else ``None``)."""
+    def replan(self, mesh_id: str, size: int, lagging: set, per_rank: bool, flush_timeout_s: float,
+               mode: str, job_ranks: int) -> dict | None:
+        """Plan mesh ``mesh_id`` for the cut about to be cast: its new plan if it changed since it
+        was last cast (else ``None``). The plan is recorded as cast: its leaders' versions, and
+        ``leader_of``."""
         groups: dict[str, list[int]] = {}
         if mode == "on" or (mode == "auto" and job_ranks >= AUTO_MIN_RANKS):
             for r in range(size):

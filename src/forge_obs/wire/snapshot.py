@@ -29,7 +29,7 @@ from forge_obs.core.safe import safe_repr
 from forge_obs.core.warn import WARNER
 
 __all__ = ["dumps", "loads", "opened", "has_values", "encode", "decode", "encode_raw", "decode_raw", "pickle_value",
-           "plain_counters", "PICKLED"]
+           "plain_counters", "PICKLED", "OnDrop"]
 
 #: a snapshot's field that holds the indices of the raw values pickled one by one
 RAW_PICKLED = "raw_pickled"

@@ -6,6 +6,8 @@
 See :mod:`forge_obs.analysis.report.html` for what the page shows.
 """
 
-from forge_obs.analysis.report.html import render_report, write_report
+from forge_obs.core.lazy import lazy_exports
 
 __all__ = ["render_report", "write_report"]
+_EXPORTS = {"render_report": "forge_obs.analysis.report.html", "write_report": "forge_obs.analysis.report.html"}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__, globals())

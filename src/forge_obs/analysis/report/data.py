@@ -24,15 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from forge_obs.core.formatting import QUANTILES, flatten, is_distribution
+
 __all__ = [
     "Point",
     "GROUP_ORDER",
-    "QUANTILES",
     "OVERVIEW_PANELS",
     "STEP_TOTAL_KEYS",
     "STEP_PART_PATTERNS",
-    "is_distribution",
-    "flatten",
     "overview_panels",
     "group_of",
     "group_sort_key",
@@ -44,7 +43,6 @@ __all__ = [
 Point = tuple[int, "float | None", float]
 
 GROUP_ORDER = ("trainer", "generator", "service", "buffer", "reference", "reward", "controller")
-QUANTILES = ("p50", "p90", "p99")
 
 #: the run's story, drawn first: (panel title, key patterns); a panel shows every non-``obs/`` key
 #: that matches one of its patterns (``re.search``), and is left out when none does
@@ -66,21 +64,6 @@ STEP_PART_PATTERNS = (r"wait\w*_s$", r"batch_creation_s$", r"forward_backward_s$
 
 def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def flatten(key: str, v: Any, out: dict[str, float]) -> None:
-    """``v`` (a number, bool or nested dict of them) into ``out`` as ``key/...`` -> float."""
-    if isinstance(v, bool):
-        out[key] = float(v)
-    elif _is_num(v):
-        out[key] = float(v)
-    elif isinstance(v, dict):
-        for k, x in v.items():
-            flatten(f"{key}/{k}", x, out)
-
-
-def is_distribution(v: Any) -> bool:
-    return isinstance(v, dict) and all(q in v for q in QUANTILES)
 
 
 def group_of(key: str) -> str:

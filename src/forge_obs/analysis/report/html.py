@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from forge_obs.analysis.report.assets import CSS, JS
-from forge_obs.analysis.report.data import QUANTILES, RunData, group_of
+from forge_obs.analysis.report.data import RunData, group_of
+from forge_obs.core.formatting import QUANTILES, format_value, unit_for
 
 __all__ = [
     "MAX_POINTS",
@@ -85,8 +86,6 @@ def slug(key: str) -> str:
 
 def fmt(v: Any, key: str = "") -> str:
     """A value as the console prints it (units from the key's suffix)."""
-    from forge_obs.backends.console import format_value, unit_for
-
     return format_value(v, unit_for(key) if key else "")
 
 

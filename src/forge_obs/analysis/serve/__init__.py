@@ -13,8 +13,9 @@ from its npm release, so it works offline) polls once a second and draws only th
 view. See docs/serve.md.
 """
 
-from forge_obs.analysis.serve.api import Runs
-from forge_obs.analysis.serve.server import ServeServer
-from forge_obs.analysis.serve.state import RunState, ServeConfig
+from forge_obs.core.lazy import lazy_exports
 
 __all__ = ["Runs", "RunState", "ServeConfig", "ServeServer"]
+_EXPORTS = {"Runs": "forge_obs.analysis.serve.api", "ServeServer": "forge_obs.analysis.serve.server",
+            "RunState": "forge_obs.analysis.serve.state", "ServeConfig": "forge_obs.analysis.serve.state"}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__, globals())

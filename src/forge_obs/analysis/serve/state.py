@@ -58,11 +58,11 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from forge_obs.analysis.report.data import QUANTILES, flatten, is_distribution
 from forge_obs.analysis.serve.files import Confined
 from forge_obs.analysis.serve.meta import controller_gone, read_meta, run_labels
 from forge_obs.analysis.serve.ranges import Memo, read_rows, value_of
 from forge_obs.analysis.serve.series import Buckets, merge_to
+from forge_obs.core.formatting import QUANTILES, flatten, is_distribution
 from forge_obs.analysis.serve.tail import Tail
 from forge_obs.analysis.store import metric_row_problem
 

@@ -35,24 +35,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from forge_obs.core.lazy import lazy_exports
 from forge_obs.recording.timeline import writer
-from forge_obs.recording.timeline.recorder import (
-    Span,
-    new_span,
-    add_step_tag,
-    call_link,
-    follow_cut,
-    get_step,
-    in_span,
-    is_enabled,
-    link_check,
-    record_event,
-    record_span,
-    set_incoming,
-    set_link_check,
-    set_step,
-    wrap,
-)
 
 __all__ = [
     "record_span",
@@ -74,6 +58,11 @@ __all__ = [
     "link_check",
     "set_link_check",
 ]
+#: the hot path's names, served from :mod:`~forge_obs.recording.timeline.recorder` on first use
+_EXPORTS = dict.fromkeys(("record_span", "record_event", "set_step", "add_step_tag", "get_step", "is_enabled",
+                          "follow_cut", "Span", "new_span", "wrap", "call_link", "in_span", "set_incoming",
+                          "link_check", "set_link_check"), "forge_obs.recording.timeline.recorder")
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__, globals())
 
 
 def configure(run_dir: Any = None, **options: Any) -> bool:
