@@ -33,8 +33,7 @@ from forge_obs.core.selfobs import SELF_OBS
 from forge_obs.core.types import LoggingMode
 from forge_obs.core.warn import WARNER
 from forge_obs.recording.collector import MetricCollector
-from forge_obs.recording.timeline import follow_cut
-from forge_obs.wire.snapshot import dumps
+from forge_obs.wire import rank_cut
 
 __all__ = ["SpmdSession", "STATES", "FINAL", "MESH_ID", "identity_for"]
 
@@ -224,8 +223,7 @@ class SpmdSession:
         if self._closed:
             WARNER.warn("spmd_closed", "flush", "forge_obs.spmd: flush() after shutdown(): ignored (the values stay recorded)")
             return
-        taken = _COLLECTOR.swap()
-        follow_cut(step + 1)
+        taken = rank_cut.take(step)
         self.last_step = step
         self._put((STATES, step, taken))
 
@@ -245,9 +243,7 @@ class SpmdSession:
         """Export, pickle and send one cut (never raises: a failure is counted and logged)."""
         cpu0 = time.thread_time()
         try:
-            snap = _COLLECTOR.export(taken, packed=True)
-            snap["self_cpu"] = SELF_OBS.take()
-            data = dumps(snap, lambda key, reason, n: taken.drop(reason, n))
+            data = rank_cut.export(taken)
             msg = (kind, self.rank, step, self._ident, data)
             if self.is_logger:
                 self._assembly.take(*msg)
