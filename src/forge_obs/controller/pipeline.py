@@ -143,6 +143,9 @@ class Cut:
     stamp: Any = None  # the closing rank's cut_timing.rank_stamp
     raw_round_trip_s: float | None = None  # the probe's raw round trip just before the cut
     exports_asked: bool = False  # the ranks holding their states for this cut were asked for them
+    # a step gathered elsewhere (FlushPipeline.submit): (missing labels, late labels, ranks
+    # reported, the step's own obs/... values)
+    given: "tuple | None" = None
     _waiters: list = field(default_factory=list)
 
 
@@ -332,6 +335,32 @@ class FlushPipeline:
                 # which is before their deadline (a wake-up now would compete with the cast)
                 self._cv.notify_all()
         _run(callbacks)
+        return cut
+
+    def submit(self, step: int, *, states: Iterable[tuple] = (), extra: Iterable[tuple] = (),
+                  bundles: Iterable[Any] = (), reported: int, missing: Iterable[str] = (), late: Iterable[str] = (),
+                  final: bool = False, obs: dict[str, float] | None = None) -> Cut:
+        """A step whose cut was made and gathered elsewhere (the SPMD logger's merge tree): built
+        and handed to the backends after every cut begun before it, as a cut's step is, without
+        waiting for anything. ``states``: ``(rank_key, identity, snapshot)`` of single ranks;
+        ``extra``: the same, for states that join this step late (merged with the rank's own);
+        ``bundles``: merged groups (:mod:`forge_obs.wire.bundle`); ``reported``: how many ranks'
+        states of the step they hold; ``missing`` / ``late``: labels of the ranks absent / named
+        late; ``obs``: ``obs/...`` values of the step's own (they replace the pipeline's of the
+        same name); ``final``: as :meth:`begin_cut`'s."""
+        with self._cv:
+            self._seq += 1
+            now = time.monotonic()
+            cut = Cut(seq=self._seq, step=step, deadline=now, local=None, final=final, closed=True, start=now,
+                      called_at=now, sent_at=now, closed_at=now,
+                      given=(list(missing), list(late), int(reported), dict(obs or {})))
+            for key, identity, snapshot in states:
+                cut.received[tuple(key)] = (identity, snapshot)
+            cut.extra.extend((tuple(key), identity, snapshot) for key, identity, snapshot in extra)
+            cut.bundles.extend(bundles)
+            self._pending.append(cut)
+            self._begun += 1
+            self._cv.notify_all()
         return cut
 
     def ack(self, seq: int, rank_key: RankKey, children: Iterable[ChildMesh] = (), stamp: Any = None,
@@ -785,9 +814,10 @@ class FlushPipeline:
         join it. Returns it with its missing and late labels and the cuts still pending."""
         cut = self._pending.pop(0)
         absent = cut.expected - cut.received.keys()
-        newly = self._to_blame(absent - self.lagging)
-        self.lagging.update(newly)
-        self._lagged(newly)
+        if cut.given is None:
+            newly = self._to_blame(absent - self.lagging)
+            self.lagging.update(newly)
+            self._lagged(newly)
         extra = list(cut.extra)
         keep = []
         for item in self._held:
@@ -799,8 +829,11 @@ class FlushPipeline:
             else:
                 extra.append((key, ident, snap))
         self._held = keep
-        missing = [self.label_of(k) for k in sorted(absent, key=str)]
-        late = [self.label_of(k) for k in cut.late]
+        if cut.given is None:
+            missing = [self.label_of(k) for k in sorted(absent, key=str)]
+            late = [self.label_of(k) for k in cut.late]
+        else:
+            missing, late = cut.given[0], cut.given[1]
         cut.extra = extra
         return cut, missing, late, len(self._pending)
 
@@ -925,12 +958,13 @@ class FlushPipeline:
             "obs/backend_errors": self.backend_errors,
             "obs/backend_dropped_steps": sum(w.dropped_steps for w in self.workers),
             "obs/backend_dropped_stream_values": sum(w.dropped_stream_values for w in self.workers),
-            "obs/ranks_reported": len(p.received),
+            "obs/ranks_reported": len(p.received) if p.given is None else p.given[2],
             "obs/bundles": bundles,
             "obs/fenced_bundles": self.fenced_bundles,
             "obs/duplicates_dropped": self.duplicates_dropped,
             **breakdown(p.called_at, p.sent_at, p.closed_at, p.resumed_at, p.stamp),
             **({} if p.raw_round_trip_s is None else {"obs/raw_round_trip_s": p.raw_round_trip_s}),
+            **({} if p.given is None else p.given[3]),
         }
 
     def _decoded_entries(self, p: Cut, drops: KeyDrops) -> list[tuple[dict, dict]]:
