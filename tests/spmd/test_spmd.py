@@ -19,7 +19,7 @@ SCRIPT = ROOT / "tests" / "user_scripts" / "spmd_train.py"
 
 def _env() -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("FORGE_DISABLE_METRICS", "FORGE_OBS_RUN_ID", "FORGE_OBS_ROOT")}
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env.update(PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), OMP_NUM_THREADS="1")
     return env
 
 

@@ -113,7 +113,7 @@ def user_env(env: dict | None = None) -> dict:
     """The environment a user's script runs with: forge_obs from this checkout, no forge_obs
     switch inherited from the test process unless ``env`` sets it."""
     full = {k: v for k, v in os.environ.items() if k not in ("FORGE_DISABLE_METRICS", "FORGE_OBS_RUN_ID", "FORGE_OBS_ROOT")}
-    full.update(PYTHONPATH=str(ROOT), MONARCH_FILE_LOG="error", **(env or {}))
+    full.update(PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), MONARCH_FILE_LOG="error", **(env or {}))
     return full
 
 

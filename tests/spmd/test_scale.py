@@ -1,0 +1,195 @@
+"""SPMD at TorchTitan's scale, the way users run it: a loop with no sleep under real ``torchrun``,
+a rank killed (SIGKILL) or hung (SIGSTOP, then SIGCONT) among ranks started one process each
+(as Slurm's srun starts them). What reached the backends is read back from ``metrics.jsonl``
+and checked by arithmetic; how late each step reached them, from the ranks' own flush times
+(a backend of the user's stamps each step: tests/user_scripts/spmd_stamp.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.helpers import ROOT, finish_group, run_group, start_group, stop_process
+
+SCRIPTS = ROOT / "tests" / "user_scripts"
+
+
+def _env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("FORGE_DISABLE_METRICS", "FORGE_OBS_RUN_ID", "FORGE_OBS_ROOT")}
+    env.update(PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    rows = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+    return [r for r in rows if r.get("mode") == "global_reduce"]
+
+
+def _shutdowns(out: str) -> dict[int, dict]:
+    got = [json.loads(line.split("SHUTDOWN ", 1)[1]) for line in out.splitlines() if "SHUTDOWN {" in line]
+    return {g["rank"]: g for g in got}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+#: where each rank runs: one node, or three nodes whose helpers form a chain (fan-in 1: the root,
+#: with the logger rank and the ranks but the last two; a helper below it, with the last rank but
+#: one; a helper below that, with the last rank), so that states and faults cross two helpers
+NODES = {"one_node": (lambda r, world: 0, "8"),
+         "three_nodes_chained": (lambda r, world: max(0, r - (world - 3)), "1")}
+
+
+def _per_rank_processes(world: int, run_dir: Path, args: list[str], nodes: str) -> list[subprocess.Popen]:
+    """Each rank a process of its own (RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, rank 0
+    hosting the store), as srun starts them, on the nodes ``NODES[nodes]`` names."""
+    node_of, fanin = NODES[nodes]
+    port = str(_free_port())
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for r in range(world):
+        env = _env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                   FORGE_OBS_SPMD_NODE=f"node{node_of(r, world)}", FORGE_OBS_SPMD_FANIN=fanin)
+        procs.append(start_group([sys.executable, str(SCRIPTS / "spmd_faults.py"), str(run_dir), *args],
+                                 cwd=run_dir.parent, env=env))
+    return procs
+
+
+def _finish(procs: list[subprocess.Popen], timeout: float) -> list[subprocess.CompletedProcess]:
+    try:
+        return [finish_group(p, timeout) for p in procs]
+    finally:  # a rank left running after another one timed out is ended too
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
+
+
+def _wait_for(path: Path, procs: list[subprocess.Popen], timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs if p.poll() is not None]
+        time.sleep(0.01)
+
+
+def _delays(run_dir: Path) -> dict[int, float]:
+    """Per step: from rank 0's flush of it to its arrival at the user's backend (seconds)."""
+    flushed = {int(k): v for k, v in json.loads((run_dir / "flushed.json").read_text()).items()}
+    arrived = dict(map(float, line.split()) for line in (run_dir / "arrivals.txt").read_text().splitlines())
+    return {s: arrived[s] - t for s, t in flushed.items() if s in arrived}
+
+
+def test_fast_loop_loses_nothing_under_torchrun(tmp_path):
+    """4 ranks x 10,000 steps back to back (no sleep, default timeout): every step reaches the
+    backend once, in order, with every rank's tokens (1000 = 100 + 200 + 300 + 400); no rank is
+    named missing; every rank finishes (meta.json); each rank's shutdown returns within the
+    timeout (30 s)."""
+    steps, world = 10_000, 4
+    run_dir = tmp_path / "runs" / "fast"
+    run_dir.parent.mkdir(parents=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world), "--standalone",
+           str(SCRIPTS / "spmd_fast.py"), str(run_dir), str(steps)]
+    res = run_group(cmd, cwd=run_dir.parent, env=_env(), timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    got = _rows(run_dir)
+    assert [r["step"] for r in got] == list(range(steps)), (len(got), got[-1]["step"] if got else None)
+    bad = [r["step"] for r in got if r["metrics"].get("tokens") != 1000.0 or r.get("missing")]
+    assert not bad, (len(bad), bad[:5], got[bad[0]]["metrics"].get("tokens"), got[bad[0]].get("missing"))
+    assert sum(r["metrics"]["tokens"] for r in got) == 1000 * steps
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["status"] == "finished" and meta["unfinished_ranks"] == [], meta
+    assert sorted(meta["finished_ranks"]) == [f"trainer/r{r}" for r in range(world)]
+    downs = _shutdowns(res.stdout)
+    assert sorted(downs) == list(range(world))
+    assert all(d["shutdown_s"] < 30.0 for d in downs.values()), downs
+    assert downs[0]["summary"]["steps_logged"] == steps
+
+
+@pytest.mark.parametrize("nodes", sorted(NODES))
+def test_dead_rank_costs_one_timeout_once(tmp_path, nodes):
+    """4 ranks, one process each, ``timeout_s=8``; rank 2 is SIGKILLed at its step 100 (on three
+    nodes, rank 2 started its node's helper, which goes on merging rank 3's node below it). Rank
+    2's values are in every step up to its last one shipped, then it is named missing in every
+    step; steps after that reach the backends at their normal latency (a step that waited for
+    rank 2 again would be 8 s late), and the logger rank's shutdown does not wait for it."""
+    world, steps, step_s, timeout_s, victim, mark = 4, 700, 0.02, 8.0, 2, 100
+    run_dir = tmp_path / "runs" / "dead"
+    procs = _per_rank_processes(world, run_dir, [str(steps), str(step_s), str(timeout_s), str(victim), str(mark)], nodes)
+    _wait_for(run_dir / f"victim_at_{mark}", procs)
+    os.kill(procs[victim].pid, signal.SIGKILL)
+    res = _finish(procs, 240)
+    assert res[victim].returncode == -signal.SIGKILL
+    assert all(r.returncode == 0 for i, r in enumerate(res) if i != victim), [r.stderr[-2000:] for r in res]
+    got = _rows(run_dir)
+    dead = "trainer/r2"
+    assert [r["step"] for r in got][:steps] == list(range(steps))
+    with_victim = [r["step"] for r in got[:steps] if not r.get("missing")]
+    last = max(with_victim)
+    assert last >= mark and with_victim == list(range(last + 1))  # its values up to its death, then never
+    for r in got[:last + 1]:
+        assert r["metrics"]["tokens"] == 1000.0, r
+    for r in got[last + 1:steps]:
+        assert r["missing"] == [dead] and r["metrics"]["tokens"] == 700.0, r
+    delays = _delays(run_dir)
+    after = [delays[s] for s in range(last + 2, steps)]
+    assert statistics.median(after) < 0.5 and max(after) < timeout_s / 2, (statistics.median(after), max(after))
+    downs = _shutdowns(res[0].stdout)
+    assert downs[0]["shutdown_s"] < timeout_s / 2, downs
+    assert downs[0]["summary"]["unfinished_ranks"] == [victim]
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["unfinished_ranks"] == [dead] and dead not in meta["finished_ranks"]
+
+
+@pytest.mark.parametrize("nodes", sorted(NODES))
+def test_hung_rank_is_named_once_and_counted_again_when_it_comes_back(tmp_path, nodes):
+    """3 ranks, ``timeout_s=3``; rank 1 (on three nodes: the middle helper's rank) is SIGSTOPped
+    at its step 50, and SIGCONTinued once the
+    backend logged a step naming it missing. It is named missing from then until it is back;
+    what it flushed while behind reaches a later step (counted in obs/late_states), and once it
+    caught up its values are in their own steps again. Over the run every value reached the
+    backend once: tokens sum to 600 per step."""
+    world, steps, step_s, timeout_s, victim, mark = 3, 500, 0.02, 3.0, 1, 50
+    run_dir = tmp_path / "runs" / "hung"
+    procs = _per_rank_processes(world, run_dir, [str(steps), str(step_s), str(timeout_s), str(victim), str(mark)], nodes)
+    _wait_for(run_dir / f"victim_at_{mark}", procs)
+    stop_process(procs[victim].pid)
+    deadline = time.monotonic() + 120
+    while not any(r.get("missing") for r in _rows_if_any(run_dir)):
+        assert time.monotonic() < deadline, "the hung rank was never named missing"
+        time.sleep(0.05)
+    os.kill(procs[victim].pid, signal.SIGCONT)
+    res = _finish(procs, 240)
+    assert all(r.returncode == 0 for r in res), [r.stderr[-2000:] for r in res]
+    got = _rows(run_dir)
+    hung = "trainer/r1"
+    named = [r["step"] for r in got if r.get("missing") == [hung]]
+    assert named and all(r.get("missing") in (None, [], [hung]) for r in got)
+    back = [r["step"] for r in got if named[-1] < r["step"] < steps and not r.get("missing")]
+    assert back and back[-1] == steps - 1  # present again, to the last flush
+    assert any(r["metrics"].get("obs/late_states", 0) >= 1 for r in got)
+    # nothing lost, nothing twice: every rank's tokens of every step, and after_last once each
+    assert sum(r["metrics"].get("tokens", 0) for r in got) == 600 * steps
+    assert sum(r["metrics"].get("after_last", 0) for r in got) == world
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["unfinished_ranks"] == [] and len(meta["finished_ranks"]) == world
+
+
+def _rows_if_any(run_dir: Path) -> list[dict]:
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    return [r for r in map(json.loads, (ln for ln in lines if ln.endswith("}"))) if r.get("mode") == "global_reduce"]
