@@ -4,6 +4,7 @@
     >>> from forge_obs.recording.reduce import Reduce
     >>> from forge_obs.wire import rank_cut
     >>> from forge_obs.wire.snapshot import loads
+    >>> _ = rank_cut.take(6)                      # what was recorded before: step 6's
     >>> record_metric("doc/loss", 2.0, Reduce.MEAN)
     >>> taken = rank_cut.take(7)                  # the cut: O(1), on the caller's thread
     >>> record_metric("doc/loss", 9.0, Reduce.MEAN)  # after the cut: the next step's
