@@ -193,3 +193,61 @@ def _rows_if_any(run_dir: Path) -> list[dict]:
     except OSError:
         return []
     return [r for r in map(json.loads, (ln for ln in lines if ln.endswith("}"))) if r.get("mode") == "global_reduce"]
+
+
+def test_a_full_queue_holds_values_back_counted_never_lost(tmp_path):
+    """2 ranks, queues bounded at 40 values, a loop with no sleep: the shippers cannot keep up, so
+    flushes hold their values back into the next flush that finds room. Nothing is lost and
+    nothing is missing: the ranks that held back are named skipped in the steps they skipped (a
+    step both skipped is no step), and the step that got the values counts the flushes held back
+    (obs/held_back_flushes), as meta.json does per rank."""
+    world, steps = 2, 3000
+    run_dir = tmp_path / "runs" / "bound"
+    port = str(_free_port())
+    run_dir.parent.mkdir(parents=True)
+    procs = [start_group([sys.executable, str(SCRIPTS / "spmd_bound.py"), str(run_dir), str(steps)], cwd=run_dir.parent,
+                         env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                                  MASTER_PORT=port)) for r in range(world)]
+    res = _finish(procs, 240)
+    assert all(r.returncode == 0 for r in res), [r.stderr[-2000:] for r in res]
+    got = _rows(run_dir)
+    logged = [r["step"] for r in got]
+    assert logged == sorted(set(logged)) and logged[-1] == steps  # in order, once; a step every rank skipped is not one
+    assert sum(r["metrics"]["tokens"] for r in got) == 300 * steps  # every value, once
+    assert not any(r.get("missing") for r in got)
+    held = sum(r["metrics"].get("obs/held_back_flushes", 0) for r in got)
+    skipped = sum(r["metrics"].get("obs/skipped_ranks", 0) for r in got)
+    summaries = {d["rank"]: d["summary"] for d in map(lambda x: json.loads(x.split("SHUTDOWN ", 1)[1]),
+                 (line for r in res for line in r.stdout.splitlines() if "SHUTDOWN {" in line))}
+    by_rank = {f"trainer/r{r}": summaries[r]["held_back_flushes"] for r in range(world) if summaries[r]["held_back_flushes"]}
+    assert held >= 1 and held == sum(by_rank.values())
+    assert skipped + world * (steps - len(got) + 1) == held  # a step both ranks skipped counts both
+    for r in got:  # a step is short by exactly the ranks that skipped it, and carries what they held back
+        m = r["metrics"]
+        assert m["obs/ranks_reported"] + m.get("obs/skipped_ranks", 0) == world, r
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["bounds"]["held_back_flushes"] == by_rank and meta["unfinished_ranks"] == []
+
+
+def test_logger_shutdown_returns_within_its_timeout_with_a_rank_hung_for_good(tmp_path):
+    """3 ranks, ``timeout_s=4``; rank 2 is SIGSTOPped at its step 30 and never resumed. The logger
+    rank's shutdown returns within its timeout, naming rank 2 unfinished (so does meta.json);
+    every step reached the backend."""
+    world, steps, step_s, timeout_s, victim, mark = 3, 150, 0.02, 4.0, 2, 30
+    run_dir = tmp_path / "runs" / "hung_for_good"
+    procs = _per_rank_processes(world, run_dir, [str(steps), str(step_s), str(timeout_s), str(victim), str(mark)],
+                                "one_node")
+    _wait_for(run_dir / f"victim_at_{mark}", procs)
+    stop_process(procs[victim].pid)
+    try:
+        res = [finish_group(p, 120) for p in procs[:victim]]
+    finally:
+        os.killpg(procs[victim].pid, signal.SIGKILL)
+        procs[victim].communicate()
+    assert all(r.returncode == 0 for r in res), [r.stderr[-2000:] for r in res]
+    down = _shutdowns(res[0].stdout)[0]
+    assert down["shutdown_s"] < timeout_s and down["summary"]["unfinished_ranks"] == [victim], down
+    got = _rows(run_dir)
+    assert [r["step"] for r in got][:steps] == list(range(steps))
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["unfinished_ranks"] == ["trainer/r2"] and meta["status"] == "finished"

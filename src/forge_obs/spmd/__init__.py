@@ -46,10 +46,10 @@ from forge_obs.recording.collector import MetricCollector
 from forge_obs.spmd import rendezvous
 from forge_obs.spmd.layout import FANIN
 from forge_obs.spmd.root import RootSetup
-from forge_obs.spmd.session import SpmdSession, identity_for
+from forge_obs.spmd.session import MAX_QUEUED_VALUES, SpmdSession, identity_for
 
 __all__ = ["init", "flush", "shutdown", "current", "SpmdSession", "rank_and_world", "coords_from_mesh",
-           "DEFAULT_TIMEOUT_S", "INIT_WAIT_S", "FANIN"]
+           "DEFAULT_TIMEOUT_S", "INIT_WAIT_S", "FANIN", "MAX_QUEUED_VALUES"]
 
 #: how long the logger helper waits for a rank's states of a step (once: then it is named missing)
 DEFAULT_TIMEOUT_S = 30.0
@@ -85,7 +85,7 @@ def coords_from_mesh(device_mesh: Any) -> dict[str, int]:
 
 def init(config: "dict[str, Any] | None" = None, *, run_dir: Any = None, logger_rank: int = 0,
          coords: "dict[str, int] | None" = None, device_mesh: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-         name: str = "trainer") -> SpmdSession:
+         name: str = "trainer", max_queued_values: int = MAX_QUEUED_VALUES) -> SpmdSession:
     """Start forge_obs on this rank of an SPMD job; every rank calls it once, with the same
     ``config`` (the backend configs of ``init_backends``: ``{"console": {...}, "jsonl": {...},
     "run": {...}, "timeline": {...}}``). The logger helper (a process on the logger rank's node)
@@ -93,12 +93,16 @@ def init(config: "dict[str, Any] | None" = None, *, run_dir: Any = None, logger_
     Monarch mode). ``coords`` (or ``device_mesh``): this rank's coordinates in the parallel
     dimensions (``dp_shard``, ``dp_replicate``, ``tp``, ``pp``, ``cp``), carried in its label.
     ``timeout_s``: how long a step waits for a rank's states (from the step's flush).
-    ``name``: the ranks' label prefix.
+    ``name``: the ranks' label prefix. ``max_queued_values``: values (keys and raw values) of
+    this rank's cuts not shipped yet, at most; a flush beyond holds its values back into the
+    next one (counted per step, ``obs/held_back_flushes``, and in ``meta.json``).
 
     Config mistakes raise ValueError at init (on every rank) with the valid choices; backends
     that fail to start raise RuntimeError on every rank. With ``FORGE_DISABLE_METRICS=true`` it
     returns a session whose calls do nothing."""
     timeout_s = _positive(timeout_s, "timeout_s")
+    if isinstance(max_queued_values, bool) or not isinstance(max_queued_values, int) or max_queued_values < 1:
+        raise ValueError(f"max_queued_values must be an int >= 1, got {max_queued_values!r}")
     config = dict(config or {})
     if run_dir is not None:
         p = Path(run_dir)
@@ -121,6 +125,7 @@ def init(config: "dict[str, Any] | None" = None, *, run_dir: Any = None, logger_
     if env_flag("FORGE_DISABLE_METRICS"):
         return _Disabled(cfg, rank=rank, world_size=world, identity=ident)
     s = _join(cfg, rank, world, int(logger_rank), ident, timeout_s, session_no, backend_classes)
+    s.max_queued_values = max_queued_values
     _configure_rank(s, cfg)
     s.start()
     with _lock:

@@ -77,6 +77,7 @@ class SpmdSession:
         self._stop = threading.Event()  # set by shutdown: the shipper ships what is queued and ends
         self._closed = False
         self._done: "Done | None" = None
+        self._read_lock = threading.Lock()  # the shipper reads the helper's messages, and shutdown
         self._shutdown_by = 0.0
         self.shipped = 0
         self.ship_errors = 0
@@ -158,10 +159,11 @@ class SpmdSession:
 
     def _poll(self) -> None:
         """What the helper sent this rank (the logger rank's end-of-session summary; spans on/off)."""
-        try:
-            msgs = self._conn.read() or []
-        except OSError:
-            return
+        with self._read_lock:
+            try:
+                msgs = self._conn.read() or []
+            except OSError:
+                return
         for m in msgs:
             if type(m) is Done:
                 self._done = m
