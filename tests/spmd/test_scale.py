@@ -251,3 +251,28 @@ def test_logger_shutdown_returns_within_its_timeout_with_a_rank_hung_for_good(tm
     assert [r["step"] for r in got][:steps] == list(range(steps))
     meta = json.loads((run_dir / "meta.json").read_text())
     assert meta["unfinished_ranks"] == ["trainer/r2"] and meta["status"] == "finished"
+
+
+def test_at_scale_a_sample_of_ranks_writes_spans_plus_the_ranks_alerts_point_at(tmp_path):
+    """A job counted as large (FORGE_OBS_SPMD_SAMPLE_FROM=2), 4 ranks (dp_replicate = r // 2,
+    dp_shard = r % 2): ranks 0 and 1 write every step's span, rank 2 none; rank 3 writes its
+    spans while the live alert about its NaN loss (steps 20-59) is on, and not after."""
+    world, steps = 4, 150
+    run_dir = tmp_path / "runs" / "spans"
+    port = str(_free_port())
+    run_dir.parent.mkdir(parents=True)
+    procs = [start_group([sys.executable, str(SCRIPTS / "spmd_spans.py"), str(run_dir), str(steps)], cwd=run_dir.parent,
+                         env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                                  MASTER_PORT=port, FORGE_OBS_SPMD_SAMPLE_FROM="2")) for r in range(world)]
+    res = _finish(procs, 240)
+    assert all(r.returncode == 0 for r in res), [r.stderr[-2000:] for r in res]
+    from forge_obs.analysis.sql import connect
+
+    spans = {rank: (n, lo, hi) for rank, n, lo, hi in connect(run_dir).execute(
+        "SELECT rank, count(*), min(step), max(step) FROM spans WHERE name = 'train_step' GROUP BY rank").fetchall()}
+    assert spans[0] == spans[1] == (steps, 0, steps - 1)
+    assert 2 not in spans
+    n, lo, hi = spans[3]
+    assert 20 < lo and 60 <= hi < steps - 1 and n >= 20, spans[3]
+    alerts = [json.loads(line) for line in (run_dir / "alerts.jsonl").read_text().splitlines()]
+    assert [(a["rule"], a["rank"], a["state"]) for a in alerts] == [("nonfinite", 3, "firing"), ("nonfinite", 3, "resolved")]

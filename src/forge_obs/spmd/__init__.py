@@ -43,7 +43,7 @@ from typing import Any
 from forge_obs.controller.config import LoggerConfig
 from forge_obs.core.env import env_flag
 from forge_obs.recording.collector import MetricCollector
-from forge_obs.spmd import rendezvous
+from forge_obs.spmd import rendezvous, sampling
 from forge_obs.spmd.layout import FANIN
 from forge_obs.spmd.root import RootSetup
 from forge_obs.spmd.session import MAX_QUEUED_VALUES, SpmdSession, identity_for
@@ -170,13 +170,19 @@ def _checked_backends(cfg: LoggerConfig) -> dict[str, Any]:
 
 def _configure_rank(s: SpmdSession, cfg: LoggerConfig) -> None:
     """Recording on this rank: values kept for the next flush, raw values kept when a backend
-    logs them (they travel with each cut), the timeline written to the run's ``events/``."""
+    logs them (they travel with each cut), the timeline written to the run's ``events/`` (spans
+    of a sample of the ranks in a large job: :mod:`forge_obs.spmd.sampling`)."""
     c = MetricCollector()
     c.initialized = True
     c.set_streaming(_any_mode(cfg, "PER_RANK_NO_REDUCE"))
-    from forge_obs.recording.timeline import writer
+    from forge_obs.recording.timeline import follow_cut, writer
+    from forge_obs.recording.timeline.schema import rank_selected
 
-    writer.configure(cfg.run.run_dir, writer.controller_options(cfg.run.run_id, s.start_time, cfg.timeline))
+    opts = writer.controller_options(cfg.run.run_id, s.start_time,
+                                     sampling.span_ranks(cfg.timeline, s.rank, s.world_size, s.identity.coords))
+    sampling.configure(cfg.run.run_dir, opts, s.rank, rank_selected(opts.get("ranks"), s.rank))
+    writer.configure(cfg.run.run_dir, opts)
+    follow_cut(0)  # spans before the first flush are step 0's, as its values are
 
 
 def _any_mode(cfg: LoggerConfig, mode: str) -> bool:

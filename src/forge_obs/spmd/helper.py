@@ -33,6 +33,7 @@ from forge_obs.core.selfobs import SELF_OBS, add_cpu
 from forge_obs.recording.reduce import KeyDrops, adopt_reductions
 from forge_obs.spmd.layout import Layout
 from forge_obs.spmd.root import MAX_BACKLOG_STEPS, MESH_ID, Root, RootSetup
+from forge_obs.spmd.sampling import AlertWatch
 from forge_obs.spmd.transport import Conn, accept, connect_tcp
 from forge_obs.spmd.tree import Late, Step, Tree
 from forge_obs.wire.bundle import dumps_bundle, loads_bundle, make_bundle, merge_bundles
@@ -47,6 +48,8 @@ logger = logging.getLogger("forge_obs")
 HEARTBEAT_S = 0.25
 #: how long a helper waits for its parent and for its first rank
 INIT_WAIT_S = 300.0
+#: how often the logger helper looks for live alerts that point at a rank
+ALERT_LOOK_S = 0.2
 
 
 @dataclass
@@ -87,6 +90,8 @@ class Helper:
         self.next_beat = 0.0
         self.counts = {"undecodable_cuts": 0, "lost_pieces": 0}
         self.first_rank_by = time.monotonic() + INIT_WAIT_S
+        self.alerts = _alert_watch(setup.root)
+        self.next_alert_look = 0.0
         for fd, kind in ((setup.unix_fd, "unix"), (setup.tcp_fd, "tcp")):
             if fd is not None:
                 s = socket.socket(fileno=fd)
@@ -128,7 +133,15 @@ class Helper:
             SELF_OBS.add("inbox", time.thread_time() - cpu0)
         cpu0 = time.thread_time()
         self._hand_on(self.tree.ready(time.time(), self._horizon()))
+        if self.alerts is not None and time.time() >= self.next_alert_look:
+            self._point_spans()
         SELF_OBS.add("aggregate", time.thread_time() - cpu0)
+
+    def _point_spans(self) -> None:
+        """The ranks a live alert points at write their spans (until it resolves)."""
+        self.next_alert_look = time.time() + ALERT_LOOK_S
+        for rank, on in self.alerts.changes():
+            self._send_down([Control((rank,), on)])
 
     def _over(self) -> bool:
         if self.tree.done():
@@ -353,6 +366,14 @@ class Helper:
         add_cpu(cpu, SELF_OBS.take())  # this helper's own CPU goes up with the states
         merged["merged"]["self_cpu"] = cpu
         return dumps_bundle(merged)
+
+
+def _alert_watch(root: "RootSetup | None") -> "AlertWatch | None":
+    """The logger helper of a session with the ``"alerts"`` backend watches the alerts' file."""
+    if root is None or "alerts" not in root.config.backends:
+        return None
+    mesh = next(iter(root.identities.values()), {}).get("mesh", "trainer")
+    return AlertWatch(root.run_dir, mesh)
 
 
 def main() -> None:
