@@ -151,10 +151,12 @@ def _join(cfg: LoggerConfig, rank: int, world: int, logger_rank: int, ident: Any
     else:
         path = rendezvous.helper_path(store, index)
     conn = rendezvous.connect(path, rank, INIT_WAIT_S, helper)
+    s = SpmdSession(cfg, rank=rank, world_size=world, logger_rank=logger_rank, identity=ident, timeout_s=timeout_s,
+                    conn=conn, start_time=met.start, helper=helper)
     if store is not None:
+        s.store_ops = store.ops  # every operation of this rank on the job's store: none after init
         store.close()
-    return SpmdSession(cfg, rank=rank, world_size=world, logger_rank=logger_rank, identity=ident, timeout_s=timeout_s,
-                       conn=conn, start_time=met.start, helper=helper)
+    return s
 
 
 def _checked_backends(cfg: LoggerConfig) -> dict[str, Any]:

@@ -83,6 +83,7 @@ class SpmdSession:
         self.ship_errors = 0
         self.ship_cpu_s = 0.0
         self.held_back = 0
+        self.store_ops = 0  # operations on the job's TCPStore (at init; none per step)
         self._shipper = threading.Thread(target=self._ship, name="forge_obs-spmd-ship", daemon=True)
 
     def start(self) -> None:
