@@ -126,11 +126,19 @@ def init(config: "dict[str, Any] | None" = None, *, run_dir: Any = None, logger_
         return _Disabled(cfg, rank=rank, world_size=world, identity=ident)
     s = _join(cfg, rank, world, int(logger_rank), ident, timeout_s, session_no, backend_classes)
     s.max_queued_values = max_queued_values
+    s.on_shutdown = lambda: _forget(s)
     _configure_rank(s, cfg)
     s.start()
     with _lock:
         _current[0] = s
     return s
+
+
+def _forget(s: Any) -> None:
+    """``s`` shut down: :func:`init` may be called again."""
+    with _lock:
+        if _current[0] is s:
+            _current[0] = None
 
 
 def _join(cfg: LoggerConfig, rank: int, world: int, logger_rank: int, ident: Any, timeout_s: float,
@@ -241,7 +249,5 @@ class _Disabled:
         return None
 
     def shutdown(self, timeout_s: "float | None" = None) -> dict[str, Any]:
-        with _lock:
-            if _current[0] is self:
-                _current[0] = None
+        _forget(self)
         return {}

@@ -14,7 +14,8 @@ keeps the tree; the root's pipeline and backends have threads of their own. A he
 every source finished or is gone (after handing everything on); the root also when the logger
 rank's shutdown leaves it no more time (ranks still out are then named unfinished). A helper
 ends on SIGTERM too, after handing on what it has. It never outlives its sources: a helper
-whose ranks and children all closed their connections ends.
+whose ranks and children all closed their connections ends. It runs ``HELPER_NICE`` below its
+ranks: on a node whose cores are busy, the ranks' threads come first.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ logger = logging.getLogger("forge_obs")
 HEARTBEAT_S = 0.25
 #: how long a helper waits for its parent and for its first rank
 INIT_WAIT_S = 300.0
+#: how much lower than its ranks a helper runs (``os.nice``)
+HELPER_NICE = 10
 #: how often the logger helper looks for live alerts that point at a rank
 ALERT_LOOK_S = 0.2
 
@@ -61,6 +64,7 @@ class Setup:
     timeout_s: float
     token: bytes
     unix_fd: int  # the listening Unix socket its node's ranks connect to
+    unix_path: "str | None" = None  # ... its path (removed when the helper ends)
     tcp_fd: "int | None" = None  # the listening TCP socket of its children, if it has any
     parent: "tuple | None" = None  # the parent's TCP address
     sys_path: "list | None" = None
@@ -86,9 +90,11 @@ class Helper:
         self.ready: "Ready | None" = None  # sent to the ranks and children (once every child connected)
         self.ready_in: "Ready | None" = None  # the parent's (the root: its own)
         self.stop_at: "float | None" = None  # the root: the logger rank's shutdown leaves it until then
+        self.shutdown_by: "float | None" = None  # the root: when the logger rank's shutdown returns at the latest
         self.gone_told: set = set()
         self.next_beat = 0.0
-        self.counts = {"undecodable_cuts": 0, "lost_pieces": 0}
+        self.counts = {"undecodable_cuts": 0, "lost_pieces": 0}  # this helper's own
+        self.child_counts: dict[int, dict] = {}  # each child's, its subtree's summed
         self.first_rank_by = time.monotonic() + INIT_WAIT_S
         self.alerts = _alert_watch(setup.root)
         self.next_alert_look = 0.0
@@ -156,8 +162,8 @@ class Helper:
         """Hand on everything pending; the root finishes the backends and answers the logger rank."""
         self._hand_on(self.tree.drain())
         if self.root is not None and self.root.pipeline is not None:
-            left = self.stop_at - time.time() if self.stop_at is not None else self.setup.timeout_s
-            summary = self.root.finish(self.tree, left, self.counts)
+            left = self.shutdown_by - time.time() if self.shutdown_by is not None else self.setup.timeout_s
+            summary = self.root.finish(self.tree, left, self._subtree_counts())
             conn = self.rank_conn.get(self.setup.layout.logger_rank)
             if conn is not None and not conn.closed:
                 try:
@@ -169,6 +175,11 @@ class Helper:
             self.parent.close()
         for conn in list(self.conns):
             conn.close()
+        if self.setup.unix_path:
+            try:
+                os.unlink(self.setup.unix_path)
+            except OSError:
+                pass
 
     def _timeout(self) -> float:
         now = time.time()
@@ -215,13 +226,16 @@ class Helper:
             self.tree.cut(r, step=m.step, flushed_at=m.flushed_at, data=m.data, held_back=m.held_back, final=m.final,
                           report=m.report)
             if m.final and r == self.setup.layout.logger_rank and self.root is not None:
-                by = (m.report or {}).get("shutdown_by") or (time.time() + self.setup.timeout_s)
-                self.stop_at = time.time() + 0.6 * max(0.0, by - time.time())
+                # the ranks still out are waited for 60 % of the logger rank's time left; the rest
+                # is for the steps and backends
+                self.shutdown_by = (m.report or {}).get("shutdown_by") or (time.time() + self.setup.timeout_s)
+                self.stop_at = time.time() + 0.6 * max(0.0, self.shutdown_by - time.time())
         elif t is Piece:
             self.tree.piece(self.conns[conn][1], m)
         elif t is Status:
             i = self.conns[conn][1]
             self.child_horizon[i] = m.horizon
+            self.child_counts[i] = dict(m.counts or {})
             self.tree.status(i, m.gone)
         elif t is RankHello:
             self._hello(conn, ("rank", m.rank))
@@ -322,7 +336,15 @@ class Helper:
         gone = tuple(sorted(self.tree.gone - self.gone_told))
         self.gone_told.update(gone)
         self.next_beat = time.time() + HEARTBEAT_S
-        return Status(self._horizon(), gone, dict(self.counts))
+        return Status(self._horizon(), gone, self._subtree_counts())
+
+    def _subtree_counts(self) -> dict[str, int]:
+        """What this helper and the helpers below it could not hand on, or handed on early."""
+        out = dict(self.counts, early_steps=0 if self.root is not None else self.tree.counts["early_steps"])
+        for counts in self.child_counts.values():
+            for k, v in counts.items():
+                out[k] = out.get(k, 0) + v
+        return out
 
     def _to_parent(self, msgs: list) -> None:
         try:
@@ -382,6 +404,10 @@ def main() -> None:
 
     setup: Setup = cloudpickle.loads(sys.stdin.buffer.read())
     os.environ["FORGE_OBS_SPMD_HELPER"] = str(setup.index)
+    try:  # below the ranks: on a node whose cores are busy, a rank's thread is never the one that waits
+        os.nice(HELPER_NICE)
+    except OSError:
+        pass
     adopt_reductions(setup.reductions or {})
     helper = Helper(setup)
     signal.signal(signal.SIGTERM, lambda *_: setattr(helper, "stop_at", time.time()))

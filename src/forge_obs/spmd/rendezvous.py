@@ -82,7 +82,7 @@ def start_helper(store: "StoreClient | None", meeting: Meeting, index: int, time
         store.set(f"helper/{index}/tcp", json.dumps(list(addr)).encode())
     parent = lay.parent_of(index)
     parent_addr = tuple(json.loads(store.get(f"helper/{parent}/tcp").decode())) if parent is not None else None
-    setup = Setup(index=index, layout=lay, timeout_s=timeout_s, token=meeting.token, unix_fd=unix.fileno(),
+    setup = Setup(index=index, layout=lay, timeout_s=timeout_s, token=meeting.token, unix_fd=unix.fileno(), unix_path=path,
                   tcp_fd=tcp.fileno() if tcp is not None else None, parent=parent_addr, sys_path=list(sys.path),
                   reductions=user_reductions(), root=root, need_per_rank=need_per_rank)
     try:

@@ -136,7 +136,8 @@ class Root:
                                         if rep.get("held_back_flushes")},
                   "lost_cuts": {self.label(r): rep.get("ship_errors", 0) for r, rep in self.reports.items()
                                 if rep.get("ship_errors")},
-                  "steps_closed_early": tree.counts["early_steps"], **counts}
+                  "steps_closed_early": tree.counts["early_steps"],
+                  "steps_sent_early_below": counts.pop("early_steps", 0), **counts}
         write_meta(s.run_dir, end_time=time.time(), status="finished", steps_logged=p.steps_logged,
                    backend_errors=p.backend_errors, backends=p.backend_report(), unfinished_backends=left,
                    unfinished_ranks=[self.label(r) for r in unfinished],

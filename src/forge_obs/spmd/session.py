@@ -84,6 +84,7 @@ class SpmdSession:
         self.ship_cpu_s = 0.0
         self.held_back = 0
         self.store_ops = 0  # operations on the job's TCPStore (at init; none per step)
+        self.on_shutdown: Any = None  # called once shut down (spmd.init may then be called again)
         self._shipper = threading.Thread(target=self._ship, name="forge_obs-spmd-ship", daemon=True)
 
     def start(self) -> None:
@@ -195,6 +196,8 @@ class SpmdSession:
         self._conn.close()
         _close_timeline()
         _COLLECTOR.initialized = False
+        if self.on_shutdown is not None:
+            self.on_shutdown()
         return out
 
     def _wait_done(self, deadline: float) -> dict[str, Any]:
