@@ -21,7 +21,22 @@ import pytest
 
 from tests.support.helpers import ROOT, run_group
 
-needs_titan = pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
+#: the interpreter the app runs with: the environment made from ``.[titan]`` alone when
+#: scripts/test.sh made one (``FORGE_OBS_TITAN_PYTHON``: no vLLM there, so the extra is shown to
+#: be enough for TorchTitan's own imports), else this test's
+TITAN_PYTHON = os.environ.get("FORGE_OBS_TITAN_PYTHON") or sys.executable
+#: forge_obs and apps/ from this checkout, in every process the tests start
+PYTHONPATH = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
+
+
+def _has(python: str, module: str) -> bool:
+    if python == sys.executable:
+        return importlib.util.find_spec(module) is not None
+    code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    return subprocess.run([python, "-c", code], capture_output=True).returncode == 0
+
+
+needs_titan = pytest.mark.skipif(not _has(TITAN_PYTHON, "torchtitan"),
                                  reason="torchtitan is not installed (pip install -e '.[titan]')")
 
 # TorchTitan's console line per step and rank: "step:  1  loss:  7.93539  grad_norm:  1.6779  ..."
@@ -31,8 +46,8 @@ DP_STEPS, PP_STEPS = 8, 3
 
 def _run(tmp: Path, run_id: str, *args: str) -> tuple[Path, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("FORGE_DISABLE_METRICS", "FORGE_OBS_RUN_ID")}
-    env.update(PYTHONPATH=str(ROOT))
-    res = run_group([sys.executable, "-m", "apps.titan.run", "--run-root", str(tmp), "--run-id", run_id, *args],
+    env.update(PYTHONPATH=PYTHONPATH)
+    res = run_group([TITAN_PYTHON, "-m", "apps.titan.run", "--run-root", str(tmp), "--run-id", run_id, *args],
                     cwd=tmp, env=env, timeout=400)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-6000:]
@@ -93,6 +108,14 @@ def assert_equal_to_titan(run_dir: Path, out: str, steps: int) -> dict[int, dict
     return fo
 
 
+@pytest.mark.skipif(TITAN_PYTHON == sys.executable, reason="scripts/test.sh makes the environment of .[titan] alone")
+def test_the_titan_extra_alone_runs_the_app_without_vllm():
+    """The app's environment was made from ``.[titan]`` alone: TorchTitan is there, vLLM (which
+    brought triton, a module TorchTitan imports) is not; the app's tests below run there."""
+    assert _has(TITAN_PYTHON, "torchtitan") and _has(TITAN_PYTHON, "triton")
+    assert not _has(TITAN_PYTHON, "vllm")
+
+
 @needs_titan
 def test_dp2_loss_and_grad_norm_equal_torchtitans_own(dp_run):
     run_dir, out = dp_run
@@ -114,7 +137,7 @@ def test_dp2_records_the_other_keys_and_spans(dp_run):
     assert all(m["time/data_loading_s"] >= 0.75 for m in fo.values())
     res = subprocess.run([sys.executable, "-m", "forge_obs.cli", "sql", str(run_dir),
                           "SELECT rank, name, count(*) AS n FROM spans GROUP BY rank, name ORDER BY rank, name",
-                          "--format", "json"], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          "--format", "json"], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": PYTHONPATH})
     assert res.returncode == 0, res.stderr
     n = {(r["rank"], r["name"]): r["n"] for r in json.loads(res.stdout)}
     for rank in (0, 1):
@@ -128,7 +151,7 @@ def test_dp2_records_the_other_keys_and_spans(dp_run):
 def test_doctor_names_the_slowed_rank(dp_run):
     run_dir, _ = dp_run
     res = subprocess.run([sys.executable, "-m", "forge_obs.cli", "doctor", str(run_dir)], capture_output=True,
-                         text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         text=True, env={**os.environ, "PYTHONPATH": PYTHONPATH})
     stragglers = [line for line in res.stdout.splitlines() if line.strip().startswith("[straggler]")]
     assert len(stragglers) == 1, res.stdout + res.stderr
     assert "trainer/r1" in stragglers[0] and "data_loading" in stragglers[0], stragglers
