@@ -52,36 +52,53 @@ NODES = {"one_node": (lambda r, world: 0, "8"),
          "three_nodes_chained": (lambda r, world: max(0, r - (world - 3)), "1")}
 
 
-def _per_rank_processes(world: int, run_dir: Path, args: list[str], nodes: str) -> list[subprocess.Popen]:
+def _start_ranks(script: str, world: int, run_dir: Path, args: list[str], node_of=None, **env: str) -> list[subprocess.Popen]:
     """Each rank a process of its own (RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, rank 0
-    hosting the store), as srun starts them, on the nodes ``NODES[nodes]`` names."""
-    node_of, fanin = NODES[nodes]
+    hosting the store), as srun starts them; ``node_of(rank)`` names its node."""
     port = str(_free_port())
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     procs = []
     for r in range(world):
-        env = _env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-                   FORGE_OBS_SPMD_NODE=f"node{node_of(r, world)}", FORGE_OBS_SPMD_FANIN=fanin)
-        procs.append(start_group([sys.executable, str(SCRIPTS / "spmd_faults.py"), str(run_dir), *args],
-                                 cwd=run_dir.parent, env=env))
+        extra = dict(env, FORGE_OBS_SPMD_NODE=f"node{node_of(r)}") if node_of else env
+        procs.append(start_group([sys.executable, str(SCRIPTS / script), str(run_dir), *args], cwd=run_dir.parent,
+                                 env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                                          MASTER_PORT=port, **extra)))
     return procs
+
+
+def _per_rank_processes(world: int, run_dir: Path, args: list[str], nodes: str) -> list[subprocess.Popen]:
+    """spmd_faults.py's ranks on the nodes ``NODES[nodes]`` names."""
+    node_of, fanin = NODES[nodes]
+    return _start_ranks("spmd_faults.py", world, run_dir, args, lambda r: node_of(r, world), FORGE_OBS_SPMD_FANIN=fanin)
+
+
+def _kill(procs: list[subprocess.Popen]) -> None:
+    """SIGKILL every rank still running, with what it started (its helper)."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.communicate()
 
 
 def _finish(procs: list[subprocess.Popen], timeout: float) -> list[subprocess.CompletedProcess]:
     try:
         return [finish_group(p, timeout) for p in procs]
     finally:  # a rank left running after another one timed out is ended too
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.communicate()
+        _kill(procs)
 
 
-def _wait_for(path: Path, procs: list[subprocess.Popen], timeout_s: float = 120.0) -> None:
+def _wait_for(cond, procs: list[subprocess.Popen], what: str, timeout_s: float = 120.0) -> None:
+    """Poll ``cond()`` (another process's progress); on a timeout, or a rank that ended, every
+    rank is killed before the test fails."""
     deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path.name} never appeared"
-        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs if p.poll() is not None]
+    while not cond():
+        ended = [p.pid for p in procs if p.poll() is not None]
+        if ended or time.monotonic() > deadline:
+            _kill(procs)
+            raise AssertionError(f"{what}: " + (f"ranks {ended} ended" if ended else "timed out"))
         time.sleep(0.01)
 
 
@@ -128,7 +145,7 @@ def test_dead_rank_costs_one_timeout_once(tmp_path, nodes):
     world, steps, step_s, timeout_s, victim, mark = 4, 700, 0.02, 8.0, 2, 100
     run_dir = tmp_path / "runs" / "dead"
     procs = _per_rank_processes(world, run_dir, [str(steps), str(step_s), str(timeout_s), str(victim), str(mark)], nodes)
-    _wait_for(run_dir / f"victim_at_{mark}", procs)
+    _wait_for((run_dir / f"victim_at_{mark}").exists, procs, "the victim's mark")
     os.kill(procs[victim].pid, signal.SIGKILL)
     res = _finish(procs, 240)
     assert res[victim].returncode == -signal.SIGKILL
@@ -164,12 +181,9 @@ def test_hung_rank_is_named_once_and_counted_again_when_it_comes_back(tmp_path, 
     world, steps, step_s, timeout_s, victim, mark = 3, 500, 0.02, 3.0, 1, 50
     run_dir = tmp_path / "runs" / "hung"
     procs = _per_rank_processes(world, run_dir, [str(steps), str(step_s), str(timeout_s), str(victim), str(mark)], nodes)
-    _wait_for(run_dir / f"victim_at_{mark}", procs)
+    _wait_for((run_dir / f"victim_at_{mark}").exists, procs, "the victim's mark")
     stop_process(procs[victim].pid)
-    deadline = time.monotonic() + 120
-    while not any(r.get("missing") for r in _rows_if_any(run_dir)):
-        assert time.monotonic() < deadline, "the hung rank was never named missing"
-        time.sleep(0.05)
+    _wait_for(lambda: any(r.get("missing") for r in _rows_if_any(run_dir)), procs, "the hung rank named missing")
     os.kill(procs[victim].pid, signal.SIGCONT)
     res = _finish(procs, 240)
     assert all(r.returncode == 0 for r in res), [r.stderr[-2000:] for r in res]
@@ -203,12 +217,7 @@ def test_a_full_queue_holds_values_back_counted_never_lost(tmp_path):
     (obs/held_back_flushes), as meta.json does per rank."""
     world, steps = 2, 3000
     run_dir = tmp_path / "runs" / "bound"
-    port = str(_free_port())
-    run_dir.parent.mkdir(parents=True)
-    procs = [start_group([sys.executable, str(SCRIPTS / "spmd_bound.py"), str(run_dir), str(steps)], cwd=run_dir.parent,
-                         env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                                  MASTER_PORT=port)) for r in range(world)]
-    res = _finish(procs, 240)
+    res = _finish(_start_ranks("spmd_bound.py", world, run_dir, [str(steps)]), 240)
     assert all(r.returncode == 0 for r in res), [r.stderr[-2000:] for r in res]
     got = _rows(run_dir)
     logged = [r["step"] for r in got]
@@ -237,13 +246,12 @@ def test_logger_shutdown_returns_within_its_timeout_with_a_rank_hung_for_good(tm
     run_dir = tmp_path / "runs" / "hung_for_good"
     procs = _per_rank_processes(world, run_dir, [str(steps), str(step_s), str(timeout_s), str(victim), str(mark)],
                                 "one_node")
-    _wait_for(run_dir / f"victim_at_{mark}", procs)
+    _wait_for((run_dir / f"victim_at_{mark}").exists, procs, "the victim's mark")
     stop_process(procs[victim].pid)
     try:
         res = [finish_group(p, 120) for p in procs[:victim]]
     finally:
-        os.killpg(procs[victim].pid, signal.SIGKILL)
-        procs[victim].communicate()
+        _kill(procs)
     assert all(r.returncode == 0 for r in res), [r.stderr[-2000:] for r in res]
     down = _shutdowns(res[0].stdout)[0]
     assert down["shutdown_s"] < timeout_s and down["summary"]["unfinished_ranks"] == [victim], down
@@ -259,12 +267,7 @@ def test_at_scale_a_sample_of_ranks_writes_spans_plus_the_ranks_alerts_point_at(
     spans while the live alert about its NaN loss (steps 20-59) is on, and not after."""
     world, steps = 4, 150
     run_dir = tmp_path / "runs" / "spans"
-    port = str(_free_port())
-    run_dir.parent.mkdir(parents=True)
-    procs = [start_group([sys.executable, str(SCRIPTS / "spmd_spans.py"), str(run_dir), str(steps)], cwd=run_dir.parent,
-                         env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                                  MASTER_PORT=port, FORGE_OBS_SPMD_SAMPLE_FROM="2")) for r in range(world)]
-    res = _finish(procs, 240)
+    res = _finish(_start_ranks("spmd_spans.py", world, run_dir, [str(steps)], FORGE_OBS_SPMD_SAMPLE_FROM="2"), 240)
     assert all(r.returncode == 0 for r in res), [r.stderr[-2000:] for r in res]
     from forge_obs.analysis.sql import connect
 
