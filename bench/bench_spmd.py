@@ -16,12 +16,14 @@ training thread pays, what spans cost per rank, and TorchTitan's structured logg
    helpers have no store client: none). Target: the logger's CPU per step at 1,024 ranks
    <= 2x its CPU at 16 (the baseline, same run).
 2. **A training thread under torchrun** (3 ranks, one node: the logger helper runs beside the
-   logger rank; the ranks' work takes less than the CPUs, so that what is measured is not the
-   ranks' turns on them): each step the same ``--work-ms`` of CPU work on every rank, then
-   ``KEYS`` values and ``flush``, then idle until the next step. Per rank, the median wall time
-   of a step's work and flush (and the thread's CPU time for it). Target: the logger rank's
-   <= 1 % above the median of the other ranks' (the baseline, same run; each other rank against
-   the rest gives the noise). Also: the flush beside the collector's swap alone (target
+   logger rank; the ranks' work takes less than the CPUs): each step the same ``--work-ms`` of
+   CPU work on every rank, then ``KEYS`` values and ``flush``, then idle until the next step.
+   Sessions follow one another with each rank as the logger rank in turn (``--rounds`` times):
+   a rank's step work (wall time of the work and the flush, median) in the sessions where it is
+   the logger rank against its own in the sessions where it is not, close in time, so that what
+   differs between ranks (their place on the CPUs) cancels. Target: <= 1 % (the baseline: the
+   same rank as another rank, same run; two halves of those sessions against each other give
+   the noise). Also the thread's CPU time, the flush beside the collector's swap alone (target
    <= 50 us), the shipper's CPU per step, each rank's store operations (at init only).
 3. **Spans at scale**: ``record_span`` (enter + exit) on a rank that writes spans and on one that
    does not (the default sample leaves most ranks of a large job out), and the bytes a span
@@ -135,14 +137,12 @@ class _Replay:
                        Status(time.time())])
 
 
-def logger_at(size: int, steps: int, step_ms: float, tmp: Path) -> dict:
-    """Part 1 at ``size`` ranks."""
+def _start_helpers(size: int, tmp: Path) -> tuple:
+    """The real logger helper (helper 0) and node helper 1 of a ``size``-rank job."""
     from forge_obs.controller.config import LoggerConfig
     from forge_obs.spmd import rendezvous
     from forge_obs.spmd.layout import FANIN, Layout
     from forge_obs.spmd.root import RootSetup
-    from forge_obs.spmd.transport import connect_tcp, connect_unix
-    from forge_obs.wire.messages import HelperHello, RankHello
 
     lay = Layout(tuple(r // RANKS_PER_NODE for r in range(size)), 0, FANIN)
     run_dir = tmp / f"logger{size}"
@@ -153,11 +153,17 @@ def logger_at(size: int, steps: int, step_ms: float, tmp: Path) -> dict:
     root = RootSetup(config=cfg, run_id=run_dir.name, run_dir=run_dir, start_time=met.start, label="trainer/r0",
                      identities=idents, backend_classes={"bench_spmd:StampBackend": StampBackend})
     store = _Store()
-    path0, p0 = rendezvous.start_helper(store, met, 0, 60.0, root, False)
-    path1, p1 = rendezvous.start_helper(store, met, 1, 60.0, None, False)
-    snap = _snapshot()
+    paths, procs = zip(*(rendezvous.start_helper(store, met, i, 60.0, root if i == 0 else None, False) for i in (0, 1)))
+    return lay, run_dir, store, met.token, paths, procs
+
+
+def _replay_for(lay, store: _Store, token: bytes, paths: tuple, snap: bytes) -> _Replay:
+    """Connections as the ranks of the two real helpers' nodes and as every other child of theirs."""
+    from forge_obs.spmd.transport import connect_tcp, connect_unix
+    from forge_obs.wire.messages import HelperHello, RankHello
+
     rp = _Replay()
-    for index, path in ((0, path0), (1, path1)):
+    for index, path in enumerate(paths):
         for r in lay.ranks_of(index):
             c = connect_unix(path, 30.0)
             c.send([RankHello(r)])
@@ -165,21 +171,27 @@ def logger_at(size: int, steps: int, step_ms: float, tmp: Path) -> dict:
         for child in lay.children_of(index):
             if (index, child) == (0, 1):
                 continue  # the real node helper
-            addr = tuple(json.loads(store.get(f"helper/{index}/tcp")))
-            c = connect_tcp(addr, met.token, 30.0)
+            c = connect_tcp(tuple(json.loads(store.get(f"helper/{index}/tcp"))), token, 30.0)
             c.send([HelperHello(child)])
             sub = lay.subtree(child)
             rp.children.append((c, child, sub, _piece_bundle(snap, sub)))
+    return rp
+
+
+def logger_at(size: int, steps: int, step_ms: float, tmp: Path) -> dict:
+    """Part 1 at ``size`` ranks."""
+    lay, run_dir, store, token, paths, (p0, p1) = _start_helpers(size, tmp)
+    snap = _snapshot()
+    rp = _replay_for(lay, store, token, paths, snap)
     rp.wait_ready(60.0)
     warm = max(20, steps // 10)
-    cpu = {}
     t0 = time.time()
     for step in range(steps + 1):
         if step == warm:
-            cpu = {"logger": proc_stat(p0.pid)[1], "helper": proc_stat(p1.pid)[1], "t": time.time()}
+            cpu0 = (proc_stat(p0.pid)[1], proc_stat(p1.pid)[1])
         time.sleep(max(0.0, t0 + step * step_ms / 1e3 - time.time()))
         rp.step(step, snap, final=step == steps)
-    cpu_end = {"logger": proc_stat(p0.pid)[1], "helper": proc_stat(p1.pid)[1]}
+    cpu1 = (proc_stat(p0.pid)[1], proc_stat(p1.pid)[1])
     n = steps - warm
     for conn, _r in rp.ranks:
         conn.sock.shutdown(socket.SHUT_WR)
@@ -188,16 +200,14 @@ def logger_at(size: int, steps: int, step_ms: float, tmp: Path) -> dict:
     p0.wait(120)
     p1.wait(120)
     arrivals = {int(k): v for k, v in json.loads((run_dir / "arrivals.json").read_text()).items()}
-    flushes = {s: t0 + s * step_ms / 1e3 for s in range(steps)}
-    lat = [(arrivals[s] - flushes[s]) * 1e3 for s in range(warm, steps) if s in arrivals]
+    lat = [(arrivals[s] - (t0 + s * step_ms / 1e3)) * 1e3 for s in range(warm, steps) if s in arrivals]
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     exact = all(r["metrics"].get("obs/ranks_reported") == size and not r.get("missing") for r in rows
                 if r.get("mode") == "global_reduce" and r["step"] < steps)
-    return {"ranks": size, "nodes": lay.n_helpers, "steps": n,
-            "logger_cpu_us_per_step": (cpu_end["logger"] - cpu["logger"]) / n * 1e6,
-            "helper_cpu_us_per_step": (cpu_end["helper"] - cpu["helper"]) / n * 1e6,
-            "backend_ms": statistics.median(lat), "backend_p99_ms": percentile(lat, 0.99),
-            "steps_at_backend": len(lat), "every_rank_in_every_step": exact, "store_ops_per_step": 0}
+    return {"ranks": size, "nodes": lay.n_helpers, "steps": n, "logger_cpu_us_per_step": (cpu1[0] - cpu0[0]) / n * 1e6,
+            "helper_cpu_us_per_step": (cpu1[1] - cpu0[1]) / n * 1e6, "backend_ms": statistics.median(lat),
+            "backend_p99_ms": percentile(lat, 0.99), "steps_at_backend": len(lat), "every_rank_in_every_step": exact,
+            "store_ops_per_step": 0}
 
 
 # ---------------------------------------------------------------- 2. a training thread under torchrun
@@ -208,24 +218,29 @@ def _work(n: int) -> int:
     return s
 
 
-def worker(out: Path, steps: int, work_ms: float, step_ms: float) -> None:
+def _calibrated_work(work_ms: float) -> int:
+    """Iterations of :func:`_work` that take about ``work_ms`` of CPU, the same on every rank (rank 0's)."""
     import torch
     import torch.distributed as dist
 
-    from forge_obs import Reduce, record_metric, spmd
-    from forge_obs.recording.collector import MetricCollector
-
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
     n = torch.tensor([0])
-    if rank == 0:  # the same work on every rank: about work_ms of CPU, measured on rank 0
+    if dist.get_rank() == 0:
         t = time.perf_counter()
         _work(20000)
         n[0] = max(1000, int(20000 * work_ms / 1e3 / (time.perf_counter() - t)))
     dist.broadcast(n, 0)
-    n = int(n[0])
+    return int(n[0])
+
+
+def _session(out: Path, logger_rank: int, steps: int, n: int, step_ms: float) -> dict:
+    """One session with ``logger_rank`` as the logger rank: per step, the work, its values, and
+    the flush (every other step the collector's swap alone, the floor of any cut)."""
+    from forge_obs import Reduce, record_metric, spmd
+    from forge_obs.recording.collector import MetricCollector
+
     obs = spmd.init({"jsonl": {"logging_mode": "global_reduce"}, "run": {"root": str(out / "runs")}},
-                    coords={"dp_shard": rank}, timeout_s=30.0)
+                    logger_rank=logger_rank, coords={"dp_shard": 0}, timeout_s=30.0)
+    rank = obs.rank
     work, cpu, flush, swap = [], [], [], []
     c = MetricCollector()
     start = time.time()
@@ -236,7 +251,7 @@ def worker(out: Path, steps: int, work_ms: float, step_ms: float) -> None:
         for k in range(KEYS):
             record_metric(f"k{k}", float(rank + step + k), (Reduce.MEAN, Reduce.SUM, Reduce.MAX)[k % 3])
         t1 = time.perf_counter()
-        if step % 2:  # every other step: the collector's swap alone (its values dropped), the floor of any cut
+        if step % 2:
             c.swap()
             swap.append((time.perf_counter() - t1) * 1e6)
         else:
@@ -246,19 +261,35 @@ def worker(out: Path, steps: int, work_ms: float, step_ms: float) -> None:
         cpu.append((time.thread_time() - c0) * 1e3)
     shipped = max(1, obs.shipped)
     summary = obs.shutdown()
-    res = {"rank": rank, "work_ms": work, "work_cpu_ms": cpu, "flush_us": statistics.median(flush),
-           "flush_p99_us": percentile(flush, 0.99), "swap_us": statistics.median(swap),
-           "ship_cpu_us_per_step": obs.ship_cpu_s / shipped * 1e6, "store_ops": obs.store_ops,
-           "steps_logged": summary.get("steps_logged")}
+    return {"logger": rank == logger_rank, "work_ms": statistics.median(work), "cpu_ms": statistics.median(cpu),
+            "flush": flush, "swap": swap, "ship_cpu_us_per_step": obs.ship_cpu_s / shipped * 1e6,
+            "store_ops": obs.store_ops, "steps_logged": summary.get("steps_logged")}
+
+
+def worker(out: Path, steps: int, work_ms: float, step_ms: float, rounds: int) -> None:
+    """Sessions in turn with each rank as the logger rank (``rounds`` times): each rank's step work
+    when it is the logger rank against its own when it is not, close in time."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    n = _calibrated_work(work_ms)
+    sessions = [_session(out, k % world, steps, n, step_ms) for k in range(rounds * world)]
+    flush = [x for s in sessions for x in s["flush"]]
+    res = {"rank": rank, "sessions": [{k: v for k, v in s.items() if k not in ("flush", "swap")} for s in sessions],
+           "flush_us": statistics.median(flush), "flush_p99_us": percentile(flush, 0.99),
+           "swap_us": statistics.median(x for s in sessions for x in s["swap"]),
+           "ship_cpu_us_per_step": statistics.median(s["ship_cpu_us_per_step"] for s in sessions),
+           "store_ops": sessions[0]["store_ops"], "steps_logged": max(s["steps_logged"] or 0 for s in sessions)}
     (out / f"rank{rank}.json").write_text(json.dumps(res))
     dist.destroy_process_group()
 
 
-def training_thread(nproc: int, steps: int, work_ms: float, step_ms: float, tmp: Path) -> list[dict]:
+def training_thread(nproc: int, steps: int, work_ms: float, step_ms: float, rounds: int, tmp: Path) -> list[dict]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent / "src"), str(HERE.parent)]),
                OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone",
-           str(Path(__file__).resolve()), "--worker", str(tmp), str(steps), str(work_ms), str(step_ms)]
+           str(Path(__file__).resolve()), "--worker", str(tmp), str(steps), str(work_ms), str(step_ms), str(rounds)]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
         raise RuntimeError(res.stdout[-3000:] + res.stderr[-3000:])
@@ -271,7 +302,10 @@ def span_costs(tmp: Path, spans_per_step: int) -> dict:
     left out of the sample); bytes per span on disk."""
     import timeit
 
+    from forge_obs.core.identity import set_identity
     from forge_obs.recording.timeline import record_span, writer
+
+    set_identity(mesh="trainer", actor="", rank=0, world_size=1024, coords={})  # an SPMD rank, not a controller
 
     def cycle() -> None:
         with record_span("fwd"):
@@ -290,10 +324,13 @@ def span_costs(tmp: Path, spans_per_step: int) -> dict:
         empty = _written(d)
         for _ in range(1000):
             cycle()
-        writer.close()
+        c0 = time.thread_time()
+        writer.flush()  # the writer's pass over them (encode, write), here on this thread
+        out[f"writer_cpu_us_per_span_{name}"] = (time.thread_time() - c0) / 1000 * 1e6
         out[f"bytes_per_span_{name}"] = (_written(d) - empty) / 1000
-    out["per_step_on_us"] = out["span_on_us"] * spans_per_step
-    out["per_step_off_us"] = out["span_off_us"] * spans_per_step
+        writer.close()
+    out["per_step_on_us"] = (out["span_on_us"] + out["writer_cpu_us_per_span_on"]) * spans_per_step
+    out["per_step_off_us"] = (out["span_off_us"] + out["writer_cpu_us_per_span_off"]) * spans_per_step
     return out
 
 
@@ -341,6 +378,24 @@ def titan_costs(tmp: Path) -> dict:
 
 
 # ---------------------------------------------------------------- the table
+def _logger_rank_slowdown(ranks: list[dict]) -> tuple:
+    """(wall %, CPU %, their noise %): each rank's step work in the sessions where it was the logger
+    rank against the sessions where it was not (medians), averaged over ranks; the noise is the
+    same figure between two halves of the sessions where it was not."""
+    def ratio(a: list, b: list, key: str) -> float:
+        return statistics.median(s[key] for s in a) / statistics.median(s[key] for s in b) - 1
+
+    wall, cpu, noise, cpu_noise = [], [], [], []
+    for r in ranks:
+        mine = [s for s in r["sessions"] if s["logger"]]
+        other = [s for s in r["sessions"] if not s["logger"]]
+        wall.append(ratio(mine, other, "work_ms"))
+        cpu.append(ratio(mine, other, "cpu_ms"))
+        noise.append(ratio(other[0::2], other[1::2], "work_ms"))
+        cpu_noise.append(ratio(other[0::2], other[1::2], "cpu_ms"))
+    return tuple(statistics.fmean(x) * 100 for x in (wall, cpu, noise, cpu_noise))
+
+
 def _table(scale: list[dict], ranks: list[dict], spans: dict, titan: dict, args: argparse.Namespace) -> list[tuple]:
     base = scale[0]
     rows = []
@@ -355,19 +410,13 @@ def _table(scale: list[dict], ranks: list[dict], spans: dict, titan: dict, args:
         rows.append((f"  store operations per step, {s['ranks']} ranks", "0", "",
                      f"the TCPStore queue design: {2 * s['ranks']} (a push and a pop per rank)"))
     r0, others = ranks[0], ranks[1:]
-    # each rank's median step work; rank 0's against the median of the other ranks' medians
-    med = {r["rank"]: statistics.median(r["work_ms"]) for r in ranks}
-    cpu = {r["rank"]: statistics.median(r["work_cpu_ms"]) for r in ranks}
-    others_med = statistics.median(med[r["rank"]] for r in others)
-    slow = (med[0] / others_med - 1) * 100
-    cpu_slow = (cpu[0] / statistics.median(cpu[r["rank"]] for r in others) - 1) * 100
-    noise = [(med[r["rank"]] / statistics.median(med[o["rank"]] for o in others if o is not r) - 1) * 100 for r in others]
+    slow, cpu_slow, noise, cpu_noise = _logger_rank_slowdown(ranks)
     rows += [
-        (f"logger rank's step work vs the others', {len(ranks)} ranks", f"{slow:+.2f} %", "< 1 %",
-         f"medians; each other rank against the rest: {', '.join(f'{x:+.2f}' for x in noise)} %; "
-         f"work {med[0]:.2f} ms wall"),
+        (f"logger rank's step work vs its own as another rank, {len(ranks)} ranks", f"{slow:+.2f} %", "< 1 %",
+         f"mean over ranks of median(as logger) / median(not); the same between halves of the sessions not "
+         f"logger (noise): {noise:+.2f} %"),
         ("  the same, the training thread's CPU time", f"{cpu_slow:+.2f} %", "",
-         f"{cpu[0]:.2f} ms CPU a step"),
+         f"noise {cpu_noise:+.2f} %; {statistics.median(s['cpu_ms'] for s in r0['sessions']):.2f} ms CPU a step"),
         ("flush on the training thread (median, rank 0 / others)",
          f"{r0['flush_us']:.1f} / {statistics.median(r['flush_us'] for r in others):.1f} us", "<= 50 us",
          f"the collector's swap alone {r0['swap_us']:.1f} us"),
@@ -376,11 +425,12 @@ def _table(scale: list[dict], ranks: list[dict], spans: dict, titan: dict, args:
          "off the training thread", ""),
         ("store operations per rank (all at init)", f"{r0['store_ops']} / {max(r['store_ops'] for r in others)}", "none per step",
          f"{r0['steps_logged']} steps logged"),
-        (f"spans: record_span, rank writing / left out", f"{spans['span_on_us']:.2f} / {spans['span_off_us']:.2f} us", "",
-         f"{spans['bytes_per_span_on']:.0f} B on disk per span written"),
-        (f"spans: cost per rank per step ({args.spans} spans)",
+        ("spans: record_span, rank writing / left out", f"{spans['span_on_us']:.2f} / {spans['span_off_us']:.2f} us", "",
+         f"the writer thread's CPU per span written {spans['writer_cpu_us_per_span_on']:.2f} us; "
+         f"{spans['bytes_per_span_on']:.0f} B on disk"),
+        (f"spans: CPU per rank per step ({args.spans} spans), writing / left out",
          f"{spans['per_step_on_us']:.1f} / {spans['per_step_off_us']:.1f} us", "",
-         f"{spans['bytes_per_span_on'] * args.spans:.0f} / 0 B per step"),
+         f"{spans['bytes_per_span_on'] * args.spans:.0f} / 0 B on disk per step"),
         ("TorchTitan span (enter + exit): forge_obs.titan", f"{titan['span_forge_obs_us']:.2f} us", "",
          f"TorchTitan 0.3.0 {titan['span_torchtitan_us']:.2f} us"),
         ("TorchTitan scalar (one): forge_obs.titan", f"{titan['scalar_forge_obs_us']:.2f} us", "",
@@ -395,13 +445,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=800, help="steps per size (part 1)")
     ap.add_argument("--step-ms", type=float, default=10.0, help="time between steps (parts 1 and 2)")
     ap.add_argument("--nproc", type=int, default=3, help="ranks under torchrun (part 2; the ranks' work should not oversubscribe the CPUs)")
-    ap.add_argument("--train-steps", type=int, default=300, help="steps per rank (part 2)")
+    ap.add_argument("--train-steps", type=int, default=100, help="steps per session (part 2)")
+    ap.add_argument("--rounds", type=int, default=3, help="sessions with each rank as the logger rank (part 2)")
     ap.add_argument("--work-ms", type=float, default=5.0, help="CPU work per step (part 2)")
     ap.add_argument("--spans", type=int, default=10, help="spans a training step records (part 3)")
+    ap.add_argument("--only-training-thread", action="store_true", help="part 2 alone, one line")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        ranks = training_thread(args.nproc, args.train_steps, args.work_ms, 4 * args.step_ms, tmp)
+        ranks = training_thread(args.nproc, args.train_steps, args.work_ms, 4 * args.step_ms, args.rounds, tmp)
+        if args.only_training_thread:
+            print("logger rank's step work vs its own as another rank: wall %+.2f %%, CPU %+.2f %% (noise %+.2f / %+.2f %%)"
+                  % _logger_rank_slowdown(ranks))
+            return
         scale = [logger_at(int(n), args.steps, args.step_ms, tmp) for n in args.sizes.split(",")]
         spans = span_costs(tmp, args.spans)
         titan = titan_costs(tmp)
@@ -422,6 +478,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        worker(Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]))
+        worker(Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6]))
     else:
         main()
