@@ -21,6 +21,7 @@ import secrets
 import subprocess
 import sys
 import time
+
 from forge_obs.controller.config import LoggerConfig
 from forge_obs.core.identity import ProcessIdentity
 from forge_obs.spmd.helper import Setup
