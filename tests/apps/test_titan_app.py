@@ -21,7 +21,21 @@ import pytest
 
 from tests.support.helpers import CHILD_PATH, ROOT, run_group
 
-needs_titan = pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
+#: the interpreter the app runs with: the environment made from ``.[titan]`` alone when
+#: scripts/test.sh made one (``FORGE_OBS_TITAN_PYTHON``: no vLLM there, so the extra is shown to
+#: be enough for TorchTitan's own imports), else this test's
+TITAN_PYTHON = os.environ.get("FORGE_OBS_TITAN_PYTHON") or sys.executable
+#: forge_obs and apps/ from this checkout, in every process the tests start
+
+
+def _has(python: str, module: str) -> bool:
+    if python == sys.executable:
+        return importlib.util.find_spec(module) is not None
+    code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    return subprocess.run([python, "-c", code], capture_output=True).returncode == 0
+
+
+needs_titan = pytest.mark.skipif(not _has(TITAN_PYTHON, "torchtitan"),
                                  reason="torchtitan is not installed (pip install -e '.[titan]')")
 
 # TorchTitan's console line per step and rank: "step:  1  loss:  7.93539  grad_norm:  1.6779  ..."
@@ -32,7 +46,7 @@ DP_STEPS, PP_STEPS = 8, 3
 def _run(tmp: Path, run_id: str, *args: str) -> tuple[Path, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("FORGE_DISABLE_METRICS", "FORGE_OBS_RUN_ID")}
     env.update(PYTHONPATH=CHILD_PATH)
-    res = run_group([sys.executable, "-m", "apps.titan.run", "--run-root", str(tmp), "--run-id", run_id, *args],
+    res = run_group([TITAN_PYTHON, "-m", "apps.titan.run", "--run-root", str(tmp), "--run-id", run_id, *args],
                     cwd=tmp, env=env, timeout=400)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-6000:]
@@ -91,6 +105,14 @@ def assert_equal_to_titan(run_dir: Path, out: str, steps: int) -> dict[int, dict
         printed = (f"{m['loss']:.5f}", f"{m['grad_norm']:.4f}")
         assert printed in console[step], (step, printed, console[step])
     return fo
+
+
+@pytest.mark.skipif(TITAN_PYTHON == sys.executable, reason="scripts/test.sh makes the environment of .[titan] alone")
+def test_the_titan_extra_alone_runs_the_app_without_vllm():
+    """The app's environment was made from ``.[titan]`` alone: TorchTitan is there, vLLM (which
+    brought triton, a module TorchTitan imports) is not; the app's tests below run there."""
+    assert _has(TITAN_PYTHON, "torchtitan") and _has(TITAN_PYTHON, "triton")
+    assert not _has(TITAN_PYTHON, "vllm")
 
 
 @needs_titan

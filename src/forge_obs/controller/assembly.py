@@ -193,12 +193,13 @@ class StepAssembler:
             "obs/backend_errors": gauges["obs/backend_errors"],
             "obs/backend_dropped_steps": gauges["obs/backend_dropped_steps"],
             "obs/backend_dropped_stream_values": gauges["obs/backend_dropped_stream_values"],
-            "obs/ranks_reported": len(cut.received),
+            "obs/ranks_reported": len(cut.received) if cut.given is None else cut.given.reported,
             "obs/bundles": bundles,
             "obs/fenced_bundles": gauges["obs/fenced_bundles"],
             "obs/duplicates_dropped": gauges["obs/duplicates_dropped"],
             **breakdown(cut.called_at, cut.sent_at, cut.closed_at, cut.resumed_at, cut.stamp),
             **({} if cut.raw_round_trip_s is None else {"obs/raw_round_trip_s": cut.raw_round_trip_s}),
+            **({} if cut.given is None else cut.given.obs),
         }
 
 

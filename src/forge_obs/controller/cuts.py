@@ -29,16 +29,17 @@ that an ack, a state or a batch costs O(its ranks), not O(the cut's ranks).
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from forge_obs.core.identity import rank_label
 from forge_obs.wire.messages import ChildMesh, RankKey
 from forge_obs.wire.plan import BYPASS_FRACTION
 
-__all__ = ["BUNDLED_SEQS", "BUNDLED", "RankBook", "Cut", "CutBook"]
+__all__ = ["BUNDLED_SEQS", "BUNDLED", "RankBook", "Cut", "CutBook", "Given"]
 
 #: cuts whose ranks taken from bundles and resends, and bypassed leaders, are remembered (a
 #: member keeps what it sent its leader for 32 cuts)
@@ -113,6 +114,18 @@ class Cut:
     raw_round_trip_s: float | None = None  # the probe's raw round trip just before the cut
     exports_asked: bool = False  # the ranks holding their states for this cut were asked for them
     waiters: list = field(default_factory=list)  # called once it closes (FlushPipeline.on_cut_closed)
+    given: "Given | None" = None  # a step gathered elsewhere (FlushPipeline.submit): what it was given
+
+
+@dataclass(frozen=True)
+class Given:
+    """What a step gathered elsewhere (the SPMD logger's merge tree, :meth:`FlushPipeline.submit`)
+    comes with, in place of what a cut learns from its ranks."""
+
+    missing: list  # labels of the ranks absent from the step
+    late: list  # labels of the ranks named late
+    reported: int  # ranks whose states of the step it holds
+    obs: dict  # the step's own obs/... values (they replace the pipeline's of the same name)
 
 
 class CutBook:
@@ -170,6 +183,21 @@ class CutBook:
         for k in stopping:  # stopped meshes drop out of the tree after this cut
             tree.pop(k, None)
         self.claim_held(cut)
+        self.pending.append(cut)
+        return cut
+
+    def submit(self, step: int, states: Iterable[tuple], extra: Iterable[tuple], bundles: Iterable[Any],
+               given: Given, final: bool) -> Cut:
+        """A step whose cut was made and gathered elsewhere, closed and pending after every cut
+        begun before it (see :meth:`FlushPipeline.submit`)."""
+        self.begun += 1
+        now = time.monotonic()
+        cut = Cut(seq=self.begun, step=step, deadline=now, local=None, final=final, closed=True, start=now,
+                  called_at=now, sent_at=now, closed_at=now, given=given)
+        for key, identity, snapshot in states:
+            cut.received[tuple(key)] = (identity, snapshot)
+        cut.extra.extend((tuple(key), identity, snapshot) for key, identity, snapshot in extra)
+        cut.bundles.extend(bundles)
         self.pending.append(cut)
         return cut
 
@@ -331,7 +359,8 @@ class CutBook:
         join it. Returns it with its missing and late labels and the number of cuts still pending."""
         cut = self.pending.pop(0)
         absent = cut.expected - cut.received.keys()
-        self._lag(self._to_blame(absent - self.lagging))
+        if cut.given is None:
+            self._lag(self._to_blame(absent - self.lagging))
         keep = []
         for item in self.held:
             min_seq, key, ident, snap = item
@@ -342,6 +371,8 @@ class CutBook:
             else:
                 cut.extra.append((key, ident, snap))
         self.held = keep
+        if cut.given is not None:
+            return cut, cut.given.missing, cut.given.late, len(self.pending)
         missing = [self.book.label_of(k) for k in sorted(absent, key=str)]
         late = [self.book.label_of(k) for k in cut.late]
         return cut, missing, late, len(self.pending)
@@ -359,6 +390,22 @@ class CutBook:
         return meshes
 
     # ------------------------------------------------------------ the aggregated route
+    def exports_request(self, cut: Cut, ask: "Callable | None") -> "Callable[[], None] | None":
+        """The call of ``ask(seq, meshes)`` for the meshes whose ranks' states of ``cut`` are
+        still due (:meth:`exports_due`); None when there is nothing to ask or no one to ask."""
+        if ask is None:
+            return None
+        meshes = self.exports_due(cut)
+        return functools.partial(ask, cut.seq, meshes) if meshes else None
+
+    def bypass_requests(self, now: float, ask: "Callable | None", callbacks: list) -> float:
+        """The calls of ``ask(seq, ranks)`` that ask the groups of the pending cuts past their
+        bypass time to resend, into ``callbacks``; returns the next bypass time."""
+        asks, next_bypass = self.due_bypasses(now)
+        if ask is not None:
+            callbacks.extend(functools.partial(ask, seq, ranks) for seq, ranks in asks)
+        return next_bypass
+
     def due_bypasses(self, now: float) -> tuple[list[tuple[int, dict[str, list[int]]]], float]:
         """``([(seq, ranks by mesh to ask to resend), ...], next bypass time)`` for the pending
         cuts past their bypass time."""

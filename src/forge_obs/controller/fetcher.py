@@ -45,10 +45,11 @@ from forge_obs.recording import reduce as _reduce
 from forge_obs.recording.reduce import adopt_reductions, user_reductions
 from forge_obs.recording.timeline import follow_cut
 from forge_obs.recording.timeline import writer as _timeline_writer
+from forge_obs.wire import rank_cut
 from forge_obs.wire.messages import (ACK, CUT, DEFAULT_STREAM_INTERVAL_S, EXPORT, FINAL, STATES, STREAM, Ack, ChildMesh,
                                      States, Stream, view, wire)
 from forge_obs.controller.local_socket import LocalSender, running_loop as _running_loop
-from forge_obs.wire.snapshot import dumps, encode_raw
+from forge_obs.wire.snapshot import encode_raw
 
 logger = logging.getLogger("forge_obs")
 
@@ -258,11 +259,10 @@ class LocalFetcherActor(Actor):
         cpu0 = time.thread_time()
         entered = time.monotonic()
         self._send_held()  # an earlier cut's, should its export request not have come
-        taken = _COLLECTOR.swap()
+        taken = rank_cut.take(step)  # the cut (swap; the timeline follows)
         self.last_seq = seq
         self.last_step = step
         _OPTIONS["last_step"] = step  # fetchers spawned from here start predicting from it
-        follow_cut(step + 1)
         if actor and self.identity.actor != actor:
             self.identity.actor = actor
         children = _cut_children(seq, step)
@@ -336,14 +336,12 @@ class LocalFetcherActor(Actor):
             logger.error("forge_obs: %s could not send its states (cut %s): %r", self.identity.label, seq, e)
 
     def _export_states(self, seq: int, taken: Any) -> bytes | None:
-        """``taken``'s states, pickled here (:func:`~forge_obs.wire.snapshot.dumps`: a message
+        """``taken``'s states, pickled here (:func:`forge_obs.wire.rank_cut.export`: a message
         then carries one bytes object), so that the controller's inbox thread only moves bytes
         while a flush waits (they are decoded once it resumed). None (logged) if they cannot be
         exported."""
         try:
-            snap = _COLLECTOR.export(taken, packed=True)
-            snap["self_cpu"] = SELF_OBS.take()  # forge_obs's own cost here: apart from the user's values
-            return dumps(snap, lambda key, reason, n: taken.drop(reason, n))  # counted in snap's counters
+            return rank_cut.export(taken)
         except Exception as e:  # noqa: BLE001 - an exception in a handler aborts the actor
             logger.error("forge_obs: %s could not export its states (cut %s): %r", self.identity.label, seq, e)
             return None

@@ -46,7 +46,6 @@ step that then takes the rank's states is not the predicted one, the step's
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import threading
 import time
@@ -55,7 +54,7 @@ from typing import Any, Callable, Iterable
 from forge_obs.backends.base import LoggerBackend
 from forge_obs.controller.assembly import StepAssembler
 from forge_obs.controller.backend_worker import DEFAULT_QUEUE_STEPS, BackendSet
-from forge_obs.controller.cuts import Cut, CutBook, RankBook
+from forge_obs.controller.cuts import Cut, CutBook, Given, RankBook
 from forge_obs.core.selfobs import SELF_OBS
 from forge_obs.core.types import Metric
 from forge_obs.recording.reduce import KeyDrops, Reduce
@@ -211,6 +210,20 @@ class FlushPipeline:
         _run(callbacks)
         return cut
 
+    def submit(self, step: int, *, states: Iterable[tuple] = (), extra: Iterable[tuple] = (),
+               bundles: Iterable[Any] = (), reported: int, missing: Iterable[str] = (), late: Iterable[str] = (),
+               final: bool = False, obs: dict[str, float] | None = None) -> Cut:
+        """A step whose cut was made and gathered elsewhere (the SPMD logger's merge tree): built
+        and handed to the backends after every cut begun before it, as a cut's step is, without
+        waiting for anything. ``states`` / ``extra``: ``(rank_key, identity, snapshot)`` of single
+        ranks, the step's own / joining it late; ``bundles``: merged groups
+        (:mod:`forge_obs.wire.bundle`); the rest is a :class:`~forge_obs.controller.cuts.Given`."""
+        given = Given(list(missing), list(late), int(reported), dict(obs or {}))
+        with self._cv:
+            cut = self.cuts.submit(step, states, extra, bundles, given, final)
+            self._cv.notify_all()
+        return cut
+
     def ack(self, seq: int, rank_key: RankKey, children: Iterable[ChildMesh] = (), stamp: Any = None,
             states: tuple | None = None) -> None:
         """A rank swapped its collector for cut ``seq`` (and cut the meshes it declares);
@@ -349,15 +362,9 @@ class FlushPipeline:
         """Once ``cut`` closed: ask the meshes whose ranks' states are still due for them (a
         large cut's ranks hold them until then). At most once per cut; nothing if all came."""
         with self._cv:
-            call = self._exports_call(cut)
+            call = self.cuts.exports_request(cut, self.ask_exports)
         if call is not None:
             call()
-
-    def _exports_call(self, cut: Cut) -> "Callable[[], None] | None":
-        if self.ask_exports is None:
-            return None
-        meshes = self.cuts.exports_due(cut)
-        return functools.partial(self.ask_exports, cut.seq, meshes) if meshes else None
 
     def _open_now(self, seq: int) -> bool:
         """Whether states of cut ``seq`` may be unpickled now: it asked for them, and no cut is
@@ -432,7 +439,7 @@ class FlushPipeline:
                 self._cv.wait(self.flush_timeout_s)  # a cut begun meanwhile is due no earlier
                 continue
             now = time.monotonic()
-            next_bypass = self._due_bypasses(now, callbacks)
+            next_bypass = cuts.bypass_requests(now, self.ask_resend, callbacks)
             if callbacks:
                 return _AGAIN
             cut = cuts.pending[0]
@@ -445,7 +452,7 @@ class FlushPipeline:
                 cuts.close(cut, callbacks)
             waited = not cut.awaited or cut.resumed or now >= cut.start + cut.blocked_s + RESUME_GRACE_S
             if not cut.exports_asked and waited:
-                call = self._exports_call(cut)  # a flush that awaited it asks as it resumes
+                call = cuts.exports_request(cut, self.ask_exports)  # a flush that awaited it asks as it resumes
                 if call is not None:
                     callbacks.append(call)
                     return _AGAIN
@@ -459,14 +466,6 @@ class FlushPipeline:
                 self._cv.wait(grace)
                 continue
             return cuts.take_oldest()
-
-    def _due_bypasses(self, now: float, callbacks: list) -> float:
-        """Resend requests, into ``callbacks``, for the pending cuts past their bypass time;
-        returns the next bypass time."""
-        asks, next_bypass = self.cuts.due_bypasses(now)
-        if self.ask_resend is not None:
-            callbacks.extend(functools.partial(self.ask_resend, seq, ranks) for seq, ranks in asks)
-        return next_bypass
 
 
 def _run(callbacks: list) -> None:

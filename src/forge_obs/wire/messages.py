@@ -212,3 +212,105 @@ def resent(msg: States) -> States:
 
 #: how often a rank streams raw values (``per_rank_no_reduce``) unless ``init_backends`` says
 DEFAULT_STREAM_INTERVAL_S = 1.0
+
+
+# ============================================================================================
+# SPMD (forge_obs.spmd): ranks -> their node's helper -> the helpers' tree -> the logger helper
+# ============================================================================================
+# Each connection carries frames; a frame is a list of these messages, in order. A rank talks to
+# its node's helper over a Unix socket; a helper to its parent helper over TCP (the logger
+# helper, on the logger rank's node, is the root). Times are wall clock (``time.time()``) of the
+# process that took them.
+
+from typing import Any, NamedTuple  # noqa: E402 - the SPMD section's own imports
+
+__all__ += ["RankHello", "HelperHello", "Ready", "RankCut", "Piece", "Status", "Control", "Done", "SPMD_MESSAGES"]
+
+
+class RankHello(NamedTuple):
+    """A rank -> its node's helper, first on its connection: who it is."""
+
+    rank: int
+
+
+class HelperHello(NamedTuple):
+    """A helper -> its parent, first after the session's token: its index in the tree."""
+
+    index: int
+
+
+class Ready(NamedTuple):
+    """A helper -> a rank, in answer to :class:`RankHello`: the helper is up (the logger helper:
+    its backends started). ``error``: why it could not start (the rank's ``init`` raises it)."""
+
+    error: "str | None"
+
+
+class RankCut(NamedTuple):
+    """A rank -> its node's helper: what one ``flush(step)`` took.
+
+    ``flushed_at``: when the rank's ``flush(step)`` ran; ``data``: the states
+    (:func:`forge_obs.wire.rank_cut.export`); ``held_back``: the flushes the rank's bounded queue
+    held back into this cut since its previous one (their values are in this step); ``final``:
+    the rank's last cut (its ``shutdown``), with ``report``, the rank's own counts."""
+
+    step: int
+    flushed_at: float
+    data: bytes
+    held_back: int = 0
+    final: bool = False
+    report: "dict[str, Any] | None" = None
+
+
+class Piece(NamedTuple):
+    """A helper -> its parent: the cuts of ranks of its subtree for one step, merged exactly
+    (:func:`forge_obs.wire.bundle.dumps_bundle`).
+
+    A helper sends one *main* piece per step; it names the subtree's ranks that are not in it:
+    ``absent`` (awaited, not there in time), ``skipped`` (they flushed a later step without
+    this one: their values are in that step), and ranks that finished before the step are in
+    neither. A later piece of the same step (``main`` False) carries ranks that came after the
+    main one left, named in ``ranks``. ``n_ranks``: how many ranks' cuts the piece merges;
+    ``flushed_at``: the earliest flush among them; ``held_back``: their cuts' ``held_back``
+    summed; ``finished``: ranks whose final cut is in it, with their ``reports``."""
+
+    step: int
+    flushed_at: float
+    main: bool
+    n_ranks: int
+    ranks: tuple
+    absent: tuple
+    skipped: tuple
+    held_back: int
+    finished: tuple
+    reports: dict
+    bundle: bytes
+
+
+class Status(NamedTuple):
+    """A helper -> its parent, with every frame and at least every heartbeat: ``horizon``: every
+    cut its subtree's ranks shipped before this time is in a piece sent before this message;
+    ``gone``: ranks of its subtree whose process ended without its final cut (its connection
+    closed); ``counts``: the helper's own counts (early forwards, cuts it could not decode)."""
+
+    horizon: float
+    gone: tuple = ()
+    counts: "dict[str, int] | None" = None
+
+
+class Control(NamedTuple):
+    """The logger helper -> ranks, down the tree: ``spans`` on or off for ``ranks`` (the ranks
+    the live alerts point at write their timeline's spans from then on)."""
+
+    ranks: tuple
+    spans: bool
+
+
+class Done(NamedTuple):
+    """The logger helper -> the logger rank, at the end of the session: its summary (steps
+    logged, ranks that did not finish, what a bound held back or dropped)."""
+
+    summary: dict
+
+
+SPMD_MESSAGES = (RankHello, HelperHello, Ready, RankCut, Piece, Status, Control, Done)

@@ -1,0 +1,21 @@
+"""A user's SPMD loop at full speed with each rank's queue bounded at 40 values
+(``max_queued_values``): the shipper cannot keep up (it looks for cuts every 1-5 ms), so flushes
+hold their values back into the next flush that finds room. Every rank records
+``tokens = 100 * (rank + 1)`` (SUM) each step. argv: run_dir steps"""
+
+import json
+import sys
+
+import torch.distributed as dist
+
+from forge_obs import Reduce, record_metric, spmd
+
+run_dir, steps = sys.argv[1], int(sys.argv[2])
+dist.init_process_group("gloo")
+obs = spmd.init({"jsonl": {}}, run_dir=run_dir, timeout_s=60.0, max_queued_values=40)
+for step in range(steps):
+    record_metric("tokens", 100 * (obs.rank + 1), Reduce.SUM)
+    obs.flush(step)
+summary = obs.shutdown()
+print("SHUTDOWN", json.dumps({"rank": obs.rank, "summary": summary}, default=str), flush=True)
+dist.destroy_process_group()
