@@ -7,6 +7,7 @@ scripts make."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -72,6 +73,10 @@ def _test_sh(tmp_path: Path, fail: str) -> tuple[subprocess.CompletedProcess, li
     shutil.copy2(ROOT / "scripts" / "test.sh", repo / "scripts" / "test.sh")
     (repo / "scripts" / "setup.sh").write_text("#!/usr/bin/env bash\n")
     (repo / "scripts" / "setup.sh").chmod(0o755)
+    shutil.copy2(ROOT / "pyproject.toml", repo / "pyproject.toml")
+    titan = repo / ".venv-titan"  # made already, for this pyproject.toml: test.sh installs nothing there
+    titan.mkdir()
+    (titan / ".forge_obs_titan").write_text(hashlib.sha256((repo / "pyproject.toml").read_bytes()).hexdigest() + "\n")
     log, bindir = tmp_path / "python.log", tmp_path / "bin"
     bindir.mkdir()
     (bindir / "chromium").write_text("#!/bin/sh\n")  # installed: test.sh does not apt-get it
