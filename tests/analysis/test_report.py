@@ -113,7 +113,7 @@ def test_run_table_app_settings_redacted_no_debug_text(tmp_path):
     page = render_report(make_run(tmp_path))
     run = page[page.index('<section id="run"'):page.index('<section id="metrics"')]
     assert "App settings" in run and "<b>steps</b> 12" in run and "<b>run_root</b> runs" in run
-    assert "hunter2" not in page and "secret" not in page  # through forge_obs.core.run.redact
+    assert "hunter2" not in page and "secret" not in page  # through forge_obs.core.redact.redact
     assert "<b>wandb_token</b> ***" in run
     assert "<th>console</th><td>compact=true</td>" in run  # the config inline, not a JSON dump
     assert "ended" in run and "after 40s" in run

@@ -12,7 +12,8 @@ from forge_obs.backends import jsonl
 from forge_obs.backends.jsonl import JsonlBackend
 from forge_obs.core.types import Metric
 from forge_obs.backends.record import RunContext, StepRecord
-from forge_obs.core.run import RunConfig, redact, write_meta
+from forge_obs.core.redact import redact
+from forge_obs.core.run import RunConfig, write_meta
 from forge_obs.analysis.store import read_jsonl, read_metrics
 
 

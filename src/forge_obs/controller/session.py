@@ -33,7 +33,8 @@ from forge_obs.controller.startup import create_backends, make_run_dir, start_ba
 from forge_obs.controller.state import CONTROLLER, ControllerState
 from forge_obs.core.env import env_flag
 from forge_obs.core.identity import start_naming_run
-from forge_obs.core.run import redact, release_meta_space, reserve_meta_space, write_meta
+from forge_obs.core.redact import redact
+from forge_obs.core.run import release_meta_space, reserve_meta_space, write_meta
 from forge_obs.core.types import LoggingMode
 from forge_obs.recording.collector import MetricCollector
 

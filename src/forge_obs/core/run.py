@@ -28,20 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from forge_obs.core.options import check_keys
-# the redaction rule lives in forge_obs.core.redact; its names stay importable from here
-from forge_obs.core.redact import (COUNT_WORDS, HARMLESS_WORDS, MASK, SECRET_PARTS, SECRET_WORDS, is_secret_name,
-                                   redact, redact_text, redacted_repr)
+from forge_obs.core.redact import redact, redacted_repr
 
 __all__ = [
     "new_run_id",
-    "MASK",
-    "SECRET_PARTS",
-    "SECRET_WORDS",
-    "HARMLESS_WORDS",
-    "COUNT_WORDS",
-    "is_secret_name",
-    "redact_text",
-    "redact",
     "RUN_ID_RULE",
     "check_run_id",
     "check_run_path",

@@ -21,7 +21,8 @@ from forge_obs.backends.base import register_backend
 from forge_obs.controller.config import LoggerConfig
 from forge_obs.controller.pipeline import FlushPipeline
 from forge_obs.controller.startup import create_backends, make_run_dir, start_backends
-from forge_obs.core.run import redact, release_meta_space, reserve_meta_space, write_meta
+from forge_obs.core.redact import redact
+from forge_obs.core.run import release_meta_space, reserve_meta_space, write_meta
 from forge_obs.spmd.tree import Step, Tree
 
 __all__ = ["RootSetup", "Root", "MESH_ID", "MAX_BACKLOG_STEPS"]

@@ -21,7 +21,7 @@ The page, top to bottom:
   commands that open their slice of the trace.
 - **Run**: status, times, steps, host; the app's settings (``meta.json``'s ``app_settings``, e.g.
   the GRPO app's command-line flags) and the forge_obs config, both through
-  :func:`forge_obs.core.run.redact`.
+  :func:`forge_obs.core.redact.redact`.
 - **Groups** (trainer, generator, service, buffer, reference, reward, controller, others; ``obs``
   folded): a chart per varying series, a distribution as one chart of its p50/p90/p99, and the
   constant and single-point series listed compactly under the charts.
@@ -432,7 +432,7 @@ KNOWN_META = ("run_id", "status", "start_time", "end_time", "starts", "steps_log
 
 
 def _run_section(page: Page) -> str:
-    from forge_obs.core.run import redact
+    from forge_obs.core.redact import redact
 
     data, meta = page.data, page.data.meta
     rows: list[tuple[str, str]] = []
