@@ -67,13 +67,22 @@ def analyse(run: "str | Path | Graph", *, index: bool = True, first: "int | None
     walker = Walker(g, _config(settings))
     busy = Busy(g, walker)
     results = [step_result(g, walker, busy, w) for w in g.windows]
-    med = medians(_fast(results))
+    fast = _fast(results)
+    med, fast_med = medians(fast), _median_duration(fast)
     for r in results:
-        answer(r, med)
+        answer(r, med, fast_med)
     if first is not None or last is not None:
         lo, hi = first if first is not None else -(1 << 62), last if last is not None else 1 << 62
         results = [r for r in results if lo <= r["step"] <= hi]
     return results
+
+
+def _median_duration(results: list) -> "float | None":
+    durs = sorted(r["duration_s"] for r in results)
+    if not durs:
+        return None
+    k = len(durs)
+    return durs[k // 2] if k % 2 else (durs[k // 2 - 1] + durs[k // 2]) / 2
 
 
 def _fast(results: list) -> list:
@@ -133,7 +142,8 @@ def explain(run_dir: "str | Path", first_step: int, last_step: int, history: int
         return None
     before = [r for r in results if r["step"] < first_step] or results
     r = max(inside, key=lambda r: r["duration_s"])
-    answer(r, medians(_fast(before)))
+    fast = _fast(before)
+    answer(r, medians(fast), _median_duration(fast))
     return r
 
 

@@ -122,7 +122,7 @@ def why(idx: Any, steps: "list | None" = None, slowest: "int | None" = None) -> 
     med, n_fast, fast_med = reference(idx, con)
     for r in chosen:
         r.pop("stored_cause"), r.pop("stored_idle")
-        summary.answer(r, med)
+        summary.answer(r, med, fast_med)
         r["compare"] = summary.compare_to(r, med, n_fast, fast_med)
     return {"run_dir": str(idx.run_dir), "steps_total": len(durs),
             "median_step_s": durs[(len(durs) - 1) // 2] if durs else None, "steps": chosen}
@@ -136,8 +136,8 @@ def all_results(idx: Any, first: "int | None" = None, last: "int | None" = None)
     want = [r[0] for r in con.execute("SELECT step FROM _steps WHERE step BETWEEN ? AND ? ORDER BY step",
                                       [lo, hi]).fetchall()]
     out = results(con, want)
-    med = reference(idx, con)[0]
+    med, _n, fast_med = reference(idx, con)
     for r in out:
         r.pop("stored_cause"), r.pop("stored_idle")
-        summary.answer(r, med)
+        summary.answer(r, med, fast_med)
     return out
