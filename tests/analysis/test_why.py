@@ -523,3 +523,18 @@ def test_no_ratio_against_a_median_of_near_zero_path_times():
     assert "+0.579 s over the fast steps (median 0.000 s on their path)" in r["answer"], r["answer"]
     answer(r, {("generator_0", "Generator", 0, "generate"): (0.1, 5)}, fast_median_s=0.6)
     assert "5.8x its median in the fast steps" in r["answer"]
+
+
+def test_a_request_queued_behind_a_busy_process_waits_on_what_kept_it_busy(tmp_path):
+    """``--fault-slow-buffer``: the buffer blocks 0.6 s in a sample, the rollout's ``buffer_add``
+    waits behind it (the buffer is one process serving one request at a time). The path goes
+    through the sample that kept it busy (link ``queued``), not through time no span explains."""
+    grpo_run(tmp_path, 12, slow_from=SLOW_FROM, busy_sample_s=0.6)
+    for index in (True, False):
+        r = critical_path(tmp_path, 8, index=index)
+        _check_path(r)
+        assert _cause(r) == ("buffer", 0, "buffer_sample"), r["answer"]
+        assert r["cause"]["path_s"] == pytest.approx(0.6 + 0.003, abs=1e-6), r["answer"]  # and the batch's sample
+        assert ("buffer_sample", "queued") in [(s["name"], s["link"]) for s in r["path"]]
+        assert r["explained"] > 0.9, r["answer"]
+    assert _cause(critical_path(tmp_path, 3)) == ("trainer", 0, "forward_backward")  # before the fault

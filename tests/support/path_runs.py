@@ -92,7 +92,7 @@ def grpo_run(run_dir: "str | Path", steps: int = 12, *, slow_replica: tuple | No
              slow_rank: tuple | None = None, slow_sync_s: float = 0.0, slow_sample: tuple | None = None,
              starved: tuple | None = None, hang: tuple | None = None, trainer_host: str = "node0",
              trainer_skew_s: float = 0.0, slow_from: int = 0, carried_sync_s: float = 0.0,
-             unspanned_s: float = 0.0, span_after_gap: bool = False) -> Path:
+             unspanned_s: float = 0.0, span_after_gap: bool = False, busy_sample_s: float = 0.0) -> Path:
     """Writes the run; every fault applies from step ``slow_from`` on.
 
     ``slow_replica=(i, s)``: replica i's ``generate`` takes s; ``slow_rank=(r, s)``: trainer rank r's
@@ -106,7 +106,8 @@ def grpo_run(run_dir: "str | Path", steps: int = 12, *, slow_replica: tuple | No
     before the step (right after the previous step's publish) and the rollout's ``generate``
     waits for it; ``unspanned_s``: the replica that serves the step's rollout works that long
     after its ``generate`` without a span before it replies (``span_after_gap``: then records a
-    ``detokenize`` span of 2 ms before it replies).
+    ``detokenize`` span of 2 ms before it replies); ``busy_sample_s``: the buffer's first (failed)
+    ``buffer_sample`` blocks the buffer that long, and the rollout's ``buffer_add`` waits behind it.
     """
     run_dir = Path(run_dir)
     ev = run_dir / "events"
@@ -126,7 +127,7 @@ def grpo_run(run_dir: "str | Path", steps: int = 12, *, slow_replica: tuple | No
             p.step(t, n)
         i = n % 2
         flow = f"rollout-{n}"
-        c = buf.span("buffer_sample", t + 0.001, 0.002, n)  # nothing new yet
+        c = buf.span("buffer_sample", t + 0.001, busy_sample_s if busy_sample_s and on else 0.002, n)  # nothing new yet
         g0 = t + 0.002
         if slow_sync_s and on:
             g0 = gens[i].span("weights_load", t + 0.002, slow_sync_s, n, lane=1, flow=f"policy-v{n}") + 0.001
@@ -143,7 +144,7 @@ def grpo_run(run_dir: "str | Path", steps: int = 12, *, slow_replica: tuple | No
                 e = gens[i].span("detokenize", e, 0.002, n, lane=2, flow=flow)
         e = reward.span("reward", e + 0.001, 0.01, n, flow=flow)
         e = ref.span("reference_logprobs", e + 0.001, 0.02, n, flow=flow)
-        e = buf.span("buffer_add", e + 0.001, 0.005, n, flow=flow)
+        e = buf.span("buffer_add", max(e + 0.001, c + 0.0002), 0.005, n, flow=flow)
         sample_s = slow_sample[0] if slow_sample and on else 0.003
         e = buf.span("buffer_sample", max(e, c) + 0.001, sample_s, n) + 0.0005
         ctl.span("wait_for_batch", t, e - t, n)

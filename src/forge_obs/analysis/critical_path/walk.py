@@ -28,6 +28,8 @@ arrive). Either way the path goes on through the rank that entered last.
 
 A dependency that never ended (a span left open: its process died or hangs) is on the path up
 to where its waiter resumed (or the step ended), marked unfinished: what the waiter waited on.
+A dependency whose process was busy, until it began, with a span of another request (it ended at
+most ``tie_s`` before) waited for that span (link ``queued``: a blocked event loop, a mailbox).
 
 Clocks: a dependency on another host may appear to end after the span that awaited it (the
 clock offsets are one-way estimates). Causality wins: the dependency is placed to end where the
@@ -125,11 +127,16 @@ class Walker:
                     out.append(Segment(node, lo, t, link))
                 return
         exact = self._exact(node, lo, hi, shift)
-        t, chain = hi, None
+        t, chain, after = hi, None, None
         waits = self.g.awaits(node) or self.is_wait(node.name)  # its own time is waiting, not work
         deps = False
         while t > lo:
             d, how = self._next_dep(node, exact, chain, lo, t, shift, anc)
+            q = self._blocker(after, node, shift, anc) if after is not None else None
+            queued = q is not None and q is not d and (d is None or self._end(q, node, shift) >
+                                                       min(self._end(d, node, shift), t) + self.tie)
+            if queued:  # the process of the dependency just covered was busy until it started
+                d, how = q, "queued"
             gap_lo = min(self._end(d, node, shift), t) if d is not None else lo
             if t - gap_lo > self.tie and node.children and self._computes(node):
                 p = self._arrived_last(node, gap_lo, t, shift, anc)
@@ -151,7 +158,9 @@ class Walker:
             self._cover(d, d_start, d_end, d_shift, how, out, anc + (d,))
             t = d_start
             deps = True
-            chain = d if d.flow is not None and how != "nested" else None
+            if not queued:  # the flow of the dependency a blocker held up goes on after the blocker
+                chain = d if d.flow is not None and how != "nested" else None
+            after = d if how != "nested" and d.stream is not node.stream else None
         if t > lo:  # before its first dependency; a waiting span without any waited on nothing seen
             out.append(Segment(node, lo, t, link, waits and (deps or self.is_wait(node.name))))
 
@@ -176,6 +185,20 @@ class Walker:
             if inf is not None:
                 d, how = inf, "inferred"
         return d, how
+
+    def _blocker(self, after: Span, node: Span, shift: int, anc: tuple) -> Span | None:
+        """A top-level span of ``after``'s process that ended at most ``tie_s`` before ``after``
+        began: the process was busy with it (one request behind another: a blocked event loop,
+        an actor's mailbox), so ``after`` waited for it (link ``queued``)."""
+        ends = self.g.root_ends
+        a, b = bisect.bisect_left(ends, after.start - self.tie), bisect.bisect_right(ends, after.start)
+        ids = {id(x) for x in anc}
+        best = None
+        for s in self.g.roots[a:b]:
+            if s.stream is after.stream and s is not after and s.start < after.start and not s.unfinished \
+                    and id(s) not in self.used and id(s) not in ids and (best is None or s.end > best.end):
+                best = s
+        return best
 
     def _collective(self, node: Span, lo: int, hi: int, shift: int, link: str, out: list, anc: tuple) -> bool:
         """``node`` waits in a collective: the rank of its mesh that entered the same span last
