@@ -94,16 +94,18 @@ def _fast(results: list) -> list:
 
 
 def why(run_dir: "str | Path", steps: "Iterable[int] | None" = None, slowest: int | None = None, *,
-        index: bool = True, **settings: Any) -> dict:
+        index: bool = True, update: bool = True, **settings: Any) -> dict:
     """The critical path of the chosen steps: ``steps`` (ids), or the ``slowest`` K (unfinished
     steps first), or (neither) the slowest one. Each step's result also has ``compare``: what grew on its path against the
     fast half of the run's steps. ``settings``: fields of :class:`PathConfig`. With the default
-    settings the answers are lookups in the run's index (``index=False``: the run is walked)."""
+    settings the answers are lookups in the run's index (``index=False``: the run is walked;
+    ``update=False``: the index as it is, not brought up to date first)."""
     if _indexed(settings, index):
         from forge_obs.analysis.index import open_index
         from forge_obs.analysis.index.answers import why as indexed_why
 
-        return indexed_why(open_index(run_dir), None if steps is None else list(steps), slowest)
+        idx = open_index(run_dir, update=update, warn=update)
+        return indexed_why(idx, None if steps is None else list(steps), slowest)
     results = analyse(run_dir, index=False, **settings)
     by_step = {r["step"]: r for r in results}
     if steps is not None:

@@ -235,7 +235,7 @@ def answer(r: dict, medians: dict, fast_median_s: "float | None" = None) -> None
     step result ``r``. ``medians``: :func:`medians` of the run's fast steps, whose median
     duration is ``fast_median_s``. The line leads with the largest stretch no span explains
     when it is longer than the largest stage, and always says how much of the step the spans
-    explain."""
+    explain (``unexplained["leads"]``: the line leads with it)."""
     c = cause(r)
     u = unexplained(r.get("path") or [])
     dur = r["duration_s"]
@@ -245,7 +245,8 @@ def answer(r: dict, medians: dict, fast_median_s: "float | None" = None) -> None
     top = u["top"]
     if c is not None:
         c = _against_median(c, medians, fast_median_s)
-    if top is not None and (c is None or top["duration_s"] > c["path_s"]):
+    u["leads"] = top is not None and (c is None or top["duration_s"] > c["path_s"])
+    if u["leads"]:
         pct = 100 * top["duration_s"] / dur if dur > 0 else 0.0
         line += f", {top['duration_s']:.3f} s ({pct:.0f} %) unexplained {top['where']}: no span covers it"
         if c is not None and (c["unfinished"] or c["ratio_to_median"] is None or c["ratio_to_median"] >= GREW):
