@@ -28,8 +28,9 @@ arrive). Either way the path goes on through the rank that entered last.
 
 A dependency that never ended (a span left open: its process died or hangs) is on the path up
 to where its waiter resumed (or the step ended), marked unfinished: what the waiter waited on.
-A dependency whose process was busy, until it began, with a span of another request (it ended at
-most ``tie_s`` before) waited for that span (link ``queued``: a blocked event loop, a mailbox).
+A dependency whose process was busy, until it began, with a span of another request (its last
+span, which ended at most ``tie_s`` or a quarter of its duration before) waited for that span
+(link ``queued``: a blocked event loop, an actor's mailbox).
 
 Clocks: a dependency on another host may appear to end after the span that awaited it (the
 clock offsets are one-way estimates). Causality wins: the dependency is placed to end where the
@@ -187,17 +188,21 @@ class Walker:
         return d, how
 
     def _blocker(self, after: Span, node: Span, shift: int, anc: tuple) -> Span | None:
-        """A top-level span of ``after``'s process that ended at most ``tie_s`` before ``after``
-        began: the process was busy with it (one request behind another: a blocked event loop,
-        an actor's mailbox), so ``after`` waited for it (link ``queued``)."""
+        """The last top-level span of ``after``'s process that ended before ``after`` began, if
+        it ended at most ``tie_s`` (or a quarter of its own duration: the scheduling of a loaded
+        host) before: the process was busy with it (one request behind another: a blocked event
+        loop, an actor's mailbox), so ``after`` waited for it (link ``queued``)."""
         ends = self.g.root_ends
-        a, b = bisect.bisect_left(ends, after.start - self.tie), bisect.bisect_right(ends, after.start)
+        a, b = bisect.bisect_left(ends, after.start - self.skew * 20), bisect.bisect_right(ends, after.start)
         ids = {id(x) for x in anc}
         best = None
         for s in self.g.roots[a:b]:
             if s.stream is after.stream and s is not after and s.start < after.start and not s.unfinished \
-                    and id(s) not in self.used and id(s) not in ids and (best is None or s.end > best.end):
+                    and (best is None or s.end > best.end):
                 best = s
+        if best is None or id(best) in self.used or id(best) in ids or \
+                after.start - best.end > max(self.tie, best.dur // 4):
+            return None
         return best
 
     def _collective(self, node: Span, lo: int, hi: int, shift: int, link: str, out: list, anc: tuple) -> bool:
