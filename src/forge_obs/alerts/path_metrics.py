@@ -77,8 +77,10 @@ class CriticalPathOptions:
 
     #: a step's largest stages (mesh, actor, span) that get a key of their own while there is room
     stages: int = 6
+    #: ... if they take at least this share of the step (a stage under it stays in ``other``)
+    min_share: float = 0.05
     #: stage keys over the run, at most (the rest of a step's time is ``critical_path/path_s/other``)
-    max_stage_keys: int = 12
+    max_stage_keys: int = 16
     #: meshes (replicas as one) with ``idle_s`` / ``waiting_s`` keys, at most
     max_mesh_keys: int = 12
     #: seconds after a step ended that its path is read (its spans are on disk by then)
@@ -102,6 +104,9 @@ class CriticalPathOptions:
             v = getattr(self, k)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"critical_path: {k} must be an integer >= 0, got {v!r}")
+        if not isinstance(self.min_share, (int, float)) or isinstance(self.min_share, bool) or \
+                not 0 <= self.min_share <= 1:
+            raise ValueError(f"critical_path: min_share must be a share of the step in [0, 1], got {self.min_share!r}")
         for k in ("settle_s", "interval_s", "slow_ratio", "cpu_share", "finish_timeout_s"):
             v = getattr(self, k)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
@@ -127,8 +132,9 @@ class PathKeys:
         """The keys of one step's line (:func:`forge_obs.alerts.path_worker.step_line`)."""
         o = self.opts
         stages = {k: v for k, v in line["stages"].items() if k != "other"}
+        big = line["duration_s"] * o.min_share
         for label in sorted(stages, key=lambda k: -stages[k])[:o.stages]:
-            if label not in self.stage_keys and len(self.stage_keys) < o.max_stage_keys:
+            if label not in self.stage_keys and len(self.stage_keys) < o.max_stage_keys and stages[label] >= big:
                 self.stage_keys[label] = f"{PREFIX}path_s/{_key_part(label)}"
         c = line.get("cause") or {}
         out = {STEP_KEY: line["step"], f"{PREFIX}duration_s": line["duration_s"],

@@ -10,7 +10,8 @@ record), so a step is *settled* ``settle_s`` after it ended: its path is read th
 source is the run's index (:func:`forge_obs.analysis.index.open_index`, the stored per-step
 results: a lookup), brought up to date here (``--update``) unless the ``index`` backend's live
 indexer does it; without DuckDB and pyarrow the files are walked directly (every pass reads the
-run: the pass waits longer as it costs more, ``cpu_share`` of a core at most). It runs at a low
+run). A pass waits longer after a pass that cost more: ``cpu_share`` of a core at most (up to
+:data:`MAX_WAIT_S` between passes; the steps of a longer wait are read in one pass). It runs at a low
 priority, apart from the controller's GIL: it never delays a flush. On SIGTERM (the backend's
 ``finish``) or when the controller is gone, it waits one writer pass, writes every step left
 (settled or not, unfinished ones too) and exits.
@@ -28,21 +29,30 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["step_line", "follow", "main", "TOP_STAGES"]
+__all__ = ["step_line", "results", "follow", "main", "TOP_STAGES", "MAX_WAIT_S"]
 
 #: stages (mesh, actor, span name: over the ranks) a line carries, the largest first
 TOP_STAGES = 24
+#: the longest wait between two passes (the CPU budget makes a costly pass wait longer)
+MAX_WAIT_S = 10.0
 
 
 def _label(mesh: str, actor: Any, name: str) -> str:
-    """``trainer/forward_backward`` (``mesh/actor/name`` when the actor's name is not the mesh's)."""
+    """``trainer/forward_backward``: a stage over its ranks, and over the replicas of a replicated
+    mesh (``generator/generate`` for ``generator_0`` and ``generator_1``); ``mesh/actor/name``
+    when the actor's name is not the mesh's."""
+    from forge_obs.analysis.doctor.subjects import replica_family
+
+    fam = replica_family(str(mesh))
     act = str(actor or "")
-    return f"{mesh}/{name}" if not act or act.lower() == str(mesh).lower() else f"{mesh}/{act}/{name}"
+    if fam != mesh or not act or act.lower() == str(mesh).lower():
+        return f"{fam}/{name}"
+    return f"{mesh}/{act}/{name}"
 
 
 def step_line(r: dict) -> dict:
     """One step's result (:func:`forge_obs.analysis.critical_path.why`'s) as the compact line the
-    backend reads: time on the path per stage over its ranks (the largest :data:`TOP_STAGES`,
+    backend reads: time on the path per stage over its ranks and replicas (the largest :data:`TOP_STAGES`,
     the rest as ``"other"``), per replica family its ranks' mean idle and largest waiting time,
     the cause, the answer and how much of the step the spans explain."""
     from forge_obs.analysis.doctor.subjects import replica_family
@@ -72,24 +82,24 @@ def step_line(r: dict) -> dict:
             "stages": stages, "slack": {k: [v[0] / v[2], v[1]] for k, v in fam.items()}}
 
 
-def _results(run_dir: Path, after: "int | None", update: bool) -> list:
+def results(run_dir: Path, after: "int | None", update: bool) -> list:
     """The results of the steps after ``after`` (every step when None), with their answers."""
-    from forge_obs.analysis.critical_path import analyse, why
+    from forge_obs.analysis.critical_path import analyse
     from forge_obs.analysis.index import available, open_index
 
     first = -(1 << 62) if after is None else after + 1
     if not available():
         return analyse(run_dir, index=False, first=first)
-    idx = open_index(run_dir, update=update, warn=False)
-    steps = [h["step"] for h in idx.step_rows("steps", first, 1 << 62)]
-    return why(run_dir, steps=steps, update=False)["steps"] if steps else []
+    if update:
+        open_index(run_dir, warn=False)
+    return analyse(run_dir, first=first, update=False)
 
 
 def _pass(run_dir: Path, after: "int | None", settle_us: int, final: bool, update: bool,
           write: Callable[[dict], None]) -> "int | None":
     """Write the settled steps after ``after`` (``final``: every step); the last step written."""
     now_us = int(time.time() * 1e6)
-    for r in _results(run_dir, after, update):
+    for r in results(run_dir, after, update):
         if not final and r["end_us"] > now_us - settle_us:
             break  # steps are written in order: a later one waits for this one (a hung step's end
             # is the end of the data: it settles when the data stops growing)
@@ -104,12 +114,10 @@ def follow(run_dir: Path, write: Callable[[dict], None], interval_s: float = 1.0
     """Write each settled step's line until ``stop`` is set or process ``parent`` is gone; then,
     ``final_wait_s`` later (the timeline writers' last pass), every step left. Returns the
     number of steps written."""
-    from forge_obs.analysis.index import available
-
     stop = stop or threading.Event()
-    share = 0.0 if available() else cpu_share  # the index makes a pass a lookup; a direct walk reads the run
     after: "int | None" = None
     n = [0]
+    passes = 0
 
     def counted(line: dict) -> None:
         n[0] += 1
@@ -128,7 +136,9 @@ def follow(run_dir: Path, write: Callable[[dict], None], interval_s: float = 1.0
         if final:
             return n[0]
         cost = time.process_time() - cost
-        stop.wait(max(interval_s, cost / share - cost) if share > 0 else interval_s)
+        passes += 1  # the first pass pays the imports: not a pass's cost
+        wait = max(interval_s, cost / cpu_share - cost) if cpu_share > 0 and passes > 1 else interval_s
+        stop.wait(min(wait, MAX_WAIT_S))
 
 
 def _alive(pid: int) -> bool:

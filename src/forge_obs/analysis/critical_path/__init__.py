@@ -53,16 +53,16 @@ def _indexed(settings: dict, index: bool) -> bool:
 
 
 def analyse(run: "str | Path | Graph", *, index: bool = True, first: "int | None" = None,
-            last: "int | None" = None, **settings: Any) -> list:
+            last: "int | None" = None, update: bool = True, **settings: Any) -> list:
     """Every controller step's result (path, stages, slack, cause, one-line answer), by step
     (``first`` / ``last``: only the steps in that range). From a run directory with the default
-    settings, read from the run's index (:mod:`forge_obs.analysis.index`); from a :class:`Graph`
-    (or with ``index=False``), computed."""
+    settings, read from the run's index (:mod:`forge_obs.analysis.index`; ``update=False``: as it
+    is, not brought up to date first); from a :class:`Graph` (or with ``index=False``), computed."""
     if not isinstance(run, Graph) and _indexed(settings, index):
         from forge_obs.analysis.index import open_index
         from forge_obs.analysis.index.answers import all_results
 
-        return all_results(open_index(run), first, last)
+        return all_results(open_index(run, update=update, warn=update), first, last)
     g = run if isinstance(run, Graph) else load(run)
     walker = Walker(g, _config(settings))
     busy = Busy(g, walker)
