@@ -1,0 +1,151 @@
+"""The ``critical_path`` backend: each controller step's critical path as ``critical_path/*``
+metrics in every backend. Its values are those ``forge-obs why`` answers for the step; each step
+``M`` reaches the backends once: with a later step (JSONL, console when asked, W&B, TensorBoard),
+or, for the last steps (their spans were written after the last flush), after the last step in
+W&B and TensorBoard. The key set is bounded whatever the number of stages and meshes."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from forge_obs.alerts.path_metrics import CriticalPathBackend, CriticalPathOptions, PathKeys
+from forge_obs.analysis.critical_path import why
+from forge_obs.backends.late import LateBoard, LateValues
+from tests.support.helpers import run_as_user
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 40
+
+
+def _line(step: int, stages: dict, dur: float, slack: "dict | None" = None) -> dict:
+    return {"step": step, "duration_s": dur, "end_us": 0, "unfinished": False, "explained": 0.9,
+            "unexplained_s": 0.1 * dur, "unexplained_where": None, "answer": f"step {step}", "cause": None,
+            "stages": stages, "slack": slack or {}}
+
+
+def test_the_key_set_is_bounded_and_adds_up_to_the_step():
+    """200 distinct stages over 100 steps, 50 meshes: at most max_stage_keys stage keys and
+    max_mesh_keys meshes; every step's stage keys and "other" add up to its duration."""
+    keys = PathKeys(CriticalPathOptions(stages=3, max_stage_keys=5, max_mesh_keys=4, min_share=0.05))
+    seen: set = set()
+    for s in range(100):
+        stages = {f"mesh{s % 50}/span{s}": 0.3, f"mesh{(s + 1) % 50}/span{s + 1}": 0.2, "trainer/fb": 0.1}
+        vals = keys.values(_line(s, stages, 1.0, {f"mesh{s % 50}": [0.5, 0.1]}), lag=2)
+        seen |= set(vals)
+        parts = [v for k, v in vals.items() if k.startswith("critical_path/path_s/")]
+        assert sum(parts) == pytest.approx(1.0)
+        assert vals["critical_path/step"] == s and vals["critical_path/lag_steps"] == 2
+    assert len([k for k in seen if k.startswith("critical_path/path_s/")]) == 5 + 1
+    assert len([k for k in seen if k.startswith("critical_path/idle_s/")]) == 4
+    assert len(seen) == 7 + 6 + 8
+
+
+def test_config_mistakes_name_the_valid_keys():
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['stage'\]; valid: stages, min_share, max_stage_keys"):
+        CriticalPathBackend({"stage": 3})
+    with pytest.raises(ValueError, match="settle_s must be a number > 0"):
+        CriticalPathBackend({"settle_s": 0})
+
+
+def test_a_producer_that_never_hands_costs_the_consumer_its_wait_only():
+    board = LateBoard()
+    board.expect("r", "slow")
+    board.expect("r", "quick")
+    threading.Timer(0.05, lambda: board.hand("r", "quick", LateValues(rows=[(3, {"k": 1.0})]))).start()
+    t0 = time.monotonic()
+    got = board.take("r", "wandb", timeout_s=0.5)
+    assert 0.45 <= time.monotonic() - t0 < 5 and [v.rows for v in got] == [[(3, {"k": 1.0})]]
+    assert board.take("r", "wandb", timeout_s=0.0) == []  # each consumer takes each producer's values once
+    assert [v.rows for v in board.take("r", "tensorboard", timeout_s=0.0)] == [[(3, {"k": 1.0})]]
+
+
+@pytest.fixture(scope="module")
+def dash_run(tmp_path_factory):
+    """tests/user_scripts/path_dashboard.py: 40 steps of ~0.15 s (step 7: 0.45 s), every backend."""
+    tmp = tmp_path_factory.mktemp("dash")
+    res = run_as_user(ROOT / "tests" / "user_scripts" / "path_dashboard.py", tmp, str(tmp), str(STEPS),
+                      env={"WANDB_SILENT": "true"})
+    return tmp / "dash", res.stdout
+
+
+def _jsonl_paths(run_dir: Path) -> dict:
+    """critical_path/step -> (the step that carried it, its values) from metrics.jsonl."""
+    out: dict = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        m = r.get("metrics", {})
+        if r.get("mode") == "global_reduce" and "critical_path/step" in m:
+            assert m["critical_path/step"] not in out, r  # once
+            out[int(m["critical_path/step"])] = (r["step"], m)
+    return out
+
+
+def test_every_step_reaches_the_backends_once_with_why_s_values(dash_run):
+    pytest.importorskip("wandb")
+    from tests.support.wandb_reader import find_run_files, read_run
+
+    run_dir, _out = dash_run
+    answers = {r["step"]: r for r in why(run_dir, slowest=STEPS)["steps"]}
+    assert sorted(answers) == list(range(STEPS))
+    carried = _jsonl_paths(run_dir)
+    assert len(carried) >= STEPS // 3, sorted(carried)  # the steady state: most steps travel with a later one
+    for m, (step, vals) in carried.items():
+        assert step > m and vals["critical_path/lag_steps"] >= 1
+    (path,) = find_run_files(run_dir / "wandb")
+    wb = read_run(path)
+    rows = [h for h in wb.history if "critical_path/duration_s" in h]
+    assert sorted(int(h["critical_path/step"]) for h in rows) == list(range(STEPS))  # every step, once
+    last_train = max(h["trainer_step"] for h in wb.history if "trainer_step" in h)
+    for h in rows:
+        m = int(h["critical_path/step"])
+        r = answers[m]
+        assert h["critical_path/duration_s"] == pytest.approx(r["duration_s"], abs=1e-9)
+        assert h["critical_path/explained_frac"] == pytest.approx(r["explained"], abs=1e-9)
+        for name in ("train", "generate"):
+            on = sum(a["path_s"] for a in r["stages"] if a["name"] == name)
+            assert h[f"critical_path/path_s/controller/{name}"] == pytest.approx(on, abs=1e-9)
+        if m in carried:
+            assert h["trainer_step"] == carried[m][0]  # in the W&B row of the step that carried it
+        else:
+            assert h["_step"] > last_train and "trainer_step" not in h  # the last ones: after the last step
+    assert {"name": "", "glob_name": "critical_path/*", "step_metric": "critical_path/step"} in wb.metric_defs
+    assert max(h["critical_path/path_s/controller/train"] for h in rows) == pytest.approx(
+        sum(a["path_s"] for a in answers[7]["stages"] if a["name"] == "train"), abs=1e-9)
+
+
+def test_slow_steps_table_names_the_culprit_and_its_commands(dash_run):
+    pytest.importorskip("wandb")
+    from tests.support.wandb_reader import find_run_files, read_run, tables
+
+    run_dir, _out = dash_run
+    (row,) = [r for r in tables(read_run(find_run_files(run_dir / "wandb")[0]))["critical_path/slow_steps"]
+              if r["step"] == 7]
+    assert row["culprit"] == "controller/r0 train" and row["x_median"] >= 2.0, row
+    assert row["answer"] == why(run_dir, steps=[7])["steps"][0]["answer"]
+    assert row["why"].endswith(f"why {run_dir} --step 7") and row["trace"].endswith("--steps 7:7 --critical-path --open")
+
+
+def test_tensorboard_writes_each_step_at_the_step_it_describes(dash_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir, _out = dash_run
+    ea = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
+    ea.Reload()
+    got = {e.step: e.value for e in ea.Scalars("critical_path/duration_s")}
+    answers = {r["step"]: r for r in why(run_dir, slowest=STEPS)["steps"]}
+    assert sorted(got) == list(range(STEPS))
+    assert all(got[m] == pytest.approx(answers[m]["duration_s"], rel=1e-6) for m in got)
+
+
+def test_console_prints_them_when_asked_and_meta_counts_them(dash_run):
+    run_dir, out = dash_run
+    assert "critical_path/duration_s" in out  # include names it
+    assert "critical_path/path_s" not in out  # not named: not printed
+    meta = json.loads((run_dir / "meta.json").read_text())["backends"]["critical_path"]
+    assert meta["steps_read"] == STEPS and meta["steps_logged"] + meta["steps_late"] == STEPS, meta
+    assert meta["steps_left_out"] == 0 and meta["steps_lost"] == 0, meta
