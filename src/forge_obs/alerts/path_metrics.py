@@ -175,8 +175,9 @@ def slow_row(line: dict, x_median: float, run_dir: Any) -> dict:
 class CriticalPathBackend(LoggerBackend):
     """See the module docstring; configuration: :class:`CriticalPathOptions`."""
 
-    #: the part of obs/cpu_s its worker thread's CPU is counted in
-    cpu_part = "alerts"
+    #: the part of obs/cpu_s its threads' CPU is counted in (its line reader's too)
+    cpu_part = "backends"
+
 
     def __init__(self, logger_backend_config: "dict[str, Any] | None" = None) -> None:
         self.options = parse_options(CriticalPathOptions, "critical_path", logger_backend_config)
@@ -206,7 +207,8 @@ class CriticalPathBackend(LoggerBackend):
         update = [] if "index" in (getattr(run, "config", None) or {}) else ["--update"]  # else the live indexer does
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "forge_obs.alerts.path_worker", str(self.run_dir), "--interval-s", str(o.interval_s),
-             "--settle-s", str(o.settle_s), "--cpu-share", str(o.cpu_share), "--parent", str(os.getpid()), *update],
+             "--settle-s", str(o.settle_s), "--cpu-share", str(o.cpu_share), "--parent", str(os.getpid()),
+             "--since", repr(time.time()), *update],
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, preexec_fn=lambda: os.nice(10))
         self._reader = threading.Thread(target=self._read, args=(self.proc.stdout,), name="forge_obs-critical-path",
                                         daemon=True)

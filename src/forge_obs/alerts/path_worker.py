@@ -2,7 +2,7 @@
 once the step settled and writes it to its stdout as one JSON line (:func:`step_line`).
 
     python -m forge_obs.alerts.path_worker RUN_DIR [--interval-s 1.0] [--settle-s 2.0] [--update]
-                                           [--cpu-share 0.02] [--parent PID]
+                                           [--cpu-share 0.02] [--parent PID] [--since EPOCH_S]
 
 A step's spans reach ``events/*.jsonl`` as each process's timeline writer passes (every
 ``flush_interval_s``, 0.5 s by default; a span open longer than ``open_after_s`` as a "begun"
@@ -96,10 +96,14 @@ def results(run_dir: Path, after: "int | None", update: bool) -> list:
 
 
 def _pass(run_dir: Path, after: "int | None", settle_us: int, final: bool, update: bool,
-          write: Callable[[dict], None]) -> "int | None":
-    """Write the settled steps after ``after`` (``final``: every step); the last step written."""
+          write: Callable[[dict], None], since_us: int = 0) -> "int | None":
+    """Write the settled steps after ``after`` (``final``: every step) that began after
+    ``since_us`` (a resumed run's earlier steps were another session's); the last step written."""
     now_us = int(time.time() * 1e6)
     for r in results(run_dir, after, update):
+        if r["start_us"] < since_us:
+            after = r["step"] if after is None else max(after, r["step"])
+            continue
         if not final and r["end_us"] > now_us - settle_us:
             break  # steps are written in order: a later one waits for this one (a hung step's end
             # is the end of the data: it settles when the data stops growing)
@@ -110,10 +114,11 @@ def _pass(run_dir: Path, after: "int | None", settle_us: int, final: bool, updat
 
 def follow(run_dir: Path, write: Callable[[dict], None], interval_s: float = 1.0, settle_s: float = 2.0,
            update: bool = True, cpu_share: float = 0.02, parent: "int | None" = None,
-           stop: "threading.Event | None" = None, final_wait_s: float = 1.0) -> int:
+           stop: "threading.Event | None" = None, final_wait_s: float = 1.0, since: float = 0.0) -> int:
     """Write each settled step's line until ``stop`` is set or process ``parent`` is gone; then,
-    ``final_wait_s`` later (the timeline writers' last pass), every step left. Returns the
-    number of steps written."""
+    ``final_wait_s`` later (the timeline writers' last pass), every step left. Only the steps
+    that began after ``since`` (epoch seconds: the backend's start). Returns the number of steps
+    written."""
     stop = stop or threading.Event()
     after: "int | None" = None
     n = [0]
@@ -130,7 +135,7 @@ def follow(run_dir: Path, write: Callable[[dict], None], interval_s: float = 1.0
         cost = time.process_time()
         if (run_dir / "events").is_dir():
             try:
-                after = _pass(run_dir, after, int(settle_s * 1e6), final, update, counted)
+                after = _pass(run_dir, after, int(settle_s * 1e6), final, update, counted, int(since * 1e6))
             except Exception as e:  # noqa: BLE001 - the next pass tries again; the files are the record
                 print(f"forge_obs critical_path: {run_dir}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         if final:
@@ -159,6 +164,7 @@ def main(argv: "list[str] | None" = None) -> int:
     ap.add_argument("--cpu-share", type=float, default=0.02)
     ap.add_argument("--update", action="store_true", help="bring the index up to date (no live indexer runs)")
     ap.add_argument("--parent", type=int, default=None)
+    ap.add_argument("--since", type=float, default=0.0, help="only the steps that began after (epoch seconds)")
     args = ap.parse_args(argv)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -169,7 +175,8 @@ def main(argv: "list[str] | None" = None) -> int:
         out.write(json.dumps(line, default=str) + "\n")
         out.flush()
 
-    follow(args.run_dir, write, args.interval_s, args.settle_s, args.update, args.cpu_share, args.parent, stop)
+    follow(args.run_dir, write, args.interval_s, args.settle_s, args.update, args.cpu_share, args.parent, stop,
+           since=args.since)
     return 0
 
 
