@@ -7,6 +7,7 @@ W&B and TensorBoard. The key set is bounded whatever the number of stages and me
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -200,3 +201,19 @@ def test_the_reader_writes_this_session_s_steps_once_in_order(tmp_path):
     since = res[4]["start_us"] / 1e6 - 0.01  # the session began just before step 4
     assert since > START and follow(run_dir, later.append, stop=stop, final_wait_s=0.0, since=since) == 8 - 4
     assert [ln["step"] for ln in later] == [4, 5, 6, 7]
+
+
+def test_without_the_index_the_reader_walks_the_files(tmp_path, monkeypatch):
+    """No DuckDB / pyarrow (``available()`` false): the same lines, from a direct walk of the files;
+    nothing is written into the run directory."""
+    import forge_obs.analysis.index as index_pkg
+    from forge_obs.alerts.path_worker import results, step_line
+    from tests.support.path_runs import grpo_run
+
+    run_dir = grpo_run(tmp_path / "r", 8, slow_replica=(1, 0.8), slow_from=4)
+    indexed = [step_line(r) for r in results(run_dir, None, update=True)]
+    shutil.rmtree(run_dir / "index")
+    monkeypatch.setattr(index_pkg, "available", lambda: False)
+    direct = [step_line(r) for r in results(run_dir, 2, update=True)]
+    assert not (run_dir / "index").exists()
+    assert [ln["step"] for ln in direct] == list(range(3, 8)) and direct == indexed[3:]
