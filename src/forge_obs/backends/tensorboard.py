@@ -13,7 +13,10 @@
 - ``per_rank_no_reduce``: raw values as scalars with their own timestamps, tagged by rank, and,
   for distribution metrics, a histogram per step of all raw values across ranks (``key``).
 - ``step_metrics`` (as for W&B): ``{"generator/": "policy_version"}`` plots ``generator/…`` with
-  ``step = policy_version`` (when the step's values contain it) instead of the trainer step.
+  ``step = policy_version`` (when the step's values contain it) instead of the trainer step;
+  ``critical_path/…`` is plotted at ``critical_path/step`` (the step it describes) by default.
+- Text values (strings, row tables) are text; what other backends work out after the last step
+  (:mod:`forge_obs.backends.late`) is written at ``finish``.
 
 Config: ``logging_mode``, ``log_dir`` (default ``tb``: a relative path inside the run directory;
 an absolute one or one with ``..`` raises at ``init_backends``), ``step_metrics``,

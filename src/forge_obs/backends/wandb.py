@@ -32,6 +32,13 @@ What goes where:
   :func:`forge_obs.core.redact.redact` (the one redaction of every file forge_obs writes); a SAMPLE
   row's table was redacted where the row was recorded (:func:`forge_obs.core.plain.plain`).
 
+The dashboard's derived values (docs/backends.md): ``critical_path/*`` are plotted against
+``critical_path/step`` (the step they describe, known after it was logged: ``define_metric``);
+the rows of ``critical_path/slow_steps`` and ``doctor/findings`` are appended to one incremental
+table each; what other backends work out after the last step (:mod:`forge_obs.backends.late`:
+the last steps' critical path, the final doctor's findings) is written in rows after the last
+step and in the run's summary at ``finish``.
+
 Steps: W&B drops a write to a step below its current one. Steps arrive in order, but when one
 does not increase (a resumed job replaying a step, a user's non-monotonic flush) it is written at
 the next free W&B step, with ``trainer_step`` holding the true value, and a warning is logged once.
@@ -62,7 +69,7 @@ from forge_obs.core.plain import plain
 from forge_obs.core.redact import redact, redact_text
 from forge_obs.core.run import check_run_path, path_in_run
 from forge_obs.core.safe import is_number, safe_str
-from forge_obs.core.types import BackendRole, LoggingMode
+from forge_obs.core.types import BackendRole, LoggingMode, Metric
 
 __all__ = [
     "PER_RANK_CHOICES",
@@ -162,14 +169,6 @@ def _cell(v: Any) -> Any:
         return json.dumps(v, default=_text)
     except Exception:  # noqa: BLE001
         return _text(v)
-
-
-@dataclass
-class _Late:
-    """A late value as the writers take a Metric (key, value)."""
-
-    key: str
-    value: Any
 
 
 class WandbBackend(LoggerBackend):
@@ -445,7 +444,7 @@ class WandbBackend(LoggerBackend):
         for late in LATE.take(self._run_key, "wandb", WAIT_S):
             for _m, values in late.rows:
                 row: dict[str, Any] = {}
-                self._put_each(row, [_Late(k, v) for k, v in values.items()])
+                self._put_each(row, [Metric(k, v) for k, v in values.items()])
                 last = self._last_step.get("")
                 self.wb.log(row, step=self._next_step(0 if last is None else last + 1))
             if late.tables:
