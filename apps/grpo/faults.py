@@ -8,6 +8,9 @@
     (True, False)
     >>> f.nan_loss_if_due(1.5, step=6), f.nan_loss_if_due(1.5, step=7)
     (nan, 1.5)
+    >>> b = BufferFaults(slow_s=0.4, slow_from=3)
+    >>> b.slow_s_for(version=2), b.slow_s_for(version=3)
+    (0.0, 0.4)
 
 Each fault is reported by ``forge-obs doctor`` after the run and by a live alert while it runs
 (docs/grpo.md, "Faults"). The actors receive their part as a dataclass (picklable), the
@@ -52,6 +55,11 @@ def add_fault_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--fault-slow-weight-sync", type=float, default=None, metavar="SECONDS",
                    help="every weight load on the replicas takes SECONDS longer: the replicas spend most of "
                         "their time moving weights (sync bottleneck)")
+    g.add_argument("--fault-slow-buffer", type=float, default=None, metavar="SECONDS",
+                   help="the replay buffer's every sample takes SECONDS longer (from step --fault-slow-buffer-from): "
+                        "the trainer waits for its batch on the buffer (on the critical path of every step)")
+    g.add_argument("--fault-slow-buffer-from", type=int, default=0, metavar="STEP",
+                   help="first step the buffer is slow (default 0: from the start)")
 
 
 def replica_may_die(argv: list[str]) -> bool:
@@ -121,6 +129,28 @@ class ReplicaFaults:
     async def slow_sync(self) -> None:
         if self.slow_sync_s:
             await asyncio.sleep(self.slow_sync_s)
+
+
+@dataclass(frozen=True)
+class BufferFaults:
+    """What the replay buffer injects: a slow sample (``--fault-slow-buffer``)."""
+
+    slow_s: float = 0.0
+    slow_from: int = 0
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> BufferFaults:
+        return cls(float(args.fault_slow_buffer or 0.0), args.fault_slow_buffer_from)
+
+    def slow_s_for(self, version: int) -> float:
+        """Extra seconds a sample takes when the trainer is at policy ``version`` (its step)."""
+        return self.slow_s if version >= self.slow_from else 0.0
+
+    def sleep_if_slow(self, version: int) -> None:
+        """Blocks the buffer for :meth:`slow_s_for` seconds, as a slow sample would."""
+        slow_s = self.slow_s_for(version)
+        if slow_s:
+            time.sleep(slow_s)
 
 
 class SupervisionHook:

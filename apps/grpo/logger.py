@@ -40,6 +40,7 @@ def logging_config(args: argparse.Namespace) -> dict:
     if not args.no_alerts:
         config["alerts"] = {"rules": args.alert_rule, **({"webhook": args.alert_webhook} if args.alert_webhook else {}),
                             **({"disable": args.alert_disable} if args.alert_disable is not None else {})}
-    if args.wandb:
+    if args.wandb:  # the dashboard: each step's critical path and the findings in W&B (docs/backends.md)
         config["wandb"] = {"mode": "offline", "project": "forge_obs_grpo", "config": vars(args)}
+        config["critical_path"] = {}
     return config

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from monarch.actor import this_host
 
 from apps.grpo.buffer import ReplayBuffer
-from apps.grpo.faults import ReplicaFaults, TrainerFaults
+from apps.grpo.faults import BufferFaults, ReplicaFaults, TrainerFaults
 from apps.grpo.generator import TorchGenerator, VLLMGenerator
 from apps.grpo.reference import ReferenceModel
 from apps.grpo.reward import RewardActor
@@ -71,7 +71,7 @@ async def spawn_actors(args: argparse.Namespace, generator_cls: type, model_dir:
                                     args.kl_beta, weights_dir, TrainerFaults.from_args(args)),
         reference=ref_procs.spawn("reference", ReferenceModel, model_dir),
         reward=reward_procs.spawn("reward", RewardActor),
-        buffer=buffer_procs.spawn("buffer", ReplayBuffer, args.seed),
+        buffer=buffer_procs.spawn("buffer", ReplayBuffer, args.seed, 4096, BufferFaults.from_args(args)),
         weights_dir=weights_dir,
     )
     with record_span("startup"):

@@ -157,6 +157,26 @@ def test_doctor_names_the_slowed_rank(dp_run):
 
 
 @needs_titan
+def test_why_credits_the_collective_wait_to_the_slowed_rank(dp_run):
+    """Rank 0 waits for rank 1 in TorchTitan's all-reduces (no span of ours around them): the
+    slowest steps' critical path runs through rank 1's slowed data loading, never through rank
+    0's own spans (`why --slowest 3` blamed rank 0's train_step / forward_backward, with rank 1
+    at 0 s on the path)."""
+    run_dir, _ = dp_run
+    res = subprocess.run([sys.executable, "-m", "forge_obs.cli", "why", str(run_dir), "--slowest", "3", "--json"],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": CHILD_PATH})
+    assert res.returncode == 0, res.stderr
+    steps = json.loads(res.stdout)["steps"]
+    assert len(steps) == 3
+    for r in steps:
+        c = r["cause"]
+        assert (c["mesh"], c["rank"], c["name"]) == ("trainer", 1, "data_loading"), r["answer"]
+        assert c["path_s"] >= 1.0, r["answer"]  # the injected 1.5 s per step, from the moment rank 0 waited
+        on_r1 = sum(a["path_s"] for a in r["stages"] if a["rank"] == 1)
+        assert on_r1 >= 0.6 * r["duration_s"], r["stages"]
+
+
+@needs_titan
 def test_pp2_real_loss_on_rank0_console(pp_run):
     run_dir, out = pp_run
     fo = assert_equal_to_titan(run_dir, out, PP_STEPS)

@@ -474,7 +474,7 @@ register_backend("test_failing_init", FailingInit)
 @pytest.mark.parametrize(
     "config, message",
     [
-        ({"consle": {}}, "Unknown logger backend type: 'consle'; valid: alerts, console, index, jsonl"),
+        ({"consle": {}}, "Unknown logger backend type: 'consle'; valid: alerts, console, critical_path, index, jsonl"),
         ({"console": {"logging_mode": "global"}}, "valid: global_reduce, per_rank_reduce, per_rank_no_reduce"),
         ({"test_failing_init": {}}, "backend 'test_failing_init' failed to initialise"),
         ({"run": {"dir": "x"}}, "valid: id, root"),

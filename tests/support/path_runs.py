@@ -49,23 +49,35 @@ class Proc:
         return lane
 
     def span(self, name: str, start_s: float, dur_s: float, step: int | None = None, lane: int = 0,
-             flow: str | None = None) -> float:
-        """A finished span; returns its end (s)."""
+             flow: str | None = None, link: str | None = None) -> float:
+        """A finished span (``link``: opened while a linked endpoint call was handled, see
+        :meth:`call`); returns its end (s)."""
         ts = int(round(start_s * US)) + self.skew
         rec = [ts, int(round(dur_s * US)), self._lane(lane), self._nid(name), step]
-        if flow is not None:
-            rec.append({"f": flow})
+        ex = {**({"f": flow} if flow is not None else {}), **({"p": link} if link is not None else {})}
+        if ex:
+            rec.append(ex)
         self.lines.append(rec)
         self.end = max(self.end, ts + rec[1])
         return start_s + dur_s
 
-    def open(self, name: str, start_s: float, step: int | None = None, lane: int = 0, flow: str | None = None) -> None:
-        """A span that never ends (a hang): written as a "begun" record."""
+    def open(self, name: str, start_s: float, step: int | None = None, lane: int = 0, flow: str | None = None,
+             link: str | None = None) -> None:
+        """A span that never ends (a hang, or its process died): written as a "begun" record."""
         self.sid += 1
-        rec = ["B", self.sid, int(round(start_s * US)) + self.skew, self._lane(lane), self._nid(name), step]
-        if flow is not None:
-            rec.append({"f": flow})
+        ts = int(round(start_s * US)) + self.skew
+        rec = ["B", self.sid, ts, self._lane(lane), self._nid(name), step]
+        ex = {**({"f": flow} if flow is not None else {}), **({"p": link} if link is not None else {})}
+        if ex:
+            rec.append(ex)
         self.lines.append(rec)
+        self.end = max(self.end, ts)
+
+    def call(self, at_s: float, link: str, step: int | None = None, lane: int = 0) -> None:
+        """An endpoint call sent under the span open on ``lane`` at ``at_s``: the callee's
+        top-level spans of that call carry ``link``."""
+        ts = int(round(at_s * US)) + self.skew
+        self.lines.append(["I", ts, self._lane(lane), self._nid("call"), step, {"p": link}])
 
     def step(self, at_s: float, step: int) -> None:
         self.lines.append(["S", int(round(at_s * US)) + self.skew, self._lane(0), step])
@@ -79,7 +91,8 @@ class Proc:
 def grpo_run(run_dir: "str | Path", steps: int = 12, *, slow_replica: tuple | None = None,
              slow_rank: tuple | None = None, slow_sync_s: float = 0.0, slow_sample: tuple | None = None,
              starved: tuple | None = None, hang: tuple | None = None, trainer_host: str = "node0",
-             trainer_skew_s: float = 0.0, slow_from: int = 0, carried_sync_s: float = 0.0) -> Path:
+             trainer_skew_s: float = 0.0, slow_from: int = 0, carried_sync_s: float = 0.0,
+             unspanned_s: float = 0.0, span_after_gap: bool = False, busy_sample_s: float = 0.0) -> Path:
     """Writes the run; every fault applies from step ``slow_from`` on.
 
     ``slow_replica=(i, s)``: replica i's ``generate`` takes s; ``slow_rank=(r, s)``: trainer rank r's
@@ -91,7 +104,10 @@ def grpo_run(run_dir: "str | Path", steps: int = 12, *, slow_replica: tuple | No
     ``trainer_host``/``trainer_skew_s``: the trainer runs on another host whose clock is ahead;
     ``carried_sync_s``: the replica's ``weights_load`` of the policy just published starts 1.5 ms
     before the step (right after the previous step's publish) and the rollout's ``generate``
-    waits for it.
+    waits for it; ``unspanned_s``: the replica that serves the step's rollout works that long
+    after its ``generate`` without a span before it replies (``span_after_gap``: then records a
+    ``detokenize`` span of 2 ms before it replies); ``busy_sample_s``: the buffer's first (failed)
+    ``buffer_sample`` blocks the buffer that long, and the rollout's ``buffer_add`` waits behind it.
     """
     run_dir = Path(run_dir)
     ev = run_dir / "events"
@@ -111,7 +127,7 @@ def grpo_run(run_dir: "str | Path", steps: int = 12, *, slow_replica: tuple | No
             p.step(t, n)
         i = n % 2
         flow = f"rollout-{n}"
-        c = buf.span("buffer_sample", t + 0.001, 0.002, n)  # nothing new yet
+        c = buf.span("buffer_sample", t + 0.001, busy_sample_s if busy_sample_s and on else 0.002, n)  # nothing new yet
         g0 = t + 0.002
         if slow_sync_s and on:
             g0 = gens[i].span("weights_load", t + 0.002, slow_sync_s, n, lane=1, flow=f"policy-v{n}") + 0.001
@@ -122,9 +138,13 @@ def grpo_run(run_dir: "str | Path", steps: int = 12, *, slow_replica: tuple | No
         gen_s = slow_replica[1] if slow_replica and slow_replica[0] == i and on else 0.1
         e = gens[i].span("generate", g0, gen_s, n, lane=2, flow=flow)
         gens[i].span("tokenize", g0 + 0.001, 0.002, n, lane=2)
+        if unspanned_s and on:
+            e += unspanned_s
+            if span_after_gap:
+                e = gens[i].span("detokenize", e, 0.002, n, lane=2, flow=flow)
         e = reward.span("reward", e + 0.001, 0.01, n, flow=flow)
         e = ref.span("reference_logprobs", e + 0.001, 0.02, n, flow=flow)
-        e = buf.span("buffer_add", e + 0.001, 0.005, n, flow=flow)
+        e = buf.span("buffer_add", max(e + 0.001, c + 0.0002), 0.005, n, flow=flow)
         sample_s = slow_sample[0] if slow_sample and on else 0.003
         e = buf.span("buffer_sample", max(e, c) + 0.001, sample_s, n) + 0.0005
         ctl.span("wait_for_batch", t, e - t, n)

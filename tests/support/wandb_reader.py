@@ -141,3 +141,48 @@ def find_run_file(wandb_dir: "str | Path", run_id: str) -> Path:
     if not hits:
         raise FileNotFoundError(f"no run-{run_id}.wandb under {wandb_dir}: {find_run_files(wandb_dir)}")
     return hits[-1]
+
+
+def run_files_dir(run_file: "str | Path") -> Path:
+    """The offline run's ``files/`` folder (its media, tables among them), beside its ``.wandb`` file."""
+    return Path(run_file).parent / "files"
+
+
+def _table_rows(files: Path, ref: Any) -> list[dict]:
+    """The rows of the table file a history or summary value refers to (``{"path": ...}``)."""
+    path = ref.get("path") if isinstance(ref, dict) else None
+    if not path or not (files / path).is_file():
+        return []
+    data = json.loads((files / path).read_text())
+    return [dict(zip(data["columns"], row)) for row in data["data"]]
+
+
+def _refs(flat: dict) -> dict[str, dict]:
+    """``key -> {field: value}`` of the table values in a row: flattened (``key/path``,
+    ``key/_type``: history) or nested (``key: {"_type", "path"}``: the summary)."""
+    out: dict[str, dict] = {}
+    for k, v in flat.items():
+        if isinstance(v, dict) and "path" in v:
+            out[k] = v
+            continue
+        key, _, fld = k.rpartition("/")
+        if key and fld in ("path", "_type"):
+            out.setdefault(key, {})[fld] = v
+    return {k: v for k, v in out.items() if "table" in str(v.get("_type", ""))}
+
+
+def tables(run: OfflineRun) -> dict[str, list[dict]]:
+    """Every table the run logged, by key, as row dicts: a table logged at several steps gives
+    the rows of each (an incremental table's parts hold only their new rows, so its whole table
+    is their union), and a table in the summary (``summary:<key>``) its rows."""
+    files = run_files_dir(run.path)
+    out: dict[str, list[dict]] = {}
+    seen: set = set()
+    for row in run.history:
+        for key, ref in _refs(row).items():
+            if ref["path"] not in seen:
+                seen.add(ref["path"])
+                out.setdefault(key, []).extend(_table_rows(files, ref))
+    for key, ref in _refs(run.summary).items():
+        out[f"summary:{key}"] = _table_rows(files, ref)
+    return out

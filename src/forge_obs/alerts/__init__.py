@@ -11,6 +11,7 @@ docs/alerts.md). Nothing here imports Monarch or torch.
 
 from forge_obs.core.lazy import lazy_exports
 
-__all__ = ["AlertsBackend", "AlertsConfig"]
-_EXPORTS = {"AlertsBackend": "forge_obs.alerts.backend", "AlertsConfig": "forge_obs.alerts.config"}
+__all__ = ["AlertsBackend", "AlertsConfig", "CriticalPathBackend", "CriticalPathOptions"]
+_EXPORTS = {"AlertsBackend": "forge_obs.alerts.backend", "AlertsConfig": "forge_obs.alerts.config",
+            "CriticalPathBackend": "forge_obs.alerts.path_metrics", "CriticalPathOptions": "forge_obs.alerts.path_metrics"}
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__, globals())

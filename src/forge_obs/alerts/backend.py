@@ -25,10 +25,12 @@ from statistics import median
 from typing import Any
 
 from forge_obs.alerts.config import AlertsConfig
-from forge_obs.alerts.sinks import Dispatcher, FileSink, console_sink, find_wandb_run, post_json, wandb_alert
+from forge_obs.alerts.sinks import (FINAL_FINDINGS_KEY, FINDINGS_KEY, Dispatcher, FileSink, alert_row, console_sink,
+                                    find_wandb_run, finding_row, post_json, wandb_alert)
 from forge_obs.analysis.doctor.subjects import Identities
 from forge_obs.analysis.doctor.rules import Event, StepView, build_rules
 from forge_obs.backends.base import LoggerBackend
+from forge_obs.backends.late import LATE, LateValues
 from forge_obs.backends.record import StepRecord
 from forge_obs.core.run import path_in_run
 from forge_obs.core.selfobs import SELF_OBS
@@ -45,6 +47,15 @@ _ROOT_RULES = ("missing_ranks", "quiet_rank", "nonfinite", "straggler", "sync_bo
 _SYMPTOM_RULES = ("throughput_drop", "slowdown")
 #: alerts about time that cite the critical path of their slowest step (when the run has a timeline)
 _PATH_RULES = ("slowdown", "straggler", "sync_bottleneck", "throughput_drop")
+#: the backends that write the final doctor's findings (after the last step)
+_FINAL_READERS = ("wandb", "tensorboard")
+#: seconds the final doctor waits for the processes' timeline writers' last pass
+_WRITER_PASS_S = 1.0
+
+
+def _finding_stage(f: Any) -> "str | None":
+    d = f.details or {}
+    return d.get("span") or d.get("name") or d.get("key")
 
 
 class AlertsBackend(LoggerBackend):
@@ -81,6 +92,7 @@ class AlertsBackend(LoggerBackend):
         self._watchdog: threading.Thread | None = None
         self.run_id = ""
         self.run_dir: Any = None  # the run directory (its events/ is read when an alert cites the path)
+        self._final = False  # the final doctor runs at finish (a backend reads its findings)
 
     # ------------------------------------------------------------------ lifecycle
     def init(self, run=None, **kwargs: Any) -> None:
@@ -106,6 +118,10 @@ class AlertsBackend(LoggerBackend):
         if "stall" not in s.disable:
             self._watchdog = threading.Thread(target=self._watch, name="forge_obs-alerts-watchdog", daemon=True)
             self._watchdog.start()
+        self._final = bool(s.final_doctor and self.run_dir is not None
+                           and any(k in (getattr(run, "config", None) or {}) for k in _FINAL_READERS))
+        if self._final:
+            LATE.expect(self.run_id, "alerts")
 
     def finish(self) -> None:
         self._stop.set()
@@ -115,6 +131,26 @@ class AlertsBackend(LoggerBackend):
             self._dispatch.close(2 * self.settings.webhook_timeout_s + 1.0)
         if self._file is not None:
             self._file.close()
+        if self._final:
+            LATE.hand(self.run_id, "alerts", self._final_findings())
+
+    def _final_findings(self) -> LateValues:
+        """``forge-obs doctor`` on the run as it ends (after the timeline writers' last pass): its
+        findings as rows, for the run's summary in W&B and as text in TensorBoard."""
+        time.sleep(_WRITER_PASS_S)
+        try:
+            from forge_obs.analysis.doctor import diagnose_run
+
+            found = diagnose_run(self.run_dir, config=self.settings.doctor).findings
+        except Exception as e:  # noqa: BLE001 - the live rows stand; the run ends anyway
+            logger.warning("forge_obs: alerts: the final doctor failed: %r", e)
+            return LateValues()
+        rows = [finding_row("final", f.kind, {"where": f.where, "mesh": f.mesh, "actor": f.actor, "rank": f.rank,
+                                              "replica": f.replica}, list(f.steps), _finding_stage(f), f.message,
+                            self.run_dir, (f.critical_path or {}).get("worst_step")) for f in found]
+        culprits = "; ".join(f"{r['rule']}: {r['culprit']}" for r in rows) or "none"
+        return LateValues(summary={FINAL_FINDINGS_KEY: rows, "doctor/findings_count": len(rows),
+                                   "doctor/culprits": culprits})
 
     # ------------------------------------------------------------------ steps
     def log_step(self, record: StepRecord) -> None:
@@ -204,6 +240,8 @@ class AlertsBackend(LoggerBackend):
         follower = e.key in self._followers
         if follower and e.state != "firing":
             self._followers.discard(e.key)
+        if not follower:  # a row of the findings table (W&B: one table over the run)
+            record_metric(FINDINGS_KEY, alert_row(alert, self.run_dir), Reduce.SAMPLE)
         self._send(alert, file_only=follower)
 
     def _send(self, alert: dict, file_only: bool = False) -> None:

@@ -53,10 +53,13 @@ class AlertsConfig:
     webhook_timeout_s: float = 5.0
     #: the file sink's file, a relative path inside the run directory
     file_name: str = "alerts.jsonl"
+    #: at shutdown, run ``forge-obs doctor`` on the run and hand its findings to W&B (a table in
+    #: the run's summary) and TensorBoard (text)
+    final_doctor: bool = True
     doctor: DoctorConfig = field(default_factory=DoctorConfig)
 
     OWN_KEYS = ("sinks", "callback", "webhook", "rules", "disable", "stall_s", "stall_factor", "stall_floor_s",
-                "queue_size", "webhook_timeout_s", "file_name")
+                "queue_size", "webhook_timeout_s", "file_name", "final_doctor")
 
     @classmethod
     def valid_keys(cls) -> list[str]:
@@ -83,6 +86,9 @@ class AlertsConfig:
         out._parse_numbers(cfg)
         if cfg.get("file_name") is not None:
             out.file_name = check_run_path(cfg["file_name"], "alerts: file_name")
+        if not isinstance(cfg.get("final_doctor", True), bool):
+            raise ValueError(f"alerts: final_doctor must be true or false, got {redacted_repr(cfg['final_doctor'])}")
+        out.final_doctor = cfg.get("final_doctor", True)
         with redacted_errors():  # the doctor's checks quote the value
             out.doctor = DoctorConfig.from_dict({k: v for k, v in cfg.items() if k in DoctorConfig.names()})
         return out

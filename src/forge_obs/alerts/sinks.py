@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from forge_obs.core.safe import write_line
+from forge_obs.core.shell import printed_command
 from forge_obs.core.warn import RateLimitedWarner
 
 __all__ = [
@@ -32,7 +33,16 @@ __all__ = [
     "wandb_alert",
     "post_json",
     "Dispatcher",
+    "FINDINGS_KEY",
+    "FINAL_FINDINGS_KEY",
+    "finding_row",
+    "alert_row",
 ]
+
+#: the live findings (a row per alert, firing and resolved: one table over the run in W&B)
+FINDINGS_KEY = "doctor/findings"
+#: the final doctor's findings, at shutdown (the run's summary)
+FINAL_FINDINGS_KEY = "doctor/final_findings"
 
 logger = logging.getLogger("forge_obs")
 WARNER = RateLimitedWarner(interval_s=60.0)
@@ -93,6 +103,49 @@ def wandb_alert(run: Any, alert: dict) -> None:
     firing = alert["state"] == "firing"
     title = f"{'FIRING' if firing else 'resolved'} {alert['rule']} {alert.get('where') or ''}"[:63]
     run.alert(title=title, text=console_line(alert), level="WARN" if firing else "INFO", wait_duration=1)
+
+
+def _stage(details: dict, path: "dict | None", mesh: Any, rank: Any) -> "str | None":
+    """The stage a finding is about: the span its evidence names, else the one its critical-path
+    citation names on the same rank, else its metric's key (``span/<name>/duration_s`` -> name)."""
+    if details.get("span"):
+        return str(details["span"])
+    cause = (path or {}).get("cause") or {}
+    if cause.get("name") and cause.get("mesh") == mesh and cause.get("rank") == rank:
+        return str(cause["name"])
+    key = details.get("key")
+    if isinstance(key, str) and key.startswith("span/") and key.endswith("/duration_s"):
+        return key[len("span/"):-len("/duration_s")]
+    return str(key) if key else None
+
+
+def finding_row(state: str, kind: str, where: dict, steps: list, stage: "str | None", evidence: str, run_dir: Any,
+                why_step: "int | None" = None) -> dict:
+    """One findings row: the step range, the culprit (mesh, actor, rank, replica, stage), the
+    evidence and the ``forge-obs why`` / ``trace`` commands that show it."""
+    first, last = (steps[0], steps[-1]) if steps else (None, None)
+    culprit = " ".join(x for x in (where.get("where") or where.get("mesh") or "", stage or "") if x)
+    row = {"state": state, "rule": kind, "culprit": culprit, "mesh": where.get("mesh"), "actor": where.get("actor"),
+           "rank": where.get("rank"), "replica": where.get("replica"), "stage": stage,
+           "steps": "" if first is None else (f"{first}" if first == last else f"{first}..{last}"),
+           "first_step": first, "last_step": last, "evidence": evidence}
+    if run_dir is not None:
+        at = why_step if why_step is not None else last
+        row["why"] = printed_command("why", run_dir, "--step", at) if at is not None else printed_command("why", run_dir)
+        row["trace"] = printed_command("trace", run_dir, *(["--steps", f"{first}:{last}"] if first is not None else []),
+                                       "--critical-path", "--open")
+    return row
+
+
+def alert_row(alert: dict, run_dir: Any) -> dict:
+    """A live alert (firing or resolved) as a findings row."""
+    details = alert.get("details") or {}
+    path = alert.get("critical_path")
+    stage = _stage(details, path, alert.get("mesh"), alert.get("rank"))
+    steps = [alert.get("onset_step"), alert.get("last_step") if alert.get("last_step") is not None else alert.get("step")]
+    steps = [s for s in steps if s is not None]
+    return finding_row(alert.get("state", "firing"), alert.get("rule", ""), alert, steps, stage,
+                       alert.get("message", ""), run_dir, (path or {}).get("step"))
 
 
 def post_json(url: str, alert: dict, timeout_s: float) -> int:

@@ -391,6 +391,7 @@ _BACKENDS: dict[str, "type[LoggerBackend] | str"] = {
     "wandb": "forge_obs.backends.wandb:WandbBackend",
     "tensorboard": "forge_obs.backends.tensorboard:TensorBoardBackend",
     "alerts": "forge_obs.alerts.backend:AlertsBackend",
+    "critical_path": "forge_obs.alerts.path_metrics:CriticalPathBackend",
     "index": "forge_obs.analysis.index.live:IndexBackend",
 }
 

@@ -47,7 +47,8 @@ terminal or fake a line.
 
 Config: ``logging_mode`` (default ``global_reduce``), ``compact`` (one block of lines per step,
 one line per group, and one per rank in per-rank modes), ``every`` (print every N-th step;
-default 1), ``include`` (key prefixes to show; default all), ``units``, ``show_obs`` (default
+default 1), ``include`` (key prefixes to show; default all but ``critical_path/`` and ``doctor/``,
+shown when named), ``units``, ``show_obs`` (default
 False: the ``obs/…`` self-metrics go to the JSONL store but not the console), ``width`` (compact
 line width, default 120), ``stream`` (``stdout``/``stderr``), ``values`` (default ``"rich"``: a
 distribution on one line; ``"scalar"``: as ``key/p50``, ...), ``per_rank_share_run``
@@ -72,6 +73,7 @@ from forge_obs.core.safe import printable, safe_str, write_line
 from forge_obs.core.types import Metric
 
 __all__ = [
+    "ASKED_ONLY",
     "WIDTH",
     "ConsoleOptions",
     "format_block",
@@ -80,6 +82,8 @@ __all__ = [
 ]
 
 WIDTH = 120
+#: key prefixes printed only when ``include`` names them (what other backends derive per step)
+ASKED_ONLY = ("critical_path/", "doctor/")
 
 
 @dataclass
@@ -212,6 +216,8 @@ class ConsoleBackend(LoggerBackend):
         out = [m for m in metrics if show_obs or not m.key.startswith("obs/")]
         if self.include:
             out = [m for m in out if any(m.key.startswith(p) for p in self.include)]
+        else:  # the critical path's and the findings' keys print when ``include`` names them
+            out = [m for m in out if not m.key.startswith(ASKED_ONLY)]
         return out
 
     @awaitable

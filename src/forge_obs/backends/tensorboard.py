@@ -13,7 +13,10 @@
 - ``per_rank_no_reduce``: raw values as scalars with their own timestamps, tagged by rank, and,
   for distribution metrics, a histogram per step of all raw values across ranks (``key``).
 - ``step_metrics`` (as for W&B): ``{"generator/": "policy_version"}`` plots ``generator/…`` with
-  ``step = policy_version`` (when the step's values contain it) instead of the trainer step.
+  ``step = policy_version`` (when the step's values contain it) instead of the trainer step;
+  ``critical_path/…`` is plotted at ``critical_path/step`` (the step it describes) by default.
+- Text values (strings, row tables) are text; what other backends work out after the last step
+  (:mod:`forge_obs.backends.late`) is written at ``finish``.
 
 Config: ``logging_mode``, ``log_dir`` (default ``tb``: a relative path inside the run directory;
 an absolute one or one with ``..`` raises at ``init_backends``), ``step_metrics``,
@@ -25,12 +28,15 @@ they arrive, under their rank's predicted step (its last flushed step + 1); thei
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable, write_each
+from forge_obs.backends.late import LATE, PATH_PREFIX, PATH_STEP_KEY, WAIT_S
 from forge_obs.backends.record import StepRecord
 from forge_obs.backends.wandb import rank_key
 from forge_obs.core.options import parse_options
@@ -41,6 +47,8 @@ from forge_obs.core.safe import is_number, safe_str
 from forge_obs.core.types import LoggingMode
 
 __all__ = ["DIST", "TensorBoardOptions", "TensorBoardBackend"]
+
+logger = logging.getLogger("forge_obs")
 
 DIST = "distribution"
 
@@ -105,7 +113,8 @@ class TensorBoardBackend(LoggerBackend):
     def __init__(self, logger_backend_config: dict[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(logger_backend_config, **kwargs)
         self.options = parse_options(TensorBoardOptions, "tensorboard backend", self.config)
-        self.step_metrics: dict[str, str] = self.options.step_metrics
+        # the critical path of step M is known after step M was logged: its keys are written at step M
+        self.step_metrics: dict[str, str] = {PATH_PREFIX: PATH_STEP_KEY, **self.options.step_metrics}
         self.histograms = self.options.histograms
         try:
             from torch.utils.tensorboard import SummaryWriter  # noqa: F401
@@ -113,6 +122,7 @@ class TensorBoardBackend(LoggerBackend):
             raise ValueError("the 'tensorboard' backend needs tensorboard: pip install 'forge-obs[tensorboard]'") from e
         self.writer: Any = None
         self.log_dir: Path | None = None
+        self._last_step: int | None = None
         self._dist_keys: set[str] = set()  # distribution keys seen so far
         self._early: dict[str, list[float]] = {}  # histogram values streamed before their step's flush
 
@@ -153,6 +163,8 @@ class TensorBoardBackend(LoggerBackend):
                 arr = np.asarray([v for v in value if math.isfinite(v)], dtype=np.float64)
                 if arr.size:
                     w.add_histogram(tag, arr, step, walltime=wall)
+        elif isinstance(value, str) and texts:
+            w.add_text(tag, value, step, walltime=wall)
 
     def _hist_key(self, key: str, dist_keys: set[str]) -> bool:
         return key in dist_keys or any(_prefix_match(key, p) for p in self.histograms)
@@ -160,6 +172,7 @@ class TensorBoardBackend(LoggerBackend):
     def log_step(self, record: StepRecord) -> None:
         if self.writer is None:
             return
+        self._last_step = record.step if self._last_step is None else max(self._last_step, record.step)
         glob = record.global_dict()
         wall = record.wall_time
         if LoggingMode.GLOBAL_REDUCE in self.modes:
@@ -197,8 +210,28 @@ class TensorBoardBackend(LoggerBackend):
                     if self._hist_key(key, self._dist_keys) and math.isfinite(v):
                         self._early.setdefault(key, []).append(float(v))  # into the next step's histogram
 
+    def _log_late(self) -> None:
+        """What other backends worked out after the last step (:mod:`forge_obs.backends.late`):
+        the critical path of the last steps at their own steps, table rows and the run's summary
+        (the final findings) as text after the last step."""
+        run_id = self.run.run_id if self.run is not None else ""
+        if self.writer is None or not LATE.expects(run_id):
+            return
+        wall = time.time()
+        after = (self._last_step or 0) + 1
+        for late in LATE.take(run_id, "tensorboard", WAIT_S):
+            for m, values in late.rows:
+                for k, v in values.items():
+                    self._put(k, v, int(m) if k.startswith(PATH_PREFIX) else after, wall)
+            for key, rows in {**late.tables, **late.summary}.items():
+                self._put(key, rows, after, wall)
+
     @awaitable
     def finish(self) -> None:
+        try:
+            self._log_late()
+        except Exception as e:  # noqa: BLE001 - the writer is closed anyway
+            logger.error("forge_obs tensorboard: the values known after the last step were not written: %r", e)
         if self.writer is not None:
             self.writer.close()
             self.writer = None

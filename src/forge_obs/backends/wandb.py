@@ -32,6 +32,13 @@ What goes where:
   :func:`forge_obs.core.redact.redact` (the one redaction of every file forge_obs writes); a SAMPLE
   row's table was redacted where the row was recorded (:func:`forge_obs.core.plain.plain`).
 
+The dashboard's derived values (docs/backends.md): ``critical_path/*`` are plotted against
+``critical_path/step`` (the step they describe, known after it was logged: ``define_metric``);
+the rows of ``critical_path/slow_steps`` and ``doctor/findings`` are appended to one incremental
+table each; what other backends work out after the last step (:mod:`forge_obs.backends.late`:
+the last steps' critical path, the final doctor's findings) is written in rows after the last
+step and in the run's summary at ``finish``.
+
 Steps: W&B drops a write to a step below its current one. Steps arrive in order, but when one
 does not increase (a resumed job replaying a step, a user's non-monotonic flush) it is written at
 the next free W&B step, with ``trainer_step`` holding the true value, and a warning is logged once.
@@ -55,13 +62,14 @@ from pathlib import Path
 from typing import Any
 
 from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable, write_each
+from forge_obs.backends.late import LATE, PATH_PREFIX, PATH_STEP_KEY, TABLE_KEYS, WAIT_S
 from forge_obs.backends.record import StepRecord
 from forge_obs.core.options import parse_options
 from forge_obs.core.plain import plain
 from forge_obs.core.redact import redact, redact_text
 from forge_obs.core.run import check_run_path, path_in_run
 from forge_obs.core.safe import is_number, safe_str
-from forge_obs.core.types import BackendRole, LoggingMode
+from forge_obs.core.types import BackendRole, LoggingMode, Metric
 
 __all__ = [
     "PER_RANK_CHOICES",
@@ -145,6 +153,15 @@ def _text(v: Any) -> str:
     return redact_text(safe_str(v))
 
 
+def _columns(rows: list[dict]) -> list[str]:
+    cols: list[str] = []
+    for r in rows:
+        for c in r:
+            if c not in cols:
+                cols.append(c)
+    return cols
+
+
 def _cell(v: Any) -> Any:
     if v is None or isinstance(v, (str, int, float, bool)):
         return v
@@ -185,6 +202,8 @@ class WandbBackend(LoggerBackend):
         self._rank_runs: dict[str, Any] = {}
         self._raw_run: Any = None
         self._last_step: dict[str, int] = {}  # per W&B run: the last step written
+        self._tables: dict[str, Any] = {}  # key of TABLE_KEYS -> its incremental wandb.Table
+        self._run_key = ""  # the run id the late values are handed for
         self._warned_step = False
         self.steps_adjusted = 0
 
@@ -195,6 +214,7 @@ class WandbBackend(LoggerBackend):
         passes). forge_obs logs every rank from the controller, so a torchforge-style
         ``init(role=BackendRole.LOCAL)`` starts nothing."""
         self.run = run
+        self._run_key = run.run_id if run is not None else ""
         if role == BackendRole.LOCAL:
             logger.info("forge_obs wandb: init(role=LOCAL) starts no run (every rank is logged from the controller)")
             return
@@ -261,6 +281,9 @@ class WandbBackend(LoggerBackend):
     def _define_axes(wb: Any) -> None:
         for axis in AXIS_KEYS:
             wb.define_metric(axis)
+        # the critical path of step M is known after step M was logged: its keys carry M as their x-axis
+        wb.define_metric(PATH_STEP_KEY)
+        wb.define_metric(PATH_PREFIX + "*", step_metric=PATH_STEP_KEY)
 
     def _companion(self, suffix: str, name: str, job_type: str, stats: bool, config: dict | None = None) -> Any:
         wandb = self._wandb
@@ -313,11 +336,10 @@ class WandbBackend(LoggerBackend):
             if value and all(isinstance(r, dict) for r in value):
                 if not tables:
                     return
-                cols: list[str] = []
-                for r in value:
-                    for c in r:
-                        if c not in cols:
-                            cols.append(c)
+                if key in TABLE_KEYS:  # one table over the run: these rows are appended to it
+                    row[key] = self._append(key, value)
+                    return
+                cols = _columns(value)
                 row[key] = wandb.Table(columns=cols, data=[[_cell(r.get(c)) for c in cols] for r in value])
             elif value and all(is_number(v) for v in value):
                 finite = [v for v in value if math.isfinite(v)]
@@ -329,6 +351,16 @@ class WandbBackend(LoggerBackend):
                 self._put(row, f"{key}/{k}", v, tables)
         elif isinstance(value, str):
             row[key] = value
+
+    def _append(self, key: str, rows: list[dict]) -> Any:
+        """``rows`` appended to the run's incremental table of ``key`` (its columns: those of its
+        first rows; a later row's other columns are left out)."""
+        t = self._tables.get(key)
+        if t is None:
+            t = self._tables[key] = self._wandb.Table(columns=_columns(rows), log_mode="INCREMENTAL")
+        for r in rows:
+            t.add_data(*[_cell(r.get(c)) for c in t.columns])
+        return t
 
     def _put_each(self, row: dict[str, Any], metrics: list, label: str | None = None, tables: bool | None = None) -> None:
         """Each metric into ``row`` (under ``rank_key(label, key)`` when ``label``): one that
@@ -402,8 +434,37 @@ class WandbBackend(LoggerBackend):
         for label, step, rows in batch.entries:
             self.log_raw({label: rows}, step)
 
+    def _log_late(self) -> None:
+        """What other backends worked out after the last step (:mod:`forge_obs.backends.late`):
+        the critical path of the last steps, each in a row after the last step (on its own
+        ``critical_path/step`` axis), rows of the run's tables, and the run's summary (the final
+        findings)."""
+        if self.wb is None or not LATE.expects(self._run_key):
+            return
+        for late in LATE.take(self._run_key, "wandb", WAIT_S):
+            for _m, values in late.rows:
+                row: dict[str, Any] = {}
+                self._put_each(row, [Metric(k, v) for k, v in values.items()])
+                last = self._last_step.get("")
+                self.wb.log(row, step=self._next_step(0 if last is None else last + 1))
+            if late.tables:
+                row = {}
+                for key, rows in late.tables.items():
+                    self._put(row, key, rows)
+                last = self._last_step.get("")
+                self.wb.log(row, step=self._next_step(0 if last is None else last + 1))
+            for key, value in late.summary.items():
+                if isinstance(value, list) and value and all(isinstance(r, dict) for r in value):
+                    cols = _columns(value)
+                    value = self._wandb.Table(columns=cols, data=[[_cell(r.get(c)) for c in cols] for r in value])
+                self.wb.summary[key] = value
+
     @awaitable
     def finish(self) -> None:
+        try:
+            self._log_late()
+        except Exception as e:  # noqa: BLE001 - the run is finished anyway
+            logger.error("forge_obs wandb: the values known after the last step were not written: %r", e)
         runs = list(self._rank_runs.values()) + [self._raw_run, self.wb]
         self._rank_runs.clear()
         self._raw_run = None

@@ -53,27 +53,36 @@ def _indexed(settings: dict, index: bool) -> bool:
 
 
 def analyse(run: "str | Path | Graph", *, index: bool = True, first: "int | None" = None,
-            last: "int | None" = None, **settings: Any) -> list:
+            last: "int | None" = None, update: bool = True, **settings: Any) -> list:
     """Every controller step's result (path, stages, slack, cause, one-line answer), by step
     (``first`` / ``last``: only the steps in that range). From a run directory with the default
-    settings, read from the run's index (:mod:`forge_obs.analysis.index`); from a :class:`Graph`
-    (or with ``index=False``), computed."""
+    settings, read from the run's index (:mod:`forge_obs.analysis.index`; ``update=False``: as it
+    is, not brought up to date first); from a :class:`Graph` (or with ``index=False``), computed."""
     if not isinstance(run, Graph) and _indexed(settings, index):
         from forge_obs.analysis.index import open_index
         from forge_obs.analysis.index.answers import all_results
 
-        return all_results(open_index(run), first, last)
+        return all_results(open_index(run, update=update, warn=update), first, last)
     g = run if isinstance(run, Graph) else load(run)
     walker = Walker(g, _config(settings))
     busy = Busy(g, walker)
     results = [step_result(g, walker, busy, w) for w in g.windows]
-    med = medians(_fast(results))
+    fast = _fast(results)
+    med, fast_med = medians(fast), _median_duration(fast)
     for r in results:
-        answer(r, med)
+        answer(r, med, fast_med)
     if first is not None or last is not None:
         lo, hi = first if first is not None else -(1 << 62), last if last is not None else 1 << 62
         results = [r for r in results if lo <= r["step"] <= hi]
     return results
+
+
+def _median_duration(results: list) -> "float | None":
+    durs = sorted(r["duration_s"] for r in results)
+    if not durs:
+        return None
+    k = len(durs)
+    return durs[k // 2] if k % 2 else (durs[k // 2 - 1] + durs[k // 2]) / 2
 
 
 def _fast(results: list) -> list:
@@ -85,16 +94,18 @@ def _fast(results: list) -> list:
 
 
 def why(run_dir: "str | Path", steps: "Iterable[int] | None" = None, slowest: int | None = None, *,
-        index: bool = True, **settings: Any) -> dict:
+        index: bool = True, update: bool = True, **settings: Any) -> dict:
     """The critical path of the chosen steps: ``steps`` (ids), or the ``slowest`` K (unfinished
     steps first), or (neither) the slowest one. Each step's result also has ``compare``: what grew on its path against the
     fast half of the run's steps. ``settings``: fields of :class:`PathConfig`. With the default
-    settings the answers are lookups in the run's index (``index=False``: the run is walked)."""
+    settings the answers are lookups in the run's index (``index=False``: the run is walked;
+    ``update=False``: the index as it is, not brought up to date first)."""
     if _indexed(settings, index):
         from forge_obs.analysis.index import open_index
         from forge_obs.analysis.index.answers import why as indexed_why
 
-        return indexed_why(open_index(run_dir), None if steps is None else list(steps), slowest)
+        idx = open_index(run_dir, update=update, warn=update)
+        return indexed_why(idx, None if steps is None else list(steps), slowest)
     results = analyse(run_dir, index=False, **settings)
     by_step = {r["step"]: r for r in results}
     if steps is not None:
@@ -133,7 +144,8 @@ def explain(run_dir: "str | Path", first_step: int, last_step: int, history: int
         return None
     before = [r for r in results if r["step"] < first_step] or results
     r = max(inside, key=lambda r: r["duration_s"])
-    answer(r, medians(_fast(before)))
+    fast = _fast(before)
+    answer(r, medians(fast), _median_duration(fast))
     return r
 
 

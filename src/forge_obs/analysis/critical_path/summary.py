@@ -16,7 +16,7 @@ from forge_obs.analysis.critical_path.walk import Segment, Walker
 from forge_obs.analysis.doctor.subjects import replica_family
 
 __all__ = ["step_result", "stage_label", "answer", "compare", "compare_to", "medians", "cause", "idle_mesh", "total_by",
-           "Busy"]
+           "unexplained", "Busy", "MEDIAN_FLOOR_SHARE", "LITTLE_EXPLAINED"]
 
 
 def _who(st: Any, cache: "dict | None" = None) -> dict:
@@ -42,7 +42,7 @@ def _segments(path: list, walker: Walker) -> list:
                     "step": sp.step, "start_us": seg.start, "end_us": seg.end,
                     "duration_s": (seg.end - seg.start) / 1e6, "link": seg.link,
                     "controller": bool(sp.stream.header.get("ctl")) or sp.lane == -1, "wait": walker.is_wait(sp.name),
-                    "unfinished": sp.unfinished})
+                    "unfinished": sp.unfinished, "unexplained": seg.gap})
     return out
 
 
@@ -142,6 +142,42 @@ def step_result(g: Graph, walker: Walker, busy: Busy, w: Window) -> dict:
             "by_mesh": total_by(stages, "mesh"), "by_name": total_by(stages, "name"), "slack": _slack(busy, w, segs)}
 
 
+def _place(seg: dict) -> str:
+    return f"{seg['mesh']} `{seg['name']}` (rank {seg['rank']})"
+
+
+def unexplained(path: list) -> dict:
+    """The time on ``path`` that no span explains (segments marked ``unexplained``: a waiting
+    span's own time around what it awaited), and the stretch of it that is largest, grouped by
+    the spans it lies between: ``{"total_s", "top": {"duration_s", "between", "where"} | None}``.
+    ``where`` names the process when both neighbours are in one process."""
+    total = 0.0
+    groups: dict[tuple, list] = {}
+    for i, seg in enumerate(path):
+        if not seg.get("unexplained"):
+            continue
+        total += seg["duration_s"]
+        prev = next((p for p in reversed(path[:i]) if not p.get("unexplained")), None)
+        nxt = next((p for p in path[i + 1:] if not p.get("unexplained")), None)
+        key = tuple(None if x is None else (x["mesh"], x["rank"], x["host"], x["pid"], x["name"]) for x in (prev, nxt))
+        g = groups.setdefault(key, [0.0, prev, nxt])
+        g[0] += seg["duration_s"]
+    top = None
+    if groups:
+        dur, prev, nxt = max(groups.values(), key=lambda g: g[0])
+        same = prev is not None and nxt is not None and (prev["host"], prev["pid"]) == (nxt["host"], nxt["pid"])
+        if same:
+            where = f"in {prev['mesh']} (rank {prev['rank']}), between `{prev['name']}` and `{nxt['name']}`"
+        elif prev is not None and nxt is not None:
+            where = f"between {_place(prev)} and {_place(nxt)}"
+        else:
+            where = f"after {_place(prev)}" if prev is not None else f"before {_place(nxt)}" if nxt is not None \
+                else "in the step"
+        top = {"duration_s": dur, "where": where, "process": (prev["mesh"], prev["rank"]) if same else None,
+               "between": [None if x is None else {k: x[k] for k in ("mesh", "actor", "rank", "name")} for x in (prev, nxt)]}
+    return {"total_s": total, "top": top}
+
+
 def cause(r: dict) -> dict | None:
     """The stage the step waited on: the largest that is neither a wait nor the step span's own
     time, else the largest that is not a wait, else the largest."""
@@ -157,31 +193,79 @@ def _key(a: dict) -> tuple:
     return (a["mesh"], a["actor"], a["rank"], a["name"])
 
 
-def answer(r: dict, medians: dict) -> None:
-    """Adds ``cause``, ``idle`` and ``answer`` (the one line) to step result ``r``. ``medians``:
-    :func:`medians` of the run's fast steps."""
-    c = cause(r)
-    line = f"step {r['step']}: {r['duration_s']:.3f} s"
-    if r["unfinished"]:
-        line += " (unfinished)"
-    if c is None:
-        r["cause"], r["idle"], r["answer"] = None, None, line + ", no span on its path"
-        return
+#: a stage whose median time on the path in the fast steps is under this share of their median
+#: duration was not really on their path: no ratio is given against it (a ratio to a near-zero
+#: median is no measure)
+MEDIAN_FLOOR_SHARE = 0.05
+#: a stage at least this many times its median grew (an answer led by unexplained time names it too)
+GREW = 1.5
+#: under this share of the step, an answer says plainly that its spans explain little of it
+LITTLE_EXPLAINED = 0.5
+
+
+def _against_median(c: dict, medians: dict, fast_median_s: "float | None") -> dict:
+    """``c`` with ``median_path_s`` (its median time on the path in the fast steps: the same
+    stage, else the same span name in its mesh, else in its replica family), ``ratio_to_median``
+    (None when that median is under :data:`MEDIAN_FLOOR_SHARE` of the fast steps' median
+    duration) and ``excess_s``."""
     med = next((medians[k][0] for k in (_key(c), (c["mesh"], None, None, c["name"]),
                                         (replica_family(c["mesh"]), None, None, c["name"])) if k in medians), 0.0)
-    c = dict(c, median_path_s=med, ratio_to_median=(c["path_s"] / med) if med > 0 else None)
+    floor = MEDIAN_FLOOR_SHARE * fast_median_s if fast_median_s else 0.0
+    ratio = c["path_s"] / med if med > 0 and med >= floor else None
+    return dict(c, median_path_s=med, ratio_to_median=ratio, excess_s=c["path_s"] - med)
+
+
+def _stage_text(r: dict, c: dict) -> str:
     verb = "in" if c["controller"] else "waiting on"
-    line += f", {c['path_s']:.3f} s ({100 * c['share']:.0f} %) {verb} {stage_label(c)}"
+    text = f"{c['path_s']:.3f} s ({100 * c['share']:.0f} %) {verb} {stage_label(c)}"
     if c["unfinished"]:
-        line += " (unfinished: still running at the end of the data)"
-    elif c["ratio_to_median"] is not None:
-        line += f", {c['ratio_to_median']:.1f}x its median in the fast steps"
+        last = r["path"][-1] if r.get("path") else None
+        if last is not None and last["unfinished"]:
+            return text + " (unfinished: still running at the end of the data)"
+        return text + " (unfinished: it never ended; the step went on without it: its process died or hung)"
+    if c["ratio_to_median"] is not None:
+        return text + f", {c['ratio_to_median']:.1f}x its median in the fast steps"
+    if c["median_path_s"] > 0:
+        return text + f", +{c['excess_s']:.3f} s over the fast steps (median {c['median_path_s']:.3f} s on their path)"
+    return text + ", never on the path in the fast steps"
+
+
+def answer(r: dict, medians: dict, fast_median_s: "float | None" = None) -> None:
+    """Adds ``cause``, ``idle``, ``unexplained``, ``explained`` and ``answer`` (the one line) to
+    step result ``r``. ``medians``: :func:`medians` of the run's fast steps, whose median
+    duration is ``fast_median_s``. The line leads with the largest stretch no span explains
+    when it is longer than the largest stage, and always says how much of the step the spans
+    explain (``unexplained["leads"]``: the line leads with it)."""
+    c = cause(r)
+    u = unexplained(r.get("path") or [])
+    dur = r["duration_s"]
+    r["unexplained"] = u
+    r["explained"] = max(0.0, 1.0 - u["total_s"] / dur) if dur > 0 else 1.0
+    line = f"step {r['step']}: {dur:.3f} s" + (" (unfinished)" if r["unfinished"] else "")
+    top = u["top"]
+    if c is not None:
+        c = _against_median(c, medians, fast_median_s)
+    u["leads"] = top is not None and (c is None or top["duration_s"] > c["path_s"])
+    if u["leads"]:
+        pct = 100 * top["duration_s"] / dur if dur > 0 else 0.0
+        line += f", {top['duration_s']:.3f} s ({pct:.0f} %) unexplained {top['where']}: no span covers it"
+        if c is not None and (c["unfinished"] or c["ratio_to_median"] is None or c["ratio_to_median"] >= GREW):
+            line += f"; the largest stage: {_stage_text(r, c)}"  # only a stage that changed
+    elif c is not None:
+        line += ", " + _stage_text(r, c)
     else:
-        line += ", never on the path in the fast steps"
-    idle = idle_mesh(r, c["mesh"])
+        line += ", no span on its path"
+    idle = idle_mesh(r, c["mesh"]) if c is not None else None
     if idle is not None:
         line += f"; {idle['mesh']} idle {idle['idle_s']:.3f} s"
-    r["cause"], r["idle"], r["answer"] = c, idle, line
+    r["cause"], r["idle"], r["answer"] = c, idle, line + _explained_text(r["explained"])
+
+
+def _explained_text(frac: float) -> str:
+    if frac < LITTLE_EXPLAINED:
+        return (f"; its spans explain only {100 * frac:.0f} % of the step (the rest is time no span covers: "
+                "work outside spans, or waits the timeline cannot see)")
+    return f"; its spans explain {100 * frac:.0f} % of the step"
 
 
 def idle_mesh(r: dict, skip: str) -> dict | None:

@@ -20,7 +20,17 @@ Among spans of one mesh that finished together (a collective: every rank leaves 
 at once), the one that spent least in waits (``wait_spans``) is on the path: the straggler the
 others waited for. A wait span on the path (``grad_allreduce``) is on it only from the moment
 the last rank of its mesh entered the same span; before that, the path runs through what that
-last rank did (link ``collective``).
+last rank did (link ``collective``). A collective without a wait span is found the same way on
+the ranks of a mesh that compute (not a controller): a span whose peers of the same name ended
+with it, one of them having started later, waited inside for that peer; a stretch of a span's own
+time between its children, during which a peer's span ended, waited for that peer (the last to
+arrive). Either way the path goes on through the rank that entered last.
+
+A dependency that never ended (a span left open: its process died or hangs) is on the path up
+to where its waiter resumed (or the step ended), marked unfinished: what the waiter waited on.
+A dependency whose process was busy, until it began, with a span of another request (its last
+span, which ended at most ``tie_s`` or a quarter of its duration before) waited for that span
+(link ``queued``: a blocked event loop, an actor's mailbox).
 
 Clocks: a dependency on another host may appear to end after the span that awaited it (the
 clock offsets are one-way estimates). Causality wins: the dependency is placed to end where the
@@ -64,12 +74,15 @@ class PathConfig:
 @dataclass(slots=True)
 class Segment:
     """``[start, end]`` (µs, in causal order) of the path spent in ``span`` itself; ``link``:
-    how the walk reached ``span`` (``root``, ``nested``, ``call``, ``flow``, ``inferred``, ``collective``)."""
+    how the walk reached ``span`` (``root``, ``nested``, ``call``, ``flow``, ``inferred``, ``collective``);
+    ``gap``: time no span explains (a waiting span's own time around the dependencies it
+    awaited: work outside any span, or a message in transit)."""
 
     span: Span
     start: int
     end: int
     link: str
+    gap: bool = False
 
 
 class Walker:
@@ -81,6 +94,7 @@ class Walker:
         self.tie = int(self.cfg.tie_s * 1e6)
         self.used: set = set()
         self._names: dict | None = None
+        self._peer_index: tuple | None = None
         self.win_lo = 0  # the start of the step being walked
         self.root: Span | None = None  # its root
         self._wait_names: dict[str, bool] = {}
@@ -106,35 +120,90 @@ class Walker:
         if node.parent is not None and self.is_wait(node.name):
             if self._collective(node, lo, hi, shift, link, out, anc):
                 return
+        elif node is not self.root and self._computes(node):
+            last = self._entered_last(node, hi)
+            if last is not None:
+                t = self._through_peer(node, last, lo, hi, shift, link, out, anc, joined=True)
+                if t > lo:
+                    out.append(Segment(node, lo, t, link))
+                return
         exact = self._exact(node, lo, hi, shift)
-        t, chain = hi, None
+        t, chain, after = hi, None, None
+        waits = self.g.awaits(node) or self.is_wait(node.name)  # its own time is waiting, not work
+        deps = False
         while t > lo:
-            d = self._pred(chain, node, lo, t, shift, anc) if chain is not None else None
-            how = "flow"
-            if d is None:
-                d = self._pick(exact, t, lo, node, shift)
-                how = "nested" if d is not None and (d.parent is node or node.lane == -1) else \
-                    "call" if d is not None and d.caller is node else "flow"
-                gap_lo = self._end(d, node, shift) if d is not None else lo
-                if self.g.awaits(node):
-                    early = gap_lo <= lo <= self.win_lo + self.tie and self._steps_track(node)
-                    cands = self._inferred(node, max(gap_lo, lo), t, shift, anc, early)
-                    inf = self._pick(cands, t, lo, node, shift)
-                    if inf is not None:
-                        d, how = inf, "inferred"
+            d, how = self._next_dep(node, exact, chain, lo, t, shift, anc)
+            q = self._blocker(after, node, shift, anc) if after is not None else None
+            queued = q is not None and q is not d and (d is None or self._end(q, node, shift) >
+                                                       min(self._end(d, node, shift), t) + self.tie)
+            if queued:  # the process of the dependency just covered was busy until it started
+                d, how = q, "queued"
+            gap_lo = min(self._end(d, node, shift), t) if d is not None else lo
+            if t - gap_lo > self.tie and node.children and self._computes(node):
+                p = self._arrived_last(node, gap_lo, t, shift, anc)
+                if p is not None:  # the stretch waited for a peer rank: the path goes on through it
+                    t, chain, deps = self._through_peer(node, p, lo, t, shift, link, out, anc), None, True
+                    continue
             if d is None:
                 break
             self.used.add(id(d))
             d_end = min(self._end(d, node, shift), t)
-            d_start = max(d_end - d.dur, lo)
+            if d.unfinished:  # never ended: on the path from its start until its waiter resumed
+                d_shift = shift if d.host == node.host else 0
+                d_start = max(d.start + d_shift, lo)
+            else:
+                d_start = max(d_end - d.dur, lo)
+                d_shift = d_end - d.end
             if d_end < t:
-                out.append(Segment(node, d_end, t, link))
-            d_shift = d_end - d.end
+                out.append(Segment(node, d_end, t, link, waits))
             self._cover(d, d_start, d_end, d_shift, how, out, anc + (d,))
             t = d_start
-            chain = d if d.flow is not None and how != "nested" else None
-        if t > lo:
-            out.append(Segment(node, lo, t, link))
+            deps = True
+            if not queued:  # the flow of the dependency a blocker held up goes on after the blocker
+                chain = d if d.flow is not None and how != "nested" else None
+            after = d if how != "nested" and d.stream is not node.stream else None
+        if t > lo:  # before its first dependency; a waiting span without any waited on nothing seen
+            out.append(Segment(node, lo, t, link, waits and (deps or self.is_wait(node.name))))
+
+    def _next_dep(self, node: Span, exact: list, chain: Span | None, lo: int, t: int, shift: int,
+                  anc: tuple) -> tuple:
+        """The dependency of ``node`` that ended last by ``t`` and how it is linked: the flow
+        predecessor of ``chain`` (the dependency just covered), else an exact link, else (a
+        controller span) an inferred one for the stretch the exact ones leave."""
+        d = self._pred(chain, node, lo, t, shift, anc) if chain is not None else None
+        if d is not None:
+            return d, "flow"
+        d = self._pick(exact, t, lo, node, shift)
+        how = "nested" if d is not None and (d.parent is node or node.lane == -1) else \
+            "call" if d is not None and d.caller is node else "flow"
+        if self.g.awaits(node):
+            # after a dependency that never ended, a finished waiter went on to what it started next
+            gap_lo = lo if d is None else d.start if d.unfinished and not node.unfinished else \
+                min(self._end(d, node, shift), t)
+            early = gap_lo <= lo <= self.win_lo + self.tie and self._steps_track(node)
+            cands = self._inferred(node, max(gap_lo, lo), t, shift, anc, early)
+            inf = self._pick(cands, t, lo, node, shift)
+            if inf is not None:
+                d, how = inf, "inferred"
+        return d, how
+
+    def _blocker(self, after: Span, node: Span, shift: int, anc: tuple) -> Span | None:
+        """The last top-level span of ``after``'s process that ended before ``after`` began, if
+        it ended at most ``tie_s`` (or a quarter of its own duration: the scheduling of a loaded
+        host) before: the process was busy with it (one request behind another: a blocked event
+        loop, an actor's mailbox), so ``after`` waited for it (link ``queued``)."""
+        ends = self.g.root_ends
+        a, b = bisect.bisect_left(ends, after.start - self.skew * 20), bisect.bisect_right(ends, after.start)
+        ids = {id(x) for x in anc}
+        best = None
+        for s in self.g.roots[a:b]:
+            if s.stream is after.stream and s is not after and s.start < after.start and not s.unfinished \
+                    and (best is None or s.end > best.end):
+                best = s
+        if best is None or id(best) in self.used or id(best) in ids or \
+                after.start - best.end > max(self.tie, best.dur // 4):
+            return None
+        return best
 
     def _collective(self, node: Span, lo: int, hi: int, shift: int, link: str, out: list, anc: tuple) -> bool:
         """``node`` waits in a collective: the rank of its mesh that entered the same span last
@@ -166,6 +235,88 @@ class Walker:
             self._names = {k: ([s.start for s in v], v) for k, v in acc.items()}
         return self._names
 
+    def _peers(self) -> tuple:
+        """Spans of the processes of a mesh that computes (not a controller) with two or more
+        processes: ((mesh, name) -> (starts, spans) by start, mesh -> (ends, spans) by end)."""
+        if self._peer_index is None:
+            streams: dict = {}
+            for st in self.g.run.streams.values():
+                if not st.header.get("ctl"):
+                    streams.setdefault(st.mesh, set()).add(id(st))
+            multi = {m for m, ids in streams.items() if len(ids) > 1}
+            by_name: dict = {}
+            by_end: dict = {}
+            for s in self.g.spans:  # by start
+                if s.stream is not None and s.stream.mesh in multi and not s.stream.header.get("ctl"):
+                    by_name.setdefault((s.stream.mesh, s.name), []).append(s)
+                    by_end.setdefault(s.stream.mesh, []).append(s)
+            for v in by_end.values():
+                v.sort(key=lambda s: s.end)
+            self._peer_index = ({k: ([s.start for s in v], v) for k, v in by_name.items()},
+                                {k: ([s.end for s in v], v) for k, v in by_end.items()})
+        return self._peer_index
+
+    def _computes(self, node: Span) -> bool:
+        """Whether ``node`` runs on a rank of a mesh of several processes that computes (its
+        waits in collectives are waits for the rank that arrived last)."""
+        st = node.stream
+        return st is not None and not st.header.get("ctl") and node.lane != -1 and st.mesh in self._peers()[1]
+
+    def _entered_last(self, node: Span, hi: int) -> Span | None:
+        """A peer's span of ``node``'s name that started clearly later than ``node`` (by more
+        than ``tie_s`` and 5 % of ``node``) and ended with it (within ``tie_s``, or a tenth of
+        the difference of their starts): a collective inside made ``node`` wait for it. The
+        one that started last."""
+        starts, spans = self._peers()[0].get((node.stream.mesh, node.name), ((), ()))
+        lo_start = node.start + max(self.tie, node.dur // 20)
+        a, b = bisect.bisect_right(starts, lo_start), bisect.bisect_right(starts, hi)
+        last = None
+        for p in spans[a:b]:
+            if p.stream is node.stream or p.unfinished or id(p) in self.used:
+                continue
+            if abs(p.end - node.end) <= max(self.tie, (p.start - node.start) // 10) and (last is None or p.start > last.start):
+                last = p
+        return last
+
+    def _arrived_last(self, node: Span, lo: int, hi: int, shift: int, anc: tuple) -> Span | None:
+        """The span of a peer rank of ``node`` that ended last within ``(lo + tie_s, hi]``, a
+        stretch of ``node``'s own time: ``node`` waited in a collective for that rank."""
+        ends, spans = self._peers()[1].get(node.stream.mesh, ((), ()))
+        ids = {id(a) for a in anc}
+        a = bisect.bisect_right(ends, lo + self.tie - self.skew)
+        b = bisect.bisect_right(ends, hi + self.skew)
+        best, best_e = None, None
+        for p in spans[a:b]:
+            if p.stream is node.stream or id(p) in self.used or id(p) in ids or p.unfinished:
+                continue
+            e = self._end(p, node, shift)
+            if lo + self.tie < e <= hi and (best is None or e > best_e or (e == best_e and p.dur > best.dur)):
+                best, best_e = p, e
+        return best
+
+    def _through_peer(self, node: Span, p: Span, lo: int, t: int, shift: int, link: str, out: list, anc: tuple,
+                      joined: bool = False) -> int:
+        """The path of ``[lo, t]`` of ``node`` goes through peer span ``p`` (``joined``: ``p``
+        ran to ``t`` with ``node``; else ``node`` waited from ``p``'s end to ``t``), then
+        through what ``p``'s process did before it (its parent); returns where ``node``'s own
+        walk goes on."""
+        self.used.add(id(p))
+        p_end = t if joined else min(self._end(p, node, shift), t)
+        if p_end < t:
+            out.append(Segment(node, p_end, t, link))
+        p_shift = (shift if p.host == node.host else 0) if joined else p_end - p.end
+        p_start = min(max(p.start + p_shift, lo), p_end)
+        self._cover(p, p_start, p_end, p_shift, "collective", out, anc + (p,))
+        t = p_start
+        par = p.parent
+        if par is not None and t > lo and id(par) not in self.used:
+            par_start = min(max(par.start + p_shift, lo), t)
+            if par_start < t:
+                self.used.add(id(par))
+                self._cover(par, par_start, t, p_shift, "collective", out, anc + (par,))
+                t = par_start
+        return t
+
     # ------------------------------------------------------------------ dependencies
     def _end(self, s: Span, node: Span, shift: int) -> int:
         """``s``'s end in the walk's time: shifted with ``node`` when on ``node``'s host."""
@@ -182,7 +333,8 @@ class Walker:
                 if s is node or (s.stream is node.stream and s.lane == node.lane):
                     continue
                 tol = self._tol(s, node)
-                if s.start + (shift if not tol else 0) >= node.start + shift - tol and self._end(s, node, shift) <= hi + tol:
+                if s.start + (shift if not tol else 0) >= node.start + shift - tol and \
+                        (s.unfinished or self._end(s, node, shift) <= hi + tol):
                     out.append(s)
         return out
 
@@ -219,16 +371,24 @@ class Walker:
 
     def _pick(self, cands: list, t: int, lo: int, node: Span, shift: int) -> Span | None:
         """The candidate that ended last by ``t`` (after ``lo``); of spans of one mesh and name
-        that ended together, the one that waited least."""
-        best, best_e = None, None
+        that ended together, the one that waited least. A candidate that never ended (still open)
+        is taken as running until ``t``, unless ``node`` finished and a finished candidate
+        started after it: the waiter went on without it."""
+        best, best_e, still = None, None, None
         for s in cands:
             if id(s) in self.used:
                 continue
             e = self._end(s, node, shift)
+            if s.unfinished:
+                if s.start + (e - s.end) < t and (still is None or s.start > still.start):
+                    still = s
+                continue
             if e <= lo or e > t + self._tol(s, node):
                 continue
             if best is None or e > best_e:
                 best, best_e = s, e
+        if still is not None and (node.unfinished or best is None or best.start <= still.start + self.tie):
+            return still
         if best is None:
             return None
         group = [s for s in cands if id(s) not in self.used and s.name == best.name

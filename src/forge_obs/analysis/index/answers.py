@@ -23,7 +23,8 @@ def _dicts(cur: Any) -> list[dict]:
 
 
 def results(con: Any, steps: list) -> list[dict]:
-    """The stored results of ``steps`` (in that order), as :func:`~forge_obs.analysis.critical_path.summary.step_result` made them,
+    """The stored results of ``steps`` (in that order), as
+    :func:`~forge_obs.analysis.critical_path.summary.step_result` made them,
     with ``cause`` and ``idle`` (no answer line yet)."""
     if not steps:
         return []
@@ -60,9 +61,10 @@ _MEDIAN = ("CASE WHEN count(*) % 2 = 1 THEN list_sort(list(path_s))[(count(*) + 
 
 def _compute_reference(con: Any) -> dict:
     """The fast half of the finished steps (duration at most the lower median) and the median
-    time on the path of every stage key over them (:func:`~forge_obs.analysis.critical_path.summary.medians`: per stage, per
-    mesh and span name, per replica family and span name; a mesh that is its own family counts
-    twice there, as it does in :func:`~forge_obs.analysis.critical_path.summary.medians`)."""
+    time on the path of every stage key over them, as
+    :func:`~forge_obs.analysis.critical_path.summary.medians` takes them: per stage, per mesh and
+    span name, per replica family and span name (a mesh that is its own family counts twice
+    there)."""
     done = sorted(r[0] for r in con.execute("SELECT duration_s FROM _steps WHERE NOT unfinished").fetchall())
     if not done:
         return {"fast_steps": 0, "fast_median_s": None, "medians": []}
@@ -122,7 +124,7 @@ def why(idx: Any, steps: "list | None" = None, slowest: "int | None" = None) -> 
     med, n_fast, fast_med = reference(idx, con)
     for r in chosen:
         r.pop("stored_cause"), r.pop("stored_idle")
-        answer(r, med)
+        answer(r, med, fast_med)
         r["compare"] = compare_to(r, med, n_fast, fast_med)
     return {"run_dir": str(idx.run_dir), "steps_total": len(durs),
             "median_step_s": durs[(len(durs) - 1) // 2] if durs else None, "steps": chosen}
@@ -136,8 +138,8 @@ def all_results(idx: Any, first: "int | None" = None, last: "int | None" = None)
     want = [r[0] for r in con.execute("SELECT step FROM _steps WHERE step BETWEEN ? AND ? ORDER BY step",
                                       [lo, hi]).fetchall()]
     out = results(con, want)
-    med = reference(idx, con)[0]
+    med, _n, fast_med = reference(idx, con)
     for r in out:
         r.pop("stored_cause"), r.pop("stored_idle")
-        answer(r, med)
+        answer(r, med, fast_med)
     return out

@@ -55,7 +55,7 @@ TABLES: dict[str, dict[str, str]] = {
               "unfinished": _BOOL, "cause": _I32, "idle_mesh": _STR, "idle_s": _F64},
     "path": {"step": _I64, "seq": _I32, "mesh": _STR, "actor": _STR, "rank": _I32, "host": _STR, "pid": _I64,
              "task": _STR, "name": _STR, "span_step": _I64, "start_us": _I64, "end_us": _I64, "duration_s": _F64,
-             "link": _STR, "controller": _BOOL, "wait": _BOOL, "unfinished": _BOOL},
+             "link": _STR, "controller": _BOOL, "wait": _BOOL, "unfinished": _BOOL, "unexplained": _BOOL},
     "stages": {"step": _I64, "seq": _I32, "mesh": _STR, "actor": _STR, "rank": _I32, "name": _STR,
                "path_s": _F64, "share": _F64, "controller": _BOOL, "wait": _BOOL, "root": _BOOL,
                "unfinished": _BOOL},

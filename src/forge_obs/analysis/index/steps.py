@@ -46,7 +46,8 @@ class StepSet:
         for i, p in enumerate(r["path"]):
             self.cols.add("path", (n, i, p["mesh"], p["actor"], p["rank"], p["host"], p["pid"], p["task"], p["name"],
                                    p["step"] if type(p["step"]) is int else None, p["start_us"], p["end_us"],
-                                   p["duration_s"], p["link"], p["controller"], p["wait"], p["unfinished"]))
+                                   p["duration_s"], p["link"], p["controller"], p["wait"], p["unfinished"],
+                                   p["unexplained"]))
         for i, a in enumerate(r["stages"]):
             self.cols.add("stages", (n, i, a["mesh"], a["actor"], a["rank"], a["name"], a["path_s"], a["share"],
                                      a["controller"], a["wait"], a["root"], a["unfinished"]))
