@@ -129,7 +129,7 @@ class StepAssembler:
             return _COLLECTOR.export(local, packed=True)
         except Exception as e:  # noqa: BLE001 - the controller's own values; the ranks' still arrive
             logger.error("forge_obs: the controller's values of step %s could not be exported: %r", cut.step, e)
-            for k in local.accs:
+            for k in local.keys():
                 drops.add(k, "export_error")
             return None
 
