@@ -61,6 +61,7 @@ from __future__ import annotations
 import sys
 import textwrap
 import time
+from operator import attrgetter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,22 +120,50 @@ def _sorted(metrics: list[Metric]) -> list[Metric]:
     return sorted(metrics, key=lambda m: (_group(m.key) != "", _group(m.key), m.key))
 
 
-def format_block(title: str, step: int, metrics: list[Metric], units: dict[str, str] | None = None) -> str:
+def format_block(title: str, step: int, metrics: list[Metric], units: dict[str, str] | None = None,
+                 layouts: dict | None = None) -> str:
+    """A step's block: its keys sorted and grouped, aligned, each value with its unit.
+    ``layouts``: where the layout of a set of keys (order, group lines, padded names, units) is
+    kept between calls with the same keys and ``units`` (a console's steps)."""
     lines = [f"=== [{printable(title)}] - METRICS STEP {step} ==="]
     if metrics:
-        ms = _sorted(metrics)
-        groups = {_group(m.key) for m in ms}
-        shown = [printable(m.key) for m in ms]
-        width = max(len(k) for k in shown) + 1
-        current = None
-        for m, key in zip(ms, shown):
-            g = _group(m.key)
-            if len(groups) > 1 and g != current:
-                current = g
-                if g:
-                    lines.append(f"-- {printable(g)} --")
-            lines.append(f"{(key + ':').ljust(width)} {format_value(m.value, unit_for(m.key, units))}")
+        keys = tuple(map(_KEY, metrics))
+        lay = layouts.get(keys) if layouts is not None else None
+        if lay is None:
+            lay = _layout(keys, units)
+            if layouts is not None:
+                if len(layouts) >= _LAYOUTS_MAX:
+                    layouts.clear()
+                layouts[keys] = lay
+        for item in lay:
+            if type(item) is str:
+                lines.append(item)
+            else:
+                lines.append(item[1] + format_value(metrics[item[0]].value, item[2]))
     return "\n".join(lines)
+
+
+_KEY = attrgetter("key")
+#: layouts a console keeps (sets of keys it printed)
+_LAYOUTS_MAX = 64
+
+
+def _layout(keys: tuple, units: dict[str, str] | None) -> list:
+    """How a block of ``keys`` prints: group lines (str) and ``(index, "key: " padded, unit)``."""
+    order = sorted(range(len(keys)), key=lambda j: (_group(keys[j]) != "", _group(keys[j]), keys[j]))
+    groups = set(map(_group, keys))
+    shown = [printable(keys[j]) for j in order]
+    width = max(len(k) for k in shown) + 1
+    out: list = []
+    current = None
+    for j, key in zip(order, shown):
+        g = _group(keys[j])
+        if len(groups) > 1 and g != current:
+            current = g
+            if g:
+                out.append(f"-- {printable(g)} --")
+        out.append((j, f"{(key + ':').ljust(width)} ", unit_for(keys[j], units)))
+    return out
 
 
 def format_compact(title: str, metrics: list[Metric], units: dict[str, str] | None = None, width: int = WIDTH) -> str:
@@ -180,6 +209,7 @@ class ConsoleBackend(LoggerBackend):
         self.units = self.options.units
         self.width = self.options.width
         self._missing: set[str] = set()
+        self._layouts: dict = {}  # format_block's, for the sets of keys this console printed
 
     def log_step(self, record: StepRecord) -> None:
         self._out = sys.stderr if self.options.stream == "stderr" else sys.stdout
@@ -223,7 +253,7 @@ class ConsoleBackend(LoggerBackend):
                 title = f"step {global_step}" + (f" {source}" if source else "")
                 write_line(out, format_compact(title, visible, self.units, self.width))
         else:
-            write_line(out, format_block(source or "GlobalReduce", global_step, visible, self.units))
+            write_line(out, format_block(source or "GlobalReduce", global_step, visible, self.units, self._layouts))
 
     def log_stream(self, metric: Metric, global_step: int, source: str | None = None, **kwargs: Any) -> None:
         if self.include and not any(metric.key.startswith(p) for p in self.include):

@@ -86,7 +86,8 @@ class StepAssembler:
             global_metrics = [m for m in global_metrics if m.key not in conflict_keys]
             for k in conflict_keys:
                 drops.add(k, "reduction_mismatch")
-        clashes = flattened_clashes(global_metrics)
+        # a name another key is flattened to needs a dict value: only states (not packed rows) hold one
+        clashes = flattened_clashes(global_metrics) if any(s.get("states") for s in global_snaps) else {}
         if clashes:
             global_metrics, rank_snaps = _without_clashes(clashes, global_metrics, rank_snaps, drops)
         # per-rank Metrics are built only if a backend reads them (JSONL reads plain values)
