@@ -61,13 +61,13 @@ from __future__ import annotations
 import sys
 import textwrap
 import time
-from operator import attrgetter
+from operator import add, attrgetter
 from dataclasses import dataclass, field
 from typing import Any
 
 from forge_obs.backends.base import LoggerBackend, awaitable
 from forge_obs.backends.record import StepRecord
-from forge_obs.core.formatting import format_value, unit_for
+from forge_obs.core.formatting import format_value, format_values, unit_for
 from forge_obs.core.options import parse_options
 from forge_obs.core.safe import printable, safe_str, write_line
 from forge_obs.core.types import Metric
@@ -135,11 +135,12 @@ def format_block(title: str, step: int, metrics: list[Metric], units: dict[str, 
                 if len(layouts) >= _LAYOUTS_MAX:
                     layouts.clear()
                 layouts[keys] = lay
-        for item in lay:
-            if type(item) is str:
-                lines.append(item)
-            else:
-                lines.append(item[1] + format_value(metrics[item[0]].value, item[2]))
+        order, prefixes, unit_list, runs = lay
+        texts = list(map(add, prefixes, format_values([metrics[j].value for j in order], unit_list)))
+        for header, a, b in runs:
+            if header is not None:
+                lines.append(header)
+            lines.extend(texts[a:b])
     return "\n".join(lines)
 
 
@@ -148,22 +149,23 @@ _KEY = attrgetter("key")
 _LAYOUTS_MAX = 64
 
 
-def _layout(keys: tuple, units: dict[str, str] | None) -> list:
-    """How a block of ``keys`` prints: group lines (str) and ``(index, "key: " padded, unit)``."""
+def _layout(keys: tuple, units: dict[str, str] | None) -> tuple:
+    """How a block of ``keys`` prints: the order of the keys, each one's ``"key: "`` (padded) and
+    unit, and the runs of lines under each group line (``(line or None, start, end)``)."""
     order = sorted(range(len(keys)), key=lambda j: (_group(keys[j]) != "", _group(keys[j]), keys[j]))
-    groups = set(map(_group, keys))
+    grouped = len(set(map(_group, keys))) > 1
     shown = [printable(keys[j]) for j in order]
     width = max(len(k) for k in shown) + 1
-    out: list = []
+    prefixes = [f"{(key + ':').ljust(width)} " for key in shown]
+    runs: list = []
     current = None
-    for j, key in zip(order, shown):
+    for i, j in enumerate(order):
         g = _group(keys[j])
-        if len(groups) > 1 and g != current:
+        if not runs or (grouped and g != current):
             current = g
-            if g:
-                out.append(f"-- {printable(g)} --")
-        out.append((j, f"{(key + ':').ljust(width)} ", unit_for(keys[j], units)))
-    return out
+            runs.append([f"-- {printable(g)} --" if grouped and g else None, i, i])
+        runs[-1][2] = i + 1
+    return order, prefixes, [unit_for(keys[j], units) for j in order], [tuple(r) for r in runs]
 
 
 def format_compact(title: str, metrics: list[Metric], units: dict[str, str] | None = None, width: int = WIDTH) -> str:

@@ -63,6 +63,7 @@ class BackendWorker:
         self.done_steps = 0  # steps it finished (or failed) logging
         self._put_items = 0  # steps and stream batches accepted ...
         self._done_items = 0  # ... and done
+        self._in_hand = 0  # steps the thread took from the queue and has not logged yet
         self.dropped_steps = 0
         self.dropped_stream_values = 0
         self._stream_waiting = 0  # streamed values queued, not yet logged
@@ -99,7 +100,7 @@ class BackendWorker:
                 self._run_id = getattr(record, "run_id", self._run_id)
                 if self._held and getattr(record, "raw", None) is not None:
                     record = self._with_held(record)
-                if self.queue_steps is not None and len(self._q) >= self.queue_steps:
+                if self.queue_steps is not None and len(self._q) + self._in_hand >= self.queue_steps:
                     self.dropped_steps += 1
                     first = first or self.dropped_steps == 1
                 else:
@@ -201,6 +202,7 @@ class BackendWorker:
                     self._cv.wait()
                 items = list(self._q)  # everything queued: steps go to the backend in batches
                 self._q.clear()
+                self._in_hand = sum(1 for item in items if item is not _STOP and type(item) is not StreamBatch)
                 for item in items:
                     if type(item) is StreamBatch:
                         self._stream_waiting -= item.values()
@@ -264,6 +266,7 @@ class BackendWorker:
 
     def _done(self, steps: int, items: int) -> None:
         with self._cv:
+            self._in_hand -= steps
             self.done_steps += steps
             self._done_items += items
             self._cv.notify_all()
@@ -288,6 +291,10 @@ class BackendSet:
         self.per_rank = any(LoggingMode.PER_RANK_REDUCE in be.modes for be in backends.values())
         #: the backends raw values streamed between flushes go to at once
         self.streaming = [w for w in self.workers if LoggingMode.PER_RANK_NO_REDUCE in w.backend.modes]
+        #: the most steps handed over at once: half of the smallest queue, so that a batch alone
+        #: never fills a backend's queue (a backend that keeps up loses no step to batching)
+        bounded = [w.queue_steps for w in self.workers if w.queue_steps is not None]
+        self.batch_max = max(1, min(bounded, default=2 * DEFAULT_QUEUE_STEPS) // 2)
 
     def start(self) -> None:
         for w in self.workers:

@@ -439,14 +439,17 @@ class StepWorker:
         self.cv.notify()
 
     def run(self) -> None:
+        more = False  # the last batch was full: cuts were left ready, no time to wait
         while True:
             item = self._next_step()
             if item is None:
                 break
             items = [item]
             if self.batch_s > 0:
-                self._linger(time.monotonic() + self.batch_s)
-                items.extend(self._ready_steps())
+                if not more:
+                    self._linger(time.monotonic() + self.batch_s)
+                items.extend(self._ready_steps(self.p.outputs.batch_max - 1))
+            more = len(items) >= self.p.outputs.batch_max
             self._assemble(items)
 
     def _assemble(self, items: list) -> None:
@@ -488,10 +491,11 @@ class StepWorker:
             finally:
                 self.lingering = False
 
-    def _ready_steps(self) -> list:
-        """The cuts ready now (complete, or past their deadline), oldest first, taken."""
-        out = []
-        while True:
+    def _ready_steps(self, limit: int) -> list:
+        """The cuts ready now (complete, or past their deadline), oldest first, taken: at most
+        ``limit`` of them."""
+        out: list = []
+        while len(out) < limit:
             callbacks: list = []
             try:
                 with self.p._lock:
@@ -502,6 +506,7 @@ class StepWorker:
                 return out
             if item is not _AGAIN:
                 out.append(item)
+        return out
 
     def _next_step(self) -> "tuple[Cut, list, list, int] | None":
         """Block until the oldest cut is closed and its states are in, or it is past its

@@ -291,7 +291,7 @@ def _aligned_groups(snapshots: list) -> list[tuple[str, list, list[list]]] | Non
             except Exception:  # noqa: BLE001 - rows of another shape: key by key
                 return None
         out.append((rt, keys, cols))
-    if len(set().union(*(keys for _rt, keys, _cols in out))) != sum(len(k) for _rt, k, _c in out):
+    if _key_order([keys for _rt, keys, _cols in out]) is None:
         return None  # a key twice (a bundle's partial merges) or under two reductions: key by key
     return out
 
@@ -316,7 +316,9 @@ def _reduce_aligned(snapshots: list, on_overflow: Callable | None, source: str |
                     nonfinite = [i for i, v in enumerate(values) if type(v) is float and v - v]
                     overflows.extend(keys[i] for i in nonfinite if _finite_rows([tuple(f[i] for f in c) for c in cols]))
             out.extend(map(Metric, keys, values, repeat(reduction_of(rt)), repeat(now), repeat(source)))
-        out = _by_key(out, [keys for _rt, keys, _cols in groups])
+        order = _key_order([keys for _rt, keys, _cols in groups])
+        if order:
+            out = list(map(out.__getitem__, order))
     except Exception:  # noqa: BLE001 - e.g. a malformed row: the general path, key by key
         return None
     for key in sorted(overflows):
@@ -324,24 +326,29 @@ def _reduce_aligned(snapshots: list, on_overflow: Callable | None, source: str |
     return out
 
 
-#: the order that sorts the keys of groups seen before (their key lists, as snapshot.decode shares
-#: them): (the lists, the order or None when already sorted), at most _ORDERS_MAX of them
+#: what _key_order found for key lists seen before (as snapshot.decode shares them): their
+#: identities -> (the lists, the answer), at most _ORDERS_MAX of them
 _ORDERS: dict[tuple, tuple] = {}
 _ORDERS_MAX = 256
 
 
-def _by_key(metrics: list[Metric], key_lists: list[list]) -> list[Metric]:
-    """``metrics`` (one per key of ``key_lists``, in their order) sorted by key; the order is
-    computed once for the same key lists."""
+def _key_order(key_lists: list[list]) -> "list[int] | None | tuple":
+    """For the keys of ``key_lists`` taken one list after the other: None if a key is there
+    twice; else the order that sorts them (``()`` when they are sorted already). Computed once
+    for the same lists (by identity)."""
     ident = tuple(map(id, key_lists))
     hit = _ORDERS.get(ident)
     if hit is None or any(a is not b for a, b in zip(hit[0], key_lists)):
-        keys = [m.key for m in metrics]
-        order = sorted(range(len(keys)), key=keys.__getitem__)
+        keys = [k for ks in key_lists for k in ks]
+        if len(set(keys)) != len(keys):
+            order = None
+        else:
+            order = sorted(range(len(keys)), key=keys.__getitem__)
+            order = () if order == list(range(len(order))) else order
         if len(_ORDERS) >= _ORDERS_MAX:
             _ORDERS.clear()
-        hit = _ORDERS[ident] = (key_lists, None if order == list(range(len(order))) else order)
-    return metrics if hit[1] is None else list(map(metrics.__getitem__, hit[1]))
+        hit = _ORDERS[ident] = (key_lists, order)
+    return hit[1]
 
 
 def reduce_metrics_states(
