@@ -161,14 +161,22 @@ class BackendWorker:
             return self._cv.wait_for(lambda: self._done_items >= target, max(0.0, deadline - time.monotonic()))
 
     def _with_held(self, record: Any) -> Any:
-        """``record`` (shared by every backend) with the held streamed values in its ``raw``."""
+        """``record`` (shared by every backend) with the held streamed values of its step or an
+        earlier one in its ``raw`` (values streamed under a later step wait for that one's)."""
+        step = getattr(record, "step", None)
+        now = [e for e in self._held if step is None or e[1] <= step]
+        if not now:
+            return record
+        later = [e for e in self._held if not (step is None or e[1] <= step)]
         raw = {label: list(rows) for label, rows in record.raw.items()}
-        for label, _step, rows in self._held:
+        for label, _step, rows in reversed(now):
             raw.setdefault(label, [])
-            raw[label][:0] = rows  # recorded before the step's own raw values
+            raw[label][:0] = rows  # recorded before the step's own raw values (and in their order)
         sources = {**self._held_sources, **(record.sources or {})}
-        self._stream_waiting -= sum(len(rows) for _l, _s, rows in self._held)
-        self._held, self._held_sources = [], {}
+        self._stream_waiting -= sum(len(rows) for _l, _s, rows in now)
+        self._held = later
+        if not later:
+            self._held_sources = {}
         return dataclasses.replace(record, raw=raw, sources=sources)
 
     def stop(self) -> None:

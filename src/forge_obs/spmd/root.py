@@ -83,8 +83,8 @@ class Root:
         p = FlushPipeline(backends, s.run_id, self.timeout_s, s.label, shutdown_timeout_s=cfg.shutdown_timeout_s,
                           queue_steps=cfg.backend_queue_steps, batch_s=cfg.backend_batch_s)
         for r, ident in s.identities.items():
-            p.labels[(MESH_ID, r)] = self.labels[r]
-            p.identities[(MESH_ID, r)] = ident
+            p.book.labels[(MESH_ID, r)] = self.labels[r]
+            p.book.identities[(MESH_ID, r)] = ident
         p.start()
         self.pipeline = p
         return None
