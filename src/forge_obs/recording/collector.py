@@ -7,10 +7,13 @@
     >>> MetricCollector().snapshot()["states"]["doc/sum"]["sum"]
     6.0
 
-``record_metric`` is O(1): a dict lookup and an accumulator update under one process-wide lock,
-with no I/O, no RPC and no device sync. A flush *swaps* the accumulator dict (so values recorded
-while a flush runs land in the next step, never lost) and exports mergeable states. This module
-imports neither Monarch nor torch.
+``record_metric`` is O(1): a dict lookup and an update of the key's values under one
+process-wide lock, with no I/O, no RPC and no device sync. The built-in numeric reductions keep a
+step's values in columns (:mod:`forge_obs.recording.columns`: each key interned once per run, no
+object per key and step); SAMPLE, custom reductions and keys beyond :data:`KNOWN_KEYS_MAX` in an
+accumulator object per key and step. A flush *swaps* both (so values recorded while a flush runs
+land in the next step, never lost) and exports mergeable states. This module imports neither
+Monarch nor torch.
 
 Every value enters a step's accumulators through this module: ``record_metric`` and
 :meth:`MetricCollector.record_groups` (the tracer) while recording, :meth:`Taken.add` and

@@ -90,6 +90,9 @@ def _columns(taken: Any, states: dict, groups: dict, packed: bool) -> int:
     for took in taken.cols:
         col = took.column
         ids = took.ids()
+        if ids is not None and not ids:  # every key of it moved to an accumulator object (detach)
+            col.give_back(took)
+            continue
         keys, data = took.keys(ids), took.data(ids)
         rows = data if type(data) is list else None
         total = col.sum_of(took, ids)
