@@ -11,7 +11,10 @@ from monarch.actor import Actor, endpoint, this_host
 
 from forge_obs import Reduce, record_metric
 from forge_obs.controller.config import LoggerConfig
-from forge_obs.controller.fetcher import ACK_STATES_MAX_VALUES
+from forge_obs.controller.fetcher import ACK_STATES_MAX_COLUMN_KEYS, ACK_STATES_MAX_VALUES
+
+#: keys a rank records for a cut whose states it holds until the controller asks (a large cut)
+LARGE = ACK_STATES_MAX_COLUMN_KEYS + 1
 from forge_obs.controller.cut_timing import CLOCK_DOMAIN, breakdown
 from tests.support.helpers import aggregating, global_rows, start_logger, stop_process
 
@@ -114,7 +117,7 @@ class Many(Actor):
             record_metric(f"many/k{i}", v, Reduce.SUM)
 
 
-@pytest.mark.parametrize("n_keys", [ACK_STATES_MAX_VALUES, ACK_STATES_MAX_VALUES + 1, 1000])
+@pytest.mark.parametrize("n_keys", [ACK_STATES_MAX_VALUES, ACK_STATES_MAX_VALUES + 1, ACK_STATES_MAX_COLUMN_KEYS, LARGE])
 async def test_small_and_large_cuts_put_every_value_in_its_step(tmp_path, n_keys):
     """A small cut's states come with the ack; a large cut's ranks hold theirs until the cut
     closed and the controller asks: either way each step has exactly its own values, also when
@@ -144,12 +147,12 @@ async def test_a_large_cut_flushed_from_synchronous_code_arrives(tmp_path):
     mlogger = await start_logger(tmp_path)
     pm = this_host().spawn_procs(per_host={"procs": 2})
     m = pm.spawn("Many", Many)
-    await m.record.call(500, 3.0)
+    await m.record.call(LARGE, 3.0)
     await asyncio.get_running_loop().run_in_executor(None, lambda: mlogger.flush.call_one(0).get())
     await mlogger.shutdown.call_one()
     await pm.stop()
     got = global_rows(tmp_path)[0]["metrics"]
-    assert got["many/k0"] == got["many/k499"] == 6.0 and got["obs/missing_ranks"] == 0
+    assert got["many/k0"] == got[f"many/k{LARGE - 1}"] == 6.0 and got["obs/missing_ranks"] == 0
 
 
 @pytest.mark.parametrize("then", ["next_cut", "mesh_stop"])
@@ -164,10 +167,10 @@ async def test_held_states_go_before_the_next_cut_and_before_final_states(tmp_pa
     CONTROLLER.pipeline.ask_exports = lambda seq, meshes: asked.append(seq)  # requests go nowhere
     pm = this_host().spawn_procs(per_host={"procs": 2})
     m = pm.spawn("Many", Many)
-    await m.record.call(300, 1.0)
+    await m.record.call(LARGE, 1.0)
     await mlogger.flush.call_one(0)
     if then == "next_cut":  # cut 1 brings cut 0's states; the shutdown's cut brings cut 1's
-        await m.record.call(300, 2.0)
+        await m.record.call(LARGE, 2.0)
         await mlogger.flush.call_one(1)
         t0 = time.monotonic()
         await mlogger.shutdown.call_one()
@@ -181,9 +184,9 @@ async def test_held_states_go_before_the_next_cut_and_before_final_states(tmp_pa
     # the requests were made (and dropped here); with aggregation no rank holds its states (they
     # go to the group leader at once), and a request is made only if the bundle came after the cut closed
     assert asked or aggregating()
-    assert rows[0]["metrics"]["many/k0"] == rows[0]["metrics"]["many/k299"] == 2.0
+    assert rows[0]["metrics"]["many/k0"] == rows[0]["metrics"][f"many/k{LARGE - 1}"] == 2.0
     if then == "next_cut":
-        assert rows[1]["metrics"]["many/k0"] == rows[1]["metrics"]["many/k299"] == 4.0
+        assert rows[1]["metrics"]["many/k0"] == rows[1]["metrics"][f"many/k{LARGE - 1}"] == 4.0
     assert all(r["metrics"]["obs/missing_ranks"] == 0 and r["metrics"]["obs/late_ranks"] == 0 for r in rows.values())
 
 
@@ -203,7 +206,7 @@ async def test_held_states_of_a_cut_closed_by_its_timeout_still_arrive(tmp_path)
     pid = await stall.spawn("Pid", Pid).pid.call_one()
     await mlogger.flush.call_one(0)  # every rank's fetcher is up and answered: step 1 is the first one a rank hangs in
     await mlogger.wait_idle.call_one()
-    await m.record.call(300, 5.0)
+    await m.record.call(LARGE, 5.0)
     stop_process(pid)
     try:
         await mlogger.flush.call_one(1)
@@ -211,7 +214,7 @@ async def test_held_states_of_a_cut_closed_by_its_timeout_still_arrive(tmp_path)
     finally:
         os.kill(pid, signal.SIGCONT)
     row = global_rows(tmp_path)[1]
-    assert row["metrics"]["many/k0"] == row["metrics"]["many/k299"] == 5.0
+    assert row["metrics"]["many/k0"] == row["metrics"][f"many/k{LARGE - 1}"] == 5.0
     assert row["missing"] == ["hangs/Pid/r0"]
     await mlogger.shutdown.call_one()
     await stall.stop()

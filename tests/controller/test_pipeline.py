@@ -288,3 +288,69 @@ def test_a_ranks_values_are_reduced_once_for_all_the_backends_that_read_them(mon
     assert views.values("trainer/r0") == {"loss": 2.0}
     threads[0].join()
     assert len(calls) == 1 and second == [{"loss": 2.0}]
+
+
+class Batches(LoggerBackend):
+    """Takes the steps a batch at a time (log_steps); ``fail_at``: a step whose batch raises."""
+
+    def __init__(self, config=None, fail_at=None):
+        super().__init__(config)
+        self.batches, self.fail_at = [], fail_at
+
+    def log_steps(self, records):
+        if self.fail_at is not None and any(r.step == self.fail_at for r in records):
+            raise RuntimeError("this backend cannot take the batch")
+        self.batches.append([r.step for r in records])
+
+
+async def test_steps_reach_the_backends_in_batches_within_their_time_in_order_and_none_dropped():
+    """Cuts completed faster than the backends are woken: each backend gets every step once, in
+    order, a batch per wake-up (the worker hands over at most half a queue at once, so a batch
+    alone never fills it). A backend that takes batches and fails one loses that batch's steps only, counted."""
+    keep, batches, failing = Keep({}), Batches({}), Batches({}, fail_at=5)
+    keep.init()
+    n, batch_s = 200, 0.3  # more than one batch (128: half the default queue), less than a queue
+    p = FlushPipeline(backends={"keep": keep, "batches": batches, "failing": failing}, run_id="r",
+                      flush_timeout_s=5.0, batch_s=batch_s)
+    p.start()
+    for step in range(n):
+        cut = p.begin_cut(step, None, _ranks(1))
+        _answer(p, cut, 0, x=step)
+    await p.drain(timeout_s=10)
+    assert [r.step for r in keep.records] == list(range(n))
+    assert [r.global_dict()["x"] for r in keep.records] == [float(s) for s in range(n)]
+    assert [s for b in batches.batches for s in b] == list(range(n))
+    assert len(batches.batches) < n / 10  # a batch per wake-up, not a step
+    report = p.backend_report()
+    assert report["keep"]["dropped_steps"] == report["batches"]["dropped_steps"] == 0
+    lost = [b for b in batches.batches if 5 in b][0]
+    assert report["failing"]["errors"] == len(lost) and report["failing"]["steps"] == n
+    assert [s for b in failing.batches for s in b] == [s for s in range(n) if s not in lost]
+    await p.close()
+
+
+async def test_a_step_waits_at_most_its_batch_time_and_drain_does_not_wait_for_it():
+    import time
+
+    keep = Keep({})
+    keep.init()
+    arrived = {}
+
+    class Stamp(LoggerBackend):
+        def log_step(self, record):
+            arrived[record.step] = time.monotonic()
+
+    p = FlushPipeline(backends={"keep": keep, "stamp": Stamp({})}, run_id="r", flush_timeout_s=5.0, batch_s=0.4)
+    p.start()
+    cut = p.begin_cut(0, None, _ranks(1))
+    _answer(p, cut, 0, x=1)
+    t0 = time.monotonic()
+    while 0 not in arrived and time.monotonic() - t0 < 5:
+        await asyncio.sleep(0.01)
+    assert 0.3 <= arrived[0] - t0 < 2.0  # a batch's time: the worker lets it pass once a cut is ready
+    cut = p.begin_cut(1, None, _ranks(1))
+    _answer(p, cut, 0, x=2)
+    t1 = time.monotonic()
+    await p.drain(timeout_s=5)  # a caller waiting for every step: no batch waits for its time
+    assert 1 in arrived and arrived[1] - t1 < 0.3
+    await p.close()

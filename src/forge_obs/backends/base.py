@@ -16,6 +16,8 @@ Hooks, all optional:
   fails ``init_backends``.
 - ``log_step(record)``: the whole :class:`~forge_obs.backends.record.StepRecord`; the default calls
   ``log_batch`` (reduced modes) and ``log_raw`` (``per_rank_no_reduce``) per the backend's modes.
+- ``log_steps(records)``: steps arrive in batches (at most ``backend_batch_s`` after their cut
+  completed); the default calls ``log_step`` for each (and a failure costs its step only).
 - ``log_batch(metrics, global_step, source=None)``: plain numbers by default (config ``values``:
   ``"scalar"``, or ``"rich"`` for dicts and row lists as reduced); ``show_obs: False`` leaves out
   the ``obs/…`` keys.
@@ -176,6 +178,14 @@ class LoggerBackend:
                     call_hook(self.log_batch, self.batch_values(metrics), record.step, source=label)
             else:
                 self.log_raw(record.raw, record.step)
+
+    def log_steps(self, records: list[StepRecord]) -> None:
+        """Several steps, oldest first: the pipeline hands steps to the backends in batches
+        (``backend_batch_s``). Default: :meth:`log_step` for each, each failure costing its step
+        only. A backend may override it to take them at once (one write for the batch); then a
+        failure counts every step of the batch as failed for this backend."""
+        for record in records:
+            self.log_step(record)
 
     def batch_values(self, metrics: list[Metric]) -> list[Metric]:
         """``metrics`` as this backend's ``log_batch`` takes them (config ``values``, ``show_obs``)."""

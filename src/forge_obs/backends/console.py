@@ -62,12 +62,13 @@ from __future__ import annotations
 import sys
 import textwrap
 import time
+from operator import add, attrgetter
 from dataclasses import dataclass, field
 from typing import Any
 
 from forge_obs.backends.base import LoggerBackend, awaitable
 from forge_obs.backends.record import StepRecord
-from forge_obs.core.formatting import format_value, unit_for
+from forge_obs.core.formatting import format_value, format_values, unit_for
 from forge_obs.core.options import parse_options
 from forge_obs.core.safe import printable, safe_str, write_line
 from forge_obs.core.types import Metric
@@ -123,22 +124,52 @@ def _sorted(metrics: list[Metric]) -> list[Metric]:
     return sorted(metrics, key=lambda m: (_group(m.key) != "", _group(m.key), m.key))
 
 
-def format_block(title: str, step: int, metrics: list[Metric], units: dict[str, str] | None = None) -> str:
+def format_block(title: str, step: int, metrics: list[Metric], units: dict[str, str] | None = None,
+                 layouts: dict | None = None) -> str:
+    """A step's block: its keys sorted and grouped, aligned, each value with its unit.
+    ``layouts``: where the layout of a set of keys (order, group lines, padded names, units) is
+    kept between calls with the same keys and ``units`` (a console's steps)."""
     lines = [f"=== [{printable(title)}] - METRICS STEP {step} ==="]
     if metrics:
-        ms = _sorted(metrics)
-        groups = {_group(m.key) for m in ms}
-        shown = [printable(m.key) for m in ms]
-        width = max(len(k) for k in shown) + 1
-        current = None
-        for m, key in zip(ms, shown):
-            g = _group(m.key)
-            if len(groups) > 1 and g != current:
-                current = g
-                if g:
-                    lines.append(f"-- {printable(g)} --")
-            lines.append(f"{(key + ':').ljust(width)} {format_value(m.value, unit_for(m.key, units))}")
+        keys = tuple(map(_KEY, metrics))
+        lay = layouts.get(keys) if layouts is not None else None
+        if lay is None:
+            lay = _layout(keys, units)
+            if layouts is not None:
+                if len(layouts) >= _LAYOUTS_MAX:
+                    layouts.clear()
+                layouts[keys] = lay
+        order, prefixes, unit_list, runs = lay
+        texts = list(map(add, prefixes, format_values([metrics[j].value for j in order], unit_list)))
+        for header, a, b in runs:
+            if header is not None:
+                lines.append(header)
+            lines.extend(texts[a:b])
     return "\n".join(lines)
+
+
+_KEY = attrgetter("key")
+#: layouts a console keeps (sets of keys it printed)
+_LAYOUTS_MAX = 64
+
+
+def _layout(keys: tuple, units: dict[str, str] | None) -> tuple:
+    """How a block of ``keys`` prints: the order of the keys, each one's ``"key: "`` (padded) and
+    unit, and the runs of lines under each group line (``(line or None, start, end)``)."""
+    order = sorted(range(len(keys)), key=lambda j: (_group(keys[j]) != "", _group(keys[j]), keys[j]))
+    grouped = len(set(map(_group, keys))) > 1
+    shown = [printable(keys[j]) for j in order]
+    width = max(len(k) for k in shown) + 1
+    prefixes = [f"{(key + ':').ljust(width)} " for key in shown]
+    runs: list = []
+    current = None
+    for i, j in enumerate(order):
+        g = _group(keys[j])
+        if not runs or (grouped and g != current):
+            current = g
+            runs.append([f"-- {printable(g)} --" if grouped and g else None, i, i])
+        runs[-1][2] = i + 1
+    return order, prefixes, [unit_for(keys[j], units) for j in order], [tuple(r) for r in runs]
 
 
 def format_compact(title: str, metrics: list[Metric], units: dict[str, str] | None = None, width: int = WIDTH) -> str:
@@ -184,6 +215,7 @@ class ConsoleBackend(LoggerBackend):
         self.units = self.options.units
         self.width = self.options.width
         self._missing: set[str] = set()
+        self._layouts: dict = {}  # format_block's, for the sets of keys this console printed
 
     def log_step(self, record: StepRecord) -> None:
         self._out = sys.stderr if self.options.stream == "stderr" else sys.stdout
@@ -229,7 +261,7 @@ class ConsoleBackend(LoggerBackend):
                 title = f"step {global_step}" + (f" {source}" if source else "")
                 write_line(out, format_compact(title, visible, self.units, self.width))
         else:
-            write_line(out, format_block(source or "GlobalReduce", global_step, visible, self.units))
+            write_line(out, format_block(source or "GlobalReduce", global_step, visible, self.units, self._layouts))
 
     def log_stream(self, metric: Metric, global_step: int, source: str | None = None, **kwargs: Any) -> None:
         if self.include and not any(metric.key.startswith(p) for p in self.include):

@@ -86,7 +86,8 @@ class StepAssembler:
             global_metrics = [m for m in global_metrics if m.key not in conflict_keys]
             for k in conflict_keys:
                 drops.add(k, "reduction_mismatch")
-        clashes = flattened_clashes(global_metrics)
+        # a name another key is flattened to needs a dict value: only states (not packed rows) hold one
+        clashes = flattened_clashes(global_metrics) if any(s.get("states") for s in global_snaps) else {}
         if clashes:
             global_metrics, rank_snaps = _without_clashes(clashes, global_metrics, rank_snaps, drops)
         # per-rank Metrics are built only if a backend reads them (JSONL reads plain values)
@@ -129,7 +130,7 @@ class StepAssembler:
             return _COLLECTOR.export(local, packed=True)
         except Exception as e:  # noqa: BLE001 - the controller's own values; the ranks' still arrive
             logger.error("forge_obs: the controller's values of step %s could not be exported: %r", cut.step, e)
-            for k in local.accs:
+            for k in local.keys():
                 drops.add(k, "export_error")
             return None
 

@@ -63,11 +63,14 @@ class BackendWorker:
         self.done_steps = 0  # steps it finished (or failed) logging
         self._put_items = 0  # steps and stream batches accepted ...
         self._done_items = 0  # ... and done
+        self._in_hand = 0  # steps the thread took from the queue and has not logged yet
         self.dropped_steps = 0
         self.dropped_stream_values = 0
         self._stream_waiting = 0  # streamed values queued, not yet logged
         # a backend with only log_step: streamed values wait here for the next step's record
         self._raw_into_steps = _only_log_step(backend)
+        #: the backend takes a batch of steps at once (it overrides log_steps)
+        self._batches = type(backend).log_steps is not LoggerBackend.log_steps
         self._held: list = []  # (label, step, rows) entries
         self._held_sources: dict = {}
         self._run_id = ""
@@ -84,25 +87,40 @@ class BackendWorker:
 
     def put(self, record: Any) -> bool:
         """Queue a step; False (dropped for this backend, counted) when its queue is full."""
+        return self.put_many([record]) == 1
+
+    def put_many(self, records: list, wake: bool = True) -> int:
+        """Queue steps, oldest first, with one wake-up of the thread (none: ``wake`` False, a
+        later :meth:`wake` gives it); returns how many were queued (the others were dropped for
+        this backend, counted: its queue was full)."""
+        first = False
+        queued = 0
         with self._cv:
-            self._run_id = getattr(record, "run_id", self._run_id)
-            if self._held and getattr(record, "raw", None) is not None:
-                record = self._with_held(record)
-            if self.queue_steps is not None and len(self._q) >= self.queue_steps:
-                self.dropped_steps += 1
-                first = self.dropped_steps == 1
-            else:
-                self._q.append(record)
-                self.put_steps += 1
-                self._put_items += 1
+            for record in records:
+                self._run_id = getattr(record, "run_id", self._run_id)
+                if self._held and getattr(record, "raw", None) is not None:
+                    record = self._with_held(record)
+                if self.queue_steps is not None and len(self._q) + self._in_hand >= self.queue_steps:
+                    self.dropped_steps += 1
+                    first = first or self.dropped_steps == 1
+                else:
+                    self._q.append(record)
+                    self.put_steps += 1
+                    self._put_items += 1
+                    queued += 1
+            if queued and wake:
                 self._cv.notify_all()
-                return True
         if first:
             logger.error(
                 "forge_obs: backend %r is %d steps behind; new steps are dropped for it (counted in "
                 "obs/backend_dropped_steps); the other backends get every step", self.name, self.queue_steps,
             )
-        return False
+        return queued
+
+    def wake(self) -> None:
+        with self._cv:
+            if self._q:
+                self._cv.notify_all()
 
     def put_stream(self, entries: list, sources: dict) -> bool:
         """Queue streamed raw values (``entries`` of ``(label, step, rows)``); False when they
@@ -143,14 +161,22 @@ class BackendWorker:
             return self._cv.wait_for(lambda: self._done_items >= target, max(0.0, deadline - time.monotonic()))
 
     def _with_held(self, record: Any) -> Any:
-        """``record`` (shared by every backend) with the held streamed values in its ``raw``."""
+        """``record`` (shared by every backend) with the held streamed values of its step or an
+        earlier one in its ``raw`` (values streamed under a later step wait for that one's)."""
+        step = getattr(record, "step", None)
+        now = [e for e in self._held if step is None or e[1] <= step]
+        if not now:
+            return record
+        later = [e for e in self._held if not (step is None or e[1] <= step)]
         raw = {label: list(rows) for label, rows in record.raw.items()}
-        for label, _step, rows in self._held:
+        for label, _step, rows in reversed(now):
             raw.setdefault(label, [])
-            raw[label][:0] = rows  # recorded before the step's own raw values
+            raw[label][:0] = rows  # recorded before the step's own raw values (and in their order)
         sources = {**self._held_sources, **(record.sources or {})}
-        self._stream_waiting -= sum(len(rows) for _l, _s, rows in self._held)
-        self._held, self._held_sources = [], {}
+        self._stream_waiting -= sum(len(rows) for _l, _s, rows in now)
+        self._held = later
+        if not later:
+            self._held_sources = {}
         return dataclasses.replace(record, raw=raw, sources=sources)
 
     def stop(self) -> None:
@@ -182,32 +208,27 @@ class BackendWorker:
             with self._cv:
                 while not self._q:
                     self._cv.wait()
-                item = self._q.popleft()
-                stream = type(item) is StreamBatch
-                if stream:
-                    self._stream_waiting -= item.values()
-            if item is _STOP:
-                break
-            t0 = time.perf_counter()
-            cpu0 = time.thread_time()
-            try:
-                if stream:
-                    call_hook(self.backend.log_stream_batch, item)
+                items = list(self._q)  # everything queued: steps go to the backend in batches
+                self._q.clear()
+                self._in_hand = sum(1 for item in items if item is not _STOP and type(item) is not StreamBatch)
+                for item in items:
+                    if type(item) is StreamBatch:
+                        self._stream_waiting -= item.values()
+            stop = False
+            steps: list = []
+            for item in items:
+                if item is _STOP:
+                    stop = True
+                    break
+                if type(item) is StreamBatch:
+                    self._log(steps)
+                    steps = []
+                    self._log_stream(item)
                 else:
-                    call_hook(self.backend.log_step, item)
-            except Exception as e:  # noqa: BLE001 - one backend never stops the others
-                self.errors += 1
-                if self.errors == 1:
-                    what = "streaming raw values" if stream else f"at step {getattr(item, 'step', '?')}"
-                    logger.error("forge_obs: backend %r failed %s: %r (counted in obs/backend_errors)", self.name, what, e)
-            if not stream:
-                self.last_s = time.perf_counter() - t0
-            SELF_OBS.add(self.cpu_part, time.thread_time() - cpu0)  # counted in the next step assembled
-            with self._cv:
-                if not stream:
-                    self.done_steps += 1
-                self._done_items += 1
-                self._cv.notify_all()
+                    steps.append(item)
+            self._log(steps)
+            if stop:
+                break
         try:
             call_hook(self.backend.finish)
         except Exception as e:  # noqa: BLE001
@@ -215,11 +236,54 @@ class BackendWorker:
             logger.error("forge_obs: backend %r failed to finish: %r", self.name, e)
         self.finished = True
 
+    def _log(self, steps: list) -> None:
+        """``steps`` (oldest first) to the backend: at once if it takes batches
+        (:meth:`~forge_obs.backends.base.LoggerBackend.log_steps`), else one ``log_step`` each;
+        a failure costs the steps it was given, and only for this backend."""
+        if not steps:
+            return
+        t0 = time.perf_counter()
+        cpu0 = time.thread_time()
+        calls = [steps] if self._batches else [[r] for r in steps]
+        for batch in calls:
+            try:
+                if self._batches:
+                    call_hook(self.backend.log_steps, batch)
+                else:
+                    call_hook(self.backend.log_step, batch[0])
+            except Exception as e:  # noqa: BLE001 - one backend never stops the others
+                self.errors += len(batch)
+                if self.errors == len(batch):
+                    logger.error("forge_obs: backend %r failed at step %s: %r (counted in obs/backend_errors)",
+                                 self.name, getattr(batch[0], "step", "?"), e)
+        self.last_s = (time.perf_counter() - t0) / len(steps)
+        SELF_OBS.add(self.cpu_part, time.thread_time() - cpu0)  # counted in the next step assembled
+        self._done(len(steps), len(steps))
+
+    def _log_stream(self, batch: StreamBatch) -> None:
+        cpu0 = time.thread_time()
+        try:
+            call_hook(self.backend.log_stream_batch, batch)
+        except Exception as e:  # noqa: BLE001 - one backend never stops the others
+            self.errors += 1
+            if self.errors == 1:
+                logger.error("forge_obs: backend %r failed streaming raw values: %r (counted in obs/backend_errors)",
+                             self.name, e)
+        SELF_OBS.add(self.cpu_part, time.thread_time() - cpu0)
+        self._done(0, 1)
+
+    def _done(self, steps: int, items: int) -> None:
+        with self._cv:
+            self._in_hand -= steps
+            self.done_steps += steps
+            self._done_items += items
+            self._cv.notify_all()
+
 
 def _only_log_step(backend: LoggerBackend) -> bool:
-    """Whether ``backend`` overrides ``log_step`` and none of the raw-value hooks."""
+    """Whether ``backend`` overrides ``log_step`` (or ``log_steps``) and none of the raw-value hooks."""
     cls = type(backend)
-    if cls.log_step is LoggerBackend.log_step:
+    if cls.log_step is LoggerBackend.log_step and cls.log_steps is LoggerBackend.log_steps:
         return False
     return all(getattr(cls, h) is getattr(LoggerBackend, h) for h in ("log_stream_batch", "log_raw", "log_stream"))
 
@@ -235,6 +299,10 @@ class BackendSet:
         self.per_rank = any(LoggingMode.PER_RANK_REDUCE in be.modes for be in backends.values())
         #: the backends raw values streamed between flushes go to at once
         self.streaming = [w for w in self.workers if LoggingMode.PER_RANK_NO_REDUCE in w.backend.modes]
+        #: the most steps handed over at once: half of the smallest queue, so that a batch alone
+        #: never fills a backend's queue (a backend that keeps up loses no step to batching)
+        bounded = [w.queue_steps for w in self.workers if w.queue_steps is not None]
+        self.batch_max = max(1, min(bounded, default=2 * DEFAULT_QUEUE_STEPS) // 2)
 
     def start(self) -> None:
         for w in self.workers:
@@ -242,8 +310,19 @@ class BackendSet:
 
     def put(self, record: Any) -> None:
         """A step, to every backend's queue."""
+        self.put_batch([record])
+
+    def put_batch(self, records: list, wake: bool = True) -> None:
+        """Steps, oldest first, to every backend's queue, with one wake-up of each backend's
+        thread (none: ``wake`` False; :meth:`wake` then gives it)."""
+        if records:
+            for w in self.workers:
+                w.put_many(records, wake)
+
+    def wake(self) -> None:
+        """Wake every backend that has steps queued."""
         for w in self.workers:
-            w.put(record)
+            w.wake()
 
     def put_stream(self, entries: list, sources: dict) -> None:
         """Streamed raw values, to every streaming backend's queue."""

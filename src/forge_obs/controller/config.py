@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forge_obs.controller.backend_worker import DEFAULT_QUEUE_STEPS
+from forge_obs.controller.pipeline import DEFAULT_BATCH_S
 from forge_obs.core.options import check_keys, parse_options
 from forge_obs.core.redact import redacted_repr
 from forge_obs.core.run import RunConfig
@@ -27,7 +28,7 @@ from forge_obs.wire.messages import DEFAULT_STREAM_INTERVAL_S
 
 __all__ = ["LoggerConfig", "RESERVED_KEYS", "DEFAULT_FLUSH_TIMEOUT_S", "check_keys", "parse_options"]
 
-RESERVED_KEYS = ("run", "flush_timeout_s", "shutdown_timeout_s", "backend_init_timeout_s", "backend_queue_steps",
+RESERVED_KEYS = ("run", "flush_timeout_s", "shutdown_timeout_s", "backend_init_timeout_s", "backend_queue_steps", "backend_batch_s",
                  "timeline", "stream_interval_s", "aggregate", "probe_round_trip")
 #: ``"aggregate"``: answer cuts through one leader per (mesh, host) ("on"), directly ("off"), or
 #: through leaders from 32 ranks in the job ("auto"); FORGE_OBS_AGGREGATE sets the default
@@ -54,6 +55,9 @@ class LoggerConfig:
     backend_init_timeout_s: float = DEFAULT_BACKEND_INIT_TIMEOUT_S
     #: steps a backend may fall behind before new steps are dropped for it (and counted)
     backend_queue_steps: int = DEFAULT_QUEUE_STEPS
+    #: steps reach the backends in batches: a step at most this long after its cut completed
+    #: (one wake-up of each backend per batch); 0: each step as soon as it is assembled
+    backend_batch_s: float = DEFAULT_BATCH_S
     #: raw values reach ``per_rank_no_reduce`` backends at most this long after being recorded
     stream_interval_s: float = DEFAULT_STREAM_INTERVAL_S
     timeline: dict[str, Any] | None = None
@@ -76,6 +80,9 @@ class LoggerConfig:
         shutdown_timeout = _seconds(config, "shutdown_timeout_s", DEFAULT_SHUTDOWN_TIMEOUT_S)
         init_timeout = _seconds(config, "backend_init_timeout_s", DEFAULT_BACKEND_INIT_TIMEOUT_S)
         stream_interval = _seconds(config, "stream_interval_s", DEFAULT_STREAM_INTERVAL_S)
+        batch_s = config.pop("backend_batch_s", DEFAULT_BATCH_S)
+        if isinstance(batch_s, bool) or not isinstance(batch_s, (int, float)) or not 0 <= batch_s <= 10:
+            raise ValueError(f"backend_batch_s must be a number of seconds in [0, 10], got {redacted_repr(batch_s)}")
         queue_steps = config.pop("backend_queue_steps", DEFAULT_QUEUE_STEPS)
         if isinstance(queue_steps, bool) or not isinstance(queue_steps, int) or queue_steps < 1:
             raise ValueError(f"backend_queue_steps must be an int >= 1, got {redacted_repr(queue_steps)}")
@@ -104,7 +111,7 @@ class LoggerConfig:
                 raise ValueError(f"config of backend {redacted_repr(name)} must be a dict, got {type(bcfg).__name__}")
             backends[name] = bcfg
         return cls(run=run, flush_timeout_s=timeout, shutdown_timeout_s=shutdown_timeout, backend_init_timeout_s=init_timeout,
-                   backend_queue_steps=queue_steps, stream_interval_s=stream_interval, timeline=timeline,
+                   backend_queue_steps=queue_steps, backend_batch_s=float(batch_s), stream_interval_s=stream_interval, timeline=timeline,
                    aggregate=aggregate, probe_round_trip=probe, backends=backends)
 
 

@@ -506,6 +506,8 @@ async def configure_all(entries: list, options: dict[str, Any], timeout_s: float
 
 #: a cut that took at most this many values (keys and raw values) sends its states with the ack
 ACK_STATES_MAX_VALUES = 128
+#: ... or at most this many keys, all in columns (exported with slices: a message's cost)
+ACK_STATES_MAX_COLUMN_KEYS = 4096
 #: forge_obs's own numeric accumulators: exported as packed rows, never running user code
 _ROW_TYPES = frozenset(c for c in vars(_reduce).values() if isinstance(c, type) and issubclass(c, _reduce.RowAccumulator))
 
@@ -514,7 +516,11 @@ def _small(taken: Any) -> bool:
     """Whether ``taken`` exports in about a message's cost: few values, all of built-in numeric
     reductions (a SAMPLE or custom reduction's export may take any time), no device values."""
     accs = taken.accs
-    if taken.device is not None or len(accs) + len(taken.raw or ()) > ACK_STATES_MAX_VALUES:
+    if taken.device is not None:
+        return False
+    if not accs and not taken.raw:
+        return sum(t.count() for t in taken.cols) <= ACK_STATES_MAX_COLUMN_KEYS
+    if taken.n_keys() + len(taken.raw or ()) > ACK_STATES_MAX_VALUES:
         return False
     return _ROW_TYPES.issuperset(map(type, accs.values()))
 

@@ -61,14 +61,19 @@ from forge_obs.recording.reduce import KeyDrops, Reduce
 from forge_obs.wire.messages import ChildMesh, RankKey
 from forge_obs.wire.snapshot import decode_raw, opened
 
-__all__ = ["RESUME_GRACE_S", "FlushPipeline"]
+__all__ = ["RESUME_GRACE_S", "DEFAULT_BATCH_S", "FlushPipeline", "StepWorker"]
 
 logger = logging.getLogger("forge_obs")
 
 #: how long the worker lets a flush that waited for a cut resume before merging its step
 RESUME_GRACE_S = 0.002
-#: what :meth:`FlushPipeline._await_step` returns when requests are to be sent before it waits on
+#: what :meth:`StepWorker._await_step` returns when requests are to be sent before it waits on,
+#: and when, not to block, it would wait
 _AGAIN = object()
+_NOT_READY = object()
+#: how long the worker lets pass, once a cut is ready, before it hands the steps ready by then to
+#: the backends (``backend_batch_s``)
+DEFAULT_BATCH_S = 0.5
 
 
 class FlushPipeline:
@@ -97,6 +102,7 @@ class FlushPipeline:
         leader_of: dict[RankKey, RankKey] | None = None,
         ask_resend: Callable[[int, dict[str, list[int]]], None] | None = None,
         ask_exports: Callable[[int, list[str]], None] | None = None,
+        batch_s: float = DEFAULT_BATCH_S,
     ) -> None:
         self.backends = backends
         self.run_id = run_id
@@ -109,13 +115,15 @@ class FlushPipeline:
         self.outputs = BackendSet(backends, queue_steps)
         self.cuts = CutBook(self.book, flush_timeout_s, leader_of)  # guarded by _cv
         self.assembler = StepAssembler(run_id, process_name, self.book, self.outputs.per_rank)
-        self._cv = threading.Condition()  # guards the cuts and the counters below
+        self._lock = threading.RLock()  # guards the cuts and the counters below
+        self._cv = threading.Condition(self._lock)  # callers waiting on a cut or on the steps
         self._closing = False
         self.assembled = 0  # cuts taken off the queue (a step handed to the backends, or none)
         self.steps_logged = 0  # steps handed to the backends
         #: streamed values that could not be decoded, counted with the next step assembled
         self._stream_drops = KeyDrops()
-        self._worker = threading.Thread(target=self._work, name="forge_obs-backends", daemon=True)
+        self.worker = StepWorker(self, batch_s)
+        self._worker = self.worker.thread
 
     # ------------------------------------------------------------ what it knows
     @property
@@ -158,7 +166,11 @@ class FlushPipeline:
 
     def _wait_logged(self, target: int, timeout_s: float) -> list[str]:
         with self._cv:
-            self._cv.wait_for(lambda: self.assembled >= target or not self._worker.is_alive())
+            self.worker.hurry(True)  # no batch waits for its time meanwhile
+            try:
+                self._cv.wait_for(lambda: self.assembled >= target or not self._worker.is_alive())
+            finally:
+                self.worker.hurry(False)
         return self.outputs.behind(time.monotonic() + timeout_s)
 
     async def close(self, timeout_s: float | None = None) -> list[str]:
@@ -169,6 +181,7 @@ class FlushPipeline:
         with self._cv:
             self._closing = True  # the worker assembles what is begun (each waits at most its deadline), then ends
             self._cv.notify_all()
+            self.worker.cv.notify()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._worker.join)
         deadline = time.monotonic() + timeout
@@ -206,7 +219,7 @@ class FlushPipeline:
             if cut.closed or cut.groups:
                 # the worker learns of other cuts when they close or when its idle wait ends,
                 # which is before their deadline (a wake-up now would compete with the cast)
-                self._cv.notify_all()
+                self._notify()
         _run(callbacks)
         return cut
 
@@ -221,7 +234,7 @@ class FlushPipeline:
         given = Given(list(missing), list(late), int(reported), dict(obs or {}))
         with self._cv:
             cut = self.cuts.submit(step, states, extra, bundles, given, final)
-            self._cv.notify_all()
+            self._notify()
         return cut
 
     def ack(self, seq: int, rank_key: RankKey, children: Iterable[ChildMesh] = (), stamp: Any = None,
@@ -317,7 +330,7 @@ class FlushPipeline:
         callbacks: list = []
         with self._cv:
             self.cuts.receive_final(last_seq, tuple(rank_key), identity, snapshot, callbacks)
-            self._cv.notify_all()
+            self._notify()
         _run(callbacks)
 
     def forget_mesh(self, mesh_id: str) -> None:
@@ -325,7 +338,7 @@ class FlushPipeline:
         callbacks: list = []
         with self._cv:
             self.cuts.forget_mesh(mesh_id, callbacks)
-            self._cv.notify_all()
+            self._notify()
         _run(callbacks)
 
     # ------------------------------------------------------------ the flush's wait
@@ -335,7 +348,7 @@ class FlushPipeline:
         callbacks: list = []
         with self._cv:
             self.cuts.close(cut, callbacks)
-            self._cv.notify_all()
+            self._notify()
         _run(callbacks)
 
     def on_cut_closed(self, cut: Cut, callback: Callable[[], None]) -> None:
@@ -356,7 +369,7 @@ class FlushPipeline:
         with self._cv:
             cut.resumed = True
             cut.resumed_at = time.monotonic()
-            self._cv.notify_all()
+            self.worker.wake()  # it asks for a large cut's states, or ends its grace period
 
     def request_exports(self, cut: Cut) -> None:
         """Once ``cut`` closed: ask the meshes whose ranks' states are still due for them (a
@@ -373,46 +386,127 @@ class FlushPipeline:
             cut = self.cuts.find(seq)
             return cut is not None and cut.exports_asked and all(c.closed for c in self.cuts.pending)
 
-    def _wake(self, cut: Cut | None) -> None:
-        """Wake the worker and cut waiters only when this may complete something: a closed cut
-        whose states are all in, a cut that just closed, or a message for a cut that is gone. A
-        wake-up per message would cost the controller a thread switch each for nothing."""
-        if cut is None or (cut.closed and cut.n_due <= 0) or cut is not self.cuts.pending[0]:
-            self._cv.notify_all()
-        elif cut.closed and not cut.woke and not cut.awaited:  # an awaited one: when resumed
-            cut.woke = True  # FlushWait.wait_cut and the worker's grace period
-            self._cv.notify_all()
-
-    # ------------------------------------------------------------ worker thread
-    def _work(self) -> None:
-        while True:
-            item = self._next_step()
-            if item is None:
-                break
-            cut, missing, late, pending = item
-            cpu0 = time.thread_time()
-            try:
-                t0 = time.perf_counter()
-                with self._cv:
-                    drops, self._stream_drops = self._stream_drops, KeyDrops()
-                record = self.assembler.build(cut, missing, late, pending, drops, self._gauges)
-                if record is not None:
-                    record.global_metrics.append(Metric("obs/merge_s", time.perf_counter() - t0, Reduce.MAX))
-                    self.outputs.put(record)
-                    self.steps_logged += 1
-            except Exception:  # noqa: BLE001 - a bug here must not stop later steps
-                logger.exception("forge_obs: step %s could not be assembled", cut.step)
-            finally:
-                SELF_OBS.add("pipeline", time.thread_time() - cpu0)
-                with self._cv:
-                    self.assembled += 1
-                    self._cv.notify_all()
-
     def _gauges(self) -> dict[str, float]:
         """The pipeline's own figures a step reports (:data:`forge_obs.controller.assembly.GAUGES`)."""
         cuts = self.cuts
         return {**self.outputs.gauges(), "obs/late_states": cuts.late_states,
                 "obs/fenced_bundles": cuts.fenced_bundles, "obs/duplicates_dropped": cuts.duplicates_dropped}
+
+    def _notify(self) -> None:
+        """Under the lock: wake the callers waiting on a cut or on the steps, and the worker
+        (unless it waits out a batch)."""
+        self._cv.notify_all()
+        self.worker.wake()
+
+    def _wake(self, cut: Cut | None) -> None:
+        """Wake the worker and cut waiters only when this may complete something: a closed cut
+        whose states are all in, a cut that just closed, or a message for a cut that is gone. A
+        wake-up per message would cost the controller a thread switch each for nothing."""
+        if cut is None or (cut.closed and cut.n_due <= 0) or cut is not self.cuts.pending[0]:
+            self._notify()
+        elif cut.closed and not cut.woke and not cut.awaited:  # an awaited one: when resumed
+            cut.woke = True  # FlushWait.wait_cut and the worker's grace period
+            self._notify()
+
+
+class StepWorker:
+    """The pipeline's worker thread (``forge_obs-backends``): it takes the cuts in the order they
+    began, each once it is complete or past its deadline, assembles their steps and hands them
+    to the backends. With ``batch_s`` > 0 it hands them over in batches: once a cut is ready it
+    lets ``batch_s`` pass (woken only by ``hurry`` or the pipeline's close), then assembles
+    every cut ready by then, one after the other, and hands their steps to each backend at once
+    (one wake-up of each backend thread per batch). A step reaches the backends at most
+    ``batch_s`` after its cut was complete; a cut is still taken only when complete, and each
+    step keeps exactly its own values. Everything here runs under the pipeline's lock but the
+    assembly and the hand-over."""
+
+    def __init__(self, pipeline: "FlushPipeline", batch_s: float) -> None:
+        self.p = pipeline
+        self.batch_s = max(0.0, float(batch_s))
+        self.cv = threading.Condition(pipeline._lock)  # the worker's own wake-ups
+        self.lingering = False  # waiting out a batch: the pipeline's events do not wake it
+        self.hurrying = 0  # callers waiting for every begun step (drain): no batch waits for its time
+        self.thread = threading.Thread(target=self.run, name="forge_obs-backends", daemon=True)
+
+    def wake(self) -> None:
+        """Under the lock: something may have completed a cut (not heard while lingering)."""
+        if not self.lingering:
+            self.cv.notify()
+
+    def hurry(self, on: bool) -> None:
+        """Under the lock: a caller waits for every begun step (``on``), or stopped waiting."""
+        self.hurrying += 1 if on else -1
+        self.cv.notify()
+
+    def run(self) -> None:
+        more = False  # the last batch was full: cuts were left ready, no time to wait
+        while True:
+            item = self._next_step()
+            if item is None:
+                break
+            items = [item]
+            if self.batch_s > 0:
+                if not more:
+                    self._linger(time.monotonic() + self.batch_s)
+                items.extend(self._ready_steps(self.p.outputs.batch_max - 1))
+            more = len(items) >= self.p.outputs.batch_max
+            self._assemble(items)
+
+    def _assemble(self, items: list) -> None:
+        """Each step assembled and queued for every backend (a step's own figures see what
+        the earlier ones of the batch did), then every backend woken once."""
+        p = self.p
+        logged = 0
+        for cut, missing, late, pending in items:
+            cpu0 = time.thread_time()
+            try:
+                t0 = time.perf_counter()
+                with p._lock:
+                    drops, p._stream_drops = p._stream_drops, KeyDrops()
+                record = p.assembler.build(cut, missing, late, pending, drops, p._gauges)
+                if record is not None:
+                    record.global_metrics.append(Metric("obs/merge_s", time.perf_counter() - t0, Reduce.MAX))
+                    p.outputs.put_batch([record], wake=False)
+                    logged += 1
+            except Exception:  # noqa: BLE001 - a bug here must not stop later steps
+                logger.exception("forge_obs: step %s could not be assembled", cut.step)
+            finally:
+                SELF_OBS.add("pipeline", time.thread_time() - cpu0)
+        cpu0 = time.thread_time()
+        p.outputs.wake()
+        SELF_OBS.add("pipeline", time.thread_time() - cpu0)
+        with p._lock:
+            p.steps_logged += logged
+            p.assembled += len(items)
+            p._cv.notify_all()
+
+    def _linger(self, until: float) -> None:
+        """Wait until ``until``, the pipeline's close, or a caller that waits for every step."""
+        p = self.p
+        with p._lock:
+            self.lingering = True
+            try:
+                while not p._closing and not self.hurrying and (left := until - time.monotonic()) > 0:
+                    self.cv.wait(left)
+            finally:
+                self.lingering = False
+
+    def _ready_steps(self, limit: int) -> list:
+        """The cuts ready now (complete, or past their deadline), oldest first, taken: at most
+        ``limit`` of them."""
+        out: list = []
+        while len(out) < limit:
+            callbacks: list = []
+            try:
+                with self.p._lock:
+                    item = self._await_step(callbacks, block=False)
+            finally:
+                _run(callbacks)
+            if item is None or item is _NOT_READY:
+                return out
+            if item is not _AGAIN:
+                out.append(item)
+        return out
 
     def _next_step(self) -> "tuple[Cut, list, list, int] | None":
         """Block until the oldest cut is closed and its states are in, or it is past its
@@ -421,25 +515,26 @@ class FlushPipeline:
         while True:
             callbacks: list = []
             try:
-                with self._cv:
+                with self.p._lock:
                     item = self._await_step(callbacks)
             finally:
                 _run(callbacks)
             if item is not _AGAIN:
                 return item
 
-    def _await_step(self, callbacks: list) -> "tuple[Cut, list, list, int] | None | object":
+    def _await_step(self, callbacks: list, block: bool = True) -> "tuple[Cut, list, list, int] | None | object":
         """:meth:`_next_step` under the lock; ``_AGAIN`` when ``callbacks`` hold requests to
-        send first."""
-        cuts = self.cuts
+        send first; ``_NOT_READY`` (not ``block``) when it would wait."""
+        p = self.p
+        cuts = p.cuts
         while True:
             if not cuts.pending:
-                if self._closing:
+                if p._closing or not block:
                     return None
-                self._cv.wait(self.flush_timeout_s)  # a cut begun meanwhile is due no earlier
+                self.cv.wait(p.flush_timeout_s)  # a cut begun meanwhile is due no earlier
                 continue
             now = time.monotonic()
-            next_bypass = cuts.bypass_requests(now, self.ask_resend, callbacks)
+            next_bypass = cuts.bypass_requests(now, p.ask_resend, callbacks)
             if callbacks:
                 return _AGAIN
             cut = cuts.pending[0]
@@ -447,23 +542,29 @@ class FlushPipeline:
             wait = min(timeout, next_bypass - now)
             if not cut.closed:
                 if timeout > 0:
-                    self._cv.wait(wait)
+                    if not block:
+                        return _NOT_READY
+                    self.cv.wait(wait)
                     continue
                 cuts.close(cut, callbacks)
             waited = not cut.awaited or cut.resumed or now >= cut.start + cut.blocked_s + RESUME_GRACE_S
             if not cut.exports_asked and waited:
-                call = cuts.exports_request(cut, self.ask_exports)  # a flush that awaited it asks as it resumes
+                call = cuts.exports_request(cut, p.ask_exports)  # a flush that awaited it asks as it resumes
                 if call is not None:
                     callbacks.append(call)
                     return _AGAIN
             if cut.n_due > 0 and timeout > 0:
-                self._cv.wait(wait)
+                if not block:
+                    return _NOT_READY
+                self.cv.wait(wait)
                 continue
-            # let the flush that waited for this cut resume before merging (it needs
-            # the GIL for microseconds; merging may hold it for milliseconds)
+            # let the flush that waited for this cut resume before merging (it needs the GIL for
+            # microseconds; merging may hold it for milliseconds), and ask for held states
             grace = cut.start + cut.blocked_s + RESUME_GRACE_S - now
             if cut.awaited and not cut.resumed and grace > 0:
-                self._cv.wait(grace)
+                if not block:
+                    return _NOT_READY
+                self.cv.wait(grace)
                 continue
             return cuts.take_oldest()
 

@@ -64,7 +64,7 @@ async def start_session(config: dict[str, Any]) -> dict[str, Any]:
     timeline = _open_run(st, cfg, run)
     pipeline = FlushPipeline(backends, run.run_id, cfg.flush_timeout_s, st.process_name, st.book,
                              shutdown_timeout_s=cfg.shutdown_timeout_s, queue_steps=cfg.backend_queue_steps,
-                             leader_of=st.planner.leader_of, ask_resend=ask_resend, ask_exports=ask_exports)
+                             batch_s=cfg.backend_batch_s, leader_of=st.planner.leader_of, ask_resend=ask_resend, ask_exports=ask_exports)
     st.aggregate = cfg.aggregate
     st.probe_round_trip = cfg.probe_round_trip
     pipeline.start()

@@ -23,11 +23,12 @@ raises for any value.
 from __future__ import annotations
 
 import math
+from itertools import repeat
 from typing import Any
 
 from forge_obs.core.safe import printable, safe_repr, safe_str
 
-__all__ = ["QUANTILES", "unit_for", "format_value", "is_distribution", "flatten"]
+__all__ = ["QUANTILES", "unit_for", "format_value", "format_values", "is_distribution", "flatten"]
 
 #: the quantiles a distribution's value carries (with its ``count``)
 QUANTILES = ("p50", "p90", "p99")
@@ -116,6 +117,25 @@ def format_value(v: Any, unit: str = "", sep: str = " ") -> str:
         return _format(v, unit, sep)
     except Exception:  # noqa: BLE001 - one key's value never costs the step's others
         return safe_repr(v)
+
+
+def format_values(values: list, units: list[str]) -> list[str]:
+    """:func:`format_value` of each value with its unit (one unit per value), for a whole block:
+    plain floats without a unit, each finite and under 10,000 in size, are written in one pass
+    (4 significant digits, an integral value as an integer: what :func:`format_value` writes for
+    them); any other block value by value."""
+    try:
+        if values and not any(units) and set(map(type, values)) == {float}:
+            mags = list(map(abs, values))
+            total = sum(mags)
+            if total - total == 0 and max(mags) < 1e4:  # finite (no inf, no NaN) and small
+                out = list(map(format, values, repeat(".4g")))
+                if "-0" in out:  # -0.0 reads as 0, as format_value writes it
+                    out = ["0" if x == "-0" else x for x in out]
+                return out
+    except Exception:  # noqa: BLE001 - value by value below
+        pass
+    return list(map(format_value, values, units))
 
 
 def _format(v: Any, unit: str, sep: str) -> str:

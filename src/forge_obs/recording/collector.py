@@ -7,10 +7,13 @@
     >>> MetricCollector().snapshot()["states"]["doc/sum"]["sum"]
     6.0
 
-``record_metric`` is O(1): a dict lookup and an accumulator update under one process-wide lock,
-with no I/O, no RPC and no device sync. A flush *swaps* the accumulator dict (so values recorded
-while a flush runs land in the next step, never lost) and exports mergeable states. This module
-imports neither Monarch nor torch.
+``record_metric`` is O(1): a dict lookup and an update of the key's values under one
+process-wide lock, with no I/O, no RPC and no device sync. The built-in numeric reductions keep a
+step's values in columns (:mod:`forge_obs.recording.columns`: each key interned once per run, no
+object per key and step); SAMPLE, custom reductions and keys beyond :data:`KNOWN_KEYS_MAX` in an
+accumulator object per key and step. A flush *swaps* both (so values recorded while a flush runs
+land in the next step, never lost) and exports mergeable states. This module imports neither
+Monarch nor torch.
 
 Every value enters a step's accumulators through this module: ``record_metric`` and
 :meth:`MetricCollector.record_groups` (the tracer) while recording, :meth:`Taken.add` and
@@ -43,6 +46,7 @@ from forge_obs.core.plain import BadRow, plain
 from forge_obs.core.safe import safe_repr
 from forge_obs.core.types import Metric
 from forge_obs.core.warn import WARNER
+from forge_obs.recording.columns import COLUMN_REDUCTIONS, Column, ColumnTake, column_for
 from forge_obs.recording.device import DeviceValues
 from forge_obs.recording.export import export_taken
 from forge_obs.recording.reduce import (
@@ -51,7 +55,6 @@ from forge_obs.recording.reduce import (
     MetricAccumulator,
     Reduce,
     accumulator_for,
-    blank_maker,
     reserved_key,
     resolve_reduction,
     to_float,
@@ -62,16 +65,18 @@ __all__ = ["MetricCollector", "Taken", "record_metric", "set_enabled", "is_enabl
 
 #: raw values kept per flush interval for ``per_rank_no_reduce`` streams (beyond: counted)
 DEFAULT_RAW_CAP = 100_000
-#: at most this many keys are remembered for the quick first value of a step (see _record_known)
+#: at most this many keys get an id in a column (see forge_obs.recording.columns); beyond, a key's
+#: values go to an accumulator object per step
 KNOWN_KEYS_MAX = 10_000
 
 _DROP = object()
-_SAMPLE = Reduce.SAMPLE  # module global: cheaper than the Enum attribute lookup per call
+_SAMPLE = Reduce.SAMPLE  # module globals: cheaper than the Enum attribute lookup per call
+_MEAN = Reduce.MEAN
 _INF = math.inf
 #: strings (and their subclasses, e.g. NumPy's): never a number, whatever they spell
 _TEXT = (str, bytes, bytearray)
 #: accumulator classes whose ``append`` cannot raise for a finite float (cached tracer groups)
-_SAFE_FOR_FLOATS = frozenset(ROW_CLASSES.values()) | {DistributionAccumulator}
+_SAFE_FOR_FLOATS = frozenset({DistributionAccumulator})
 
 
 def _key_text(key: Any) -> str:
@@ -149,26 +154,56 @@ def _append(accs: dict, key: Any, value: Any, reduction: Any, sink: Any) -> "tup
 
 
 class Taken:
-    """What :meth:`MetricCollector.swap` took: accumulators, raw values, counters, and the
-    device values not yet read (resolved by :meth:`MetricCollector.export`).
+    """What :meth:`MetricCollector.swap` took: the columns' values (``cols``, one
+    :class:`~forge_obs.recording.columns.ColumnTake` per reduction with values), accumulator
+    objects (``accs``: SAMPLE, custom reductions, keys beyond the columns), raw values, counters,
+    and the device values not yet read (resolved by :meth:`MetricCollector.export`). A Taken is
+    exported once.
 
     Values that belong to the cut but are only known at export (device values read back, GPU
     timings) enter with :meth:`add` and :meth:`merge_row`."""
 
-    __slots__ = ("accs", "raw", "counters", "device", "nonfinite_keys")
+    __slots__ = ("accs", "raw", "counters", "device", "nonfinite_keys", "cols")
 
-    def __init__(self, accs: dict, raw: list | None, counters: dict, device: Any, nonfinite_keys: Any = None) -> None:
+    def __init__(self, accs: dict, raw: list | None, counters: dict, device: Any, nonfinite_keys: Any = None,
+                 cols: "list[ColumnTake] | tuple" = ()) -> None:
         self.accs = accs
         self.raw = raw
         self.counters = counters
         self.device = device
         #: keys that had a non-finite value recorded (not counted again as overflows at export)
         self.nonfinite_keys = set() if nonfinite_keys is None else nonfinite_keys
+        self.cols = cols
+
+    def n_keys(self) -> int:
+        """How many keys have values in this cut."""
+        return len(self.accs) + sum(t.count() for t in self.cols)
+
+    def keys(self) -> list:
+        """The keys that have values in this cut."""
+        out = list(self.accs)
+        for took in self.cols:
+            out.extend(took.keys())
+        return out
+
+    def _detach(self, key: Any) -> None:
+        """``key``'s values, if it has some in a column, moved to an accumulator object in
+        ``accs`` (values added at export then go there)."""
+        k = key if type(key) is str else _norm_key(key)
+        if k is None or not self.cols:
+            return
+        for took in self.cols:
+            i = took.find(k)
+            if i is not None:
+                col = took.column
+                self.accs[k] = ROW_CLASSES[col.rt].from_row(col.reduction, took.detach(i))
+                return
 
     # ------------------------------------------------------------------ adding values at export
     def add(self, key: str, value: Any, reduction: Any) -> bool:
         """One more value of this step (never raises; False: dropped and counted)."""
         try:
+            self._detach(key)
             ok = _append(self.accs, key, value, reduction, self) is not None
         except Exception as e:  # noqa: BLE001
             self.drop("append_error", 1, key, safe_repr(e))
@@ -182,6 +217,7 @@ class Taken:
         e.g. on a device) into this step's accumulator of ``key`` (never raises)."""
         try:
             rt = reduction.value if type(reduction) is Reduce else reduction
+            self._detach(key)
             acc = self.accs.get(key)
             if acc is None:
                 self.accs[key] = ROW_CLASSES[rt].from_row(reduction, row)
@@ -295,10 +331,13 @@ class MetricCollector:
         self._streamed = 0  # raw values handed out early (take_raw) since the last swap
         self._streamed_step: int | None = None  # the step they were streamed under
         self._lock = threading.Lock()
+        #: this step's accumulator objects (SAMPLE, custom reductions, keys beyond the columns)
         self._accs: dict[str, MetricAccumulator] = {}
-        #: keys recorded in an earlier step with a built-in numeric reduction: key ->
-        #: (reduction, maker of an empty accumulator); their first value of a step skips the checks
-        self._known: dict[str, tuple[Any, Any]] = {}
+        #: the built-in numeric reductions' columns (forge_obs.recording.columns), made on first use
+        self._columns: dict[Reduce, Column] = {}
+        #: key -> (reduction, its column, its id there, whether MEAN): a key's values of every
+        #: step go to its column (interned once per run, at most KNOWN_KEYS_MAX keys)
+        self._slots: dict[str, tuple] = {}
         # per_rank_no_reduce: raw (key, value, wall time) tuples, bounded per flush interval
         self._raw: list[tuple[str, Any, float]] | None = None
         self.raw_cap = DEFAULT_RAW_CAP
@@ -308,8 +347,10 @@ class MetricCollector:
         self._nonfinite = 0
         self._nonfinite_keys: set[str] = set()
         self._raw_overflow = 0
-        # record_groups: key tuple -> its accumulators in the current dict
+        # record_groups: key tuple -> (the step it was made in, its (column, id) or (None,
+        # accumulator) per key); cleared when a key leaves its column
         self._groups: dict[tuple, tuple] = {}
+        self._step_gen = 0  # swaps so far
         self._device_values: DeviceValues | None = None  # created when a GPU value is first seen
 
     # ------------------------------------------------------------------ recording
@@ -373,45 +414,60 @@ class MetricCollector:
             WARNER.warn(reason, _key_text(key), f"{safe_repr(key)}: {why}; dropped (counted in obs/dropped_values)")
 
     def _record_slow(self, key: Any, value: Any, reduction: Any) -> None:
-        """Called under the lock: a key's first value of the step, a reduction mismatch, a
+        """Called under the lock: a key's first value in this run, a reduction mismatch, a
         non-``Reduce`` reduction argument, or whatever made the fast path raise. Never raises."""
         try:
-            if self._record_known(key, value, reduction):
-                return
-            new = type(key) is str and key not in self._accs
-            r = _append(self._accs, key, value, reduction, self)
+            r = self._put(key, value, reduction)
             if r is None:
                 return
             self._recorded += 1
             if self._raw is not None:
                 self._append_raw(*r)
-            if new and len(self._known) < KNOWN_KEYS_MAX:
-                make = blank_maker(reduction)
-                if make is not None:
-                    self._known[key] = (reduction, make)
         except Exception as e:  # noqa: BLE001 - never into the caller
             self._sink_drop("append_error", key, safe_repr(e))
 
-    def _record_known(self, key: Any, value: Any, reduction: Any) -> bool:
-        """A key's first value of the step, for a key recorded in an earlier step with the same
-        built-in reduction and a plain number: its accumulator is made without checking the key
-        and the reduction again (they passed before). False: the full path decides."""
-        known = self._known.get(key) if type(key) is str else None
-        if known is None or known[0] is not reduction or key in self._accs:
-            return False
-        t = type(value)
-        if t is not float and t is not int:
-            return False
-        acc = known[1]()
+    def _put(self, key: Any, value: Any, reduction: Any) -> "tuple[str, Any] | None":
+        """Under the lock: one value, checked, into the key's column (a built-in numeric
+        reduction; the key interned on its first value) or its accumulator object. Returns
+        ``(key, value)`` as recorded, or None (dropped and counted). A key keeps one reduction
+        per step: another one is a ``reduction_mismatch``; in a later step the key may change its
+        reduction (it leaves its column)."""
+        k = key if type(key) is str else _norm_key(key)
+        if k is None:
+            self._sink_drop("bad_key", key, f"key must be a str, got {type(key).__name__}")
+            return None
+        red = reduction if type(reduction) is Reduce else _lookup(reduction)
+        slot = self._slots.get(k)
+        if slot is not None and red is not None:
+            if slot[0] is red:
+                return self._add_to_column(slot[1], slot[2], k, value)
+            if slot[1].n[slot[2]]:
+                self._sink_drop("reduction_mismatch", k, f"recorded with {_name(red)} but this step already "
+                                f"has it as {_name(slot[0])}")
+                return None
+            del self._slots[k]  # the key changes its reduction: it leaves its column
+            self._groups.clear()
+        if red in COLUMN_REDUCTIONS and k not in self._accs and len(self._slots) < KNOWN_KEYS_MAX \
+                and isinstance(value, (int, float)) and reserved_key(k) is None:
+            col = self._columns.get(red)
+            if col is None:
+                col = self._columns[red] = column_for(red)
+            i = col.intern(k)
+            self._slots[k] = (red, col, i, red is _MEAN)
+            return self._add_to_column(col, i, k, value)
+        return _append(self._accs, k, value, red if red is not None else reduction, self)
+
+    def _add_to_column(self, col: Column, i: int, key: str, value: Any) -> "tuple[str, Any]":
+        """``value`` into id ``i`` of ``col``; an int beyond the float range as ``±inf``, counted."""
         try:
-            acc.append(value)
-        except Exception:  # noqa: BLE001 - an int beyond the float range: the full path counts it
-            return False
-        self._accs[key] = acc
-        self._recorded += 1
-        if self._raw is not None:
-            self._append_raw(key, value)
-        return True
+            col.add(i, value)
+        except OverflowError:
+            if not isinstance(value, int):
+                raise
+            value = _INF if value > 0 else -_INF
+            self._sink_nonfinite(key, value)
+            col.add(i, value)
+        return key, value
 
     def _append_raw(self, key: str, value: Any) -> None:
         if len(self._raw) < self.raw_cap:  # type: ignore[arg-type]
@@ -465,7 +521,7 @@ class MetricCollector:
         rate-limited warning) only if it was kept."""
         with self._lock:
             try:
-                r = _append(self._accs, key, value, reduction, self)
+                r = self._put(key, value, reduction)
                 if r is None:
                     return
                 self._recorded += 1
@@ -480,9 +536,9 @@ class MetricCollector:
         the reduction at the same position of ``reductions`` (the tracer's avg / max / dist
         triples), under one lock acquisition. Never raises.
 
-        Fast path: the accumulators of a group of three built-in reductions are cached while the
-        collector's accumulator dict is the same (a flush swaps it); a finite float is appended
-        to each of them directly."""
+        Fast path: where each key of a group goes (its column and id, or its accumulator object
+        of this step) is cached while the step lasts (a flush starts another); a finite float is
+        added to each of them directly."""
         if not _ENABLED[0]:
             return
         later = None
@@ -490,8 +546,8 @@ class MetricCollector:
         lock = self._lock
         lock.acquire()
         try:
-            accs = self._accs
             cache = self._groups
+            gen = self._step_gen
             if self._raw is not None:  # streaming raw values: one by one, through record_metric
                 later = pairs
                 pairs = ()
@@ -499,14 +555,15 @@ class MetricCollector:
                 try:
                     if type(v) is float and v - v == 0.0:  # a finite float (else: record_metric, below)
                         grp = cache.get(keys)
-                        if grp is not None and accs.get(keys[0]) is grp[0]:
-                            a, b, c = grp
-                            a.append(v)  # built-in accumulators and a finite float: cannot raise
-                            b.append(v)
-                            c.append(v)
-                            n += 3
+                        if grp is not None and grp[0] == gen:
+                            for col, x in grp[1]:  # columns and these accumulators: cannot raise for it
+                                if col is None:
+                                    x.append(v)
+                                else:
+                                    col.add(x, v)
+                            n += len(grp[1])
                         else:
-                            self._record_group_slow(accs, keys, v, reductions)  # never raises
+                            self._record_group_slow(keys, v, reductions)  # never raises
                         continue
                 except Exception:  # noqa: BLE001 - keys that are not hashable, ...: below
                     pass
@@ -526,7 +583,7 @@ class MetricCollector:
                 for key, red in items:
                     record_metric(key, v, red)
 
-    def _record_group_slow(self, accs: dict, keys: tuple, v: float, reductions: tuple) -> None:
+    def _record_group_slow(self, keys: tuple, v: float, reductions: tuple) -> None:
         """Under the lock: a group not cached yet (or of a previous step)."""
         try:
             items = list(zip(keys, reductions))
@@ -536,10 +593,18 @@ class MetricCollector:
         for key, red in items:
             self._record_slow(key, v, red)
         try:
-            grp = tuple(accs.get(k) for k, _r in items)
-            if len(grp) == 3 and all(type(a) in _SAFE_FOR_FLOATS and a.reduction is r for a, (_k, r) in zip(grp, items)):
-                self._groups[keys] = grp
-        except Exception:  # noqa: BLE001 - not cached: the slow path next time too
+            where = []
+            for k, r in items:
+                slot = self._slots.get(k) if type(k) is str else None
+                acc = self._accs.get(k) if slot is None else None
+                if slot is not None and slot[0] is r:
+                    where.append((slot[1], slot[2]))
+                elif acc is not None and type(acc) in _SAFE_FOR_FLOATS and acc.reduction is r:
+                    where.append((None, acc))
+                else:
+                    return  # not cached: the slow path next time too
+            self._groups[keys] = (self._step_gen, tuple(where))
+        except Exception:  # noqa: BLE001
             pass
 
     # ------------------------------------------------------------------ flushing
@@ -552,6 +617,8 @@ class MetricCollector:
         """
         with self._lock:
             accs, self._accs = self._accs, {}
+            cols = [col.take() for col in self._columns.values() if col.touched]
+            self._step_gen += 1
             raw = self._raw
             if raw is not None:
                 self._raw = []
@@ -572,7 +639,7 @@ class MetricCollector:
             self._recorded = self._dropped = self._nonfinite = self._raw_overflow = 0
         dev = self._device_values
         device = dev.swap() if dev is not None else None
-        return Taken(accs, raw, counters, device, nonfinite_keys)
+        return Taken(accs, raw, counters, device, nonfinite_keys, cols)
 
     def export(self, taken: "Taken", packed: bool = False) -> dict[str, Any]:
         """Mergeable states of a :class:`Taken`, off the caller's path: see
@@ -732,16 +799,26 @@ def record_metric(key: str, value: Any, reduction: "Reduce | str" = Reduce.MEAN)
             return c._record_nonfinite(key, value, reduction)
     _acquire()  # released in the finally below, whatever happens in between
     try:
-        acc = c._accs.get(key)
-        if acc is not None and (acc.reduction is reduction or acc.rt == reduction):  # Reduce.X or "x"
-            acc.append(value)
+        slot = c._slots.get(key)
+        if slot is not None and slot[0] is reduction:  # the key's column (see recording.columns)
+            col = slot[1]
+            i = slot[2]
+            if slot[3]:  # MEAN, inlined: MeanColumn.add
+                n = col.n
+                if n[i]:
+                    col.a[i] += value
+                    n[i] += 1
+                else:
+                    col.a[i] = 0.0 + value
+                    n[i] = 1
+                    col.touched.append(i)
+            else:
+                col.add(i, value)
             c._recorded += 1
             if c._raw is not None:
-                c._append_raw(key, value)
-        elif acc is None and type(key) is str and (known := c._known.get(key)) is not None and known[0] is reduction:
-            acc = known[1]()  # the key's first value of this step (see MetricCollector._record_known)
-            acc.append(value)  # raises before anything is kept: the full path below decides
-            c._accs[key] = acc
+                c._append_raw(col.keys[i], value)
+        elif slot is None and (acc := c._accs.get(key)) is not None and acc.reduction is reduction:
+            acc.append(value)  # an accumulator object of this step (SAMPLE, custom, ...)
             c._recorded += 1
             if c._raw is not None:
                 c._append_raw(key, value)

@@ -25,7 +25,7 @@ from typing import Any
 
 from forge_obs.core.pickling import PICKLED, pickle_value
 from forge_obs.core.safe import safe_repr
-from forge_obs.recording.reduce import ROW_FIELDS, overflowed_keys
+from forge_obs.recording.reduce import ROW_FIELDS, overflowed_keys, row_state
 
 __all__ = ["export_taken"]
 
@@ -61,6 +61,7 @@ def export_taken(taken: Any, packed: bool = False) -> dict[str, Any]:
         if taken.raw:
             out["raw"] = _picklable_raw(taken.raw, set(odd), taken)
     n = _overflows(accs, states, groups, packed, taken.nonfinite_keys)
+    n += _columns(taken, states, groups, packed)
     if packed:
         out["packed"] = groups
     if n:
@@ -79,6 +80,41 @@ def _resolve_device(taken: Any) -> None:
         except Exception:  # noqa: BLE001
             n = 1
         taken.drop("device_error", n, "<device>", f"device values could not be read ({safe_repr(e)})")
+
+
+def _columns(taken: Any, states: dict, groups: dict, packed: bool) -> int:
+    """The columns' keys and rows (``packed``: into ``groups``; else as states), read once for
+    all of a column's keys; each column's lists are given back for a later step. Returns how
+    many rows are non-finite without a non-finite value recorded (sums beyond the float range)."""
+    n = 0
+    for took in taken.cols:
+        col = took.column
+        ids = took.ids()
+        if ids is not None and not ids:  # every key of it moved to an accumulator object (detach)
+            col.give_back(took)
+            continue
+        keys, data = took.keys(ids), took.data(ids)
+        rows = data if type(data) is list else None
+        total = col.sum_of(took, ids)
+        if total - total:  # some row is inf or NaN: which of them overflowed
+            rows = took.rows(ids)
+            n += overflowed_keys(col.rt, keys, rows, taken.nonfinite_keys)
+        if not packed and rows is None:
+            rows = took.rows(ids)
+        col.give_back(took)
+        if packed:
+            g = groups.get(col.rt)
+            if g is None:
+                groups[col.rt] = (keys, data)  # field columns travel as they are (no row objects)
+            else:  # objects' rows of the same reduction came first (keys beyond the columns)
+                g[0].extend(keys)
+                g[1].extend(data if type(data) is list else zip(*data))
+        else:
+            fields = ROW_FIELDS[col.rt]
+            for k, row in zip(keys, rows):
+                states[k] = row_state(col.rt, fields, row)
+    taken.cols = ()
+    return n
 
 
 def _sort(accs: dict, packed: bool) -> tuple[dict, dict, list | None]:

@@ -65,6 +65,7 @@ import random
 import time
 from enum import Enum
 from fractions import Fraction
+from operator import truediv
 from typing import Any, Callable
 
 from forge_obs.core.counters import add_count, add_counts
@@ -90,7 +91,6 @@ __all__ = [
     "ROW_FIELDS",
     "accumulator_for",
     "adopt_reductions",
-    "blank_maker",
     "exact_fsum",
     "is_registered",
     "takes_numbers",
@@ -377,6 +377,16 @@ class RowAccumulator(MetricAccumulator):
     def value_from_state(cls, state: dict[str, Any]) -> Any:
         return cls.row_value(cls.row_from_state(state))
 
+    @classmethod
+    def aligned_values(cls, cols: list) -> list:
+        """The values of ``cols`` (several snapshots' rows of the same keys in the same order,
+        each as a tuple of columns, one per field) merged position by position:
+        ``row_value(merge_rows(...))`` of each key. A reduction may compute them column-wise,
+        with the same bits; it raises where that does not hold (the caller then merges key by key)."""
+        rows = [f[0] if len(f) == 1 else list(zip(*f)) for f in cols]
+        rows = rows[0] if len(rows) == 1 else list(map(cls.merge_rows, zip(*rows)))
+        return list(map(cls.row_value, rows))
+
 
 def row_state(rt: str, fields: tuple, row: Any) -> dict[str, Any]:
     st = {fields[0]: row} if len(fields) == 1 else dict(zip(fields, row))
@@ -442,6 +452,11 @@ class SumAccumulator(RowAccumulator):
     def row_value(cls, row):
         return to_float(row)
 
+    @classmethod
+    def aligned_values(cls, cols):
+        # math.fsum is exact_fsum where it does not raise; float() is to_float
+        return list(map(float, cols[0][0] if len(cols) == 1 else map(math.fsum, zip(*[f[0] for f in cols]))))
+
 
 class MeanAccumulator(RowAccumulator):
     fields = ("sum", "count")
@@ -473,6 +488,16 @@ class MeanAccumulator(RowAccumulator):
             return row[0] / row[1]
         except OverflowError:  # an int sum beyond the float range (a foreign state)
             return to_float(row[0]) / row[1]
+
+    @classmethod
+    def aligned_values(cls, cols):
+        # column-wise merge_rows then row_value; a zero count or an int beyond the float range raises
+        if len(cols) == 1:
+            sums, counts = cols[0]
+        else:
+            sums = map(math.fsum, zip(*[f[0] for f in cols]))
+            counts = map(sum, zip(*[f[1] for f in cols]))
+        return list(map(truediv, sums, counts))
 
 
 class _Extremum(RowAccumulator):
@@ -543,15 +568,18 @@ class StdAccumulator(RowAccumulator):
         self.m2 = 0.0
 
     def append(self, value: float) -> None:
-        n = self.count + 1
-        delta = value - self.mean  # raises (nothing written) for an int beyond the float range
-        mean = self.mean + delta / n
-        if mean - mean:
-            mean = _spread_mean(self.mean, self.count, value, 1, n)
-        m2 = self.m2 + delta * (value - mean)
-        self.m2 = m2
-        self.mean = mean
-        self.count = n
+        self.count, self.mean, self.m2 = self.step(self.count, self.mean, self.m2, value)
+
+    @staticmethod
+    def step(count: int, mean: float, m2: float, value: float) -> tuple:
+        """Welford's update of the fields by one value (raises, before anything changes, for an
+        int beyond the float range)."""
+        n = count + 1
+        delta = value - mean
+        new = mean + delta / n
+        if new - new:
+            new = _spread_mean(mean, count, value, 1, n)
+        return n, new, m2 + delta * (value - new)
 
     def row(self) -> tuple:
         return (self.count, self.mean, self.m2)
@@ -633,6 +661,10 @@ class CountAccumulator(RowAccumulator):
     @classmethod
     def row_value(cls, row):
         return float(row)
+
+    @classmethod
+    def aligned_values(cls, cols):
+        return list(map(float, cols[0][0] if len(cols) == 1 else map(sum, zip(*[f[0] for f in cols]))))
 
 
 class LastAccumulator(RowAccumulator):
@@ -812,33 +844,6 @@ def resolve_reduction(reduction: "Reduce | str") -> "Reduce | str":
         if r is not None:
             return r
     raise ValueError(f"unknown reduction {safe_repr(reduction)}; valid: {', '.join(reduction_names())}")
-
-
-#: Reduce member -> a maker of its empty accumulator (see :func:`blank_maker`)
-_BLANK_MAKERS: dict[Any, Any] = {}
-
-
-def blank_maker(reduction: Any) -> "Callable[[], RowAccumulator] | None":
-    """For a built-in numeric reduction (a ``Reduce`` member): a function returning a new, empty
-    accumulator of it, as the class's constructor makes it (the same fields, set in the same
-    order) without the constructor's checks of ``reduction``. None for any other reduction."""
-    make = _BLANK_MAKERS.get(reduction)
-    if make is not None or type(reduction) is not Reduce:
-        return make
-    cls = _REGISTRY.get(reduction.value)
-    if cls is None or cls.__module__ != __name__ or not issubclass(cls, RowAccumulator):
-        return None
-    new, rt = object.__new__, reduction.value
-
-    def make() -> RowAccumulator:
-        acc = new(cls)
-        acc.reduction = acc.reduction_type = reduction
-        acc.rt = rt
-        acc.reset()
-        return acc
-
-    _BLANK_MAKERS[reduction] = make
-    return make
 
 
 def accumulator_for(reduction_name: str) -> type[MetricAccumulator]:

@@ -82,7 +82,7 @@ class Root:
                    status="running", mode="spmd", world_size=self.world_size, **cfg.run.labels())
         reserve_meta_space(s.run_dir)
         p = FlushPipeline(backends, s.run_id, self.timeout_s, s.label, shutdown_timeout_s=cfg.shutdown_timeout_s,
-                          queue_steps=cfg.backend_queue_steps)
+                          queue_steps=cfg.backend_queue_steps, batch_s=cfg.backend_batch_s)
         for r, ident in s.identities.items():
             p.book.labels[(MESH_ID, r)] = self.labels[r]
             p.book.identities[(MESH_ID, r)] = ident

@@ -107,7 +107,7 @@ class SpmdSession:
             follow_cut(step + 1)  # the timeline's steps go on; the values wait for the next flush
             return
         taken = rank_cut.take(step)
-        n = 1 + len(taken.accs) + len(taken.raw or ())
+        n = 1 + taken.n_keys() + len(taken.raw or ())
         self._queued_in += n
         self._q.append((step, time.time(), taken, n, self._held, False))
         self._held = 0

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import time
 from itertools import repeat
-from operator import attrgetter
 from typing import Any, Callable
 
 from forge_obs.core.safe import safe_repr
@@ -42,9 +41,25 @@ __all__ = [
     "merge_snapshots",
     "without_keys",
     "snapshot_values",
+    "rows_of",
 ]
 
 logger = logging.getLogger("forge_obs")
+
+def rows_of(data: Any) -> Any:
+    """A packed group's rows: ``data`` as it is (a list of rows), or its field columns (a tuple
+    of lists, one per field: how a collector exports MEAN, STD and LAST) zipped into rows."""
+    return zip(*data) if type(data) is tuple else data
+
+
+def _fields(data: Any, n_fields: int, n: int) -> tuple:
+    """A packed group's ``n`` rows as ``n_fields`` columns; ValueError if they are not that."""
+    if type(data) is not tuple:
+        data = (data,) if n_fields == 1 else (tuple(zip(*data)) if n else ((),) * n_fields)
+    if len(data) != n_fields or any(len(f) != n for f in data):
+        raise ValueError("rows of another shape")
+    return data
+
 
 def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     """Merge states of one key (all of the same reduction) into one state."""
@@ -131,8 +146,8 @@ class Grouper:
         groups = self.groups
         for rt, group in (snap.get("packed") or {}).items():
             try:
-                keys, rows = group
-                for k, row in zip(keys, rows):  # self.add, inlined: the bulk of a merge
+                keys, data = group
+                for k, row in zip(keys, rows_of(data)):  # self.add, inlined: the bulk of a merge
                     g = groups.get(k)
                     if g is None:
                         groups[k] = [rt, [row]]
@@ -264,15 +279,19 @@ def _aligned_groups(snapshots: list) -> list[tuple[str, list, list[list]]] | Non
         if rt not in ROW_CLASSES or type(group) is not tuple or len(group) != 2:
             return None
         keys = group[0]
+        n_fields = len(ROW_FIELDS[rt])
         cols = []
         for snap in snapshots:
             p = snap.get("packed") if type(snap) is dict and not snap.get("states") else None
             g = p.get(rt) if type(p) is dict and len(p) == len(packed) else None
-            if type(g) is not tuple or len(g) != 2 or g[0] != keys or len(g[1]) != len(keys):
+            if type(g) is not tuple or len(g) != 2 or (g[0] is not keys and g[0] != keys):
                 return None
-            cols.append(g[1])
+            try:
+                cols.append(_fields(g[1], n_fields, len(keys)))
+            except Exception:  # noqa: BLE001 - rows of another shape: key by key
+                return None
         out.append((rt, keys, cols))
-    if len(set().union(*(keys for _rt, keys, _cols in out))) != sum(len(k) for _rt, k, _c in out):
+    if _key_order([keys for _rt, keys, _cols in out]) is None:
         return None  # a key twice (a bundle's partial merges) or under two reductions: key by key
     return out
 
@@ -290,19 +309,46 @@ def _reduce_aligned(snapshots: list, on_overflow: Callable | None, source: str |
     overflows: list = []  # finite states whose merge exceeds the float range
     try:
         for rt, keys, cols in groups:
-            cls = ROW_CLASSES[rt]
-            rows = cols[0] if len(cols) == 1 else list(map(cls.merge_rows, zip(*cols)))
-            values = list(map(cls.row_value, rows))
+            values = ROW_CLASSES[rt].aligned_values(cols)
             if len(cols) > 1:
-                nonfinite = [i for i, v in enumerate(values) if type(v) is float and v - v]
-                overflows.extend(keys[i] for i in nonfinite if _finite_rows([c[i] for c in cols]))
+                total = sum(values)
+                if total - total:  # some value is inf or NaN: did finite states make it so?
+                    nonfinite = [i for i, v in enumerate(values) if type(v) is float and v - v]
+                    overflows.extend(keys[i] for i in nonfinite if _finite_rows([tuple(f[i] for f in c) for c in cols]))
             out.extend(map(Metric, keys, values, repeat(reduction_of(rt)), repeat(now), repeat(source)))
-        out.sort(key=attrgetter("key"))
+        order = _key_order([keys for _rt, keys, _cols in groups])
+        if order:
+            out = list(map(out.__getitem__, order))
     except Exception:  # noqa: BLE001 - e.g. a malformed row: the general path, key by key
         return None
     for key in sorted(overflows):
         _call(on_overflow, key)
     return out
+
+
+#: what _key_order found for key lists seen before (as snapshot.decode shares them): their
+#: identities -> (the lists, the answer), at most _ORDERS_MAX of them
+_ORDERS: dict[tuple, tuple] = {}
+_ORDERS_MAX = 256
+
+
+def _key_order(key_lists: list[list]) -> "list[int] | None | tuple":
+    """For the keys of ``key_lists`` taken one list after the other: None if a key is there
+    twice; else the order that sorts them (``()`` when they are sorted already). Computed once
+    for the same lists (by identity)."""
+    ident = tuple(map(id, key_lists))
+    hit = _ORDERS.get(ident)
+    if hit is None or any(a is not b for a, b in zip(hit[0], key_lists)):
+        keys = [k for ks in key_lists for k in ks]
+        if len(set(keys)) != len(keys):
+            order = None
+        else:
+            order = sorted(range(len(keys)), key=keys.__getitem__)
+            order = () if order == list(range(len(order))) else order
+        if len(_ORDERS) >= _ORDERS_MAX:
+            _ORDERS.clear()
+        hit = _ORDERS[ident] = (key_lists, order)
+    return hit[1]
 
 
 def reduce_metrics_states(
@@ -336,9 +382,9 @@ def reduce_metrics_states(
 def snapshot_states(snapshot: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """``{key: state}`` of a (possibly packed) collector snapshot."""
     out = dict(snapshot.get("states") or {})
-    for rt, (keys, rows) in (snapshot.get("packed") or {}).items():
+    for rt, (keys, data) in (snapshot.get("packed") or {}).items():
         fields = ROW_FIELDS[rt]
-        for k, row in zip(keys, rows):
+        for k, row in zip(keys, rows_of(data)):
             out[k] = row_state(rt, fields, row)
     return out
 
@@ -377,8 +423,8 @@ def merge_snapshots(
 def without_keys(snapshot: dict[str, Any], keys: Any) -> dict[str, Any]:
     """``snapshot`` (packed and/or states) without the values of ``keys``."""
     packed = {}
-    for rt, (ks, rows) in (snapshot.get("packed") or {}).items():
-        kept = [(k, r) for k, r in zip(ks, rows) if k not in keys]
+    for rt, (ks, data) in (snapshot.get("packed") or {}).items():
+        kept = [(k, r) for k, r in zip(ks, rows_of(data)) if k not in keys]
         packed[rt] = ([k for k, _r in kept], [r for _k, r in kept])
     states = {k: st for k, st in (snapshot.get("states") or {}).items() if k not in keys}
     return dict(snapshot, packed=packed, states=states)
@@ -391,8 +437,9 @@ def snapshot_values(
     value cannot be computed is left out (and reported to ``on_drop``)."""
     values: dict[str, Any] = {}
     kinds: dict[str, str] = {}
-    for rt, (keys, rows) in (snapshot.get("packed") or {}).items():
+    for rt, (keys, data) in (snapshot.get("packed") or {}).items():
         rv = ROW_CLASSES[rt].row_value
+        rows = list(rows_of(data))
         try:
             values.update(zip(keys, map(rv, rows)))
         except Exception:  # noqa: BLE001 - rows not made by a collector: one by one below

@@ -16,7 +16,11 @@ The states of SAMPLE and custom reductions (which may hold any object) travel pi
 one (:data:`PICKLED`), and so do raw values that are not numbers (:func:`encode_raw`): a state
 or value that cannot be unpickled where it arrives (an object whose class only the rank can
 import) costs its key only — it is left out and reported to ``on_drop(key, "undecodable", n)`` —
-and the rest of the rank's step arrives. The packed numeric rows travel as they are.
+and the rest of the rank's step arrives. The packed numeric rows travel as they are, and a
+group's keys as one string (joined by :data:`KEY_SEP`; a group with a key that holds it travels
+as a list): a rank sends the same keys step after step, and the receiver splits each string
+once (:func:`decode` keeps the lists it made: every snapshot with those keys gets the same list,
+which is never modified). Nothing on the wire refers to an earlier message.
 """
 
 from __future__ import annotations
@@ -29,12 +33,21 @@ from forge_obs.core.safe import safe_repr
 from forge_obs.core.warn import WARNER
 
 __all__ = ["dumps", "loads", "opened", "has_values", "encode", "decode", "encode_raw", "decode_raw", "pickle_value",
-           "plain_counters", "PICKLED", "OnDrop"]
+           "plain_counters", "PICKLED", "OnDrop", "KEY_SEP"]
 
 #: a snapshot's field that holds the indices of the raw values pickled one by one
 RAW_PICKLED = "raw_pickled"
 
 OnDrop = Callable[[Any, str, int], None]
+
+#: what separates a packed group's keys when they travel as one string
+KEY_SEP = "\x00"
+#: the key lists made from strings received (string -> list), and the strings made from key
+#: lists sent (id -> (list, string): a collector exports the same list while its keys are the
+#: same), at most _KEYS_MAX of each
+_KEYS: dict[str, list] = {}
+_JOINED: dict[int, tuple[list, str]] = {}
+_KEYS_MAX = 1024
 
 
 def dumps(snapshot: dict[str, Any], on_drop: OnDrop | None = None) -> bytes:
@@ -79,6 +92,8 @@ def encode(snapshot: dict[str, Any], on_drop: OnDrop | None = None) -> dict[str,
     """``snapshot`` with every state pickled on its own (:data:`PICKLED`; bytes already made by
     the collector's export are reused) and raw values that are not numbers too. A state or value
     that cannot be pickled is left out and reported to ``on_drop(key, "unpicklable", 1)``."""
+    if snapshot.get("packed"):
+        snapshot = dict(snapshot, packed=_joined_keys(snapshot["packed"]))
     states = snapshot.get("states") or {}
     raw = snapshot.get("raw")
     if not states and not snapshot.get(PICKLED):
@@ -102,6 +117,9 @@ def decode(snapshot: dict[str, Any], on_drop: OnDrop | None = None) -> dict[str,
     """The inverse of :func:`encode` (a snapshot that was not encoded is returned as it is): a
     state or raw value that cannot be unpickled here is left out, reported to
     ``on_drop(key, "undecodable", 1)`` with a rate-limited warning."""
+    packed = snapshot.get("packed")
+    if packed:
+        snapshot = dict(snapshot, packed=_split_keys(packed))
     pickled = snapshot.get(PICKLED)
     if pickled is None:
         return snapshot
@@ -116,6 +134,49 @@ def decode(snapshot: dict[str, Any], on_drop: OnDrop | None = None) -> dict[str,
     if snapshot.get(RAW_PICKLED):
         out["raw"] = decode_raw(snapshot["raw"], snapshot[RAW_PICKLED], on_drop)
     return out
+
+
+def _joined_keys(packed: dict) -> dict:
+    """``{rt: (keys, rows)}`` with each list of keys as one string where no key holds
+    :data:`KEY_SEP` (a group that is not such a pair is left as it is)."""
+    out = {}
+    for rt, group in packed.items():
+        try:
+            keys, rows = group
+            if type(keys) is list and keys:
+                hit = _JOINED.get(id(keys))
+                if hit is not None and hit[0] is keys:
+                    group = (hit[1], rows)
+                else:
+                    joined = KEY_SEP.join(keys)  # raises for a key that is not a str
+                    if joined.count(KEY_SEP) == len(keys) - 1:
+                        group = (joined, rows)
+                        if len(_JOINED) >= _KEYS_MAX:
+                            _JOINED.clear()
+                        _JOINED[id(keys)] = (keys, joined)
+        except Exception:  # noqa: BLE001 - sent as it is: the receiver judges it
+            pass
+        out[rt] = group
+    return out
+
+
+def _split_keys(packed: Any) -> Any:
+    """The inverse of :func:`_joined_keys`; each string split once (see the module docstring)."""
+    if type(packed) is not dict:
+        return packed
+    out = None
+    for rt, group in packed.items():
+        if type(group) is tuple and len(group) == 2 and type(group[0]) is str:
+            joined = group[0]
+            keys = _KEYS.get(joined)
+            if keys is None:
+                if len(_KEYS) >= _KEYS_MAX:
+                    _KEYS.clear()
+                keys = _KEYS[joined] = joined.split(KEY_SEP)
+            if out is None:
+                out = dict(packed)
+            out[rt] = (keys, group[1])
+    return packed if out is None else out
 
 
 def encode_raw(raw: list, on_drop: OnDrop | None = None, keys: Any = None) -> tuple[list, list[int]]:
