@@ -32,8 +32,10 @@ from forge_obs.core.counters import add_count, add_counts
 from forge_obs.core.selfobs import CPU_PARTS, SELF_OBS, add_cpu
 from forge_obs.core.types import Metric
 from forge_obs.core.warn import WARNER
+from forge_obs.recording import telemetry
 from forge_obs.recording.collector import MetricCollector, Taken
 from forge_obs.recording.reduce import KeyDrops, Reduce
+from forge_obs.recording.telemetry.keys import is_telemetry
 from forge_obs.wire.bundle import loads_bundle
 from forge_obs.wire.merge import merge_snapshots, reduce_snapshots, without_keys
 from forge_obs.wire.snapshot import loads
@@ -91,7 +93,7 @@ class StepAssembler:
             global_metrics, rank_snaps = _without_clashes(clashes, global_metrics, rank_snaps, drops)
         # per-rank Metrics are built only if a backend reads them (JSONL reads plain values)
         per_rank = RankViews(rank_snaps) if self.per_rank else {}
-        if cut.final and not global_snaps and not raw:
+        if cut.final and not raw and (not global_snaps or _telemetry_only(global_metrics, tally, drops)):
             return None  # nothing was recorded after the last flush
         tally.overflows = len(overflows)
         obs = self.obs_metrics(cut, tally, drops, len(missing), len(late), pending, len(bundles), gauges())
@@ -125,6 +127,8 @@ class StepAssembler:
         local = cut.local
         if not isinstance(local, Taken):
             return local
+        if not cut.final:
+            telemetry.add_to(local)  # the controller process's own obs/sys/... (never raises)
         try:
             return _COLLECTOR.export(local, packed=True)
         except Exception as e:  # noqa: BLE001 - the controller's own values; the ranks' still arrive
@@ -232,6 +236,14 @@ class Tally:
             elif isinstance(v, (int, float)):
                 add_count(self.counters, k, v)
         add_cpu(self.own_cpu, snap.get("self_cpu"))
+
+
+def _telemetry_only(metrics: list, tally: "Tally", drops: KeyDrops) -> bool:
+    """Whether a step holds only telemetry (``obs/sys/...``: sampled, not recorded): no other key,
+    no value recorded or dropped."""
+    c = tally.counters
+    return (not c["values_recorded"] and not c["dropped_values"] and not drops.total()
+            and all(is_telemetry(m.key) for m in metrics))
 
 
 def _rank_snapshots(by_label: dict[str, list[dict]], on_drop: Any) -> tuple[dict[str, dict], dict[str, list]]:

@@ -1,0 +1,170 @@
+"""This process's figures: CPU time, context switches, resident memory, threads, and the time
+its threads waited for a CPU. Cumulative counters; :mod:`.sampler` turns two readings into the
+figures of the interval between them.
+
+    >>> from forge_obs.recording.telemetry.proc import ProcReader
+    >>> r = ProcReader()
+    >>> a = r.read()
+    >>> sorted(a)
+    ['cpu_s', 'ctx_involuntary', 'ctx_voluntary', 'rss_bytes', 'runq_ns', 'threads']
+    >>> r.read()["cpu_s"] >= a["cpu_s"]
+    True
+    >>> r.close()
+
+One ``getrusage`` (CPU time and context switches of every thread), one ``pread`` of
+``/proc/self/statm`` (resident memory), and the run-queue wait of the threads (the kernel's
+``run_delay`` in ``/proc/self/task/<tid>/schedstat``, see :class:`ThreadDelays`): each file is
+opened once and read again with ``pread`` at offset 0 (the kernel makes its text anew). Where a
+file is missing (not Linux, a kernel without schedstat), its figures are left out.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from collections import deque
+from typing import Any
+
+__all__ = ["ProcReader", "ThreadDelays", "read_fd", "open_file", "close_fd"]
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def read_fd(fd: int, size: int = 4096) -> bytes:
+    """The file open as ``fd`` from its start (a ``/proc`` file's text, made anew)."""
+    return os.pread(fd, size, 0)
+
+
+def open_file(path: str) -> int | None:
+    """``path`` opened for reading (None where it cannot be)."""
+    try:
+        return os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+
+
+def close_fd(fd: int | None) -> None:
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+class ThreadDelays:
+    """The run-queue wait of this process's threads, summed (nanoseconds, cumulative).
+
+    A process has a few busy threads and many idle ones (a runtime's workers, a thread pool
+    sized to the host). A thread whose counters moved at its last read is *hot*: the hot threads
+    are read in turn, ``max_reads - cold_reads`` per call (all of them at every call while they
+    are that few); the others in turn, ``cold_reads`` per call, so that a thread that wakes up is
+    seen within a few calls. A thread's wait counts from its first read; the sum is exact at
+    every thread's last read (a dead thread's wait stays counted), so a total over several
+    intervals is exact and one interval may carry a waking thread's last few. The cost is
+    bounded by ``max_reads`` reads of a few µs, whatever the number of threads. The thread list
+    is read again every ``refresh_s``."""
+
+    def __init__(self, pid: int, max_reads: int = 12, cold_reads: int = 2, refresh_s: float = 1.0) -> None:
+        self.pid = pid
+        self.max_reads, self.cold_reads, self.refresh_s = max_reads, cold_reads, refresh_s
+        self.fds: dict[int, int] = {}  # tid -> fd of its schedstat
+        self.last: dict[int, tuple] = {}  # tid -> (run time ns, run delay ns) at its last read
+        self.hot: deque = deque()  # threads whose counters moved at their last read, in turn
+        self.cold: deque = deque()  # the others, in turn
+        self.total_ns = 0
+        self.refreshed = -1e18
+        self.available = os.path.exists(f"/proc/{pid}/task/{pid}/schedstat")
+
+    @property
+    def threads(self) -> int:
+        return len(self.fds)
+
+    def read(self, now: float | None = None) -> int | None:
+        """The cumulative run-queue wait (ns) of the threads, or None where the kernel has no
+        schedstat."""
+        if not self.available:
+            return None
+        now = time.monotonic() if now is None else now
+        if now - self.refreshed >= self.refresh_s:
+            self._refresh()
+            self.refreshed = now
+        hot, cold = self.hot, self.cold
+        todo = [hot.popleft() for _ in range(min(len(hot), self.max_reads - min(self.cold_reads, len(cold))))]
+        todo += [cold.popleft() for _ in range(min(len(cold), self.max_reads - len(todo)))]
+        for tid in todo:
+            moved = self._read_one(tid)
+            if tid in self.fds:
+                (hot if moved else cold).append(tid)
+        return self.total_ns
+
+    def _read_one(self, tid: int) -> bool:
+        """Read one thread; True when its counters moved (it is hot)."""
+        fd = self.fds.get(tid)
+        if fd is None:
+            return False
+        try:
+            run_ns, delay_ns = map(int, read_fd(fd, 128).split()[:2])
+        except (OSError, ValueError):
+            self._drop(tid)
+            return False
+        prev = self.last.get(tid)
+        self.last[tid] = (run_ns, delay_ns)
+        if prev is None:  # its first read: where it starts from (its earlier wait is not this interval's)
+            return True
+        self.total_ns += delay_ns - prev[1]
+        return (run_ns, delay_ns) != prev
+
+    def _refresh(self) -> None:
+        try:
+            tids = {int(t) for t in os.listdir(f"/proc/{self.pid}/task")}
+        except (OSError, ValueError):
+            return
+        for tid in list(self.fds):
+            if tid not in tids:
+                self._drop(tid)
+        for tid in tids - self.fds.keys():
+            fd = open_file(f"/proc/{self.pid}/task/{tid}/schedstat")
+            if fd is not None:
+                self.fds[tid] = fd
+                self.hot.appendleft(tid)  # read soon: its starting point
+        self.hot = deque(t for t in self.hot if t in self.fds)
+        self.cold = deque(t for t in self.cold if t in self.fds)
+
+    def _drop(self, tid: int) -> None:
+        close_fd(self.fds.pop(tid, None))
+        self.last.pop(tid, None)
+
+    def close(self) -> None:
+        for tid in list(self.fds):
+            self._drop(tid)
+        self.hot, self.cold = deque(), deque()
+
+
+class ProcReader:
+    """This process's cumulative counters (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.statm = open_file("/proc/self/statm")
+        self.delays = ThreadDelays(self.pid)
+
+    def read(self, now: float | None = None) -> dict[str, Any]:
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        out: dict[str, Any] = {"cpu_s": ru.ru_utime + ru.ru_stime, "ctx_voluntary": ru.ru_nvcsw,
+                               "ctx_involuntary": ru.ru_nivcsw}
+        if self.statm is not None:
+            try:
+                out["rss_bytes"] = int(read_fd(self.statm, 256).split()[1]) * _PAGE
+            except (OSError, ValueError, IndexError):
+                pass
+        runq = self.delays.read(now)
+        if runq is not None:
+            out["runq_ns"] = runq
+            out["threads"] = self.delays.threads
+        return out
+
+    def close(self) -> None:
+        close_fd(self.statm)
+        self.statm = None
+        self.delays.close()
