@@ -27,7 +27,8 @@ from typing import Any
 from forge_obs.alerts.config import AlertsConfig
 from forge_obs.alerts.sinks import Dispatcher, FileSink, console_sink, find_wandb_run, post_json, wandb_alert
 from forge_obs.analysis.doctor.subjects import Identities
-from forge_obs.analysis.doctor.rules import Event, StepView, build_rules
+from forge_obs.analysis.doctor.rule_base import Event, StepView
+from forge_obs.analysis.doctor.rules import build_rules
 from forge_obs.backends.base import LoggerBackend
 from forge_obs.backends.record import StepRecord
 from forge_obs.core.run import path_in_run

@@ -35,7 +35,7 @@ from forge_obs.analysis.doctor.subjects import Identities
 from forge_obs.analysis.doctor.roots import merge_root_events
 from forge_obs.analysis.doctor.path import cite_paths
 from forge_obs.analysis.doctor.replay import metric_findings
-from forge_obs.analysis.doctor.rules import UserRule
+from forge_obs.analysis.doctor.user_rules import UserRule
 from forge_obs.analysis.doctor.timeline_rules import timeline_findings
 
 __all__ = ["diagnose", "diagnose_run", "Diagnosis", "DoctorConfig", "Finding", "format_findings"]

@@ -18,7 +18,9 @@ from forge_obs.analysis.doctor.config import DoctorConfig
 from forge_obs.analysis.doctor.detect import growth
 from forge_obs.analysis.doctor.finding import Finding
 from forge_obs.analysis.doctor.subjects import GLOBAL, Identities
-from forge_obs.analysis.doctor.rules import Event, Staleness, StepView, build_rules
+from forge_obs.analysis.doctor.rule_base import Event, StepView
+from forge_obs.analysis.doctor.rules import build_rules
+from forge_obs.analysis.doctor.value_rules import Staleness
 
 __all__ = ["step_views", "metric_findings"]
 
