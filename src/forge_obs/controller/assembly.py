@@ -29,6 +29,7 @@ from forge_obs.backends.record import RankViews, StepRecord
 from forge_obs.controller.cut_timing import breakdown
 from forge_obs.controller.cuts import BUNDLED, Cut, RankBook
 from forge_obs.core.counters import add_count, add_counts
+from forge_obs.core.identity import current_identity
 from forge_obs.core.selfobs import CPU_PARTS, SELF_OBS, add_cpu
 from forge_obs.core.types import Metric
 from forge_obs.core.warn import WARNER
@@ -107,7 +108,9 @@ class StepAssembler:
         raw_entries = []
         local = self._local_snapshot(cut, drops)
         if local is not None:
-            raw_entries.append(({"label": self.process_name, "mesh": self.process_name, "rank": 0}, local))
+            me = current_identity()  # host and pid: the controller's telemetry is joined to its host by them
+            raw_entries.append(({"label": self.process_name, "mesh": self.process_name, "rank": 0, "ctl": True,
+                                 "host": me.host, "pid": me.pid}, local))
         raw_entries.extend(v for v in cut.received.values() if v is not BUNDLED)
         book = self.book
         for key, ident, snap in cut.extra:

@@ -20,15 +20,19 @@ __all__ = ["Stragglers", "SyncShare"]
 class Stragglers(Rule):
     """``straggler`` / ``slowdown`` on per-rank duration metrics, grouped by (mesh, key): the
     same :class:`GroupTracker` the doctor runs on spans. Wait-like keys (``wait_spans``) are
-    consequences of someone else's slowness and not judged."""
+    consequences of someone else's slowness and not judged, nor are forge_obs's own (``obs/``:
+    ``obs/sys/proc/cpu_s`` is telemetry, not a duration of work)."""
 
     name = "straggler"
     timeline_equivalent = True
 
     def __init__(self, cfg: DoctorConfig, ids: Identities, keys: KeyIndex | None = None,
-                 slowdowns: bool = True) -> None:
+                 slowdowns: bool = True, contention: Any = None) -> None:
         super().__init__(cfg, ids, keys)
         self.slowdowns = slowdowns
+        #: the ``host_contention`` rule (:class:`~forge_obs.analysis.doctor.contention.HostContention`), or None
+        self.contention = contention
+        self.held: dict[str, list] = {}  # condition id -> [group, kind, rank, label, hits judged]: its host's
         self.trackers: dict[tuple, GroupTracker] = {}
         self.scale: dict[str, float] = {}  # duration key -> seconds per unit
         self.keys = self.key_index.keyset(self._is_duration)
@@ -48,7 +52,7 @@ class Stragglers(Rule):
         return wr
 
     def _is_duration(self, k: str) -> bool:
-        sc = None if self.cfg.wait_re.search(k) else duration_scale(k)
+        sc = None if k[:4] == "obs/" or self.cfg.wait_re.search(k) else duration_scale(k)
         if sc is not None:
             self.scale[k] = sc
         return sc is not None
@@ -84,22 +88,88 @@ class Stragglers(Rule):
                     continue  # one rank, no history wanted: nothing to compare
                 t = self.trackers[g] = GroupTracker(self.cfg, history=self.slowdowns)
             changes = t.update(view.step, {r: x for r, (x, _lb) in by_rank.items()}, step_s)
-            for c in changes:
-                if c.kind == "straggler":
-                    n = self.straggling.get((g[0], c.rank), 0) + (1 if c.state == "onset" else -1)
-                    self.straggling[(g[0], c.rank)] = n
-            for c in changes:
-                if c.kind == "slowdown":
-                    ik = (g[0], g[1], c.rank)
-                    if not self.slowdowns:
-                        continue
-                    if c.state == "onset" and self.straggling.get((g[0], c.rank), 0) > 0:
-                        self.absorbed.add(ik)
-                        continue
-                    if c.state == "clear" and ik in self.absorbed:
-                        self.absorbed.discard(ik)
-                        continue
-                label = by_rank[c.rank][1] if c.rank in by_rank else None
+            if changes:
+                out += self._changes(g, t, by_rank, changes, view)
+        if self.held:
+            out += self._recheck(view)
+        return out
+
+    def _changes(self, g: tuple, t: GroupTracker, by_rank: dict, changes: list, view: StepView) -> list[Event]:
+        """The events of one group's changes at this step: a rank's own slowdown while it is a
+        straggler is part of that event; a condition its host's contention explains goes to the
+        ``host_contention`` rule instead."""
+        out: list[Event] = []
+        for c in changes:
+            if c.kind == "straggler":
+                n = self.straggling.get((g[0], c.rank), 0) + (1 if c.state == "onset" else -1)
+                self.straggling[(g[0], c.rank)] = n
+        for c in changes:
+            if c.kind == "slowdown":
+                ik = (g[0], g[1], c.rank)
+                if not self.slowdowns:
+                    continue
+                if c.state == "onset" and self.straggling.get((g[0], c.rank), 0) > 0:
+                    self.absorbed.add(ik)
+                    continue
+                if c.state == "clear" and ik in self.absorbed:
+                    self.absorbed.discard(ik)
+                    continue
+            label = by_rank[c.rank][1] if c.rank in by_rank else None
+            held = self._host_side(g, t, c, view, label)
+            if held is not None:
+                out += held
+            else:
+                out.append(self._event(g, c, view, label))
+        return out
+
+    def _host_side(self, g: tuple, t: GroupTracker, c: Any, view: StepView, label: str | None) -> list[Event] | None:
+        """The events when condition ``c`` is (or was) its host's contention (the ``host_contention``
+        rule's :meth:`~forge_obs.analysis.doctor.contention.HostContention.absorb` /
+        ``release``); None when it is the rank's own."""
+        h = self.contention
+        if h is None or label is None:
+            return None
+        cond = f"{c.kind}:{label}:{g[1]}"
+        if c.state != "onset":
+            return h.release(cond, view.step) if self.held.pop(cond, None) is not None else None
+        ep = t.episode(c.rank, c.kind)
+        if ep is None:
+            return None
+        v = h.evidence.judge(label, ep.onset, view.step, ep.excess_s(), peers=c.kind == "straggler")
+        if not v.explained:
+            return None
+        self.held[cond] = [g, c.kind, c.rank, label, ep.hits]
+        return h.absorb(cond, v, self._member(g, c, view, label, v), view.step, c.onset)
+
+    def _member(self, g: tuple, c: Any, view: StepView, label: str, v: Any) -> dict:
+        """A condition held as its host's contention, as the row the ``host_contention`` alert lists."""
+        mesh, key = g
+        w = self.ids.of_source(view.sources[label]) if label in view.sources else self.ids.of(mesh, c.rank)
+        what = "a straggler" if c.kind == "straggler" else "slower than before"
+        return {"kind": c.kind, **w, "steps": [c.onset, view.step], "key": key, "verdict": v.to_dict(),
+                "message": f"'{key}' {c.info.get('median_ratio') or 0:.1f}x, {what}: {v.clause()}"}
+
+    def _recheck(self, view: StepView) -> list[Event]:
+        """Conditions held as their host's are judged again after every ``window_steps`` more
+        out-of-line steps, on those steps: one the host no longer explains (a fault that began
+        while the host was busy) fires as the rank's own, from its onset."""
+        out: list[Event] = []
+        h, win = self.contention, self.cfg.window_steps
+        for cond, held in list(self.held.items()):
+            g, kind, rank, label, judged = held
+            t = self.trackers[g]
+            ep = t.episode(rank, kind)
+            if ep is None or ep.hits - judged < win or len(ep.hit_steps) < ep.hits - judged:
+                continue
+            n = ep.hits - judged
+            held[4] = ep.hits
+            v = h.evidence.judge(label, ep.hit_steps[-n], view.step, ep.excess_s(last=n), peers=kind == "straggler")
+            if v.explained:
+                continue
+            del self.held[cond]
+            out += h.release(cond, view.step)
+            c = t.current(rank, kind, view.step)
+            if c is not None:
                 out.append(self._event(g, c, view, label))
         return out
 
@@ -149,7 +219,7 @@ class SyncShare(Rule):
         self.active: dict[tuple, dict] = {}
 
     def _is_sync(self, k: str) -> bool:
-        sc = duration_scale(k) if self.cfg.sync_re.search(k) else None
+        sc = duration_scale(k) if k[:4] != "obs/" and self.cfg.sync_re.search(k) else None
         if sc is not None:
             self.scale[k] = sc
         return sc is not None

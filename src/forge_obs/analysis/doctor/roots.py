@@ -18,12 +18,13 @@ __all__ = ["KIND_ORDER", "merge_root_events"]
 
 #: the order findings are printed in (most severe first)
 KIND_ORDER = ["hang", "stall", "missing_ranks", "quiet_rank", "nonfinite", "straggler", "slowdown", "sync_bottleneck",
-              "staleness", "throughput_drop", "dropped", "threshold"]
+              "host_contention", "staleness", "throughput_drop", "dropped", "threshold"]
 #: a process lost: what the other symptoms of the same process follow from
 _LOSS = ("hang", "stall")
 _SYMPTOMS = ("missing_ranks", "quiet_rank")
 #: root events a throughput drop starting with them is a consequence of
-_CAUSES = ("hang", "stall", "missing_ranks", "quiet_rank", "nonfinite", "straggler", "slowdown", "sync_bottleneck")
+_CAUSES = ("hang", "stall", "missing_ranks", "quiet_rank", "nonfinite", "straggler", "slowdown", "sync_bottleneck",
+           "host_contention")
 
 
 def _ranks(f: Finding) -> set:

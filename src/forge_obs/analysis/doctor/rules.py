@@ -23,12 +23,16 @@ with what followed), ``missing_ranks`` (ranks that did not report at a flush), `
 ``throughput_drop`` of its rolling median), ``straggler`` / ``slowdown`` (per-rank duration
 metrics: the :class:`~forge_obs.analysis.doctor.detect.GroupTracker` the timeline doctor uses on
 spans), ``sync_bottleneck`` (a state-moving duration metric taking ``sync_share`` of the step),
-and ``threshold`` (user rules such as ``"trainer/loss > 10"``).
+``host_contention`` (a straggler, slowdown or drop that was its host's: the processes waited for
+a CPU; :mod:`.contention`) and ``threshold`` (user rules such as ``"trainer/loss > 10"``).
+Modules: :mod:`.rule_base` (a step, an event, the keys a rule looks at), :mod:`.value_rules`,
+:mod:`.duration_rules`, :mod:`.user_rules`, :mod:`.contention`.
 """
 
 from __future__ import annotations
 
 from forge_obs.analysis.doctor.config import DoctorConfig
+from forge_obs.analysis.doctor.contention import HostContention
 from forge_obs.analysis.doctor.duration_rules import Stragglers, SyncShare
 from forge_obs.analysis.doctor.rule_base import KeyIndex, Rule
 from forge_obs.analysis.doctor.subjects import Identities
@@ -45,24 +49,33 @@ RULES: dict[str, type] = {
     "straggler": Stragglers,
     "sync_bottleneck": SyncShare,
     "staleness": Staleness,
-    "throughput_drop": Throughput,  # last: a drop that starts with one of the above follows from it
+    "throughput_drop": Throughput,  # a drop that starts with one of the above follows from it
+    "host_contention": HostContention,  # runs first (build_rules): the evidence of a step, before the rules that ask it
 }
 
 
 def build_rules(cfg: DoctorConfig, ids: Identities | None = None, user_rules: list | None = None,
                 disable: tuple = (), skip_timeline_equivalent: bool = False, keep_all: bool = False,
                 live: bool = False) -> list[Rule]:
-    """The rules, in the order they run (roots before symptoms). ``keep_all`` (the doctor): the
-    staleness rule keeps whole series for its whole-run test. ``live`` (the alerts backend): the
-    NaN rule reads values only at steps that recorded a non-finite one."""
+    """The rules, in the order they run (the host's evidence first, then roots before symptoms).
+    ``keep_all`` (the doctor): the staleness rule keeps whole series for its whole-run test.
+    ``live`` (the alerts backend): the NaN rule reads values only at steps that recorded a
+    non-finite one, and the telemetry evidence keeps the last 512 samples per process and host.
+    ``host_contention`` in ``disable``: stragglers and drops are judged without it."""
     ids = ids or Identities()
     keys = KeyIndex()
     out: list[Rule] = []
+    contention = None
+    if "host_contention" not in disable:
+        contention = HostContention(cfg, ids, keys, keep=512 if live else None)
+        out.append(contention)
     for name, cls in RULES.items():
-        if name in disable or (skip_timeline_equivalent and cls.timeline_equivalent):
+        if name in disable or (skip_timeline_equivalent and cls.timeline_equivalent) or cls is HostContention:
             continue
         if cls is Stragglers:
-            out.append(cls(cfg, ids, keys, slowdowns="slowdown" not in disable))
+            out.append(cls(cfg, ids, keys, slowdowns="slowdown" not in disable, contention=contention))
+        elif cls is Throughput:
+            out.append(cls(cfg, ids, keys, contention=contention))
         elif cls is Staleness:
             out.append(cls(cfg, ids, keys, keep_all=keep_all))
         elif cls is NonFinite:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import re
 from collections import deque
+from typing import Any
 
 from forge_obs.analysis.doctor.config import DoctorConfig
 from forge_obs.analysis.doctor.detect import History, Persistence, growth
@@ -137,6 +138,16 @@ class NonFinite(Rule):
 # ---------------------------------------------------------------- missing and quiet ranks
 
 
+def _recorded(values: dict | None) -> bool:
+    """Whether a rank's values of a step hold one it recorded (not only forge_obs's ``obs/``)."""
+    if not values:
+        return False
+    for k in values:
+        if k[:4] != "obs/":
+            return True
+    return False
+
+
 class MissingRanks(Rule):
     """``missing_ranks``: ranks of a mesh that did not answer a flush (one incident per mesh
     while any of its ranks is missing). ``quiet_rank``: a rank that answers but recorded nothing
@@ -170,16 +181,17 @@ class MissingRanks(Rule):
                 inc["steps"] += 1
         for mesh in [m for m in self.inc if m not in now]:
             out.append(self._event(mesh, self.inc.pop(mesh), "resolved", step))
-        # ---- quiet ranks: answered, but no values (ranks of meshes: the controller's own entry
-        # has no pid, and a stuck controller sends no step at all: the stall watchdog's case)
+        # ---- quiet ranks: answered, but no values recorded (telemetry, obs/sys/..., is sampled,
+        # not recorded). Ranks of meshes: not the controller's own entry (``ctl``; older runs: no
+        # pid), and a stuck controller sends no step at all: the stall watchdog's case
         q = self.cfg.quiet_steps
         if q:
             per_rank = view.per_rank
             for label, src in view.sources.items():
                 g = self.gap.get(label)
-                has = bool(per_rank.get(label))
+                has = _recorded(per_rank.get(label))
                 if g is None:
-                    if has and src.get("pid"):
+                    if has and src.get("pid") and not src.get("ctl"):
                         self.gap[label] = [1, 0, 0, None, 1]  # steps with values, gap, longest gap, gap start, steps
                     continue
                 g[4] += 1
@@ -307,8 +319,11 @@ class Throughput(Rule):
 
     name = "throughput_drop"
 
-    def __init__(self, cfg: DoctorConfig, ids: Identities, keys: KeyIndex | None = None) -> None:
+    def __init__(self, cfg: DoctorConfig, ids: Identities, keys: KeyIndex | None = None,
+                 contention: Any = None) -> None:
         super().__init__(cfg, ids, keys)
+        #: the ``host_contention`` rule: a drop while a host's processes wait for a CPU is listed there too
+        self.contention = contention
         self.state: dict[str, tuple] = {}  # key -> (History, Persistence)
         self.active: dict[str, dict] = {}
         self.keys = self.key_index.keyset(lambda k: bool(cfg.throughput_re.search(k)))
@@ -346,14 +361,31 @@ class Throughput(Rule):
                                                                           where="the training loop")
             low = min(p for _s, p in pers.window_hits())
             inc = self.active[key] = {"onset": pers.onset, "last": view.step, "base": base, "low": low, "where": w}
-            return [self._event(key, inc, "firing", view.step)]
+            fired = self._event(key, inc, "firing", view.step)
+            return self._host_side(fired, view.step) + [fired]
         if inc is not None:
             if hit:
                 inc["last"] = view.step
                 inc["low"] = min(inc["low"], x)
             if ch == "clear":
-                return [self._event(key, self.active.pop(key), "resolved", view.step)]
+                out = [self._event(key, self.active.pop(key), "resolved", view.step)]
+                h = self.contention
+                return out + (h.release(f"throughput_drop:{key}", view.step) if h is not None else [])
         return []
+
+    def _host_side(self, fired: Event, step: int) -> list[Event]:
+        """A drop while a process waited for a CPU on an oversubscribed host (the evidence's
+        ``judge_drop``) is listed under that host's ``host_contention`` (fired with it when it
+        opens); the drop itself is still reported, as a consequence."""
+        h = self.contention
+        if h is None:
+            return []
+        v = h.evidence.judge_drop(fired.onset_step, step)
+        if not v.explained:
+            return []
+        what = {"kind": "throughput_drop", **fired.where, "steps": [fired.onset_step, step],
+                "message": fired.message, "verdict": v.to_dict()}
+        return h.absorb(f"throughput_drop:{fired.details['key']}", v, what, step, fired.onset_step)
 
     def _where(self, key: str, view: StepView) -> dict:
         meshes = sorted({str(view.sources.get(lb, {}).get("mesh") or lb.split("/")[0])
