@@ -366,8 +366,9 @@ class HostContention(Rule):
         return []
 
     def absorb(self, cond: str, verdict: Verdict, what: dict, step: int, onset: int) -> list[Event]:
-        """Condition ``cond`` (its id) is the host's (``verdict``); ``what``: a consequence row.
-        Returns the incident's ``firing`` event when it opens."""
+        """Condition ``cond`` (its id) is the host's (``verdict``); ``what``: a consequence row
+        (its ``summary``: what slowed, for the message). Returns the incident's ``firing`` event
+        when it opens."""
         host = verdict.host or "?"
         self.host_of[cond] = host
         inc = self.incidents.get(host)
@@ -399,15 +400,15 @@ class HostContention(Rule):
     def _event(self, host: str, inc: dict, state: str, step: int) -> Event:
         fig: HostFigures | None = inc.get("figures")
         seen = list(inc["seen"].values())
-        who = ", ".join(sorted({m["where"] for m in seen}))
+        what = "; ".join(m["summary"] for m in seen[:4]) + (f"; and {len(seen) - 4} more" if len(seen) > 4 else "")
         msg = (f"host {host} is oversubscribed since step {inc['onset']}"
                + (f" ({fig.text()})" if fig is not None else "")
-               + f": {who} {'is' if len(seen) == 1 else 'are'} slow waiting for a CPU, not for their own work")
+               + f": slowed down waiting for a CPU, not by their own work: {what}")
         where = {"mesh": None, "actor": None, "rank": None, "replica": None, "where": f"host {host}"}
         details = {"host": host, "figures": fig.to_dict() if fig is not None else None,
                    "explained": [m.get("verdict") for m in seen]}
         return Event(self.name, state, f"host_contention:{host}:{inc['onset']}", step, inc["onset"], inc["last"], msg,
-                     where, details, [{k: v for k, v in m.items() if k != "verdict"} for m in seen])
+                     where, details, [{k: v for k, v in m.items() if k not in ("verdict", "summary")} for m in seen])
 
     def finish(self) -> list[Event]:
         return [self._event(h, inc, "active", inc["last"]) for h, inc in self.incidents.items()]

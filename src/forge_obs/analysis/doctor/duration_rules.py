@@ -145,9 +145,11 @@ class Stragglers(Rule):
         """A condition held as its host's contention, as the row the ``host_contention`` alert lists."""
         mesh, key = g
         w = self.ids.of_source(view.sources[label]) if label in view.sources else self.ids.of(mesh, c.rank)
-        what = "a straggler" if c.kind == "straggler" else "slower than before"
+        ratio = c.info.get("median_ratio") or 0
+        what = f"its {mesh} peers" if c.kind == "straggler" else "its own earlier steps"
         return {"kind": c.kind, **w, "steps": [c.onset, view.step], "key": key, "verdict": v.to_dict(),
-                "message": f"'{key}' {c.info.get('median_ratio') or 0:.1f}x, {what}: {v.clause()}"}
+                "summary": f"{w['where']} '{key}' {ratio:.1f}x {what}",
+                "message": f"'{key}' {ratio:.1f}x {what}: {v.clause()}"}
 
     def _recheck(self, view: StepView) -> list[Event]:
         """Conditions held as their host's are judged again after every ``window_steps`` more

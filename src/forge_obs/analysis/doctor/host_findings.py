@@ -50,7 +50,7 @@ def host_contention(findings: list[Finding], ev: Evidence | None, cfg: DoctorCon
             _note_kept(f, v, cfg)
         keep.append(f)
     made = [_host_finding(host, items, ev) for host, items in _spells(explained, ev, cfg)]
-    out = keep + _join(made, hosts, cfg)
+    out = keep + _join(made, [r for r in hosts if _not_an_actors(r, keep)], cfg)
     notes = [f"host contention: {len(judged)} straggler/slowdown finding(s) judged against the processes' telemetry; "
              f"{len(explained)} were their host's (listed under host_contention)"] if judged else []
     return out, notes
@@ -168,6 +168,17 @@ def _host_finding(host: str, items: list, ev: Evidence) -> Finding:
                   details={"host": host, "figures": fig.to_dict() if fig else None,
                            "explained": [{"kind": f.kind, "where": f.where, **v.to_dict()} for f, v in items]})
     return out.set_where({"mesh": None, "actor": None, "rank": None, "replica": None, "where": f"host {host}"})
+
+
+def _not_an_actors(r: Finding, kept: list[Finding]) -> bool:
+    """A replayed ``host_contention`` finding keeps the drops that no actor's fault explains (one
+    that starts with a kept straggler, slowdown, hang, ... follows from it); False when none is left."""
+    roots = [f for f in kept if f.kind not in ("throughput_drop", "staleness", "threshold", "dropped")
+             and isinstance(f.onset_step, int) and f.steps]
+    r.consequences = [c for c in r.consequences if not any(
+        isinstance((c.get("steps") or [None])[0], int) and f.onset_step - 1 <= c["steps"][0] <= f.steps[-1] + 2
+        for f in roots)]
+    return bool(r.consequences)
 
 
 def _join(made: list[Finding], replayed: list[Finding], cfg: DoctorConfig) -> list[Finding]:

@@ -383,8 +383,14 @@ class Throughput(Rule):
         v = h.evidence.judge_drop(fired.onset_step, step)
         if not v.explained:
             return []
+        d = v.details
+        key = fired.details["key"]
+        summary = (f"{'the step rate' if key == '<step rate>' else repr(key)} at "
+                   f"{fired.details['lowest'] / fired.details['baseline']:.0%} of its "
+                   f"median while {d['label']} waited for a CPU {d['runq_wait_share']:.0%} of the time "
+                   f"(before: {d['usual_runq_wait_share']:.0%})")
         what = {"kind": "throughput_drop", **fired.where, "steps": [fired.onset_step, step],
-                "message": fired.message, "verdict": v.to_dict()}
+                "message": fired.message, "summary": summary, "verdict": v.to_dict()}
         return h.absorb(f"throughput_drop:{fired.details['key']}", v, what, step, fired.onset_step)
 
     def _where(self, key: str, view: StepView) -> dict:
