@@ -42,7 +42,7 @@ __all__ = ["AlertsBackend"]
 logger = logging.getLogger("forge_obs")
 
 #: conditions whose onset explains a drop or a slowdown that starts right after
-_ROOT_RULES = ("missing_ranks", "quiet_rank", "nonfinite", "straggler", "sync_bottleneck", "stall")
+_ROOT_RULES = ("missing_ranks", "quiet_rank", "nonfinite", "straggler", "sync_bottleneck", "stall", "host_contention")
 _SYMPTOM_RULES = ("throughput_drop", "slowdown")
 #: alerts about time that cite the critical path of their slowest step (when the run has a timeline)
 _PATH_RULES = ("slowdown", "straggler", "sync_bottleneck", "throughput_drop")

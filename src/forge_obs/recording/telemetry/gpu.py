@@ -78,7 +78,7 @@ class GpuReader:
         self.unsupported: set = set()
         self.on_device: Callable[[dict], None] | None = None  # told once per device found
 
-    def _start(self) -> bool:
+    def start(self) -> bool:
         if self.started is not None:
             return self.started
         self.started = False
@@ -141,7 +141,7 @@ class GpuReader:
 
     def read(self, now: float | None = None) -> dict[str, float]:
         """``{telemetry key: value}`` for this process's devices (empty: none, or no NVML)."""
-        if not self._start():
+        if not self.start():
             return {}
         self._resolve(time.monotonic() if now is None else now)
         per = [self._device(h) for _u, _i, h in self.devices]

@@ -194,6 +194,8 @@ def status() -> dict[str, Any]:
     s = current()
     if s is None:
         return {"enabled": False}
+    with s.lock:
+        gpu_on = s.gpu.start()
     return {"enabled": True, "host_reader": s.lease is not None and s.lease.sock is not None,
-            "gpu": s.gpu.note if s.gpu.started is not True else None,
+            "gpu": None if gpu_on else s.gpu.note,
             "gpu_devices": [u for u, _i, _h in s.gpu.devices], "schedstat": s.proc.delays.available}
