@@ -164,7 +164,7 @@ class Evidence:
     def __init__(self, cfg: DoctorConfig, keep: int | None = None) -> None:
         self.cfg = cfg
         self.keep = keep
-        self.proc: dict[str, _Series] = {}  # label -> (interval, cpu, runq)
+        self.proc: dict[str, _Series] = {}  # label -> (interval, cpu, runq, steps covered)
         self.hosts: dict[str, _Series] = {}  # host -> (rpc, psi, steal, load, cores)
         self.where: dict[str, tuple] = {}  # label -> (host, pid, mesh)
         self.by_pid: dict[tuple, str] = {}  # (host, pid) -> label
@@ -183,8 +183,8 @@ class Evidence:
             if iv is not None:
                 s = self.proc.get(label)
                 if s is None:
-                    s = self.proc[label] = _Series(3, self.keep)
-                s.add(step, iv, vals.get(_CPU), vals.get(_RUNQ))
+                    s = self.proc[label] = _Series(4, self.keep)
+                s.add(step, iv, vals.get(_CPU), vals.get(_RUNQ), max(1, step - s.steps[-1]) if s.steps else 1)
             if rpc is not None and w[0] is not None:
                 h = self.hosts.get(w[0])
                 if h is None:
@@ -212,18 +212,20 @@ class Evidence:
         return [lb for lb, x in self.where.items() if w and x[2] == w[2] and lb != label and lb in self.proc]
 
     def totals(self, label: str, lo: int, hi: int) -> tuple | None:
-        """(interval s, CPU s or None, run-queue wait s or None, samples) over steps ``lo..hi``."""
+        """(interval s, CPU s or None, run-queue wait s or None, steps covered) of its samples of
+        steps ``lo..hi`` (a sample covers the steps since the process's previous one)."""
         s = self.proc.get(label)
         if s is None:
             return None
         i, j = s.rows(lo, hi)
         if i >= j:
             return None
-        iv, cpu, runq = s.cols
-        return sum(iv[i:j]), _total(cpu, i, j), _total(runq, i, j), j - i
+        iv, cpu, runq, steps = s.cols
+        return sum(iv[i:j]), _total(cpu, i, j), _total(runq, i, j), sum(steps[i:j])
 
     def before(self, label: str, lo: int) -> tuple | None:
-        """(run-queue wait share, CPU s per second) of its ``history_steps`` samples before ``lo``: its usual."""
+        """Its usual, per step: (run-queue wait s, CPU s, interval s), the medians of its
+        ``history_steps`` samples before ``lo`` (None with fewer than ``history_min_steps``)."""
         s = self.proc.get(label)
         if s is None:
             return None
@@ -231,10 +233,13 @@ class Evidence:
         i0 = max(0, i - self.cfg.history_steps)
         if i - i0 < self.cfg.history_min_steps:
             return None
-        iv, cpu, runq = s.cols
-        shares = [runq[k] / iv[k] for k in range(i0, i) if iv[k] > 0 and runq[k] == runq[k]]
-        cpus = [cpu[k] / iv[k] for k in range(i0, i) if iv[k] > 0 and cpu[k] == cpu[k]]
-        return (median(shares) if shares else None), (median(cpus) if cpus else None)
+        iv, cpu, runq, steps = s.cols
+
+        def per_step(col: array) -> float | None:
+            xs = [col[k] / steps[k] for k in range(i0, i) if col[k] == col[k]]
+            return median(xs) if xs else None
+
+        return per_step(runq), per_step(cpu), per_step(iv)
 
     def host_figures(self, host: str | None, lo: int, hi: int) -> HostFigures | None:
         h = self.hosts.get(host) if host is not None else None
@@ -267,14 +272,14 @@ class Evidence:
         own = self.totals(label, lo, hi)
         if own is None or own[0] <= 0:
             return Verdict(False, host, excess_s=excess_s, because="no telemetry in those steps")
-        ref = self._reference(label, lo, hi, peers)
+        iv, cpu, runq, steps = own
+        ref = self._reference(label, lo, hi, peers, steps)
         fig = self.host_figures(host, lo, hi)
         v = Verdict(False, host, excess_s=excess_s, figures=fig)
-        iv, cpu, runq, _n = own
         if ref is not None and ref[0] is not None and runq is not None:
-            v.extra_runq_s = runq - ref[0] * iv
+            v.extra_runq_s = runq - ref[0]
         if cpu_ratio is None and ref is not None and ref[1] and cpu is not None:  # the process's CPU instead
-            cpu_ratio = round((cpu / iv) / ref[1] * (1.0 if peers else _wall_ratio(excess_s, iv)), 3)
+            cpu_ratio = round(cpu / ref[1], 3)
         v.cpu_ratio = cpu_ratio
         if fig is not None:
             busy = fig.oversubscribed >= cfg.contention_host_share
@@ -293,53 +298,52 @@ class Evidence:
         v.explained = v.because is None
         return v
 
-    def _reference(self, label: str, lo: int, hi: int, peers: bool) -> tuple | None:
-        """(run-queue wait share, CPU s per second) it is judged against: its peers' medians over
-        the same steps, or its own before ``lo``."""
+    def _reference(self, label: str, lo: int, hi: int, peers: bool, steps: float) -> tuple | None:
+        """(run-queue wait s, CPU s) it is judged against over the steps it covers: its peers'
+        medians over the same steps, or its usual per step (:meth:`before`) x ``steps``."""
         if not peers:
-            return self.before(label, lo)
-        shares, cpus = [], []
+            b = self.before(label, lo)
+            if b is None:
+                return None
+            return (None if b[0] is None else b[0] * steps), (None if b[1] is None else b[1] * steps)
+        runqs, cpus = [], []
         for p in self.peers_of(label):
             t = self.totals(p, lo, hi)
-            if t is None or t[0] <= 0:
+            if t is None:
                 continue
             if t[2] is not None:
-                shares.append(t[2] / t[0])
+                runqs.append(t[2])
             if t[1] is not None:
-                cpus.append(t[1] / t[0])
-        if not shares and not cpus:
+                cpus.append(t[1])
+        if not runqs and not cpus:
             return None
-        return (median(shares) if shares else None), (median(cpus) if cpus else None)
+        return (median(runqs) if runqs else None), (median(cpus) if cpus else None)
 
     def judge_drop(self, lo: int, hi: int) -> Verdict:
-        """Whether a throughput drop over steps ``lo..hi`` was a host's: some process waited for a
-        CPU ``contention_pressure`` of the time and at least twice its own share before, on a
-        host oversubscribed then. The process whose share rose most names the host."""
+        """Whether a throughput drop over steps ``lo..hi`` was a host's: a process's steps took
+        longer than usual (by at least a tenth of their time), and what its threads waited for a
+        CPU beyond their usual covers ``contention_share`` of that, on a host oversubscribed
+        then. The process that waited most names the host."""
         cfg = self.cfg
         best: tuple | None = None
         for label in self.proc:
-            own, base = self.totals(label, lo, hi), self.before(label, lo)
-            if own is None or own[2] is None or own[0] <= 0:
+            own, usual = self.totals(label, lo, hi), self.before(label, lo)
+            if own is None or own[2] is None or usual is None or usual[0] is None or usual[2] is None:
                 continue
-            share = own[2] / own[0]
-            usual = base[0] if base and base[0] is not None else 0.0
-            if share >= cfg.contention_pressure and share >= 2 * usual and (best is None or share - usual > best[0]):
-                best = (share - usual, label, share, usual)
+            iv, _cpu, runq, steps = own
+            extra_wall, extra_runq = iv - usual[2] * steps, runq - usual[0] * steps
+            if extra_wall > 0.1 * iv and extra_runq >= cfg.contention_share * extra_wall and (
+                    best is None or extra_runq > best[0]):
+                best = (extra_runq, label, runq / iv, usual[0] / usual[2] if usual[2] else 0.0, extra_wall)
         if best is None:
-            return Verdict(False, because="no process waited for a CPU more than before")
+            return Verdict(False, because="no process's steps were slower for waiting for a CPU")
         host = self.host_of(best[1])
         fig = self.host_figures(host, lo, hi)
         ok = fig is None or fig.oversubscribed >= cfg.contention_host_share
-        return Verdict(ok, host, figures=fig, because=None if ok else "its host was not oversubscribed",
+        return Verdict(ok, host, extra_runq_s=best[0], excess_s=best[4], figures=fig,
+                       because=None if ok else "its host was not oversubscribed",
                        details={"label": best[1], "runq_wait_share": round(best[2], 4),
                                 "usual_runq_wait_share": round(best[3], 4)})
-
-
-def _wall_ratio(excess_s: float, wall_s: float) -> float:
-    """The factor that turns a CPU share of a slowed interval back into CPU per unit of usual work:
-    ``wall / (wall - excess)`` (the interval grew by the excess; the work did not)."""
-    usual = wall_s - excess_s
-    return wall_s / usual if usual > 0 else 1.0
 
 
 class HostContention(Rule):
