@@ -133,7 +133,7 @@ def test_many_threads_cost_a_bounded_number_of_reads(monkeypatch):
     reads = []
     real = proc.read_fd
     monkeypatch.setattr(proc, "read_fd", lambda fd, size=4096: reads.append(fd) or real(fd, size))
-    d = proc.ThreadDelays(os.getpid(), max_reads=12)
+    d = proc.ThreadDelays(os.getpid(), max_reads=12)  # (8 by default)
     try:
         for _ in range(60):
             reads.clear()

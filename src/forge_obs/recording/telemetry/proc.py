@@ -65,7 +65,7 @@ class ThreadDelays:
     bounded by ``max_reads`` reads of a few µs, whatever the number of threads. The thread list
     is read again every ``refresh_s``."""
 
-    def __init__(self, pid: int, max_reads: int = 12, cold_reads: int = 2, refresh_s: float = 1.0) -> None:
+    def __init__(self, pid: int, max_reads: int = 8, cold_reads: int = 2, refresh_s: float = 1.0) -> None:
         self.pid = pid
         self.max_reads, self.cold_reads, self.refresh_s = max_reads, cold_reads, refresh_s
         self.fds: dict[int, int] = {}  # tid -> fd of its schedstat
