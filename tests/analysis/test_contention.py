@@ -51,10 +51,12 @@ def test_a_rank_starved_for_7_steps_is_the_hosts_not_a_straggler_alert(tmp_path)
     assert [(e.rule, e.state) for e in alerts] == [("host_contention", "firing"), ("host_contention", "resolved")]
     e = alerts[0]
     assert e.where["where"] == "host node0" and e.onset_step == 100 and e.step <= 104
-    assert "trainer/Trainer/r1 'span/forward_backward/duration_s'" in e.message and "runnable tasks per core" in e.message
+    assert "trainer/Trainer/r1 'span/forward_backward/duration_s'" in e.message
+    assert "runnable tasks per core" in e.message
     assert e.details["figures"]["runnable_per_core"] > 1 and e.details["explained"][0]["explained"]
     # without telemetry the same run is the straggler alert it was
-    run, _d = doctor(tmp_path, "starved_notel", BusyDP(N, starve={(1, s): 3.0 for s in range(100, 107)}), telemetry=False)
+    starved = BusyDP(N, starve={(1, s): 3.0 for s in range(100, 107)})
+    run, _d = doctor(tmp_path, "starved_notel", starved, telemetry=False)
     assert [(e.rule, e.state, e.where["where"]) for e in live(run)] == [
         ("straggler", "firing", "trainer/Trainer/r1"), ("straggler", "resolved", "trainer/Trainer/r1")]
 
@@ -137,7 +139,8 @@ def test_a_fault_that_starts_while_the_rank_is_starved_is_named(tmp_path):
     """Rank 1 starved at steps 100-106 (the host's) and sleeping 0.5 s more from step 104 (a
     fault): the doctor names the straggler, and the live alert, held as the host's at first, fires
     as the rank's own once its next out-of-line steps are not explained (within 10 steps)."""
-    run, d = doctor(tmp_path, "both", BusyDP(N, starve={(1, s): 3.0 for s in range(100, 107)}, slow_rank=1, slow_from=104))
+    dp = BusyDP(N, starve={(1, s): 3.0 for s in range(100, 107)}, slow_rank=1, slow_from=104)
+    run, d = doctor(tmp_path, "both", dp)
     assert [(f.kind, f.where) for f in d.findings] == [("straggler", "trainer/Trainer/r1")], format_findings(d.findings)
     straggler = [e for e in live(run) if e.rule == "straggler" and e.state == "firing"]
     assert len(straggler) == 1 and straggler[0].step <= 114 and straggler[0].where["rank"] == 1

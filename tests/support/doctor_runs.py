@@ -260,7 +260,8 @@ class BusyDP:
 
 def proc_telemetry(interval_s: float, cpu_s: float, runq_s: float, rss_gb: float = 1.5, threads: int = 12) -> dict:
     """A process's ``obs/sys/proc/...`` values of one sample (docs/telemetry.md)."""
-    return {"obs/sys/proc/interval_s": interval_s, "obs/sys/proc/cpu_s": cpu_s, "obs/sys/proc/cpu_util": cpu_s / interval_s,
+    return {"obs/sys/proc/interval_s": interval_s, "obs/sys/proc/cpu_s": cpu_s,
+            "obs/sys/proc/cpu_util": cpu_s / interval_s,
             "obs/sys/proc/runq_wait_s": runq_s, "obs/sys/proc/runq_wait_share": runq_s / interval_s,
             "obs/sys/proc/rss_gb": rss_gb, "obs/sys/proc/threads": float(threads),
             "obs/sys/proc/ctx_voluntary": 40.0, "obs/sys/proc/ctx_involuntary": 5.0 + 200 * runq_s}
@@ -290,8 +291,8 @@ def write_busy_run(run_dir: Path, dp: BusyDP, steps: int, *, busy: Callable[[int
     0-5 %); a global ``trainer/tokens_per_s``."""
     write_timeline(run_dir, {"trainer": 2}, steps, dp.spans_cpu)
     rnd = random.Random(seed)
-    host = {s: (rnd.uniform(3.0, 7.0), rnd.uniform(0.4, 0.9)) if busy(s) else (rnd.uniform(0.5, 1.0), rnd.uniform(0.0, 0.05))
-            for s in range(steps)}
+    host = {s: (rnd.uniform(3.0, 7.0), rnd.uniform(0.4, 0.9)) if busy(s)
+            else (rnd.uniform(0.5, 1.0), rnd.uniform(0.0, 0.05)) for s in range(steps)}
     srcs = [source("trainer", r, "Trainer", TRAINER_PID[r]) for r in (0, 1)] + [CONTROLLER_SOURCE]
 
     def values(src: dict, step: int) -> dict:

@@ -135,7 +135,8 @@ def _spells(explained: list, ev: Evidence, cfg: DoctorConfig) -> list[tuple[str,
         for f, v in items[1:]:
             hi = max(x[0].steps[-1] for x in spell)
             gap = ev.host_figures(host, hi + 1, f.steps[0] - 1) if f.steps[0] - hi > cfg.window_steps else None
-            if f.steps[0] - hi <= cfg.window_steps or (gap is not None and gap.oversubscribed >= cfg.contention_host_share):
+            busy_between = gap is not None and gap.oversubscribed >= cfg.contention_host_share
+            if f.steps[0] - hi <= cfg.window_steps or busy_between:
                 spell.append((f, v))
             else:
                 out.append((host, spell))

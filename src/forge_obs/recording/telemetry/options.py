@@ -68,7 +68,8 @@ def parse(value: Any) -> TelemetryOptions:
     if value is None or value is True:
         return TelemetryOptions(enabled=env_default())
     if not isinstance(value, dict):
-        raise ValueError(f"telemetry must be a dict (e.g. {{\"gpu\": false}}), true or false, got {redacted_repr(value)}")
+        raise ValueError("telemetry must be a dict (e.g. {\"gpu\": false}), true or false, got "
+                         f"{redacted_repr(value)}")
     given = dict(value)
     given.setdefault("enabled", env_default())
     return parse_options(TelemetryOptions, "telemetry", given)

@@ -143,7 +143,8 @@ def configure(options: Any, run_key: str | None = None, nvml: Any = None) -> Sam
     opts = options if isinstance(options, TelemetryOptions) else parse(options)
     with _CONFIG_LOCK:
         old = _SAMPLER[0]
-        if old is not None and opts.enabled and (old.options, old.run_key, old.pid) == (opts, run_key or "", os.getpid()):
+        same = old is not None and (old.options, old.run_key, old.pid) == (opts, run_key or "", os.getpid())
+        if same and opts.enabled:
             return old  # the same session's options again: the previous readings stay
         _SAMPLER[0] = None
         if old is not None:
