@@ -72,19 +72,23 @@ class _Series:
         self.cols = [array("d") for _ in range(ncols)]
         self.keep = keep
 
-    def add(self, step: int, *values: float) -> None:
-        if self.steps and step <= self.steps[-1]:  # steps went back (a resumed run): its latest attempt
-            del self.steps[:]
-            for c in self.cols:
-                del c[:]
-        self.steps.append(step)
+    def add(self, step: int, *values: Any) -> None:
+        steps = self.steps
+        if steps and step <= steps[-1]:  # steps went back (a resumed run): its latest attempt
+            self.clear()
+        steps.append(step)
         for c, v in zip(self.cols, values):
-            c.append(_NAN if v is None else float(v))
-        if self.keep is not None and len(self.steps) > 2 * self.keep:
-            cut = len(self.steps) - self.keep
-            del self.steps[:cut]
+            c.append(v if type(v) is float else (_NAN if v is None else float(v)))
+        if self.keep is not None and len(steps) > 2 * self.keep:
+            cut = len(steps) - self.keep
+            del steps[:cut]
             for c in self.cols:
                 del c[:cut]
+
+    def clear(self) -> None:
+        del self.steps[:]
+        for c in self.cols:
+            del c[:]
 
     def rows(self, lo: int, hi: int) -> tuple[int, int]:
         return bisect_left(self.steps, lo), bisect_right(self.steps, hi)
@@ -174,17 +178,19 @@ class Evidence:
         step = view.step
         if not isinstance(step, int):
             return
+        proc, where = self.proc, self.where
         for label, vals in view.per_rank.items():
             iv = vals.get(_IV)
             rpc = vals.get(_RPC)
             if iv is None and rpc is None:
                 continue
-            w = self.where.get(label) or self._place(label, view)
+            w = where.get(label) or self._place(label, view)
             if iv is not None:
-                s = self.proc.get(label)
+                s = proc.get(label)
                 if s is None:
-                    s = self.proc[label] = _Series(4, self.keep)
-                s.add(step, iv, vals.get(_CPU), vals.get(_RUNQ), max(1, step - s.steps[-1]) if s.steps else 1)
+                    s = proc[label] = _Series(4, self.keep)
+                last = s.steps[-1] if s.steps else step - 1
+                s.add(step, iv, vals.get(_CPU), vals.get(_RUNQ), float(step - last) if step > last else 1.0)
             if rpc is not None and w[0] is not None:
                 h = self.hosts.get(w[0])
                 if h is None:
