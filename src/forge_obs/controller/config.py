@@ -66,7 +66,7 @@ class LoggerConfig:
     #: what every process samples at its cuts (``obs/sys/...``; docs/telemetry.md): a dict of
     #: :class:`~forge_obs.recording.telemetry.options.TelemetryOptions`, or False (off);
     #: FORGE_OBS_TELEMETRY=off sets the default
-    telemetry: Any = None
+    telemetry: Any = field(default_factory=lambda: _telemetry_options(None))
     #: backend name -> its own config dict (``jsonl`` is on unless given as None/False)
     backends: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -97,9 +97,7 @@ class LoggerConfig:
         from forge_obs.recording.timeline.schema import validate_options
 
         validate_options(timeline)  # raises ValueError on a bad key or value
-        from forge_obs.recording.telemetry.options import parse as parse_telemetry
-
-        telemetry = parse_telemetry(config.pop("telemetry", None))
+        telemetry = _telemetry_options(config.pop("telemetry", None))
         config.setdefault("jsonl", {})  # the local store is always on unless "jsonl": None
         backends: dict[str, dict[str, Any]] = {}
         for name, bcfg in config.items():
@@ -113,6 +111,13 @@ class LoggerConfig:
         return cls(run=run, flush_timeout_s=timeout, shutdown_timeout_s=shutdown_timeout, backend_init_timeout_s=init_timeout,
                    backend_queue_steps=queue_steps, stream_interval_s=stream_interval, timeline=timeline,
                    aggregate=aggregate, probe_round_trip=probe, telemetry=telemetry, backends=backends)
+
+
+def _telemetry_options(value: Any) -> Any:
+    """The ``"telemetry"`` value parsed (:func:`forge_obs.recording.telemetry.options.parse`)."""
+    from forge_obs.recording.telemetry.options import parse
+
+    return parse(value)
 
 
 def _seconds(config: dict[str, Any], key: str, default: float) -> float:
