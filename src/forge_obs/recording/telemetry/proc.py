@@ -58,16 +58,20 @@ class ThreadDelays:
     A process has a few busy threads and many idle ones (a runtime's workers, a thread pool
     sized to the host). A thread whose counters moved at its last read is *hot*: the hot threads
     are read in turn, ``max_reads - cold_reads`` per call (all of them at every call while they
-    are that few); the others in turn, ``cold_reads`` per call, so that a thread that wakes up is
-    seen within a few calls. A thread's wait counts from its first read; the sum is exact at
-    every thread's last read (a dead thread's wait stays counted), so a total over several
-    intervals is exact and one interval may carry a waking thread's last few. The cost is
-    bounded by ``max_reads`` reads of a few µs, whatever the number of threads. The thread list
-    is read again every ``refresh_s``."""
+    are that few); the others in turn, ``cold_reads`` per call. When the process used CPU time
+    that the threads read do not account for (``cpu_ns``: a thread woke up), up to
+    ``scan_reads`` more of the others are read in the same call, so the thread that woke is
+    found at once. A thread's wait counts from when the thread list first had it (read once
+    then, whatever the bound); the sum is exact at every
+    thread's last read (a dead thread's wait stays counted), so a total over several intervals
+    is exact and one interval may carry a waking thread's last few. The cost is bounded by
+    ``max_reads`` reads of a few µs (``scan_reads`` more when the busy threads changed), whatever
+    the number of threads. The thread list is read again every ``refresh_s``."""
 
-    def __init__(self, pid: int, max_reads: int = 8, cold_reads: int = 2, refresh_s: float = 1.0) -> None:
+    def __init__(self, pid: int, max_reads: int = 8, cold_reads: int = 2, scan_reads: int = 24,
+                 refresh_s: float = 1.0) -> None:
         self.pid = pid
-        self.max_reads, self.cold_reads, self.refresh_s = max_reads, cold_reads, refresh_s
+        self.max_reads, self.cold_reads, self.scan_reads, self.refresh_s = max_reads, cold_reads, scan_reads, refresh_s
         self.fds: dict[int, int] = {}  # tid -> fd of its schedstat
         self.last: dict[int, tuple] = {}  # tid -> (run time ns, run delay ns) at its last read
         self.hot: deque = deque()  # threads whose counters moved at their last read, in turn
@@ -80,9 +84,9 @@ class ThreadDelays:
     def threads(self) -> int:
         return len(self.fds)
 
-    def read(self, now: float | None = None) -> int | None:
+    def read(self, now: float | None = None, cpu_ns: int | None = None) -> int | None:
         """The cumulative run-queue wait (ns) of the threads, or None where the kernel has no
-        schedstat."""
+        schedstat. ``cpu_ns``: the process's CPU time since the previous call."""
         if not self.available:
             return None
         now = time.monotonic() if now is None else now
@@ -92,11 +96,22 @@ class ThreadDelays:
         hot, cold = self.hot, self.cold
         todo = [hot.popleft() for _ in range(min(len(hot), self.max_reads - min(self.cold_reads, len(cold))))]
         todo += [cold.popleft() for _ in range(min(len(cold), self.max_reads - len(todo)))]
-        for tid in todo:
+        ran = self._read_all(todo)
+        if cpu_ns is not None and cpu_ns - ran > max(2_000_000, cpu_ns // 4):  # a thread read no one woke up
+            self._read_all([cold.popleft() for _ in range(min(len(cold), self.scan_reads))])
+        return self.total_ns
+
+    def _read_all(self, tids: list) -> int:
+        """Read ``tids``, each back in the hot or cold turn; returns the run time they added (ns)."""
+        ran = 0
+        for tid in tids:
+            before = self.last.get(tid)
             moved = self._read_one(tid)
             if tid in self.fds:
-                (hot if moved else cold).append(tid)
-        return self.total_ns
+                (self.hot if moved else self.cold).append(tid)
+                if before is not None:
+                    ran += self.last[tid][0] - before[0]
+        return ran
 
     def _read_one(self, tid: int) -> bool:
         """Read one thread; True when its counters moved (it is hot)."""
@@ -127,7 +142,9 @@ class ThreadDelays:
             fd = open_file(f"/proc/{self.pid}/task/{tid}/schedstat")
             if fd is not None:
                 self.fds[tid] = fd
-                self.hot.appendleft(tid)  # read soon: its starting point
+                self._read_one(tid)  # its starting point, once: its wait from now on counts
+                if tid in self.fds:
+                    self.cold.append(tid)
         self.hot = deque(t for t in self.hot if t in self.fds)
         self.cold = deque(t for t in self.cold if t in self.fds)
 
@@ -148,6 +165,7 @@ class ProcReader:
         self.pid = os.getpid()
         self.statm = open_file("/proc/self/statm")
         self.delays = ThreadDelays(self.pid)
+        self.cpu_s: float | None = None  # at the previous read
 
     def read(self, now: float | None = None) -> dict[str, Any]:
         ru = resource.getrusage(resource.RUSAGE_SELF)
@@ -158,7 +176,9 @@ class ProcReader:
                 out["rss_bytes"] = int(read_fd(self.statm, 256).split()[1]) * _PAGE
             except (OSError, ValueError, IndexError):
                 pass
-        runq = self.delays.read(now)
+        cpu_ns = None if self.cpu_s is None else int((out["cpu_s"] - self.cpu_s) * 1e9)
+        self.cpu_s = out["cpu_s"]
+        runq = self.delays.read(now, cpu_ns)
         if runq is not None:
             out["runq_ns"] = runq
             out["threads"] = self.delays.threads
