@@ -16,7 +16,7 @@ import pytest
 from forge_obs.alerts import AlertsBackend
 from forge_obs.core.types import Metric
 from forge_obs.backends.record import RunContext, StepRecord
-from tests.support.doctor_runs import BusyDP, source
+from tests.support.doctor_runs import BusyDP, host_telemetry, source
 
 
 def record(step, glob=None, per_rank=None, missing=(), wall=None, sources=None):
@@ -280,6 +280,43 @@ def test_a_fault_from_step_0_alerts_since_step_0(tmp_path):
     # 4 hits from step 1 (at step 0 it was 1.6x its peer), then dated back to the step it began
     assert (f["rule"], f["rank"], f["onset_step"]) == ("straggler", 1, 0) and f["step"] <= 4
     assert "since step 0:" in f["message"]
+
+
+def feed_busy_telemetry(be, dp: BusyDP, steps: int) -> None:
+    """:func:`feed_busy` with the processes' and the host's telemetry (obs/sys/...) as the
+    fetchers sample it: the host busy throughout (3-7 runnable tasks per core)."""
+    wall = 1000.0
+    for s in range(steps):
+        wall += dp.step_s(s)
+        per_rank = {f"trainer/Trainer/r{r}": {**dp.metrics(r, s), **dp.telemetry(r, s)} for r in (0, 1)}
+        per_rank["trainer/Trainer/r0"].update(host_telemetry(3.0 + (s % 5), 0.4 + 0.1 * (s % 5)))
+        be.log_step(record(s, {"trainer/tokens_per_s": 2000.0 / dp.step_s(s)}, per_rank, wall=wall,
+                           sources={f"trainer/Trainer/r{r}": source("trainer", r, "Trainer", 101 + r) for r in (0, 1)}))
+
+
+def test_a_starved_rank_is_one_host_contention_alert_and_a_sleeping_rank_a_straggler(tmp_path):
+    """Through the backend (sinks, alerts.jsonl): rank 1 starved for 7 steps by a busy host is one
+    host_contention alert, fired and resolved (phase 1: a straggler alert); rank 1 sleeping 0.5 s
+    more from step 120 on the same host is a straggler alert, and the drop follows from it."""
+    be, cb = backend(tmp_path / "starved")
+    try:
+        feed_busy_telemetry(be, BusyDP(300, starve={(1, s): 3.0 for s in range(100, 107)}), 300)
+    finally:
+        be.finish()
+    rows = jsonl(tmp_path / "starved")
+    assert [(a["rule"], a["state"]) for a in rows] == [("host_contention", "firing"), ("host_contention", "resolved")]
+    assert rows[0]["where"] == "host node0" and rows[0]["consequences"][0]["where"] == "trainer/Trainer/r1"
+    assert [a["rule"] for a in cb.alerts] == ["host_contention", "host_contention"]
+    be, cb = backend(tmp_path / "sleep")
+    try:
+        feed_busy_telemetry(be, BusyDP(300, slow_rank=1, slow_from=120), 300)
+    finally:
+        be.finish()
+    rows = jsonl(tmp_path / "sleep")
+    firing = [a for a in rows if a["state"] == "firing"]
+    assert firing[0]["rule"] == "straggler" and firing[0]["where"] == "trainer/Trainer/r1", rows
+    assert "host_contention" not in {a["rule"] for a in rows}
+    assert all(a.get("consequence_of") for a in firing if a["rule"] == "throughput_drop")
 
 
 def test_the_stall_watchdog_has_no_limit_before_the_steps_have_a_rhythm(tmp_path):

@@ -176,16 +176,18 @@ def test_grpo_vllm_end_to_end(tmp_path):
     assert max(vals["generator/policy_staleness_steps"]) <= 3
     check_trace(run_dir, tmp_path)
     check_report(run_dir)
-    # a clean run: no finding. Live, at most a rank starved for a few steps by the other jobs of a
-    # shared 2-core machine (a straggler alert that clears within 10 steps); never a NaN, a lost
-    # rank, a stall, a sync bottleneck or staleness. The live rules ran at every step: their CPU
-    # is reported.
-    assert doctor(run_dir) == []
+    # a clean run: no finding about an actor (the other jobs of a shared 2-core machine may make
+    # one about the host: host_contention). Live, at most the host's contention, or a rank starved
+    # for a few steps (a straggler alert that clears within 10 steps); never a NaN, a lost rank,
+    # a stall, a sync bottleneck or staleness. The live rules ran at every step: their CPU is
+    # reported.
+    assert [f for f in doctor(run_dir) if f["kind"] != "host_contention"] == []
     rows = [json.loads(x) for x in (run_dir / "alerts.jsonl").read_text().splitlines()] \
         if (run_dir / "alerts.jsonl").exists() else []
     cleared = {a["id"]: a["step"] for a in rows if a["state"] == "resolved"}
     for a in paged(run_dir):
-        assert a["rule"] == "straggler" and cleared.get(a["id"], 10**9) - a["onset_step"] <= 10, rows
+        assert a["rule"] == "host_contention" or (
+            a["rule"] == "straggler" and cleared.get(a["id"], 10**9) - a["onset_step"] <= 10), rows
     assert sum(vals["obs/cpu_alerts_s"]) > 0
 
 

@@ -80,7 +80,9 @@ async def run(args: argparse.Namespace) -> dict:
         def log_step(self, record):
             records[record.step] = {
                 "global": {k: v for k, v in record.global_dict().items() if k.startswith(("check/", "obs/"))},
-                "per_rank": record.per_rank_values(),
+                # each rank's recorded values (its telemetry, obs/sys/..., is forge_obs's own)
+                "per_rank": {lb: kept for lb, vals in record.per_rank_values().items()
+                             if (kept := {k: v for k, v in vals.items() if not k.startswith("obs/")})},
                 "raw": {label: [[k, v] for k, v, _ts in vals] for label, vals in record.raw.items()},
                 "missing": list(record.missing),
                 "late": list(record.late),

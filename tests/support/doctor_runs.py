@@ -32,8 +32,9 @@ def write_timeline(run_dir: Path, meshes: dict[str, int], steps: int, spans: Spa
     """One file per (mesh, rank) plus the controller's. Every step starts when the slowest rank of
     the previous one ended (+ ``gap_s``); a rank's spans run back to back from the step's start.
 
-    ``spans(mesh, rank, step)`` -> ``[(name, seconds), ...]`` (a ``None`` name: time the rank
-    spends without a span); ``wait_s(step)``: the controller's
+    ``spans(mesh, rank, step)`` -> ``[(name, seconds), ...]`` or ``(name, seconds, cpu_seconds)``
+    (the span's CPU time, as a span that reads its thread's clock records it; a ``None`` name:
+    time the rank spends without a span); ``wait_s(step)``: the controller's
     ``wait_for_batch`` at the start of its ``controller_step`` (concurrent with the ranks' work); ``startup_s``: a one-off ``startup`` span on
     the controller before step 0; ``open_at[(mesh, rank)] = (step, name)``: that span never ends
     and the process writes nothing after it; ``dead[(mesh, rank)] = step``: the process stops
@@ -82,7 +83,7 @@ def write_timeline(run_dir: Path, meshes: dict[str, int], steps: int, spans: Spa
                 continue
             s["lines"].append(["S", start, 0, step])
             ts = start
-            for name, sec in spans(mesh, r, step):
+            for name, sec, *cpu in spans(mesh, r, step):
                 if name is None:
                     ts += max(1, int(sec * 1e6))
                     continue
@@ -91,7 +92,7 @@ def write_timeline(run_dir: Path, meshes: dict[str, int], steps: int, spans: Spa
                     s["stopped"] = True
                     break
                 d = max(1, int(sec * 1e6))
-                s["lines"].append([ts, d, 0, name_id(s, name), step])
+                s["lines"].append([ts, d, 0, name_id(s, name), step] + ([{"c": int(cpu[0] * 1e6)}] if cpu else []))
                 ts += d
             end = max(end, ts)
         end += int(gap_s * 1e6)
@@ -138,24 +139,26 @@ def _written_after(rec: list, cut_us: int) -> bool:
 
 
 def write_metrics(run_dir: Path, steps: int, sources: list[dict], values: Callable[[dict, int], dict],
-                  missing: Callable[[int], list] | None = None) -> None:
+                  missing: Callable[[int], list] | None = None, wall: Callable[[int], float] | None = None) -> None:
     """``metrics.jsonl``: per step, one per_rank_reduce row per source (``values(source, step)``,
-    skipped when empty) and the global row (mean over the sources that reported the key)."""
+    skipped when empty) and the global row (mean over the sources that reported the key).
+    ``wall(step)``: the step's wall time (default: one second per step)."""
     rows = []
     for step in range(steps):
+        t = wall(step) if wall is not None else START + step
         acc: dict[str, list] = {}
         per = []
         for src in sources:
             v = values(src, step)
             if not v:
                 continue
-            per.append({"run_id": "t", "step": step, "mode": "per_rank_reduce", "wall_time": START + step,
+            per.append({"run_id": "t", "step": step, "mode": "per_rank_reduce", "wall_time": t,
                         "source": src, "metrics": v})
             for k, x in v.items():
                 acc.setdefault(k, []).append(x)
         g = {k: (math.nan if any(isinstance(x, float) and math.isnan(x) for x in xs) else sum(xs) / len(xs))
              for k, xs in acc.items()}
-        row: dict[str, Any] = {"run_id": "t", "step": step, "mode": "global_reduce", "wall_time": START + step,
+        row: dict[str, Any] = {"run_id": "t", "step": step, "mode": "global_reduce", "wall_time": t,
                                "metrics": g}
         m = missing(step) if missing else []
         if m:
@@ -184,9 +187,12 @@ class BusyDP:
     last steps."""
 
     def __init__(self, steps: int, seed: int = 0, *, slow_rank: int | None = None, slow_from: int = 0,
-                 slow_s: float = 0.5, extra: dict | None = None, quick_at_end: int = 0) -> None:
+                 slow_s: float = 0.5, extra: dict | None = None, quick_at_end: int = 0, starve: dict | None = None,
+                 spell: dict | None = None, cpu_fault: dict | None = None) -> None:
         rnd = random.Random(seed)
         self.fb = {(r, s): rnd.uniform(0.040, 0.064) for r in (0, 1) for s in range(steps)}
+        self.work = {k: 0.6 * v for k, v in self.fb.items()}  # its CPU time; the rest: waiting for a CPU
+        self.sleep = {(slow_rank, s): slow_s for s in range(slow_from, steps)} if slow_rank is not None else {}
         s = rnd.randrange(10, 60)
         while s < steps:
             r, n = rnd.randrange(2), rnd.randrange(5, 13)
@@ -202,6 +208,14 @@ class BusyDP:
             self.fb[key] += sec
         self.tail = {(r, s): rnd.uniform(0.002, 0.010) for r in (0, 1) for s in range(steps)}
         self.opt = {(r, s): rnd.uniform(0.008, 0.012) for r in (0, 1) for s in range(steps)}
+        self.spell = dict(spell or {})
+        for key, factor in (starve or {}).items():  # the rank waits for a CPU: wall x factor, same work
+            self.fb[key] *= factor
+        for (r, st), factor in [((r, st), f) for st, f in self.spell.items() for r in (0, 1) if st < steps]:
+            self.fb[(r, st)] *= factor  # the host's spell: every rank waits for a CPU
+        for key, factor in (cpu_fault or {}).items():  # more work: wall and CPU time x factor
+            self.fb[key] += self.work[key] * (factor - 1)
+            self.work[key] *= factor
 
     def _favour(self, rnd: random.Random, rank: int, steps: range) -> None:
         for k in steps:
@@ -218,9 +232,82 @@ class BusyDP:
     def step_s(self, step: int) -> float:
         return max(sum(d for _n, d in self.spans("trainer", r, step)) for r in (0, 1)) + 0.06
 
+    def spans_cpu(self, mesh: str, rank: int, step: int) -> list:
+        """:meth:`spans` with their CPU time: ``forward_backward`` computes for ``work`` and waits
+        for a CPU the rest (a planted sleep: neither), the all-reduce waits, the optimizer computes."""
+        k = (rank, step)
+        return [("batch_creation", 0.0005, 0.0004), ("forward_backward", self.fb[k], self.work[k]),
+                ("grad_allreduce", self.wait_s(rank, step), 0.0002), ("optimizer_step", self.opt[k], 0.9 * self.opt[k])]
+
+    def runq_s(self, rank: int, step: int) -> float:
+        """The time rank ``rank``'s process waited for a CPU at ``step``: its forward-backward's wall
+        time beyond its work and any planted sleep, and a tenth of its optimizer step."""
+        k = (rank, step)
+        return max(self.fb[k] - self.work[k] - self.sleep.get(k, 0.0), 0.0) + 0.1 * self.opt[k]
+
+    def telemetry(self, rank: int, step: int) -> dict:
+        """The rank process's ``obs/sys/proc/...`` values at ``step`` (as the fetcher samples them)."""
+        k = (rank, step)
+        return proc_telemetry(self.step_s(step), self.work[k] + 0.9 * self.opt[k] + 0.001, self.runq_s(rank, step))
+
     def metrics(self, rank: int, step: int) -> dict:
         """The rank's duration metrics at ``step``, as the GRPO trainer records them."""
         d = dict(self.spans("trainer", rank, step))
         return {"span/batch_creation/duration_s": d["batch_creation"],
                 "span/forward_backward/duration_s": d["forward_backward"],
                 "trainer/step_s": sum(d.values()), "trainer/idle_s": 0.06}
+
+
+def proc_telemetry(interval_s: float, cpu_s: float, runq_s: float, rss_gb: float = 1.5, threads: int = 12) -> dict:
+    """A process's ``obs/sys/proc/...`` values of one sample (docs/telemetry.md)."""
+    return {"obs/sys/proc/interval_s": interval_s, "obs/sys/proc/cpu_s": cpu_s,
+            "obs/sys/proc/cpu_util": cpu_s / interval_s,
+            "obs/sys/proc/runq_wait_s": runq_s, "obs/sys/proc/runq_wait_share": runq_s / interval_s,
+            "obs/sys/proc/rss_gb": rss_gb, "obs/sys/proc/threads": float(threads),
+            "obs/sys/proc/ctx_voluntary": 40.0, "obs/sys/proc/ctx_involuntary": 5.0 + 200 * runq_s}
+
+
+def host_telemetry(runnable_per_core: float, cpu_pressure: float, steal: float = 0.0, cores: int = 2) -> dict:
+    """The host reader's ``obs/sys/host/...`` values of one sample."""
+    return {"obs/sys/host/cores": float(cores), "obs/sys/host/runnable": runnable_per_core * cores,
+            "obs/sys/host/runnable_per_core": runnable_per_core, "obs/sys/host/load1": runnable_per_core * cores,
+            "obs/sys/host/cpu_util": min(1.0, 0.5 + cpu_pressure), "obs/sys/host/steal_share": steal,
+            "obs/sys/host/cpu_pressure": cpu_pressure, "obs/sys/host/memory_pressure": 0.0,
+            "obs/sys/host/memory_full_pressure": 0.0, "obs/sys/host/io_pressure": 0.01}
+
+
+#: the timeline's pids of write_timeline({"trainer": 2}, ...) and its controller's
+TRAINER_PID = {0: 101, 1: 102}
+CONTROLLER_SOURCE = {"host": "node0", "pid": 1, "mesh": "controller", "actor": "", "rank": 0, "ctl": True,
+                     "label": "controller"}
+
+
+def write_busy_run(run_dir: Path, dp: BusyDP, steps: int, *, busy: Callable[[int], bool] = lambda s: True,
+                   telemetry: bool = True, seed: int = 1) -> None:
+    """A 2-rank data-parallel run of ``dp`` (its spans with their CPU time, its controller) and its
+    ``metrics.jsonl``: per rank the GRPO trainer's duration metrics, and with ``telemetry`` the
+    processes' and the host's samples (``busy(step)``: the host shared with other jobs then:
+    3-7 runnable tasks per core, tasks waiting for a CPU 40-90 % of the time; else 0.5-1.0 and
+    0-5 %); a global ``trainer/tokens_per_s``."""
+    write_timeline(run_dir, {"trainer": 2}, steps, dp.spans_cpu)
+    rnd = random.Random(seed)
+    host = {s: (rnd.uniform(3.0, 7.0), rnd.uniform(0.4, 0.9)) if busy(s)
+            else (rnd.uniform(0.5, 1.0), rnd.uniform(0.0, 0.05)) for s in range(steps)}
+    srcs = [source("trainer", r, "Trainer", TRAINER_PID[r]) for r in (0, 1)] + [CONTROLLER_SOURCE]
+
+    def values(src: dict, step: int) -> dict:
+        if src.get("ctl"):
+            tel = proc_telemetry(dp.step_s(step), 0.004, 0.002 + 0.003 * host[step][1]) if telemetry else {}
+            return {"trainer/tokens_per_s": 2000.0 / dp.step_s(step), **tel}
+        r = src["rank"]
+        out = dp.metrics(r, step)
+        if telemetry:
+            out.update(dp.telemetry(r, step))
+            if r == 0:
+                out.update(host_telemetry(*host[step]))
+        return out
+
+    walls = [START]
+    for step in range(steps):
+        walls.append(walls[-1] + dp.step_s(step))
+    write_metrics(run_dir, steps, srcs, values, wall=lambda step: walls[step + 1])

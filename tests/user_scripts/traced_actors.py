@@ -37,7 +37,8 @@ class Collect(LoggerBackend):
 
     def log_step(self, record):
         Collect.steps[record.step] = {"global": dict(record.global_dict()),
-                                      "ranks": {lbl: dict(v) for lbl, v in record.per_rank_values().items()}}
+                                      "ranks": {lbl: mine for lbl, v in record.per_rank_values().items()
+                                                if (mine := {k: x for k, x in v.items() if not k.startswith("obs/")})}}
 
 
 register_backend("collect", Collect)

@@ -28,7 +28,8 @@ from forge_obs.alerts.config import AlertsConfig
 from forge_obs.alerts.sinks import (FINAL_FINDINGS_KEY, FINDINGS_KEY, Dispatcher, FileSink, alert_row, console_sink,
                                     find_wandb_run, finding_row, post_json, wandb_alert)
 from forge_obs.analysis.doctor.subjects import Identities
-from forge_obs.analysis.doctor.rules import Event, StepView, build_rules
+from forge_obs.analysis.doctor.rule_base import Event, StepView
+from forge_obs.analysis.doctor.rules import build_rules
 from forge_obs.backends.base import LoggerBackend
 from forge_obs.backends.late import LATE, LateValues
 from forge_obs.backends.record import StepRecord
@@ -43,7 +44,7 @@ __all__ = ["AlertsBackend"]
 logger = logging.getLogger("forge_obs")
 
 #: conditions whose onset explains a drop or a slowdown that starts right after
-_ROOT_RULES = ("missing_ranks", "quiet_rank", "nonfinite", "straggler", "sync_bottleneck", "stall")
+_ROOT_RULES = ("missing_ranks", "quiet_rank", "nonfinite", "straggler", "sync_bottleneck", "stall", "host_contention")
 _SYMPTOM_RULES = ("throughput_drop", "slowdown")
 #: alerts about time that cite the critical path of their slowest step (when the run has a timeline)
 _PATH_RULES = ("slowdown", "straggler", "sync_bottleneck", "throughput_drop")

@@ -20,7 +20,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 from forge_obs.analysis.doctor.config import DoctorConfig
-from forge_obs.analysis.doctor.rules import RULES, UserRule
+from forge_obs.analysis.doctor.rules import RULES
+from forge_obs.analysis.doctor.user_rules import UserRule
 from forge_obs.core.options import check_keys, redacted_errors
 from forge_obs.core.redact import redacted_repr
 from forge_obs.core.run import check_run_path

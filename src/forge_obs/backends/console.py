@@ -260,7 +260,7 @@ class ConsoleBackend(LoggerBackend):
             if visible:
                 title = f"step {global_step}" + (f" {source}" if source else "")
                 write_line(out, format_compact(title, visible, self.units, self.width))
-        else:
+        elif visible or source is None:  # a rank with nothing to show (only obs/... keys, hidden) prints no block
             write_line(out, format_block(source or "GlobalReduce", global_step, visible, self.units, self._layouts))
 
     def log_stream(self, metric: Metric, global_step: int, source: str | None = None, **kwargs: Any) -> None:

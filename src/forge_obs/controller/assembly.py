@@ -29,11 +29,14 @@ from forge_obs.backends.record import RankViews, StepRecord
 from forge_obs.controller.cut_timing import breakdown
 from forge_obs.controller.cuts import BUNDLED, Cut, RankBook
 from forge_obs.core.counters import add_count, add_counts
+from forge_obs.core.identity import current_identity
 from forge_obs.core.selfobs import CPU_PARTS, SELF_OBS, add_cpu
 from forge_obs.core.types import Metric
 from forge_obs.core.warn import WARNER
+from forge_obs.recording import telemetry
 from forge_obs.recording.collector import MetricCollector, Taken
 from forge_obs.recording.reduce import KeyDrops, Reduce
+from forge_obs.recording.telemetry.keys import is_telemetry
 from forge_obs.wire.bundle import loads_bundle
 from forge_obs.wire.merge import merge_snapshots, reduce_snapshots, without_keys
 from forge_obs.wire.snapshot import loads
@@ -92,7 +95,7 @@ class StepAssembler:
             global_metrics, rank_snaps = _without_clashes(clashes, global_metrics, rank_snaps, drops)
         # per-rank Metrics are built only if a backend reads them (JSONL reads plain values)
         per_rank = RankViews(rank_snaps) if self.per_rank else {}
-        if cut.final and not global_snaps and not raw:
+        if cut.final and not raw and (not global_snaps or _telemetry_only(global_metrics, tally, drops)):
             return None  # nothing was recorded after the last flush
         tally.overflows = len(overflows)
         obs = self.obs_metrics(cut, tally, drops, len(missing), len(late), pending, len(bundles), gauges())
@@ -106,7 +109,9 @@ class StepAssembler:
         raw_entries = []
         local = self._local_snapshot(cut, drops)
         if local is not None:
-            raw_entries.append(({"label": self.process_name, "mesh": self.process_name, "rank": 0}, local))
+            me = current_identity()  # host and pid: the controller's telemetry is joined to its host by them
+            raw_entries.append(({"label": self.process_name, "mesh": self.process_name, "rank": 0, "ctl": True,
+                                 "host": me.host, "pid": me.pid}, local))
         raw_entries.extend(v for v in cut.received.values() if v is not BUNDLED)
         book = self.book
         for key, ident, snap in cut.extra:
@@ -126,6 +131,8 @@ class StepAssembler:
         local = cut.local
         if not isinstance(local, Taken):
             return local
+        if not cut.final:
+            telemetry.add_to(local)  # the controller process's own obs/sys/... (never raises)
         try:
             return _COLLECTOR.export(local, packed=True)
         except Exception as e:  # noqa: BLE001 - the controller's own values; the ranks' still arrive
@@ -233,6 +240,14 @@ class Tally:
             elif isinstance(v, (int, float)):
                 add_count(self.counters, k, v)
         add_cpu(self.own_cpu, snap.get("self_cpu"))
+
+
+def _telemetry_only(metrics: list, tally: "Tally", drops: KeyDrops) -> bool:
+    """Whether a step holds only telemetry (``obs/sys/...``: sampled, not recorded): no other key,
+    no value recorded or dropped."""
+    c = tally.counters
+    return (not c["values_recorded"] and not c["dropped_values"] and not drops.total()
+            and all(is_telemetry(m.key) for m in metrics))
 
 
 def _rank_snapshots(by_label: dict[str, list[dict]], on_drop: Any) -> tuple[dict[str, dict], dict[str, list]]:

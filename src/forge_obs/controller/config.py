@@ -28,8 +28,8 @@ from forge_obs.wire.messages import DEFAULT_STREAM_INTERVAL_S
 
 __all__ = ["LoggerConfig", "RESERVED_KEYS", "DEFAULT_FLUSH_TIMEOUT_S", "check_keys", "parse_options"]
 
-RESERVED_KEYS = ("run", "flush_timeout_s", "shutdown_timeout_s", "backend_init_timeout_s", "backend_queue_steps", "backend_batch_s",
-                 "timeline", "stream_interval_s", "aggregate", "probe_round_trip")
+RESERVED_KEYS = ("run", "flush_timeout_s", "shutdown_timeout_s", "backend_init_timeout_s", "backend_queue_steps",
+                 "backend_batch_s", "timeline", "stream_interval_s", "aggregate", "probe_round_trip", "telemetry")
 #: ``"aggregate"``: answer cuts through one leader per (mesh, host) ("on"), directly ("off"), or
 #: through leaders from 32 ranks in the job ("auto"); FORGE_OBS_AGGREGATE sets the default
 AGGREGATE_MODES = ("auto", "on", "off")
@@ -67,6 +67,10 @@ class LoggerConfig:
     #: (``obs/raw_round_trip_s``, beside the cut's ``obs/cut/...`` parts); it delays every flush
     #: by that round trip, so it is for benchmarks. FORGE_OBS_PROBE_ROUND_TRIP sets the default
     probe_round_trip: bool = False
+    #: what every process samples at its cuts (``obs/sys/...``; docs/telemetry.md): a dict of
+    #: :class:`~forge_obs.recording.telemetry.options.TelemetryOptions`, or False (off);
+    #: FORGE_OBS_TELEMETRY=off sets the default
+    telemetry: Any = field(default_factory=lambda: _telemetry_options(None))
     #: backend name -> its own config dict (``jsonl`` is on unless given as None/False)
     backends: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -100,6 +104,7 @@ class LoggerConfig:
         from forge_obs.recording.timeline.schema import validate_options
 
         validate_options(timeline)  # raises ValueError on a bad key or value
+        telemetry = _telemetry_options(config.pop("telemetry", None))
         config.setdefault("jsonl", {})  # the local store is always on unless "jsonl": None
         backends: dict[str, dict[str, Any]] = {}
         for name, bcfg in config.items():
@@ -111,8 +116,15 @@ class LoggerConfig:
                 raise ValueError(f"config of backend {redacted_repr(name)} must be a dict, got {type(bcfg).__name__}")
             backends[name] = bcfg
         return cls(run=run, flush_timeout_s=timeout, shutdown_timeout_s=shutdown_timeout, backend_init_timeout_s=init_timeout,
-                   backend_queue_steps=queue_steps, backend_batch_s=float(batch_s), stream_interval_s=stream_interval, timeline=timeline,
-                   aggregate=aggregate, probe_round_trip=probe, backends=backends)
+                   backend_queue_steps=queue_steps, backend_batch_s=float(batch_s), stream_interval_s=stream_interval,
+                   timeline=timeline, aggregate=aggregate, probe_round_trip=probe, telemetry=telemetry, backends=backends)
+
+
+def _telemetry_options(value: Any) -> Any:
+    """The ``"telemetry"`` value parsed (:func:`forge_obs.recording.telemetry.options.parse`)."""
+    from forge_obs.recording.telemetry.options import parse
+
+    return parse(value)
 
 
 def _seconds(config: dict[str, Any], key: str, default: float) -> float:

@@ -42,6 +42,7 @@ from forge_obs.core.identity import set_identity
 from forge_obs.core.selfobs import SELF_OBS
 from forge_obs.recording.collector import MetricCollector
 from forge_obs.recording import reduce as _reduce
+from forge_obs.recording import telemetry
 from forge_obs.recording.reduce import adopt_reductions, user_reductions
 from forge_obs.recording.timeline import follow_cut
 from forge_obs.recording.timeline import writer as _timeline_writer
@@ -118,6 +119,8 @@ def apply_options(options: dict[str, Any] | None, timeline: bool = True) -> None
         _COLLECTOR.set_streaming(bool(options.get("streaming")))
         if "run_dir" in options:  # a session's options: init_backends reached this process (or shutdown did)
             _COLLECTOR.initialized = options.get("run_dir") is not None
+        if "telemetry" in options:  # the session's telemetry (False: shutdown): obs/sys/... at the cuts
+            telemetry.configure(options.get("telemetry") or False, options.get("run_dir"))
         if timeline and "timeline" in options:
             tl = options.get("timeline")
             if _timeline_writer.configure_from_push(options.get("run_dir") if tl is not None else None, tl or {}):

@@ -36,6 +36,7 @@ from forge_obs.core.identity import start_naming_run
 from forge_obs.core.redact import redact
 from forge_obs.core.run import release_meta_space, reserve_meta_space, write_meta
 from forge_obs.core.types import LoggingMode
+from forge_obs.recording import telemetry
 from forge_obs.recording.collector import MetricCollector
 
 logger = logging.getLogger("forge_obs")
@@ -72,7 +73,9 @@ async def start_session(config: dict[str, Any]) -> dict[str, Any]:
     _COLLECTOR.set_streaming(streaming)
     _COLLECTOR.initialized = True
     options = {"streaming": streaming, "run_dir": str(run.run_dir), "timeline": timeline,
-               "stream_interval_s": cfg.stream_interval_s, "last_step": st.last_step}
+               "stream_interval_s": cfg.stream_interval_s, "last_step": st.last_step,
+               "telemetry": cfg.telemetry.to_dict()}
+    telemetry.configure(cfg.telemetry, str(run.run_dir))  # the controller's own
     store_options(options)
     with st.lock:
         for item in st.early:
@@ -210,8 +213,9 @@ async def _close_run(st: ControllerState, timeout_s: float) -> None:
     controller."""
     st.shut_down = True
     start_naming_run(LOCAL_MESHES.live_names())
-    options = {"streaming": False, "run_dir": None, "timeline": None}
+    options = {"streaming": False, "run_dir": None, "timeline": None, "telemetry": False}
     store_options(options)
+    telemetry.configure(False)
     _COLLECTOR.set_streaming(False)
     _COLLECTOR.initialized = False
     await configure_meshes(options, timeout_s)

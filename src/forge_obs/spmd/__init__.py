@@ -181,7 +181,8 @@ def _checked_backends(cfg: LoggerConfig) -> dict[str, Any]:
 def _configure_rank(s: SpmdSession, cfg: LoggerConfig) -> None:
     """Recording on this rank: values kept for the next flush, raw values kept when a backend
     logs them (they travel with each cut), the timeline written to the run's ``events/`` (spans
-    of a sample of the ranks in a large job: :mod:`forge_obs.spmd.sampling`)."""
+    of a sample of the ranks in a large job: :mod:`forge_obs.spmd.sampling`), telemetry sampled
+    at each cut."""
     c = MetricCollector()
     c.initialized = True
     c.set_streaming(_any_mode(cfg, "PER_RANK_NO_REDUCE"))
@@ -193,6 +194,9 @@ def _configure_rank(s: SpmdSession, cfg: LoggerConfig) -> None:
     sampling.configure(cfg.run.run_dir, opts, s.rank, rank_selected(opts.get("ranks"), s.rank))
     writer.configure(cfg.run.run_dir, opts)
     follow_cut(0)  # spans before the first flush are step 0's, as its values are
+    from forge_obs.recording import telemetry
+
+    telemetry.configure(cfg.telemetry, str(cfg.run.run_dir))  # obs/sys/... at each cut (the shipper thread)
 
 
 def _any_mode(cfg: LoggerConfig, mode: str) -> bool:

@@ -27,6 +27,7 @@ from forge_obs.core.identity import ProcessIdentity, set_identity
 from forge_obs.core.selfobs import SELF_OBS
 from forge_obs.core.warn import WARNER
 from forge_obs.recording.collector import MetricCollector
+from forge_obs.recording import telemetry
 from forge_obs.recording.timeline import follow_cut
 from forge_obs.spmd.transport import Conn
 from forge_obs.wire import rank_cut
@@ -195,6 +196,7 @@ class SpmdSession:
             out.update(self._wait_done(deadline))
         self._conn.close()
         _close_timeline()
+        telemetry.configure(False)
         _COLLECTOR.initialized = False
         if self.on_shutdown is not None:
             self.on_shutdown()

@@ -19,14 +19,14 @@ A cut is two calls, in this order:
    a value recorded before it is in the cut and one recorded after it is in the next one, and
    let the timeline follow (spans that begin from now on are the next step's). No export, no
    device sync, no I/O.
-2. :func:`export` (later, where its cost does not fall on the caller: the fetcher after its
-   acknowledgement, the SPMD shipper thread): the states the cut took, exported packed, with
-   the per-cut extras (:func:`add_extras`), and pickled per key
-   (:func:`forge_obs.wire.snapshot.dumps`), ready to travel as one bytes object.
+2. :func:`export` (later, off the caller's thread: the fetcher, the SPMD shipper thread): the
+   per-cut extras added (:func:`add_extras`), the states the cut took exported packed, and
+   pickled per key (:func:`forge_obs.wire.snapshot.dumps`), ready to travel as one bytes object.
 
-:func:`add_extras` is the one place where what a cut carries besides the values belongs
-(today forge_obs's own CPU since the previous cut; per-cut process telemetry joins it there),
-so that both the Monarch and the SPMD route carry the same.
+:func:`add_extras` is the one place where what a cut carries besides the recorded values
+belongs, so that both the Monarch and the SPMD route carry the same: the process's telemetry
+(:mod:`forge_obs.recording.telemetry`: ``obs/sys/...`` values of the cut, merged and reduced like
+any value on every route) and forge_obs's own CPU since the previous cut (``self_cpu``).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from forge_obs.core.selfobs import SELF_OBS
+from forge_obs.recording import telemetry
 from forge_obs.recording.collector import MetricCollector, Taken
 from forge_obs.recording.timeline import follow_cut
 from forge_obs.wire.snapshot import dumps
@@ -53,17 +54,21 @@ def take(step: int) -> Taken:
 
 
 def export(taken: Taken) -> bytes:
-    """What ``taken`` holds, ready to travel: its states exported packed, the per-cut extras
-    added (:func:`add_extras`), pickled per key. A state that cannot be exported or pickled is
+    """What ``taken`` holds, ready to travel: the per-cut extras added (:func:`add_extras`), its
+    states exported packed, pickled per key. A state that cannot be exported or pickled is
     left out and counted in the snapshot's counters; raises only where the export itself fails
     (the caller counts that cut as lost)."""
+    extras = add_extras(taken)
     snap = _COLLECTOR.export(taken, packed=True)
-    add_extras(snap)
+    snap.update(extras)
     return dumps(snap, lambda key, reason, n: taken.drop(reason, n))
 
 
-def add_extras(snapshot: dict[str, Any]) -> None:
-    """What every cut carries besides the recorded values, added to its ``snapshot``: forge_obs's
-    own CPU in this process since the previous cut (``self_cpu``; the pipeline reports it as
-    ``obs/cpu_<part>_s``, apart from the user's keys). Per-cut process telemetry belongs here."""
-    snapshot["self_cpu"] = SELF_OBS.take()
+def add_extras(taken: Taken) -> dict[str, Any]:
+    """What every cut carries besides the recorded values: this process's telemetry sample, when
+    one is due, added to ``taken`` as values of the cut (:func:`forge_obs.recording.telemetry.add_to`:
+    ``obs/sys/...``, not counted as recorded values); and the snapshot's fields returned:
+    forge_obs's own CPU in this process since the previous cut (``self_cpu``; the pipeline
+    reports it as ``obs/cpu_<part>_s``, apart from the user's keys)."""
+    telemetry.add_to(taken)
+    return {"self_cpu": SELF_OBS.take()}

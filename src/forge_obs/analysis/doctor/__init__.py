@@ -31,11 +31,12 @@ from typing import Any
 
 from forge_obs.analysis.doctor.config import DoctorConfig
 from forge_obs.analysis.doctor.finding import Finding, format_findings
+from forge_obs.analysis.doctor.host_findings import host_contention
 from forge_obs.analysis.doctor.subjects import Identities
 from forge_obs.analysis.doctor.roots import merge_root_events
 from forge_obs.analysis.doctor.path import cite_paths
 from forge_obs.analysis.doctor.replay import metric_findings
-from forge_obs.analysis.doctor.rules import UserRule
+from forge_obs.analysis.doctor.user_rules import UserRule
 from forge_obs.analysis.doctor.timeline_rules import timeline_findings
 
 __all__ = ["diagnose", "diagnose_run", "Diagnosis", "DoctorConfig", "Finding", "format_findings"]
@@ -73,9 +74,11 @@ def diagnose_run(run_dir: "str | Path", config: DoctorConfig | None = None, rule
         notes.append("timeline: no events/ directory: stragglers, slowdowns, hangs, stalls and sync bottlenecks "
                      "not judged" + (" (straggler, slowdown and sync_bottleneck judged on duration metrics instead)"
                                      if (run_dir / "metrics.jsonl").exists() else ""))
-    m, n = metric_findings(run_dir, config, ids, user_rules, has_timeline)
+    m, n, evidence = metric_findings(run_dir, config, ids, user_rules, has_timeline)
     notes += n
-    findings = merge_root_events(found + m)
+    judged, n = host_contention(found + m, evidence, config)
+    notes += n
+    findings = merge_root_events(judged)
     if has_timeline:
         try:
             cite_paths(run_dir, findings, config.wait_spans)

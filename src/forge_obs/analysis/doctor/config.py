@@ -88,6 +88,23 @@ class DoctorConfig:
     throughput_drop: float = 0.33
     #: consecutive steps a rank that used to report values may stay silent (answers, no values)
     quiet_steps: int = 3
+    # ---- host contention (the processes' and hosts' telemetry, obs/sys/...: docs/telemetry.md)
+    #: a host sample is oversubscribed when its runnable tasks per core exceed this, ...
+    contention_runnable: float = 1.0
+    #: ... or some task waited for a CPU this share of the interval (PSI cpu "some"), ...
+    contention_pressure: float = 0.2
+    #: ... or the hypervisor took this share of its CPU time (steal)
+    contention_steal: float = 0.05
+    #: a slowdown or straggler is its host's, not its actor's, when the host was oversubscribed in
+    #: at least this share of the samples of its steps, ...
+    contention_host_share: float = 0.5
+    #: ... the slow work took at most this x its usual CPU time (it waited; it did not compute more), ...
+    contention_cpu_ratio: float = 1.5
+    #: ... and the extra time its threads waited for a CPU (against its peers', or its own before)
+    #: covers at least this share of its extra wall time (without run-queue figures: the slowdown
+    #: is shared by another process of the host). A throughput drop is the host's when a process
+    #: waited for a CPU at least ``contention_pressure`` of the time and twice its own share before
+    contention_share: float = 0.5
 
     def __post_init__(self) -> None:
         for name in ("wait_spans", "lifecycle_spans", "sync_spans", "throughput_keys"):

@@ -219,6 +219,14 @@ class Episode:
             self.refs.append(ref)
             self.hit_steps.append(step)
 
+    def excess_s(self, last: int | None = None) -> float:
+        """Seconds its out-of-line steps (the ``last`` ones, or all) took beyond their reference,
+        summed (scaled up from the hits it kept when it kept fewer than it had)."""
+        kept = [v - r for v, r in zip(self.values, self.refs)]
+        if last is not None:
+            return sum(kept[-last:])
+        return sum(kept) * (self.hits / len(kept)) if kept else 0.0
+
     def summary(self) -> dict:
         return {
             "median_ratio": round(median(self.ratios), 3) if self.ratios else None,
@@ -285,6 +293,18 @@ class GroupTracker:
     def settled(self, n: int) -> bool:
         """Every rank seen is past its role decision (so skipping a step changes no role)."""
         return len(self.ranks) >= n and all(st.role is not None for st in self.ranks.values())
+
+    def current(self, rank: Any, kind: str, step: Any) -> Change | None:
+        """The ``onset`` :class:`Change` of ``rank``'s episode of ``kind`` still on at ``step``
+        (None: none is on)."""
+        st = self.ranks.get(rank)
+        ep = None if st is None else (st.ep if kind == "straggler" else st.hep)
+        return None if ep is None else Change(kind, "onset", rank, step, ep.onset, _info(ep, None))
+
+    def episode(self, rank: Any, kind: str) -> Episode | None:
+        """``rank``'s episode of ``kind`` still on (None: none is)."""
+        st = self.ranks.get(rank)
+        return None if st is None else (st.ep if kind == "straggler" else st.hep)
 
     def roles(self) -> dict:
         """rank -> its typical duration, for ranks classified as doing this work alone."""

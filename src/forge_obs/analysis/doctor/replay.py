@@ -5,8 +5,8 @@ end) becomes one :class:`~forge_obs.analysis.doctor.finding.Finding`.
     >>> from forge_obs.analysis.doctor.config import DoctorConfig
     >>> from forge_obs.analysis.doctor.subjects import Identities
     >>> from forge_obs.analysis.doctor.replay import metric_findings
-    >>> metric_findings("runs/does-not-exist", DoctorConfig(), Identities(), [], True)[1]
-    ['metrics: no metrics.jsonl: non-finite values, missing ranks and staleness not judged']
+    >>> metric_findings("runs/does-not-exist", DoctorConfig(), Identities(), [], True)[1:]
+    (['metrics: no metrics.jsonl: non-finite values, missing ranks and staleness not judged'], None)
 """
 
 from __future__ import annotations
@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import Iterator
 
 from forge_obs.analysis.doctor.config import DoctorConfig
+from forge_obs.analysis.doctor.contention import Evidence, HostContention
 from forge_obs.analysis.doctor.detect import growth
 from forge_obs.analysis.doctor.finding import Finding
 from forge_obs.analysis.doctor.subjects import GLOBAL, Identities
-from forge_obs.analysis.doctor.rules import Event, Staleness, StepView, build_rules
+from forge_obs.analysis.doctor.rule_base import Event, StepView
+from forge_obs.analysis.doctor.rules import build_rules
+from forge_obs.analysis.doctor.value_rules import Staleness
 
 __all__ = ["step_views", "metric_findings"]
 
@@ -62,12 +65,14 @@ def _finding(e: Event) -> Finding:
 
 
 def metric_findings(run_dir: "str | Path", cfg: DoctorConfig, ids: Identities, user_rules: list,
-                    has_timeline: bool) -> tuple[list[Finding], list[str]]:
+                    has_timeline: bool) -> tuple[list[Finding], list[str], Evidence | None]:
+    """The metric rules' findings and notes, and the telemetry they saw (the ``host_contention``
+    rule's :class:`~forge_obs.analysis.doctor.contention.Evidence`; None without metrics.jsonl)."""
     from forge_obs.analysis.store import read_jsonl
 
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
-        return [], ["metrics: no metrics.jsonl: non-finite values, missing ranks and staleness not judged"]
+        return [], ["metrics: no metrics.jsonl: non-finite values, missing ranks and staleness not judged"], None
     rules = build_rules(cfg, ids, user_rules, skip_timeline_equivalent=has_timeline, keep_all=True)
     last: dict[str, Event] = {}  # incident id -> its latest event
     order: list[str] = []
@@ -91,7 +96,8 @@ def metric_findings(run_dir: "str | Path", cfg: DoctorConfig, ids: Identities, u
     if stats["steps"] and not stats["per_rank"]:
         notes.append("metrics: metrics.jsonl has no per-rank rows (jsonl logging_mode without per_rank_reduce): "
                      "non-finite values and staleness are attributed to the global value only")
-    return out, notes
+    host = next((r for r in rules if isinstance(r, HostContention)), None)
+    return out, notes, host.evidence if host is not None else None
 
 
 def _whole_run_staleness(cfg: DoctorConfig, ids: Identities, stale: dict, done: set) -> list[Finding]:

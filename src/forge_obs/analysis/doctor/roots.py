@@ -18,12 +18,13 @@ __all__ = ["KIND_ORDER", "merge_root_events"]
 
 #: the order findings are printed in (most severe first)
 KIND_ORDER = ["hang", "stall", "missing_ranks", "quiet_rank", "nonfinite", "straggler", "slowdown", "sync_bottleneck",
-              "staleness", "throughput_drop", "dropped", "threshold"]
+              "host_contention", "staleness", "throughput_drop", "dropped", "threshold"]
 #: a process lost: what the other symptoms of the same process follow from
 _LOSS = ("hang", "stall")
 _SYMPTOMS = ("missing_ranks", "quiet_rank")
 #: root events a throughput drop starting with them is a consequence of
-_CAUSES = ("hang", "stall", "missing_ranks", "quiet_rank", "nonfinite", "straggler", "slowdown", "sync_bottleneck")
+_CAUSES = ("hang", "stall", "missing_ranks", "quiet_rank", "nonfinite", "straggler", "slowdown", "sync_bottleneck",
+           "host_contention")
 
 
 def _ranks(f: Finding) -> set:
@@ -39,6 +40,17 @@ def _as_consequence(f: Finding) -> dict:
 
 def _same_process(a: Finding, b: Finding) -> bool:
     return a.mesh == b.mesh and bool(_ranks(a) & _ranks(b) or (not _ranks(a) and not _ranks(b)))
+
+
+def _add(cause: Finding, c: dict) -> None:
+    """``c`` under ``cause``, in place of the row of the same event already there (the live
+    rule's row of a drop, written when it began)."""
+    same = [i for i, x in enumerate(cause.consequences) if x.get("kind") == c["kind"] and x.get("where") == c["where"]
+            and (x.get("steps") or [None])[0] == (c["steps"] or [None])[0]]
+    if same:
+        cause.consequences[same[0]] = c
+    else:
+        cause.consequences.append(c)
 
 
 def merge_root_events(findings: list[Finding]) -> list[Finding]:
@@ -78,7 +90,7 @@ def merge_root_events(findings: list[Finding]) -> list[Finding]:
             cause = next((r for r in roots
                           if r.onset_step - 1 <= f.onset_step <= (r.steps[-1] if r.steps else r.onset_step) + 2), None)
             if cause is not None:
-                cause.consequences.append(_as_consequence(f))
+                _add(cause, _as_consequence(f))
                 continue
         final.append(f)
     final.sort(key=lambda f: (KIND_ORDER.index(f.kind) if f.kind in KIND_ORDER else len(KIND_ORDER),

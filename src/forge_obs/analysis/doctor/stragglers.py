@@ -33,7 +33,7 @@ from forge_obs.analysis.doctor.finding import Finding
 from forge_obs.analysis.doctor.subjects import Identities
 from forge_obs.analysis.doctor.tables import Tables, stream_details, stream_where
 
-__all__ = ["straggler_findings", "arrivals"]
+__all__ = ["straggler_findings", "arrivals", "cpu_ratio"]
 
 
 def straggler_findings(t: Tables, cfg: DoctorConfig, ids: Identities) -> tuple[list[Finding], list[str]]:
@@ -290,6 +290,27 @@ def _overlap_steps(f: Finding, ep: Episode) -> bool:
 # ---------------------------------------------------------------- findings
 
 
+def cpu_ratio(t: Tables, g: tuple, ep: Episode, peers: bool) -> float | None:
+    """The span's CPU time in the episode's out-of-line steps against its reference: its peers'
+    that step (``peers``), else its own in the steps before the onset (``history_steps`` of
+    them). None where the spans carry no CPU time. Near 1 while the wall time grew: the span
+    waited, it did not compute more."""
+    cells = t.cpu.get(g)
+    if not cells:
+        return None
+    rank = ep.rank
+    own = [c[rank][0] for s in ep.hit_steps if (c := cells.get(s)) is not None and rank in c]
+    if peers:
+        ref = [median(x[0] for r, x in c.items() if r != rank) for s in ep.hit_steps
+               if (c := cells.get(s)) is not None and any(r != rank for r in c)]
+    else:
+        before = sorted((s for s in cells if isinstance(s, int) and s < ep.onset and rank in cells[s]))[-16:]
+        ref = [cells[s][rank][0] for s in before]
+    if not own or not ref or median(ref) <= 0:
+        return None
+    return round(median(own) / median(ref), 3)
+
+
 def _who(t: Tables, ids: Identities, attempt: int, mesh: str, rank: Any) -> tuple:
     st = t.stream_of.get((attempt, mesh, rank))
     return (stream_where(ids, st) if st else ids.of(mesh, rank)), st
@@ -311,6 +332,7 @@ def _straggler_finding(t: Tables, ids: Identities, r: dict) -> Finding:
                 details={"span": name, "median_ratio": ratio, "median_s": med, "reference_s": ref,
                          "slow_steps": ep.hits, "steps_compared": ep.judged,
                          "spans": [name] + sorted({x[0][2] for x in r["also"]}),
+                         "excess_s": ep.excess_s(), "cpu_ratio": cpu_ratio(t, g, ep, peers=True),
                          **(stream_details(st) if st else {"attempt": attempt})})
     f.set_where(w)
     for _why, cg, cep in r["cons"]:
@@ -415,7 +437,10 @@ def _slowdown_finding(t: Tables, ids: Identities, ev: tuple) -> Finding:
     msg = (f"{w['where']}: '{name}' slowed down since step {onset}{until}: {(s['median_s'] or 0) * 1e3:.1f} ms, "
            f"{s['median_ratio'] or 0:.1f}x its own earlier steps ({(s['reference_s'] or 0) * 1e3:.1f} ms) "
            f"in {ep.hits}/{ep.judged} steps")
+    procs = [[*(stream_details(st)[k] for k in ("host", "pid")), e.rank, e.excess_s(), cpu_ratio(t, g, e, peers=False)]
+             for e in lst if (st := t.stream_of.get((attempt, mesh, e.rank))) is not None]
     f = Finding("slowdown", msg, steps=[onset, end], onset_step=onset,
                 details={"span": name, "median_ratio": s["median_ratio"], "median_s": s["median_s"],
-                         "reference_s": s["reference_s"], "ranks": sorted(e.rank for e in lst), "attempt": attempt})
+                         "reference_s": s["reference_s"], "ranks": sorted(e.rank for e in lst), "attempt": attempt,
+                         "excess_s": sum(e.excess_s() for e in lst), "processes": procs})
     return f.set_where(w)

@@ -1,7 +1,7 @@
 """One pass over a run's timeline records (``events/*.jsonl``) builds the per-step tables every
 timeline rule reads: per (attempt, peer group, span name), step and rank the summed duration and
-first start / last end; each step's wall time; each process's active window, state-moving spans,
-open spans and last step.
+first start / last end (and the CPU time of the spans that carry it); each step's wall time; each
+process's active window, state-moving spans, open spans and last step.
 
     >>> from forge_obs.analysis.doctor.config import DoctorConfig
     >>> from forge_obs.analysis.doctor.tables import scan
@@ -46,6 +46,8 @@ class Tables:
     end_by_attempt: dict = field(default_factory=dict)
     #: (attempt, peer group, step, rank) -> when the rank's first ``set_step`` of that step was recorded
     marks: dict = field(default_factory=dict)
+    #: (attempt, mesh, name) -> step -> rank -> [CPU µs, wall µs] of its spans that carry their CPU time
+    cpu: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(dict)))
 
 
 def peer_group(st: Any) -> str:
@@ -107,7 +109,7 @@ class _Sink:
             self.t.marks[key] = ts
 
     def span(self, it: tuple) -> None:
-        # a span row of reader.walk: (SPAN, stream, lane, name, step, start, duration, extras, ...)
+        # a span row of reader.walk: (SPAN, stream, lane, name, step, start, duration, extras, cpu_us)
         st, name, step, ts, dur = it[1], it[3], it[4], it[5], it[6]
         kind = self.kinds.get((id(st), name)) or self.kind(st, name)
         g, life, sync, ctl, ctl_wait = kind
@@ -126,6 +128,14 @@ class _Sink:
             else:
                 cell[0] += dur
                 _widen_cell(cell, ts, end)
+            cpu = it[8]
+            if cpu is not None:
+                c = t.cpu[g][step].get(st.rank)
+                if c is None:
+                    t.cpu[g][step][st.rank] = [cpu, dur]
+                else:
+                    c[0] += cpu
+                    c[1] += dur
             _widen(t.step_wall, (st.attempt, step), ts, end)
             t.last_step[st.key] = step
         elif not ctl:
