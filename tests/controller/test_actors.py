@@ -357,7 +357,7 @@ async def test_shutdown_returns_once_every_mesh_took_its_last_message(tmp_path):
     try:
         await mlogger.flush.call_one(0)
         await mlogger.shutdown.call_one()
-        assert slow.taken == [{"streaming": False, "run_dir": None, "timeline": None}]
+        assert slow.taken == [{"streaming": False, "run_dir": None, "timeline": None, "telemetry": False}]
         assert not slow.casts  # no configuration left in flight to it
     finally:
         LOCAL_MESHES.remove("slow-mesh")
