@@ -63,8 +63,6 @@ def _finding(e: Event) -> Finding:
 
 def metric_findings(run_dir: "str | Path", cfg: DoctorConfig, ids: Identities, user_rules: list,
                     has_timeline: bool) -> tuple[list[Finding], list[str]]:
-    from forge_obs.analysis.store import read_jsonl
-
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return [], ["metrics: no metrics.jsonl: non-finite values, missing ranks and staleness not judged"]
@@ -72,7 +70,7 @@ def metric_findings(run_dir: "str | Path", cfg: DoctorConfig, ids: Identities, u
     last: dict[str, Event] = {}  # incident id -> its latest event
     order: list[str] = []
     stats = {"per_rank": 0, "steps": 0}
-    for view in step_views(read_jsonl(path), ids, stats):
+    for view in step_views(_rows(path), ids, stats):
         stats["steps"] += 1
         for rule in rules:
             for e in rule.update(view):
@@ -92,6 +90,20 @@ def metric_findings(run_dir: "str | Path", cfg: DoctorConfig, ids: Identities, u
         notes.append("metrics: metrics.jsonl has no per-rank rows (jsonl logging_mode without per_rank_reduce): "
                      "non-finite values and staleness are attributed to the global value only")
     return out, notes
+
+
+def _rows(path: Path) -> Iterator[dict]:
+    """The rows of ``metrics.jsonl``: from the run's index (brought up to date), or where it cannot
+    be built here (no DuckDB or pyarrow), from the file."""
+    from forge_obs.analysis.index import available
+
+    if available():
+        from forge_obs.analysis.index import open_index
+
+        return open_index(path.parent).metric_rows()
+    from forge_obs.analysis.store import read_jsonl
+
+    return read_jsonl(path)
 
 
 def _whole_run_staleness(cfg: DoctorConfig, ids: Identities, stale: dict, done: set) -> list[Finding]:
