@@ -14,7 +14,7 @@ from typing import Any
 import forge_obs.analysis.critical_path.summary as summary
 from forge_obs.analysis.doctor.subjects import replica_family
 
-__all__ = ["why", "results", "all_results", "reference"]
+__all__ = ["why", "results", "all_results", "reference", "explain"]
 
 
 def _dicts(cur: Any) -> list[dict]:
@@ -141,3 +141,32 @@ def all_results(idx: Any, first: "int | None" = None, last: "int | None" = None)
         r.pop("stored_cause"), r.pop("stored_idle")
         summary.answer(r, med)
     return out
+
+
+def explain(idx: Any, first_step: int, last_step: int, history: int = 32) -> "dict | None":
+    """:func:`forge_obs.analysis.critical_path.explain` over the index ``idx``: the slowest
+    finished step stored in ``[first_step, last_step]`` with its answer, judged against the fast
+    half of the (up to) ``history`` stored steps before it. None when none of those steps is
+    stored yet. Reads the steps it needs, whatever the run's length."""
+    con = idx.connect()
+    want = [r[0] for r in con.execute("SELECT step FROM _steps WHERE step BETWEEN ? AND ? AND NOT unfinished "
+                                      "ORDER BY step", [first_step - history, last_step]).fetchall()]
+    got = results(con, want)
+    for r in got:
+        r.pop("stored_cause"), r.pop("stored_idle")
+    inside = [r for r in got if first_step <= r["step"] <= last_step]
+    if not inside:
+        return None
+    before = [r for r in got if r["step"] < first_step] or got
+    r = max(inside, key=lambda r: r["duration_s"])
+    summary.answer(r, summary.medians(_fast_half(before)))
+    return r
+
+
+def _fast_half(results: list) -> list:
+    """The finished results whose duration is at most their lower median."""
+    done = [r for r in results if not r["unfinished"]]
+    if not done:
+        return []
+    cut = sorted(r["duration_s"] for r in done)[(len(done) - 1) // 2]
+    return [r for r in done if r["duration_s"] <= cut]
