@@ -63,12 +63,45 @@ def indexed_spans(run_dir: Path) -> list:
 
 
 def assert_same_answers(run_dir: Path) -> None:
-    """The index's spans and every step's critical-path answer equal the direct read's."""
+    """The index's spans, every step's critical-path answer and the doctor's evidence and
+    findings equal the direct read's."""
     assert indexed_spans(run_dir) == direct_spans(run_dir)
     a = why(run_dir, slowest=10**6)
     b = why(run_dir, slowest=10**6, index=False)
     assert a == b
     assert analyse(run_dir) == analyse(run_dir, index=False)
+    assert_same_doctor(run_dir)
+
+
+def doctor_tables(t) -> dict:
+    """The doctor's per-step tables (:mod:`forge_obs.analysis.doctor.tables`) as plain data, in
+    the order a pass over the records builds them (dict orders included: findings follow them)."""
+    marks = t.marks.all() if hasattr(t.marks, "all") else dict(t.marks)
+    return {
+        "streams": [(k, st.attempt, st.first_ts, st.last_ts, st.clean, st.records, st.dropped, st.actor, st.header,
+                     dict(st.lanes)) for k, st in t.run.streams.items()],
+        "per_step": [(g, [(s, list(r.items())) for s, r in steps.items()]) for g, steps in t.per_step.items()],
+        "step_wall": dict(t.step_wall), "longest": dict(t.longest), "last_step": dict(t.last_step),
+        "opens": [(o[0], o[1].key, *o[2:6]) for o in t.opens], "window": dict(t.window),
+        "budget": list(t.budget.items()), "budget_steps": list(t.budget_steps.items()),
+        "ctl_wait": list(t.ctl_wait.items()), "stream_of": {k: v.key for k, v in t.stream_of.items()},
+        "unstepped": dict(t.unstepped), "end_by_attempt": dict(t.end_by_attempt), "marks": sorted(marks.items(), key=repr)}
+
+
+def assert_same_doctor(run_dir: Path, **settings) -> None:
+    """``forge-obs doctor`` reads the index (its per-step evidence, the stored critical paths,
+    the metric rows) and answers as it does reading the files (the run walked for its paths)."""
+    from unittest import mock
+
+    from forge_obs.analysis.doctor import DoctorConfig, diagnose_run, tables
+
+    cfg = DoctorConfig.from_dict(settings)
+    if (Path(run_dir) / "events").is_dir():
+        assert doctor_tables(tables.scan(run_dir, cfg)) == doctor_tables(tables.scan(run_dir, cfg, index=False))
+    got = diagnose_run(run_dir, **settings).to_dict()
+    with mock.patch("forge_obs.analysis.index.available", return_value=False):
+        want = diagnose_run(run_dir, **settings).to_dict()
+    assert got == want
 
 
 def _resume(run_dir: Path, src: Path, shift_us: int) -> None:
@@ -318,3 +351,82 @@ def test_batches_and_workers_answer_as_one_graph(tmp_path, monkeypatch, fault):
     monkeypatch.setattr(paths, "WORKER_SPANS", 400)
     grpo_run(tmp_path, 60, slow_from=20, **fault)
     assert_same_answers(tmp_path)
+
+
+def _doctor_run(tmp_path: Path, case: str) -> dict:
+    """Runs of tests/analysis/test_doctor.py's kinds: a straggler with a role, waits without a
+    root, a dead process among metrics, a hang, start-up and state-moving spans, pipeline stages,
+    a run still being written; the doctor settings they are judged with."""
+    from tests.analysis.test_doctor import jitter, trainer_spans
+    from tests.support.doctor_runs import source, write_metrics, write_startup, write_timeline
+
+    if case == "straggler":
+        write_timeline(tmp_path, {"trainer": 3}, 30, trainer_spans(slow_rank=2, from_step=8))
+    elif case == "waits":
+        def spans(mesh, rank, step):
+            arrive = [0.05 * jitter(r, step) + (0.3 if r == 1 and step >= 10 else 0.0) for r in range(2)]
+            return [("forward_backward", 0.05 * jitter(rank, step)), (None, arrive[rank] - 0.05 * jitter(rank, step)),
+                    ("grad_allreduce", max(arrive) - arrive[rank] + 0.002)]
+        write_timeline(tmp_path, {"trainer": 2}, 40, spans)
+    elif case == "dead":
+        write_timeline(tmp_path, {"generator_0": 1, "generator_1": 1}, 30, lambda m, r, s: [("generate", 0.02)],
+                       dead={("generator_1", 0): 6}, actors={"generator_0": "Generator", "generator_1": "Generator"})
+        srcs = [source("generator_0", 0, "Generator"), source("generator_1", 0, "Generator")]
+        write_metrics(tmp_path, 30, srcs, lambda src, s: {} if (src["mesh"] == "generator_1" and s >= 6) else {"x": 1.0},
+                      missing=lambda s: ["generator_1/r0"] if s >= 6 else [])
+        return {"stall_min_s": 0.05}
+    elif case == "hang":
+        write_timeline(tmp_path, {"trainer": 2}, 20, lambda m, r, s: [("train", 0.01), ("sync_weights", 0.02)],
+                       open_at={("trainer", 1): (12, "train")})
+    elif case == "shares":
+        write_timeline(tmp_path, {"generator_0": 1}, 20, lambda m, r, s: [("generate", 0.03), ("weights_load", 0.07)],
+                       startup_s=23.0, wait_s=lambda s: 0.06)
+    elif case == "stages":
+        write_timeline(tmp_path, {"trainer": 6}, 40, lambda m, r, s: [("train_step", 0.01 * (3 if r // 3 else 1)
+                                                                       * (2 if r == 5 and s >= 10 else 1))],
+                       coords=lambda mesh, rank: {"pp": rank // 3, "dp_shard": rank % 3})
+    elif case == "writing":
+        write_timeline(tmp_path, {"generator_0": 1, "generator_1": 1}, 300, lambda m, r, s: [("generate", 0.025)],
+                       writing=True, dead={("generator_1", 0): 6})
+    elif case == "startup":
+        write_startup(tmp_path, 12.0, {"generator_0": 1, "trainer": 1}, {"generator_0": 1, "trainer": 2})
+    return {}
+
+
+@pytest.mark.parametrize("case", ["straggler", "waits", "dead", "hang", "shares", "stages", "writing", "startup"])
+def test_the_doctor_answers_from_the_index_as_from_the_files(tmp_path, case):
+    settings = _doctor_run(tmp_path, case)
+    assert_same_doctor(tmp_path, **settings)
+
+
+def test_a_live_alert_cites_the_stored_critical_path_without_indexing(tmp_path):
+    """An alert about time cites the slowest step since its onset from the index as the live
+    indexer left it (``update=False``: nothing is indexed on the alerts thread): the answer the
+    walk of the files gives; a step not indexed yet is not cited; a run without an index is walked."""
+    from forge_obs.alerts.backend import AlertsBackend
+    from forge_obs.analysis.critical_path import explain
+    from forge_obs.analysis.doctor.rules import Event
+
+    src = grpo_run(tmp_path / "src", 60, slow_replica=(1, 0.8), slow_from=30)
+    be = AlertsBackend({})
+    be.run_dir = src
+    ev = Event("slowdown", "firing", "slowdown:x", 45, 31, 44, "generate grew", {"mesh": "generator_1"})
+    walked = be._path_of(ev)  # no index yet: the files are walked
+    assert not (src / "index").exists() and walked["step"] in range(31, 45)
+    want = explain(src, 31, 44)
+    assert walked == {"step": want["step"], "answer": want["answer"],
+                      "cause": {k: want["cause"][k] for k in ("mesh", "actor", "rank", "name", "path_s", "share")}}
+    run = tmp_path / "run"
+    (run / "events").mkdir(parents=True)
+    full = {run / "events" / p.name: p.read_bytes() for p in (src / "events").glob("*.jsonl")}
+    for p, b in full.items():
+        p.write_bytes(b[: len(b) // 3])  # about 20 steps indexed
+    open_index(run)
+    for p, b in full.items():
+        p.write_bytes(b)
+    be.run_dir = run
+    gen = store.Manifest.load(store.index_dir(run)).gen
+    assert be._path_of(ev) is None  # steps 31..44 are in the files, not in the index yet: not cited
+    assert store.Manifest.load(store.index_dir(run)).gen == gen  # and nothing was indexed for it
+    open_index(run)  # the live indexer's next update
+    assert be._path_of(ev) == walked
