@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from forge_obs.analysis import reader
 from forge_obs.analysis.doctor.config import DoctorConfig
@@ -107,17 +107,10 @@ def _from_index(idx: Any, cfg: DoctorConfig) -> Tables:
         st = by[sid]
         g = (st.attempt, group[sid], name)
         t.longest[g] = max(t.longest[g], dur)
-    for sid, name, step, dur, lo, hi in ev.cells():
-        st = by[sid]
-        g = (st.attempt, group[sid], name)
-        cell = t.per_step[g][step].get(st.rank)
-        if cell is None:
-            t.per_step[g][step][st.rank] = [dur, lo, hi]
-            t.stream_of[(st.attempt, g[1], st.rank)] = st
-        else:
-            cell[0] += dur
-            _widen_cell(cell, lo, hi)
-        _widen(t.step_wall, (st.attempt, step), lo, hi)
+    _cells(t, ev.cells(group))
+    t.stream_of.update(((attempt, grp, rank), by[sid]) for attempt, grp, rank, sid in ev.streams_of_cells())
+    for attempt, step, lo, hi in ev.step_walls():
+        t.step_wall[(attempt, step)] = [lo, hi]
     for sid, lo, hi, unstepped in ev.windows():
         st = by[sid]
         t.window[st.key] = [lo, hi]
@@ -131,6 +124,24 @@ def _from_index(idx: Any, cfg: DoctorConfig) -> Tables:
         if st.last_ts is not None:
             t.end_by_attempt[st.attempt] = max(t.end_by_attempt.get(st.attempt, st.last_ts), st.last_ts)
     return t
+
+
+def _cells(t: Tables, cells: Iterator[tuple]) -> None:
+    """``per_step`` from the cells of each group (:meth:`forge_obs.analysis.index.evidence.Evidence.cells`):
+    they come by position, so each group's steps and ranks are inserted in the reader's order."""
+    for key, c in cells:
+        steps, ranks = c["step"], c["rank"]
+        vals = map(list, zip(c["dur"], c["lo"], c["hi"]))
+        per = t.per_step[key]
+        if len(set(steps)) == len(steps):  # one rank a step: each step's dict at once
+            per.update({step: {rank: v} for step, rank, v in zip(steps, ranks, vals)})
+            continue
+        for step, rank, v in zip(steps, ranks, vals):
+            by_rank = per.get(step)
+            if by_rank is None:
+                per[step] = {rank: v}
+            else:
+                by_rank[rank] = v
 
 
 def _intervals(t: Tables, ev: Any, cfg: DoctorConfig, group: dict) -> None:

@@ -12,8 +12,8 @@ span, aggregated by DuckDB over the stored rows, so that only aggregates reach P
     ...     pass
     >>> timeline.close()
     >>> ev = Evidence(open_index(run_dir), skip=lambda name: False)
-    >>> [(name, step) for _sid, name, step, _dur, _lo, _hi in ev.cells()]
-    [('train_step', 2)]
+    >>> [(key, c["step"], c["rank"]) for key, c in ev.cells({sid: "main" for sid in ev.run.by_sid})]
+    [((0, 'main', 'train_step'), [2], [0])]
 
 Every answer is keyed by the process session (``sid``, :func:`forge_obs.analysis.index.timeline.sessions`)
 and comes in the reader's order (the files in their reading order, then each record's byte
@@ -24,7 +24,7 @@ everything but :meth:`Evidence.longest`.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from forge_obs.analysis.index.timeline import extras, sessions
 from forge_obs.analysis.reader import OPEN
@@ -50,13 +50,38 @@ class Evidence:
         self._keep = "x.name NOT IN (SELECT name FROM _skip)"
         self._from = "FROM _spans x JOIN _streams s ON s.sid = x.sid JOIN _frank f ON f.fid = x.fid"
 
-    def cells(self) -> list:
-        """``(sid, name, step, summed duration, first start, last end)`` per session, span name and
-        step (spans with a step, those ``skip`` keeps), by their first span's position."""
+    def cells(self, group: dict) -> Iterator[tuple]:
+        """The summed duration, first start and last end of each rank's spans per (attempt, peer
+        group, span name) and step (``group``: sid -> its peer group; spans with a step, those
+        ``skip`` keeps): per group, by its first span's position, ``((attempt, group, name),
+        columns)``, ``columns`` (``step``, ``rank``, ``dur``, ``lo``, ``hi``) as lists, by the
+        position of each cell's first span. One group's columns are in memory at a time."""
+        by = self.run.by_sid
+        self.con.execute("CREATE OR REPLACE TEMP TABLE _grp AS SELECT unnest(?::INTEGER[]) AS sid, "
+                         "unnest(?::INTEGER[]) AS attempt, unnest(?::VARCHAR[]) AS grp, unnest(?::INTEGER[]) AS rank",
+                         [list(by), [st.attempt for st in by.values()], [group[sid] for sid in by],
+                          [st.rank for st in by.values()]])
+        self.con.execute(
+            f"CREATE OR REPLACE TEMP TABLE _cells AS SELECT g.attempt, g.grp, x.name, x.step, g.rank, "
+            f"sum(x.dur)::BIGINT AS dur, min(x.start + s.offset_us) AS lo, max(x.start + x.dur + s.offset_us) AS hi, "
+            f"min({_ORDER}) AS pos, arg_min(x.sid, {_ORDER}) AS sid {self._from} JOIN _grp g ON g.sid = x.sid "
+            f"WHERE x.step IS NOT NULL AND {self._keep} GROUP BY ALL ORDER BY attempt, grp, name, pos")
+        groups = self.con.execute("SELECT attempt, grp, name FROM _cells GROUP BY ALL ORDER BY min(pos)").fetchall()
+        for attempt, grp, name in groups:
+            cols = self.con.execute("SELECT step, rank, dur, lo, hi FROM _cells WHERE attempt = ? AND grp = ? "
+                                    "AND name = ? ORDER BY pos", [attempt, grp, name]).fetchnumpy()
+            yield (attempt, grp, name), {k: v.tolist() for k, v in cols.items()}
+
+    def streams_of_cells(self) -> list:
+        """``(attempt, group, rank, sid)``: the session of the latest (by position) cell of each
+        rank of a group (after :meth:`cells`)."""
+        return self.con.execute("SELECT attempt, grp, rank, arg_max(sid, pos) FROM _cells GROUP BY ALL").fetchall()
+
+    def step_walls(self) -> list:
+        """``(attempt, step, first start, last end)`` over the spans :meth:`cells` counts (after it)."""
         return self.con.execute(
-            f"SELECT x.sid, x.name, x.step, sum(x.dur)::BIGINT, min(x.start + s.offset_us), "
-            f"max(x.start + x.dur + s.offset_us) {self._from} WHERE x.step IS NOT NULL AND {self._keep} "
-            f"GROUP BY ALL ORDER BY min({_ORDER})").fetchall()
+            f"SELECT g.attempt, x.step, min(x.start + s.offset_us), max(x.start + x.dur + s.offset_us) {self._from} "
+            f"JOIN _grp g ON g.sid = x.sid WHERE x.step IS NOT NULL AND {self._keep} GROUP BY ALL").fetchall()
 
     def longest(self) -> list:
         """``(sid, name, longest duration)`` over every finished span."""
