@@ -20,7 +20,7 @@ from forge_obs.analysis.index.paths import compute_steps
 from forge_obs.analysis.index.schema import STEP_TABLES
 from forge_obs.analysis.index.views import connect
 
-__all__ = ["update_index", "clocks", "MERGE_AT"]
+__all__ = ["update_index", "clocks", "no_gc", "MERGE_AT"]
 
 logger = logging.getLogger("forge_obs")
 
@@ -32,8 +32,8 @@ SMALL_ROWS = 200_000
 
 @contextmanager
 def no_gc() -> Iterator[None]:
-    """The cyclic garbage collector paused: indexing makes millions of objects that hold no
-    cycles, and each collection would walk them all."""
+    """The cyclic garbage collector paused: indexing (and the doctor's per-step tables) makes
+    millions of objects that hold no cycles, and each collection would walk them all."""
     was = gc.isenabled()
     gc.disable()
     try:
