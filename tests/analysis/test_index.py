@@ -430,3 +430,35 @@ def test_a_live_alert_cites_the_stored_critical_path_without_indexing(tmp_path):
     assert store.Manifest.load(store.index_dir(run)).gen == gen  # and nothing was indexed for it
     open_index(run)  # the live indexer's next update
     assert be._path_of(ev) == walked
+
+
+def test_the_doctor_asked_again_reads_its_last_answer_until_the_run_changes(tmp_path):
+    """``forge-obs doctor`` keeps its diagnosis beside the index: asked again about a run that did
+    not change (same index generation, settings and meta.json) it prints the same answer without
+    computing it; a new record, other settings or another meta.json compute it again."""
+    from tests.analysis.test_doctor import trainer_spans
+    from tests.support.doctor_runs import write_timeline
+
+    write_timeline(tmp_path, {"trainer": 3}, 30, trainer_spans(slow_rank=2, from_step=8))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+
+    def doctor(*args):
+        p = subprocess.run([sys.executable, "-m", "forge_obs.cli", "doctor", str(tmp_path), *args], capture_output=True,
+                           text=True, env=env, timeout=300)
+        assert p.returncode == 1, p.stderr
+        return p.stdout
+
+    first = doctor("--json")
+    stored = tmp_path / "index" / "doctor.json"
+    assert json.loads(first)["findings"][0]["rank"] == 2 and stored.exists()
+    stored.write_text(stored.read_text().replace('"rank": 2', '"rank": 7', 1))  # marked: a cache hit prints it
+    assert json.loads(doctor("--json"))["findings"][0]["rank"] == 7
+    assert json.loads(doctor("--json", "--set", "straggler_ratio=2.5"))["findings"][0]["rank"] == 2  # other settings
+    stored.write_text(stored.read_text().replace('"rank": 2', '"rank": 7', 1))
+    (tmp_path / "meta.json").write_text("{}")
+    assert json.loads(doctor("--json"))["findings"][0]["rank"] == 2  # another meta.json
+    stored.write_text(stored.read_text().replace('"rank": 2', '"rank": 7', 1))
+    with open(sorted((tmp_path / "events").glob("*trainer_0.jsonl"))[0], "a") as f:
+        f.write('["D", 0]\n')
+    assert json.loads(doctor("--json"))["findings"][0]["rank"] == 2  # the run changed
+    assert doctor() == doctor()
