@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any
 
-import forge_obs.analysis.critical_path.summary as summary
+from forge_obs.analysis.critical_path.summary import answer, compare_to, medians, step_result, total_by
 from forge_obs.analysis.doctor.subjects import replica_family
 
 __all__ = ["why", "results", "all_results", "reference", "explain"]
@@ -23,7 +23,7 @@ def _dicts(cur: Any) -> list[dict]:
 
 
 def results(con: Any, steps: list) -> list[dict]:
-    """The stored results of ``steps`` (in that order), as :func:`summary.step_result` made them,
+    """The stored results of ``steps`` (in that order), as :func:`~forge_obs.analysis.critical_path.summary.step_result` made them,
     with ``cause`` and ``idle`` (no answer line yet)."""
     if not steps:
         return []
@@ -44,8 +44,8 @@ def _result(h: dict, parts: dict, n: int) -> dict:
         p.pop("seq")
     stages = [{k: v for k, v in a.items() if k != "seq"} for a in parts["stages"].get(n, [])]
     r = {"step": n, "root": h["root"], "start_us": h["start_us"], "end_us": h["end_us"], "duration_s": h["duration_s"],
-         "unfinished": h["unfinished"], "path": path, "stages": stages, "by_mesh": summary.total_by(stages, "mesh"),
-         "by_name": summary.total_by(stages, "name"), "slack": parts["slack"].get(n, [])}
+         "unfinished": h["unfinished"], "path": path, "stages": stages, "by_mesh": total_by(stages, "mesh"),
+         "by_name": total_by(stages, "name"), "slack": parts["slack"].get(n, [])}
     c = stages[h["cause"]] if h["cause"] is not None else None
     r["stored_cause"] = c
     r["stored_idle"] = {"mesh": h["idle_mesh"], "idle_s": h["idle_s"]} if h["idle_mesh"] is not None else None
@@ -60,9 +60,9 @@ _MEDIAN = ("CASE WHEN count(*) % 2 = 1 THEN list_sort(list(path_s))[(count(*) + 
 
 def _compute_reference(con: Any) -> dict:
     """The fast half of the finished steps (duration at most the lower median) and the median
-    time on the path of every stage key over them (:func:`summary.medians`: per stage, per
+    time on the path of every stage key over them (:func:`~forge_obs.analysis.critical_path.summary.medians`: per stage, per
     mesh and span name, per replica family and span name; a mesh that is its own family counts
-    twice there, as it does in :func:`summary.medians`)."""
+    twice there, as it does in :func:`~forge_obs.analysis.critical_path.summary.medians`)."""
     done = sorted(r[0] for r in con.execute("SELECT duration_s FROM _steps WHERE NOT unfinished").fetchall())
     if not done:
         return {"fast_steps": 0, "fast_median_s": None, "medians": []}
@@ -122,8 +122,8 @@ def why(idx: Any, steps: "list | None" = None, slowest: "int | None" = None) -> 
     med, n_fast, fast_med = reference(idx, con)
     for r in chosen:
         r.pop("stored_cause"), r.pop("stored_idle")
-        summary.answer(r, med)
-        r["compare"] = summary.compare_to(r, med, n_fast, fast_med)
+        answer(r, med)
+        r["compare"] = compare_to(r, med, n_fast, fast_med)
     return {"run_dir": str(idx.run_dir), "steps_total": len(durs),
             "median_step_s": durs[(len(durs) - 1) // 2] if durs else None, "steps": chosen}
 
@@ -139,7 +139,7 @@ def all_results(idx: Any, first: "int | None" = None, last: "int | None" = None)
     med = reference(idx, con)[0]
     for r in out:
         r.pop("stored_cause"), r.pop("stored_idle")
-        summary.answer(r, med)
+        answer(r, med)
     return out
 
 
@@ -159,7 +159,7 @@ def explain(idx: Any, first_step: int, last_step: int, history: int = 32) -> "di
         return None
     before = [r for r in got if r["step"] < first_step] or got
     r = max(inside, key=lambda r: r["duration_s"])
-    summary.answer(r, summary.medians(_fast_half(before)))
+    answer(r, medians(_fast_half(before)))
     return r
 
 

@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 from forge_obs.analysis import reader
-import forge_obs.analysis.critical_path.summary as summary
+from forge_obs.analysis.critical_path.summary import Busy, cause, idle_mesh, step_result
 from forge_obs.analysis.critical_path.graph import Graph, build, controller_streams
 from forge_obs.analysis.critical_path.walk import PathConfig, Walker
 from forge_obs.analysis.index.rows import FLOW_INT, FLOW_STR, Columns
@@ -40,8 +40,8 @@ class StepSet:
     def __init__(self) -> None:
         self.cols = Columns("steps", "path", "stages", "slack")
 
-    def add(self, g: Graph, walker: Walker, busy: summary.Busy, w: Any) -> None:
-        r = summary.step_result(g, walker, busy, w)
+    def add(self, g: Graph, walker: Walker, busy: Busy, w: Any) -> None:
+        r = step_result(g, walker, busy, w)
         n = r["step"]
         for i, p in enumerate(r["path"]):
             self.cols.add("path", (n, i, p["mesh"], p["actor"], p["rank"], p["host"], p["pid"], p["task"], p["name"],
@@ -53,8 +53,8 @@ class StepSet:
         for x in r["slack"]:
             self.cols.add("slack", (n, x["mesh"], x["actor"], x["rank"], x["host"], x["pid"], x["busy_s"],
                                     x["waiting_s"], x["idle_s"], x["on_path_s"]))
-        c = summary.cause(r)
-        idle = summary.idle_mesh(r, c["mesh"]) if c is not None else None
+        c = cause(r)
+        idle = idle_mesh(r, c["mesh"]) if c is not None else None
         self.cols.add("steps", (n, r["root"], r["start_us"], r["end_us"], r["duration_s"], r["unfinished"],
                                 r["stages"].index(c) if c is not None else None,
                                 idle["mesh"] if idle else None, idle["idle_s"] if idle else None))
@@ -65,7 +65,7 @@ def step_rows(g: Graph, windows: list, cfg: PathConfig | None = None) -> StepSet
     out = StepSet()
     if windows:
         walker = Walker(g, cfg)
-        busy = summary.Busy(g, walker)
+        busy = Busy(g, walker)
         for w in windows:
             out.add(g, walker, busy, w)
     return out
