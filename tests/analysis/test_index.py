@@ -145,8 +145,9 @@ def _grow(run_dir: Path, full: dict, rng: random.Random, rounds: int) -> None:
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=hs.integers(3, 14), fault=hs.sampled_from(["", "slow_replica", "slow_rank", "hang", "carried", "starved"]),
        resumed=hs.booleans(), skew=hs.sampled_from([0.0, 0.03, -0.03]), clock=hs.booleans(), spmd=hs.booleans(),
-       rounds=hs.integers(1, 4), seed=hs.integers(0, 10**6))
-def test_index_answers_as_a_direct_read(tmp_path_factory, steps, fault, resumed, skew, clock, spmd, rounds, seed):
+       rounds=hs.integers(1, 4), seed=hs.integers(0, 10**6), parallel=hs.booleans())
+def test_index_answers_as_a_direct_read(tmp_path_factory, steps, fault, resumed, skew, clock, spmd, rounds, seed,
+                                        parallel):
     base = tmp_path_factory.mktemp("gen")
     kw = {"slow_replica": {"slow_replica": (1, 0.5)}, "slow_rank": {"slow_rank": (1, 0.6)},
           "hang": {"hang": (steps - 1,)}, "carried": {"carried_sync_s": 0.3}, "starved": {"starved": (0.4,)}}.get(fault, {})
@@ -162,9 +163,15 @@ def test_index_answers_as_a_direct_read(tmp_path_factory, steps, fault, resumed,
     full = {p: p.read_bytes() for p in (src / "events").glob("*.jsonl")}
     run_dir = base / "run"
     (run_dir / "events").mkdir(parents=True)
-    _grow(run_dir, {run_dir / "events" / p.name: b for p, b in full.items()}, random.Random(seed), rounds)
-    assert_same_answers(run_dir)
-    assert indexed_spans(run_dir) == sorted(indexed_rebuilt(run_dir), key=repr)
+    from forge_obs.analysis.index import build
+
+    was, build.PARALLEL_BYTES = build.PARALLEL_BYTES, 0 if parallel else build.PARALLEL_BYTES  # files read in 2 processes
+    try:
+        _grow(run_dir, {run_dir / "events" / p.name: b for p, b in full.items()}, random.Random(seed), rounds)
+        assert_same_answers(run_dir)
+        assert indexed_spans(run_dir) == sorted(indexed_rebuilt(run_dir), key=repr)
+    finally:
+        build.PARALLEL_BYTES = was
 
 
 def indexed_rebuilt(run_dir: Path) -> list:
@@ -344,11 +351,13 @@ def test_live_indexer_keeps_the_index_up_to_date(tmp_path):
 def test_batches_and_workers_answer_as_one_graph(tmp_path, monkeypatch, fault):
     """Steps computed in many small batches, in 2 worker processes, answer as the one graph
     of the direct read: each batch's graph reaches back far enough (a step's carried-over work,
-    another host's clock, a hang that runs to the end of the data)."""
-    from forge_obs.analysis.index import paths
+    another host's clock, a hang that runs to the end of the data). The files are read in 2
+    processes too (each its part of the files), as one process reads them."""
+    from forge_obs.analysis.index import build, paths
 
     monkeypatch.setattr(paths, "BATCH_SPANS", 150)
     monkeypatch.setattr(paths, "WORKER_SPANS", 400)
+    monkeypatch.setattr(build, "PARALLEL_BYTES", 0)
     grpo_run(tmp_path, 60, slow_from=20, **fault)
     assert_same_answers(tmp_path)
 

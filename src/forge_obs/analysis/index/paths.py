@@ -22,6 +22,7 @@ from forge_obs.analysis.index.build import write_rows
 from forge_obs.analysis.index.schema import STEP_TABLES
 from forge_obs.analysis.index.steps import MARGIN_US, StepSet, graph_from, streams_of, step_rows
 from forge_obs.analysis.index.views import STEP_INPUTS, connect, create_views
+from forge_obs.analysis.index.workers import forked
 
 __all__ = ["compute_steps", "closure", "BATCH_SPANS"]
 
@@ -129,46 +130,26 @@ def _parts(con: Any, lo: int, end: int, n_spans: int) -> list:
 
 
 def _in_workers(d: Path, man: store.Manifest, parts: list, end: int, n_spans: int, clash: set) -> None:
-    """:func:`_batches` of each part in a forked process (each with its own DuckDB); their
-    segments are added to ``man``. No DuckDB connection is open in this process when it forks."""
+    """:func:`_batches` of each part at once (:func:`~.workers.forked`: each with its own
+    DuckDB); their segments are added to ``man``. No DuckDB connection is open here."""
     before = {t: list(man.segments(t)) for t in STEP_TABLES}
-    kids = []
-    for i, part in enumerate(parts):
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the worker
-            os.close(r)
-            code = 1
-            try:
-                for t in STEP_TABLES:
-                    man.tables[t] = []
-                try:
-                    _batches(d, man, part, end, n_spans, tag=f"w{i}-", clash=clash)
-                except _Clash:
-                    code = 3
-                    raise
-                os.write(w, json.dumps({t: man.tables[t] for t in STEP_TABLES}).encode())
-                code = 0
-            finally:
-                os.close(w)
-                os._exit(code)
-        os.close(w)
-        kids.append((pid, r))
-    out = []
-    clashed = False
-    for pid, r in kids:
-        with os.fdopen(r, "rb") as f:
-            data = f.read()
-        _pid, status = os.waitpid(pid, 0)
-        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 3:
-            clashed = True
-            continue
-        if status != 0 or not data:
-            raise RuntimeError(f"a worker computing the steps failed (status {status})")
-        out.append(json.loads(data))
-    if clashed:
-        man.garbage += [seg["file"] for res in out for t in STEP_TABLES for seg in res[t]]
-        raise _Clash()
+
+    def part(i: int) -> Any:
+        def job() -> dict:
+            for t in STEP_TABLES:
+                man.tables[t] = []
+            _batches(d, man, parts[i], end, n_spans, tag=f"w{i}-", clash=clash)
+            return {t: man.tables[t] for t in STEP_TABLES}
+        return job
+
+    try:
+        out = forked([part(i) for i in range(len(parts))], passthrough=(_Clash,))
+    except _Clash:
+        made = [seg["file"] for t in STEP_TABLES for seg in man.tables[t] if seg not in before[t]]
+        for t in STEP_TABLES:
+            man.tables[t] = before[t]
+        man.garbage += made
+        raise
     for t in STEP_TABLES:
         man.tables[t] = before[t] + [seg for res in out for seg in res[t]]
 

@@ -67,7 +67,7 @@ def _fresh(d: Path, old: "store.Manifest | None") -> store.Manifest:
 
 def _flush(d: Path, man: store.Manifest) -> Any:
     def flush(up: Update) -> None:
-        write_rows(d, man, up.cols)
+        write_rows(d, man, up.cols, tag=up.tag)
         for rows in up.cols.values():
             rows.clear()
     return flush
