@@ -21,7 +21,9 @@ from forge_obs.analysis.report.data import group_of, group_sort_key, overview_pa
 from forge_obs.analysis.serve.analyses import Findings, TraceSlot, critical_path_at, jsonable
 from forge_obs.analysis.serve.files import Confined
 from forge_obs.analysis.serve.series import align
-from forge_obs.analysis.serve.state import RunState, ServeConfig, read_meta, run_labels
+from forge_obs.analysis.serve.meta import read_meta, run_labels
+from forge_obs.analysis.serve.held import ServeConfig
+from forge_obs.analysis.serve.state import RunState
 from forge_obs.analysis.store import RUN_MARKERS
 
 __all__ = ["Runs", "jsonable", "named_keys", "critical_path_at", "MAX_CHART_POINTS", "MAX_RANK_LINES",
