@@ -134,6 +134,10 @@ class RunIndex:
             for (text,) in batch:
                 yield json.loads(text)
 
+    def fresh(self) -> bool:
+        """Whether the index holds every complete line of the run's files as they are now."""
+        return _fresh(self.run_dir, store.Manifest.load(self.dir) or self.manifest)
+
     def summary(self) -> dict:
         """Rows per table, the index's size and its sources' (MB), whether it is private."""
         man = self.manifest
