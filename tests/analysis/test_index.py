@@ -132,22 +132,28 @@ def _spmd(run_dir: Path) -> None:
         p.write_text(json.dumps(h) + "\n" + "".join(lines[1:]))
 
 
-def _grow(run_dir: Path, full: dict, rng: random.Random, rounds: int) -> None:
+def _grow(run_dir: Path, full: dict, rng: random.Random, rounds: int, live: bool = False) -> None:
     """Write each file's bytes in ``rounds`` parts (cut anywhere: a line may be torn), updating
-    the index after each part."""
+    the index after each part (``live``: as the live indexer does, its window kept between updates)."""
+    from forge_obs.analysis.index.updater import update_index
+    from forge_obs.analysis.index.window import Window
+
+    window = Window()
     cuts = {p: sorted(rng.randrange(len(b) + 1) for _ in range(rounds - 1)) + [len(b)] for p, b in full.items()}
     for r in range(rounds):
         for p, b in full.items():
             p.write_bytes(b[:cuts[p][r]])
-        open_index(run_dir)
+        if live:
+            update_index(run_dir, store.index_dir(run_dir), window=window)
+        else:
+            open_index(run_dir)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=hs.integers(3, 14), fault=hs.sampled_from(["", "slow_replica", "slow_rank", "hang", "carried", "starved"]),
        resumed=hs.booleans(), skew=hs.sampled_from([0.0, 0.03, -0.03]), clock=hs.booleans(), spmd=hs.booleans(),
-       rounds=hs.integers(1, 4), seed=hs.integers(0, 10**6), parallel=hs.booleans())
-def test_index_answers_as_a_direct_read(tmp_path_factory, steps, fault, resumed, skew, clock, spmd, rounds, seed,
-                                        parallel):
+       rounds=hs.integers(1, 4), seed=hs.integers(0, 10**6), how=hs.sampled_from(["", "parallel", "live"]))
+def test_index_answers_as_a_direct_read(tmp_path_factory, steps, fault, resumed, skew, clock, spmd, rounds, seed, how):
     base = tmp_path_factory.mktemp("gen")
     kw = {"slow_replica": {"slow_replica": (1, 0.5)}, "slow_rank": {"slow_rank": (1, 0.6)},
           "hang": {"hang": (steps - 1,)}, "carried": {"carried_sync_s": 0.3}, "starved": {"starved": (0.4,)}}.get(fault, {})
@@ -165,9 +171,10 @@ def test_index_answers_as_a_direct_read(tmp_path_factory, steps, fault, resumed,
     (run_dir / "events").mkdir(parents=True)
     from forge_obs.analysis.index import build
 
-    was, build.PARALLEL_BYTES = build.PARALLEL_BYTES, 0 if parallel else build.PARALLEL_BYTES  # files read in 2 processes
+    was, build.PARALLEL_BYTES = build.PARALLEL_BYTES, 0 if how == "parallel" else build.PARALLEL_BYTES  # 2 processes
     try:
-        _grow(run_dir, {run_dir / "events" / p.name: b for p, b in full.items()}, random.Random(seed), rounds)
+        _grow(run_dir, {run_dir / "events" / p.name: b for p, b in full.items()}, random.Random(seed), rounds,
+              live=how == "live")
         assert_same_answers(run_dir)
         assert indexed_spans(run_dir) == sorted(indexed_rebuilt(run_dir), key=repr)
     finally:
@@ -471,3 +478,38 @@ def test_the_doctor_asked_again_reads_its_last_answer_until_the_run_changes(tmp_
         f.write('["D", 0]\n')
     assert json.loads(doctor("--json"))["findings"][0]["rank"] == 2  # the run changed
     assert doctor() == doctor()
+
+
+@pytest.mark.parametrize("fault", [{"slow_replica": (1, 0.5)}, {"carried_sync_s": 0.3, "trainer_host": "node1",
+                                                                 "trainer_skew_s": 0.03}, {"hang": (49,)}])
+def test_the_live_indexer_computes_steps_from_its_window_as_the_index_does(tmp_path, monkeypatch, fault):
+    """The live indexer keeps the last steps' rows between updates and computes the steps an
+    update may change from them (a step computed again is marked in the segment it was in; small
+    segments merge with the marks applied; the window keeps its last steps): after 40 updates that
+    each bring a few torn lines, the answers are the direct read's, and nearly every update was
+    computed from the window."""
+    from forge_obs.analysis.index import paths, updater, window as win_mod
+    from forge_obs.analysis.index.window import Window
+
+    monkeypatch.setattr(win_mod, "KEEP_STEPS", 6)
+    monkeypatch.setattr(updater, "MERGE_AT", 3)
+    used = {True: 0, False: 0}
+    real = paths.compute_live
+
+    def counted(*a):
+        ok = real(*a)
+        used[ok] += 1
+        return ok
+
+    monkeypatch.setattr(updater, "compute_live", counted)
+    src = grpo_run(tmp_path / "src", 50, slow_from=20, **fault)
+    run = tmp_path / "run"
+    (run / "events").mkdir(parents=True)
+    full = {run / "events" / p.name: p.read_bytes() for p in (src / "events").glob("*.jsonl")}
+    window = Window()
+    for part in range(1, 41):
+        for p, b in full.items():
+            p.write_bytes(b[: len(b) * part // 40])
+        updater.update_index(run, store.index_dir(run), window=window)
+    assert used[True] >= 30, used
+    assert_same_answers(run)

@@ -142,10 +142,12 @@ class RunIndex:
         """Rows per table, the index's size and its sources' (MB), whether it is private."""
         man = self.manifest
         rows = {t: sum(s["rows"] for s in segs) for t, segs in man.tables.items()}
+        rows["steps"] = rows.get("steps", 0) - sum(len(s.get("skip", ())) for s in man.tables.get("steps", ()))
         size = sum((self.dir / s["file"]).stat().st_size for segs in man.tables.values() for s in segs)
         src = sum(p.stat().st_size for p in self.run_dir.glob("events/*.jsonl"))
         src += (self.run_dir / "metrics.jsonl").stat().st_size if (self.run_dir / "metrics.jsonl").exists() else 0
-        return {"spans": rows.get("spans", 0) + rows.get("opens", 0), "events": rows.get("events", 0),
+        opens = sum(len(s["opens"]) for s in man.state.get("streams", []))
+        return {"spans": rows.get("spans", 0) + opens, "events": rows.get("events", 0),
                 "metrics": rows.get("metrics", 0), "steps": rows.get("steps", 0), "index_mb": size / 1e6,
                 "source_mb": src / 1e6, "private": self._tmp is not None}
 

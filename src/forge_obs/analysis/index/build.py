@@ -25,7 +25,7 @@ from forge_obs.analysis.index.workers import forked
 from forge_obs.analysis.jsonl_reader import BLANK, NOT_JSON, NOT_PARSED, parse_line
 from forge_obs.analysis.store import metric_row_problem
 
-__all__ = ["Update", "APPEND_TABLES", "write_rows"]
+__all__ = ["Update", "APPEND_TABLES", "write_rows", "session_rows"]
 
 logger = logging.getLogger("forge_obs")
 
@@ -60,6 +60,7 @@ class Update:
             self._restore(s)
         self.next_sid = max(self.sid_of.values(), default=-1) + 1
         self.tag = ""  # in the names of the segments this update writes (a worker's own)
+        self.flushed = False  # rows were written before the update's end (a large update)
         self.read_keys: set = set()  # the sessions whose records were read
         self.cols = Columns("spans", "events", "lanes", "metrics", "metric_rows")
         self.titan: dict[int, Columns] = {}  # fid -> rows of a TorchTitan file read again whole
@@ -274,29 +275,25 @@ class Update:
             m["first_malformed"] = m.get("first_malformed") or bad[1]
             m["malformed"] = m.get("malformed", 0) + bad[0]
 
-    # ------------------------------------------------------------------ rows of the small tables
-    def stream_rows(self, offsets: dict, attempts: list) -> Columns:
-        """The ``streams`` and ``opens`` tables as they stand (rewritten at every update)."""
-        cols = Columns("streams", "opens")
-        last_fid = {}
-        for f in self.files.values():
-            k = f["key"]
-            if k:
-                last_fid[tuple(k)] = f["fid"]
-        for key, st in self.run.streams.items():
-            h = st.header
-            sid = self.sid_of[key]
-            start = h.get("start")
-            cols.add("streams", (sid, h.get("run"), attempts.index(start) if start in attempts else 0, st.host,
-                                 st.pid, h.get("session"), st.mesh, st.actor, st.rank, bool(h.get("ctl")),
-                                 offsets.get(st.host, 0), st.first_ts, st.last_ts, st.clean, st.records, st.dropped,
-                                 float(start) if isinstance(start, (int, float)) else None,
-                                 *dims_of(h.get("coords"))))
-            for n, (lane, name, step, ts, ex) in enumerate(list(st.opens.values())):
-                _e, flow, ft, attrs, link, _c = extras_of(ex)
-                cols.add("opens", (sid, st.actor, lane, name, step, ts, flow, ft, attrs, link,
-                                   last_fid.get(key, 0), n))
-        return cols
+def session_rows(state: dict) -> Columns:
+    """The ``streams`` and ``opens`` tables (the process sessions, the spans begun and not ended)
+    as the manifest's ``state`` has them: not stored as segments, every reader makes them from
+    the manifest it reads."""
+    cols = Columns("streams", "opens")
+    offsets, attempts = state.get("offsets", {}), sorted(state.get("starts", []))
+    last_fid = {tuple(f["key"]): f["fid"] for f in state.get("files", {}).values() if f["key"]}
+    for s in state.get("streams", []):
+        h, sid, key = s["header"], s["sid"], tuple(s["key"])
+        host, start = h.get("host", "?"), h.get("start")
+        cols.add("streams", (sid, h.get("run"), attempts.index(start) if start in attempts else 0, host,
+                             int(h.get("pid", 0)), h.get("session"), h.get("mesh", "?"), s["actor"], int(h.get("rank", 0)),
+                             bool(h.get("ctl")), offsets.get(host, 0), s["first_ts"], s["last_ts"], s["clean"],
+                             s["records"], s["dropped"], float(start) if isinstance(start, (int, float)) else None,
+                             *dims_of(h.get("coords"))))
+        for n, (lane, name, step, ts, ex) in enumerate(s["opens"].values()):
+            _e, flow, ft, attrs, link, _c = extras_of(ex)
+            cols.add("opens", (sid, s["actor"], lane, name, step, ts, flow, ft, attrs, link, last_fid.get(key, 0), n))
+    return cols
 
 
 #: a timeline update that reads at least this many bytes reads its files in WORKERS processes

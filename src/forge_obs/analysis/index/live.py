@@ -38,19 +38,21 @@ def follow(run_dir: Path, interval_s: float = DEFAULT_INTERVAL_S, parent: "int |
     core. Returns the number of updates."""
     from forge_obs.analysis.index import store
     from forge_obs.analysis.index.updater import update_index
+    from forge_obs.analysis.index.window import Window
 
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_a: stop.set())
     d = store.index_dir(run_dir)
+    window = Window()  # the last steps' rows, kept between updates
     n = 0
     while True:
         last = stop.is_set() or (parent is not None and not _alive(parent))
         cost = time.process_time()
         if (run_dir / "events").is_dir() or (run_dir / "metrics.jsonl").exists():
             try:
-                update_index(run_dir, d)
+                update_index(run_dir, d, window=window)
                 n += 1
             except Exception as e:  # noqa: BLE001 - the next pass tries again; the files are the record
                 print(f"forge_obs index: {run_dir}: {type(e).__name__}: {e}", file=sys.stderr)

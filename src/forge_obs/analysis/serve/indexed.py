@@ -156,7 +156,8 @@ class IndexedRun:
         if man is None:
             return None
         idx = self._index()
-        return {"gen": man.gen, "steps": sum(s["rows"] for s in man.tables.get("steps", [])), "fresh": idx.fresh()}
+        steps = sum(s["rows"] - len(s.get("skip", ())) for s in man.tables.get("steps", []))
+        return {"gen": man.gen, "steps": steps, "fresh": idx.fresh()}
 
     def _checked(self, out: dict) -> dict:
         """``out``, unless an entry of the run directory links outside the root by now."""
