@@ -102,9 +102,10 @@ def reference(idx: Any, con: Any) -> tuple[dict, int, Any]:
     return med, data["fast_steps"], data["fast_median_s"]
 
 
-def why(idx: Any, steps: "list | None" = None, slowest: "int | None" = None) -> dict:
-    """:func:`forge_obs.analysis.critical_path.why` over the index ``idx``."""
-    con = idx.connect()
+def why(idx: Any, steps: "list | None" = None, slowest: "int | None" = None, con: Any = None) -> dict:
+    """:func:`forge_obs.analysis.critical_path.why` over the index ``idx`` (``con``: a connection
+    of it, :meth:`~forge_obs.analysis.index.RunIndex.connect`)."""
+    con = con or idx.connect()
     durs = sorted(r[0] for r in con.execute("SELECT duration_s FROM _steps").fetchall())
     if steps is not None:
         want = list(steps)

@@ -72,6 +72,8 @@ class Runs:
         self._stop, self._wake = threading.Event(), threading.Event()
         self._reader = threading.Thread(target=self._read_on, name="forge_obs-serve-reader", daemon=True)
         self._reader.start()
+        if index:  # the index's modules (DuckDB) loaded before the first page asks for a run's steps
+            threading.Thread(target=_load_index_modules, name="forge_obs-serve-imports", daemon=True).start()
 
     # ------------------------------------------------------------------ runs and their state
     def ids(self) -> list[str]:
@@ -321,6 +323,14 @@ class Runs:
             for ix in self._ix.values():
                 ix.close(wait=False)
         self._trace.close()
+
+
+def _load_index_modules() -> None:
+    from forge_obs.analysis.index import available
+
+    if available():
+        import forge_obs.analysis.index.answers  # noqa: F401 - loads DuckDB, pyarrow and the index's views
+        import forge_obs.analysis.index.views  # noqa: F401
 
 
 def _points(n: int) -> int:

@@ -51,6 +51,8 @@ class IndexedRun:
         self.files = files or Confined(self.run_dir)
         self.usable = available()
         self.proc: Any = None
+        self.lock = threading.Lock()  # one query at a time on the kept connection
+        self._con: Any = None
         if start and self.usable:
             self._start()
 
@@ -66,6 +68,10 @@ class IndexedRun:
         a thread of its own waits for it (and kills it past 10 s)."""
         from forge_obs.analysis.index.live import stop_indexer
 
+        with self.lock:
+            if self._con is not None:
+                self._con[1].close()
+                self._con = None
         p, self.proc = self.proc, None
         if p is None:
             return
@@ -96,6 +102,16 @@ class IndexedRun:
 
         return open_index(self.run_dir, update=False, warn=False)
 
+    def _connected(self) -> tuple:
+        """``(index, connection)`` of the index as it is now: one connection kept per index
+        generation (its views cost more than a query); call with ``self.lock`` held."""
+        idx = self._index()
+        if self._con is None or self._con[0].gen != idx.gen:
+            if self._con is not None:
+                self._con[1].close()  # its segments may go
+            self._con = (idx, idx.connect())
+        return self._con
+
     def critical_path(self, step: int) -> dict[str, Any]:
         """The step's critical path and slack, with its one-line answer (:func:`forge_obs.analysis.critical_path.why`'s
         step), as the index holds them."""
@@ -105,23 +121,24 @@ class IndexedRun:
             return {"available": False, "why": why}
         from forge_obs.analysis.index.answers import why as indexed_why
 
-        idx = self._index()
-        try:
-            out = {"available": True, "path": jsonable(indexed_why(idx, [step])["steps"][0])}
-        except ValueError as e:
-            behind = not idx.fresh()
-            out = {"available": False, "why": f"step {step} is not indexed yet" if behind else str(e)}
+        with self.lock:
+            idx, con = self._connected()
+            try:
+                out = {"available": True, "path": jsonable(indexed_why(idx, [step], con=con)["steps"][0])}
+            except ValueError as e:
+                behind = not idx.fresh()
+                out = {"available": False, "why": f"step {step} is not indexed yet" if behind else str(e)}
         return self._checked(out)
 
     def spans(self, step: int, limit: int = MAX_SPANS) -> dict[str, Any]:
         """The step's longest spans (at most ``limit``), by start: where, name, wall and CPU time."""
         if (why := self._why_not()) is not None:
             return {"available": False, "why": why, "spans": []}
-        idx = self._index()
-        con = idx.connect()
-        n = con.execute("SELECT count(*) FROM spans WHERE step = ?", [step]).fetchone()[0]
-        rows = con.execute("SELECT mesh, actor, rank, task, name, start_us, dur_us, cpu_us, finished FROM spans "
-                           "WHERE step = ? ORDER BY dur_us DESC, start_us LIMIT ?", [step, limit]).fetchall()
+        with self.lock:
+            idx, con = self._connected()
+            n = con.execute("SELECT count(*) FROM spans WHERE step = ?", [step]).fetchone()[0]
+            rows = con.execute("SELECT mesh, actor, rank, task, name, start_us, dur_us, cpu_us, finished FROM spans "
+                               "WHERE step = ? ORDER BY dur_us DESC, start_us LIMIT ?", [step, limit]).fetchall()
         t0 = min((r[5] for r in rows), default=0)
         spans = [{"mesh": m, "actor": a, "rank": rk, "task": t, "name": nm, "start_ms": (s - t0) / 1e3, "wall_ms": d / 1e3,
                   "cpu_ms": None if c is None else c / 1e3, "finished": f} for m, a, rk, t, nm, s, d, c, f in rows]
@@ -134,13 +151,14 @@ class IndexedRun:
         the last 1,000 (None: the run has none indexed, or the index may not be read)."""
         if self._why_not() is not None:
             return None
-        con = self._index().connect()
-        top = con.execute("SELECT step, duration_s FROM _steps WHERE NOT unfinished "
-                          "ORDER BY duration_s DESC, step LIMIT ?", [n]).fetchall()
-        if not top:
-            return None
-        med = con.execute("SELECT median(duration_s) FROM (SELECT duration_s FROM _steps WHERE NOT unfinished "
-                          "ORDER BY step DESC LIMIT 1000)").fetchone()[0]
+        with self.lock:
+            _idx, con = self._connected()
+            top = con.execute("SELECT step, duration_s FROM _steps WHERE NOT unfinished "
+                              "ORDER BY duration_s DESC, step LIMIT ?", [n]).fetchall()
+            if not top:
+                return None
+            med = con.execute("SELECT median(duration_s) FROM (SELECT duration_s FROM _steps WHERE NOT unfinished "
+                              "ORDER BY step DESC LIMIT 1000)").fetchone()[0]
         out = [{"step": s, "duration_s": d, "median_s": med, "times_median": d / med if med else None,
                 "source": "controller step"} for s, d in top]
         return out if self.files.escapes(self.run_dir) is None else None
