@@ -214,17 +214,19 @@ def open_index(run_dir: "str | Path", update: bool = True, rebuild: bool = False
 
 
 def _open(run_dir: Path, update: bool, rebuild: bool) -> RunIndex:
-    from forge_obs.analysis.index.updater import update_index
-
     d = store.index_dir(run_dir)
     if store.writable(run_dir):
-        man = update_index(run_dir, d, rebuild) if update or rebuild else store.Manifest.load(d)
-        if man is None:
-            man = update_index(run_dir, d)
+        man = None if update or rebuild else store.Manifest.load(d)
+        if man is None:  # the updater (and what it imports) only when it runs
+            from forge_obs.analysis.index.updater import update_index
+
+            man = update_index(run_dir, d, rebuild)
         return RunIndex(run_dir, d, man)
     own = store.Manifest.load(d) if d.is_dir() else None
     if own is not None and not rebuild and _fresh(run_dir, own):
         return RunIndex(run_dir, d, own)
+    from forge_obs.analysis.index.updater import update_index
+
     tmp = tempfile.TemporaryDirectory(prefix="forge_obs_index_")
     man = update_index(run_dir, Path(tmp.name) / INDEX_DIR, rebuild=True)
     return RunIndex(run_dir, Path(tmp.name) / INDEX_DIR, man, tmp)

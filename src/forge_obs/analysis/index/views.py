@@ -35,13 +35,12 @@ def _q(s: str) -> str:
 
 def _table(con: Any, d: Path, man: Manifest, table: str) -> None:
     if table in ("streams", "opens"):  # made from the manifest (forge_obs.analysis.index.build.session_rows)
-        import pyarrow as pa
-
         from forge_obs.analysis.index.build import session_rows
-        from forge_obs.analysis.index.schema import arrow_schema
 
-        cols = session_rows(man.state)
-        con.register(f"_{table}", pa.Table.from_pydict(cols.columns(table), schema=arrow_schema(table)))
+        cols = session_rows(man.state).columns(table)
+        types = TABLES[table]
+        sel = ", ".join(f'unnest(?::{DUCK_TYPES[t]}[]) AS "{c}"' for c, t in types.items())
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _{table} AS SELECT {sel}", [list(cols[c]) for c in types])
         return
     segs = man.tables.get(table, ())
     plain = [str(d / s["file"]) for s in segs if not s.get("skip")]
