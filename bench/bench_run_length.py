@@ -16,7 +16,8 @@ fresh process, wall time:
   readable (the index holds every line, the doctor's findings are in, the last step's critical
   path is answered), on the run with its index and without (the server's indexer builds it);
 - **baseline**: the same commands with the code of ``--base`` (default ``main``, exported with
-  ``git archive``), where they finish within ``--base-timeout-s``;
+  ``git archive``), its first question building its index, where they finish within
+  ``--base-timeout-s``;
 - **live**: a writer appends one step every ``1 / --live-rate`` s to a run while the live
   indexer (``python -m forge_obs.analysis.index.live``) follows it: the indexer's CPU share of
   one core, and the time from a step's flush until ``sql`` / ``why`` see it.
@@ -321,7 +322,7 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=Path("/tmp/forge_obs_runs"))
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--base", default="main", help="the git revision measured as the baseline")
-    ap.add_argument("--base-max-steps", type=int, default=10_000, help="measure the baseline up to this length")
+    ap.add_argument("--base-max-steps", type=int, default=100_000, help="measure the baseline up to this length")
     ap.add_argument("--base-timeout-s", type=float, default=600)
     ap.add_argument("--live-rate", type=float, default=10.0)
     ap.add_argument("--live-s", type=float, default=30.0)
@@ -340,9 +341,9 @@ def main() -> None:
         r["serve"] = serve(run, ROOT / "src", 3600)  # the index built: what a run indexed live finds
         shutil.rmtree(run / "index", ignore_errors=True)
         r["serve_cold"] = serve(run, ROOT / "src", 3600)  # no index: the server's indexer builds it
-        if steps <= args.base_max_steps:
+        if steps <= args.base_max_steps:  # the code of --base, its first question building its own index
+            r["base"] = measure(run, base, 1, args.base_timeout_s, first=True)
             shutil.rmtree(run / "index", ignore_errors=True)
-            r["base"] = measure(run, base, 1, args.base_timeout_s, first=False)
         print(json.dumps(r, indent=1), flush=True)
     res["live"] = [live(args.cache, args.live_rate, args.live_s, iv, args.live_cpu_share) for iv in args.live_interval_s]
     shutil.rmtree(base.parent, ignore_errors=True)
