@@ -93,9 +93,9 @@ def compute_steps(d: Path, man: store.Manifest, lo_raw: "int | None", offsets: d
 
 def compute_live(d: Path, man: store.Manifest, lo_raw: "int | None", offsets: dict, win: Any, opens: list) -> bool:
     """:func:`compute_steps` on the rows of the live indexer's window (:class:`~.window.Window`;
-    ``opens``: the open spans' rows, in order): the steps the update may have changed are dropped
-    whole with the segments the window wrote them in, and computed again from the window's rows.
-    False (nothing changed) when the update needs the index: the caller computes the steps with
+    ``opens``: the open spans' rows, in order): the steps the update may have changed are marked
+    computed again in the segments that hold them and computed from the window's rows. False
+    (nothing changed) when the update needs the index: the caller computes the steps with
     :func:`compute_steps`."""
     st = man.state.setdefault("path", {})
     okey = json.dumps(sorted(offsets.items()))
@@ -263,7 +263,7 @@ def _drop(con: Any, d: Path, man: store.Manifest, bound: int) -> None:
                 continue
             man.garbage.append(seg["file"])
             f = str(d / seg["file"]).replace("'", "''")
-            cond = "step NOT IN (SELECT step FROM _gone)" + "".join(f" AND step <> {n}" for n in seg.get("skip", ()))
+            cond = "step NOT IN (SELECT step FROM _gone)" + "".join(f" AND step <> {k}" for k in seg.get("skip", ()))
             n = con.execute(f"SELECT count(*) FROM read_parquet('{f}') WHERE {cond}").fetchone()[0]
             if n:
                 name = f"{table}-{man.gen}-k{len(keep)}-{seg['lo']}.parquet"
