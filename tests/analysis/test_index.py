@@ -63,12 +63,45 @@ def indexed_spans(run_dir: Path) -> list:
 
 
 def assert_same_answers(run_dir: Path) -> None:
-    """The index's spans and every step's critical-path answer equal the direct read's."""
+    """The index's spans, every step's critical-path answer and the doctor's evidence and
+    findings equal the direct read's."""
     assert indexed_spans(run_dir) == direct_spans(run_dir)
     a = why(run_dir, slowest=10**6)
     b = why(run_dir, slowest=10**6, index=False)
     assert a == b
     assert analyse(run_dir) == analyse(run_dir, index=False)
+    assert_same_doctor(run_dir)
+
+
+def doctor_tables(t) -> dict:
+    """The doctor's per-step tables (:mod:`forge_obs.analysis.doctor.tables`) as plain data, in
+    the order a pass over the records builds them (dict orders included: findings follow them)."""
+    marks = t.marks.all() if hasattr(t.marks, "all") else dict(t.marks)
+    return {
+        "streams": [(k, st.attempt, st.first_ts, st.last_ts, st.clean, st.records, st.dropped, st.actor, st.header,
+                     dict(st.lanes)) for k, st in t.run.streams.items()],
+        "per_step": [(g, [(s, list(r.items())) for s, r in steps.items()]) for g, steps in t.per_step.items()],
+        "step_wall": dict(t.step_wall), "longest": dict(t.longest), "last_step": dict(t.last_step),
+        "opens": [(o[0], o[1].key, *o[2:6]) for o in t.opens], "window": dict(t.window),
+        "budget": list(t.budget.items()), "budget_steps": list(t.budget_steps.items()),
+        "ctl_wait": list(t.ctl_wait.items()), "stream_of": {k: v.key for k, v in t.stream_of.items()},
+        "unstepped": dict(t.unstepped), "end_by_attempt": dict(t.end_by_attempt), "marks": sorted(marks.items(), key=repr)}
+
+
+def assert_same_doctor(run_dir: Path, **settings) -> None:
+    """``forge-obs doctor`` reads the index (its per-step evidence, the stored critical paths,
+    the metric rows) and answers as it does reading the files (the run walked for its paths)."""
+    from unittest import mock
+
+    from forge_obs.analysis.doctor import DoctorConfig, diagnose_run, tables
+
+    cfg = DoctorConfig.from_dict(settings)
+    if (Path(run_dir) / "events").is_dir():
+        assert doctor_tables(tables.scan(run_dir, cfg)) == doctor_tables(tables.scan(run_dir, cfg, index=False))
+    got = diagnose_run(run_dir, **settings).to_dict()
+    with mock.patch("forge_obs.analysis.index.available", return_value=False):
+        want = diagnose_run(run_dir, **settings).to_dict()
+    assert got == want
 
 
 def _resume(run_dir: Path, src: Path, shift_us: int) -> None:
@@ -99,21 +132,28 @@ def _spmd(run_dir: Path) -> None:
         p.write_text(json.dumps(h) + "\n" + "".join(lines[1:]))
 
 
-def _grow(run_dir: Path, full: dict, rng: random.Random, rounds: int) -> None:
+def _grow(run_dir: Path, full: dict, rng: random.Random, rounds: int, live: bool = False) -> None:
     """Write each file's bytes in ``rounds`` parts (cut anywhere: a line may be torn), updating
-    the index after each part."""
+    the index after each part (``live``: as the live indexer does, its window kept between updates)."""
+    from forge_obs.analysis.index.updater import update_index
+    from forge_obs.analysis.index.window import Window
+
+    window = Window()
     cuts = {p: sorted(rng.randrange(len(b) + 1) for _ in range(rounds - 1)) + [len(b)] for p, b in full.items()}
     for r in range(rounds):
         for p, b in full.items():
             p.write_bytes(b[:cuts[p][r]])
-        open_index(run_dir)
+        if live:
+            update_index(run_dir, store.index_dir(run_dir), window=window)
+        else:
+            open_index(run_dir)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=hs.integers(3, 14), fault=hs.sampled_from(["", "slow_replica", "slow_rank", "hang", "carried", "starved"]),
        resumed=hs.booleans(), skew=hs.sampled_from([0.0, 0.03, -0.03]), clock=hs.booleans(), spmd=hs.booleans(),
-       rounds=hs.integers(1, 4), seed=hs.integers(0, 10**6))
-def test_index_answers_as_a_direct_read(tmp_path_factory, steps, fault, resumed, skew, clock, spmd, rounds, seed):
+       rounds=hs.integers(1, 4), seed=hs.integers(0, 10**6), how=hs.sampled_from(["", "parallel", "live"]))
+def test_index_answers_as_a_direct_read(tmp_path_factory, steps, fault, resumed, skew, clock, spmd, rounds, seed, how):
     base = tmp_path_factory.mktemp("gen")
     kw = {"slow_replica": {"slow_replica": (1, 0.5)}, "slow_rank": {"slow_rank": (1, 0.6)},
           "hang": {"hang": (steps - 1,)}, "carried": {"carried_sync_s": 0.3}, "starved": {"starved": (0.4,)}}.get(fault, {})
@@ -129,9 +169,16 @@ def test_index_answers_as_a_direct_read(tmp_path_factory, steps, fault, resumed,
     full = {p: p.read_bytes() for p in (src / "events").glob("*.jsonl")}
     run_dir = base / "run"
     (run_dir / "events").mkdir(parents=True)
-    _grow(run_dir, {run_dir / "events" / p.name: b for p, b in full.items()}, random.Random(seed), rounds)
-    assert_same_answers(run_dir)
-    assert indexed_spans(run_dir) == sorted(indexed_rebuilt(run_dir), key=repr)
+    from forge_obs.analysis.index import build
+
+    was, build.PARALLEL_BYTES = build.PARALLEL_BYTES, 0 if how == "parallel" else build.PARALLEL_BYTES  # 2 processes
+    try:
+        _grow(run_dir, {run_dir / "events" / p.name: b for p, b in full.items()}, random.Random(seed), rounds,
+              live=how == "live")
+        assert_same_answers(run_dir)
+        assert indexed_spans(run_dir) == sorted(indexed_rebuilt(run_dir), key=repr)
+    finally:
+        build.PARALLEL_BYTES = was
 
 
 def indexed_rebuilt(run_dir: Path) -> list:
@@ -311,10 +358,158 @@ def test_live_indexer_keeps_the_index_up_to_date(tmp_path):
 def test_batches_and_workers_answer_as_one_graph(tmp_path, monkeypatch, fault):
     """Steps computed in many small batches, in 2 worker processes, answer as the one graph
     of the direct read: each batch's graph reaches back far enough (a step's carried-over work,
-    another host's clock, a hang that runs to the end of the data)."""
-    from forge_obs.analysis.index import paths
+    another host's clock, a hang that runs to the end of the data). The files are read in 2
+    processes too (each its part of the files), as one process reads them."""
+    from forge_obs.analysis.index import build, paths
 
     monkeypatch.setattr(paths, "BATCH_SPANS", 150)
     monkeypatch.setattr(paths, "WORKER_SPANS", 400)
+    monkeypatch.setattr(build, "PARALLEL_BYTES", 0)
     grpo_run(tmp_path, 60, slow_from=20, **fault)
     assert_same_answers(tmp_path)
+
+
+def _doctor_run(tmp_path: Path, case: str) -> dict:
+    """Runs of tests/analysis/test_doctor.py's kinds: a straggler with a role, waits without a
+    root, a dead process among metrics, a hang, start-up and state-moving spans, pipeline stages,
+    a run still being written; the doctor settings they are judged with."""
+    from tests.analysis.test_doctor import jitter, trainer_spans
+    from tests.support.doctor_runs import source, write_metrics, write_startup, write_timeline
+
+    if case == "straggler":
+        write_timeline(tmp_path, {"trainer": 3}, 30, trainer_spans(slow_rank=2, from_step=8))
+    elif case == "waits":
+        def spans(mesh, rank, step):
+            arrive = [0.05 * jitter(r, step) + (0.3 if r == 1 and step >= 10 else 0.0) for r in range(2)]
+            return [("forward_backward", 0.05 * jitter(rank, step)), (None, arrive[rank] - 0.05 * jitter(rank, step)),
+                    ("grad_allreduce", max(arrive) - arrive[rank] + 0.002)]
+        write_timeline(tmp_path, {"trainer": 2}, 40, spans)
+    elif case == "dead":
+        write_timeline(tmp_path, {"generator_0": 1, "generator_1": 1}, 30, lambda m, r, s: [("generate", 0.02)],
+                       dead={("generator_1", 0): 6}, actors={"generator_0": "Generator", "generator_1": "Generator"})
+        srcs = [source("generator_0", 0, "Generator"), source("generator_1", 0, "Generator")]
+        write_metrics(tmp_path, 30, srcs, lambda src, s: {} if (src["mesh"] == "generator_1" and s >= 6) else {"x": 1.0},
+                      missing=lambda s: ["generator_1/r0"] if s >= 6 else [])
+        return {"stall_min_s": 0.05}
+    elif case == "hang":
+        write_timeline(tmp_path, {"trainer": 2}, 20, lambda m, r, s: [("train", 0.01), ("sync_weights", 0.02)],
+                       open_at={("trainer", 1): (12, "train")})
+    elif case == "shares":
+        write_timeline(tmp_path, {"generator_0": 1}, 20, lambda m, r, s: [("generate", 0.03), ("weights_load", 0.07)],
+                       startup_s=23.0, wait_s=lambda s: 0.06)
+    elif case == "stages":
+        write_timeline(tmp_path, {"trainer": 6}, 40, lambda m, r, s: [("train_step", 0.01 * (3 if r // 3 else 1)
+                                                                       * (2 if r == 5 and s >= 10 else 1))],
+                       coords=lambda mesh, rank: {"pp": rank // 3, "dp_shard": rank % 3})
+    elif case == "writing":
+        write_timeline(tmp_path, {"generator_0": 1, "generator_1": 1}, 300, lambda m, r, s: [("generate", 0.025)],
+                       writing=True, dead={("generator_1", 0): 6})
+    elif case == "startup":
+        write_startup(tmp_path, 12.0, {"generator_0": 1, "trainer": 1}, {"generator_0": 1, "trainer": 2})
+    return {}
+
+
+@pytest.mark.parametrize("case", ["straggler", "waits", "dead", "hang", "shares", "stages", "writing", "startup"])
+def test_the_doctor_answers_from_the_index_as_from_the_files(tmp_path, case):
+    settings = _doctor_run(tmp_path, case)
+    assert_same_doctor(tmp_path, **settings)
+
+
+def test_a_live_alert_cites_the_stored_critical_path_without_indexing(tmp_path):
+    """An alert about time cites the slowest step since its onset from the index as the live
+    indexer left it (``update=False``: nothing is indexed on the alerts thread): the answer the
+    walk of the files gives; a step not indexed yet is not cited; a run without an index is walked."""
+    from forge_obs.alerts.backend import AlertsBackend
+    from forge_obs.analysis.critical_path import explain
+    from forge_obs.analysis.doctor.rules import Event
+
+    src = grpo_run(tmp_path / "src", 60, slow_replica=(1, 0.8), slow_from=30)
+    be = AlertsBackend({})
+    be.run_dir = src
+    ev = Event("slowdown", "firing", "slowdown:x", 45, 31, 44, "generate grew", {"mesh": "generator_1"})
+    walked = be._path_of(ev)  # no index yet: the files are walked
+    assert not (src / "index").exists() and walked["step"] in range(31, 45)
+    want = explain(src, 31, 44)
+    assert walked == {"step": want["step"], "answer": want["answer"],
+                      "cause": {k: want["cause"][k] for k in ("mesh", "actor", "rank", "name", "path_s", "share")}}
+    run = tmp_path / "run"
+    (run / "events").mkdir(parents=True)
+    full = {run / "events" / p.name: p.read_bytes() for p in (src / "events").glob("*.jsonl")}
+    for p, b in full.items():
+        p.write_bytes(b[: len(b) // 3])  # about 20 steps indexed
+    open_index(run)
+    for p, b in full.items():
+        p.write_bytes(b)
+    be.run_dir = run
+    gen = store.Manifest.load(store.index_dir(run)).gen
+    assert be._path_of(ev) is None  # steps 31..44 are in the files, not in the index yet: not cited
+    assert store.Manifest.load(store.index_dir(run)).gen == gen  # and nothing was indexed for it
+    open_index(run)  # the live indexer's next update
+    assert be._path_of(ev) == walked
+
+
+def test_the_doctor_asked_again_reads_its_last_answer_until_the_run_changes(tmp_path):
+    """``forge-obs doctor`` keeps its diagnosis beside the index: asked again about a run that did
+    not change (same index generation, settings and meta.json) it prints the same answer without
+    computing it; a new record, other settings or another meta.json compute it again."""
+    from tests.analysis.test_doctor import trainer_spans
+    from tests.support.doctor_runs import write_timeline
+
+    write_timeline(tmp_path, {"trainer": 3}, 30, trainer_spans(slow_rank=2, from_step=8))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+
+    def doctor(*args):
+        p = subprocess.run([sys.executable, "-m", "forge_obs.cli", "doctor", str(tmp_path), *args], capture_output=True,
+                           text=True, env=env, timeout=300)
+        assert p.returncode == 1, p.stderr
+        return p.stdout
+
+    first = doctor("--json")
+    stored = tmp_path / "index" / "doctor.json"
+    assert json.loads(first)["findings"][0]["rank"] == 2 and stored.exists()
+    stored.write_text(stored.read_text().replace('"rank": 2', '"rank": 7', 1))  # marked: a cache hit prints it
+    assert json.loads(doctor("--json"))["findings"][0]["rank"] == 7
+    assert json.loads(doctor("--json", "--set", "straggler_ratio=2.5"))["findings"][0]["rank"] == 2  # other settings
+    stored.write_text(stored.read_text().replace('"rank": 2', '"rank": 7', 1))
+    (tmp_path / "meta.json").write_text("{}")
+    assert json.loads(doctor("--json"))["findings"][0]["rank"] == 2  # another meta.json
+    stored.write_text(stored.read_text().replace('"rank": 2', '"rank": 7', 1))
+    with open(sorted((tmp_path / "events").glob("*trainer_0.jsonl"))[0], "a") as f:
+        f.write('["D", 0]\n')
+    assert json.loads(doctor("--json"))["findings"][0]["rank"] == 2  # the run changed
+    assert doctor() == doctor()
+
+
+@pytest.mark.parametrize("fault", [{"slow_replica": (1, 0.5)}, {"carried_sync_s": 0.3, "trainer_host": "node1",
+                                                                 "trainer_skew_s": 0.03}, {"hang": (49,)}])
+def test_the_live_indexer_computes_steps_from_its_window_as_the_index_does(tmp_path, monkeypatch, fault):
+    """The live indexer keeps the last steps' rows between updates and computes the steps an
+    update may change from them (a step computed again is marked in the segment it was in; small
+    segments merge with the marks applied; the window keeps its last steps): after 40 updates that
+    each bring a few torn lines, the answers are the direct read's, and nearly every update was
+    computed from the window."""
+    from forge_obs.analysis.index import paths, updater, window as win_mod
+    from forge_obs.analysis.index.window import Window
+
+    monkeypatch.setattr(win_mod, "KEEP_STEPS", 6)
+    monkeypatch.setattr(updater, "MERGE_AT", 3)
+    used = {True: 0, False: 0}
+    real = paths.compute_live
+
+    def counted(*a):
+        ok = real(*a)
+        used[ok] += 1
+        return ok
+
+    monkeypatch.setattr(updater, "compute_live", counted)
+    src = grpo_run(tmp_path / "src", 50, slow_from=20, **fault)
+    run = tmp_path / "run"
+    (run / "events").mkdir(parents=True)
+    full = {run / "events" / p.name: p.read_bytes() for p in (src / "events").glob("*.jsonl")}
+    window = Window()
+    for part in range(1, 41):
+        for p, b in full.items():
+            p.write_bytes(b[: len(b) * part // 40])
+        updater.update_index(run, store.index_dir(run), window=window)
+    assert used[True] >= 30, used
+    assert_same_answers(run)

@@ -451,34 +451,73 @@ def test_page_script_never_inserts_html():
     assert (STATIC / "uPlot.LICENSE").read_text().startswith("The MIT License")
 
 
-def _fake_critical_path(monkeypatch) -> None:
-    """``forge_obs.analysis.critical_path`` as the drill-down calls it (the module is another
-    branch's work): ``critical_path(run_dir, step)`` -> answer, stages, slack."""
-    import types
-
-    mod = types.ModuleType("forge_obs.analysis.critical_path")
-    mod.critical_path = lambda run_dir, step: {
-        "step": step, "answer": f"step {step}: <img src=z onerror=alert(5)> waited on trainer/r1 update",
-        "stages": [{"mesh": "trainer", "rank": 1, "name": "update", "path_s": 0.5, "share": 0.8, "wait": False}],
-        "slack": [{"mesh": "trainer", "rank": 0, "busy_s": 0.1, "waiting_s": 0.4, "idle_s": 0.0, "on_path_s": 0.0}]}
-    monkeypatch.setitem(sys.modules, "forge_obs.analysis.critical_path", mod)
+XSS_SPAN = "<img src=z onerror=alert(5)>"
 
 
-def test_critical_path_hook(tmp_path, monkeypatch):
-    make_run(tmp_path, "r1", steps=10)
+def timeline_run(d: Path, steps: int = 12) -> Path:
+    """A GRPO-shaped timeline in run directory ``d`` (tests.support.path_runs: replica 1's
+    ``generate`` slow from step 4), its trainer's spans with their CPU time (rank 1's
+    ``forward_backward`` mostly off the CPU), the reward span named with markup."""
+    from tests.support.path_runs import grpo_run
+
+    grpo_run(d, steps, slow_replica=(1, 0.8), slow_from=4)
+    for p in (d / "events").glob("*.jsonl"):
+        lines = p.read_text().splitlines()
+        out = []
+        for line in lines:
+            r = json.loads(line)
+            if isinstance(r, list) and r[:1] == ["N"] and r[2] == "reward":
+                r[2] = XSS_SPAN
+            elif isinstance(r, list) and type(r[0]) is int and "trainer" in p.name:
+                cpu = r[1] // 10 if "trainer_1" in p.name else r[1] * 9 // 10
+                r = r[:5] + [{**(r[5] if len(r) > 5 else {}), "c": cpu}]
+            out.append(json.dumps(r))
+        p.write_text("\n".join(out) + "\n")
+    return d
+
+
+def _wait_api(srv: ServeServer, path: str, ready, timeout_s: float = 120.0) -> dict:
+    """``path``'s answer once ``ready(answer)`` (the server's indexer works in the background)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        d = _api(srv, path)
+        if ready(d) or time.monotonic() > deadline:
+            return d
+        time.sleep(0.1)
+
+
+def test_drill_down_reads_the_index_critical_path_spans_and_cpu(tmp_path):
+    """An open run with a timeline gets an indexer: the drill-down answers a step's critical path
+    (the index's, as ``forge-obs why`` answers it), its longest spans with wall and CPU time, and
+    the slowest controller steps; a run without a timeline says so."""
+    from forge_obs.analysis.critical_path import critical_path
+
+    make_run(tmp_path, "r1", steps=12)
+    timeline_run(tmp_path / "r1")
+    make_run(tmp_path, "bare", steps=5)
     with ServeServer(tmp_path).start() as srv:
-        assert _api(srv, "/api/step?id=r1&step=3")["critical_path"]["available"] in (False, True)
-        _fake_critical_path(monkeypatch)
-        cp = _api(srv, "/api/step?id=r1&step=3")["critical_path"]
-        assert cp["available"] and cp["path"]["step"] == 3 and cp["path"]["stages"][0]["name"] == "update"
+        step = _wait_api(srv, "/api/step?id=r1&step=7", lambda d: d["critical_path"]["available"])
+        assert step["critical_path"]["path"] == json.loads(json.dumps(critical_path(tmp_path / "r1", 7)))
+        assert "generator_1" in step["critical_path"]["path"]["answer"]
+        spans = {(x["mesh"], x["rank"], x["name"]): x for x in step["spans"]["spans"]}
+        fb0, fb1 = spans[("trainer", 0, "forward_backward")], spans[("trainer", 1, "forward_backward")]
+        assert fb0["wall_ms"] == pytest.approx(200) and fb0["cpu_ms"] == pytest.approx(180, abs=0.01)
+        assert fb1["cpu_ms"] == pytest.approx(20, abs=0.01) and spans[("buffer", 0, "buffer_add")]["cpu_ms"] is None
+        assert _wait_api(srv, "/api/poll?id=r1", lambda d: (d["index"] or {}).get("fresh"))["index"]["steps"] == 12
+        slow = _api(srv, "/api/run?id=r1")["slowest"]
+        assert slow[0]["source"] == "controller step" and {s["step"] for s in slow[:4]} <= {5, 7, 9, 11}
+        bare = _api(srv, "/api/step?id=bare&step=3")
+        assert not bare["critical_path"]["available"] and "no timeline" in bare["critical_path"]["why"]
+        assert _api(srv, "/api/poll?id=bare")["index"] is None
 
 
-def test_markup_in_keys_labels_rows_and_alerts_is_inert_in_chromium(tmp_path, monkeypatch):
+def test_markup_in_keys_labels_rows_and_alerts_is_inert_in_chromium(tmp_path):
     from tests.support.browser import Browser
 
-    _fake_critical_path(monkeypatch)
     make_run(tmp_path, "r1", steps=30)
+    timeline_run(tmp_path / "r1", 10)
     with ServeServer(tmp_path).start() as srv, Browser() as b:
+        _wait_api(srv, "/api/step?id=r1&step=7", lambda d: d["critical_path"]["available"])
         page = b.open(srv.url + "#/run/r1")
         page.wait_for("document.querySelector('#samples td') !== null && document.querySelector('#findings .alert') !== null")
         page.evaluate("window.forgeObs.charts.forEach(c => { if (c.id === 'c:' + " + json.dumps(XSS_KEY) + ") c.box.scrollIntoView(); })")
@@ -489,7 +528,7 @@ def test_markup_in_keys_labels_rows_and_alerts_is_inert_in_chromium(tmp_path, mo
         page.wait_for("document.getElementById('drill-ranks') !== null")
         assert XSS_LABEL in page.evaluate("document.getElementById('drill-ranks').textContent")
         path = page.wait_for("document.getElementById('drill-path')?.textContent")
-        assert "step 7: <img src=z onerror=alert(5)> waited on trainer/r1 update" in path and "80 %" in path
+        assert "step 7: " in path and XSS_SPAN in page.evaluate("document.getElementById('drill-spans').textContent")
         assert page.evaluate("document.querySelectorAll('main img, aside img, main b, main script, aside script').length") == 0
         dialogs = [e for e in b.events if e.get("method") == "Page.javascriptDialogOpening"]
         assert dialogs == [] and page.errors == []

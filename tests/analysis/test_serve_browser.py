@@ -12,6 +12,7 @@ import struct
 import urllib.request
 import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
 
@@ -80,6 +81,17 @@ def _chart(page, cid: str, expr: str):
                          f"return c ? ({expr}) : null; }})()")
 
 
+def _until(srv: ServeServer, path: str, ready, timeout_s: float = 60.0) -> dict:
+    """``path``'s JSON answer once ``ready(answer)``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with urllib.request.urlopen(srv.url + path.lstrip("/"), timeout=30) as r:
+            d = json.loads(r.read())
+        if ready(d) or time.monotonic() > deadline:
+            return d
+        time.sleep(0.1)
+
+
 def test_live_run_in_chromium(tmp_path):
     root = tmp_path / "runs"
     root.mkdir()
@@ -110,6 +122,10 @@ def test_live_run_in_chromium(tmp_path):
             page.wait_for("document.querySelector('#samples td') !== null")
             assert page.evaluate("document.querySelector('#samples td').textContent") == "<script>alert(2)</script>"
             assert page.evaluate("document.querySelectorAll('img, #samples script').length") == 0
+            # the steps' spans are in the run's index (the server's indexer follows the run)
+            for s in range(5, 10):
+                _until(srv, f"/api/step?id=live&step={s}",
+                       lambda d: sum(x["name"] == "train_step" for x in d["spans"]["spans"]) == 2)
             # a click on the loss chart drills down to that step
             page.evaluate("document.querySelector('[data-title=loss]').scrollIntoView()")
             x, y = page.evaluate("(() => { const r = [...window.forgeObs.charts.values()].find(c => c.id === 'o:loss')"
@@ -127,6 +143,14 @@ def test_live_run_in_chromium(tmp_path):
             assert [float(c[1]) for c in cells] == pytest.approx(want, abs=1e-4), (step, cells)
             drill = page.evaluate("document.getElementById('drill').textContent")
             assert "critical path and slack" in drill and "SAMPLE rows" in drill and "timeline" in drill
+            # each rank's train_step span, its wall time beside its CPU time: rank 0 computed (5 ms
+            # of CPU), rank 1 waited (5 ms asleep, little CPU)
+            spans = page.wait_for("[...document.querySelectorAll('#drill-spans tr')].slice(1)"
+                                  ".map(tr => [...tr.children].map(td => td.textContent))")
+            train = {r[0].rsplit("/", 1)[1]: r for r in spans if r[1] == "train_step"}
+            assert sorted(train) == ["r0", "r1"] and all(r[5].endswith(" %") for r in train.values()), spans
+            (_w0, wall0, cpu0), (_w1, wall1, cpu1) = [(r[0], float(r[3]), float(r[4])) for r in (train["r0"], train["r1"])]
+            assert 4.9 <= cpu0 <= wall0 + 0.001 and cpu1 < 2.0 <= wall1, train
             shot = page.screenshot(tmp_path / "serve.png")
             assert _colored_pixels(shot) > 500  # the charts' lines and bands are drawn
             (root / "stop").touch()

@@ -1,11 +1,12 @@
 """A small RL-shaped run that the ``forge-obs serve`` browser test watches while it is written:
-a trainer mesh of 2 procs (spawned without a name) with a timeline span per step records a loss, a step time and SAMPLE rows
-(one holding markup), the controller flushes each step; the run has a name, tags and notes. ``python serve_live.py ROOT``: steps
+a trainer mesh of 2 procs (spawned without a name) with a timeline span per step (rank 0 computes in it, rank 1
+waits) records a loss, a step time and SAMPLE rows (one holding markup), the controller flushes each step; the run has a name, tags and notes. ``python serve_live.py ROOT``: steps
 0-4, then it waits for ``ROOT/go``; steps 5-9 (the loss is 20 at step 7: the threshold alert
 fires), then it waits for ``ROOT/stop`` and shuts down."""
 
 import asyncio
 import sys
+import time
 from pathlib import Path
 
 import provisioner_hooks
@@ -18,6 +19,12 @@ class Trainer(Actor):
     async def train_step(self, step: int) -> None:
         with record_span("train_step"):  # on the run's timeline, tagged with the step it is flushed in
             self.record(step)
+            if current_rank().rank == 0:  # computes: 5 ms of CPU time
+                t = time.thread_time()
+                while time.thread_time() - t < 0.005:
+                    pass
+            else:  # waits: 5 ms with little CPU time
+                await asyncio.sleep(0.005)
 
     def record(self, step: int) -> None:
         rank = current_rank().rank

@@ -59,6 +59,22 @@ def _finding_stage(f: Any) -> "str | None":
     return d.get("span") or d.get("name") or d.get("key")
 
 
+def _explain(run_dir: Any, first: int, last: int) -> dict | None:
+    """:func:`forge_obs.analysis.critical_path.explain` of steps ``first`` to ``last``: from the
+    run's index without updating it (:func:`forge_obs.analysis.index.answers.explain`) when the
+    run has one, else walked from the files."""
+    from forge_obs.analysis.index import available, has_index
+
+    if available() and has_index(run_dir):
+        from forge_obs.analysis.index import open_index
+        from forge_obs.analysis.index.answers import explain
+
+        return explain(open_index(run_dir, update=False, warn=False), first, last)
+    from forge_obs.analysis.critical_path import explain as walk
+
+    return walk(run_dir, first, last)
+
+
 class AlertsBackend(LoggerBackend):
     """See the module docstring; configuration: :class:`~forge_obs.alerts.config.AlertsConfig`."""
 
@@ -201,14 +217,14 @@ class AlertsBackend(LoggerBackend):
 
     def _path_of(self, e: Event) -> dict | None:
         """The critical path of the slowest step from the alert's onset to the step before it
-        (what every process has written by now): its one-line answer and cause."""
+        (what every process has written by now): its one-line answer and cause. Read from the
+        run's index as the live indexer left it (nothing is indexed on this thread: a step not
+        indexed yet is not cited); a run without an index is walked."""
         events = self.run_dir / "events" if self.run_dir is not None else None
         if events is None or not events.is_dir():
             return None
         try:
-            from forge_obs.analysis.critical_path import explain
-
-            r = explain(self.run_dir, e.onset_step, max(e.step - 1, e.onset_step))
+            r = _explain(self.run_dir, e.onset_step, max(e.step - 1, e.onset_step))
         except Exception as err:  # noqa: BLE001 - the alert goes out without its citation
             logger.warning("forge_obs: alerts: no critical path for %s: %r", e.key, err)
             return None

@@ -246,8 +246,6 @@ def _doctor_args(p: argparse.ArgumentParser) -> None:
 @command("doctor", "find stragglers, slowdowns, stalls, hangs, sync bottlenecks, non-finite metrics, missing ranks; "
                    "exit 1 on findings", _doctor_args)
 def _doctor(args: argparse.Namespace) -> int:
-    from forge_obs.analysis.doctor import diagnose_run
-
     if not _check_run_dir(args.run_dir, "doctor"):
         return 2
     kw: dict = {}
@@ -264,12 +262,30 @@ def _doctor(args: argparse.Namespace) -> int:
     if args.sync_share is not None:
         kw["sync_share"] = args.sync_share
     try:
-        d = diagnose_run(args.run_dir, rules=args.rule, **kw)
+        d = _diagnosis(args.run_dir, args.rule, kw)
     except Exception as e:  # noqa: BLE001 - e.g. --sync-spans that is not a regex; one line, never a traceback
         print(f"forge-obs doctor: could not analyse {args.run_dir}: {_one_line(e)}", file=sys.stderr)
         return 2
     print(json.dumps(d.to_dict(), indent=2, default=str) if args.json else d.format())
     return 1 if d.findings else 0
+
+
+def _diagnosis(run_dir: Path, rules: list, settings: dict) -> Any:
+    """The doctor's diagnosis of ``run_dir``; asked again about a run whose index, meta.json and
+    settings did not change, the one computed last (:mod:`forge_obs.analysis.index.cache`)."""
+    from forge_obs.analysis.doctor import Diagnosis, DoctorConfig, Finding, diagnose_run
+    from forge_obs.analysis.index import available, open_index
+
+    if not available():
+        return diagnose_run(run_dir, rules=rules, **settings)
+    from forge_obs.analysis.index.cache import cached, file_state
+
+    cfg = DoctorConfig.from_dict(settings)
+    idx = open_index(run_dir)
+    key = {"config": {k: getattr(cfg, k) for k in DoctorConfig.names()}, "rules": list(rules),
+           "meta": file_state(run_dir / "meta.json")}
+    d = cached(idx, "doctor", key, lambda: diagnose_run(run_dir, cfg, rules).to_dict())
+    return Diagnosis([Finding(**f) for f in d["findings"]], d["notes"])
 
 
 def _report_args(p: argparse.ArgumentParser) -> None:

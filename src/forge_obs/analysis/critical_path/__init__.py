@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from forge_obs.analysis.critical_path.graph import Graph, load
-from forge_obs.analysis.critical_path.summary import Busy, answer, compare, medians, step_result
+from forge_obs.analysis.critical_path.summary import (Busy, answer, compare, fast_half, median_duration, medians,
+                                                      step_result)
 from forge_obs.analysis.critical_path.walk import PathConfig, Walker
 
 __all__ = ["PathConfig", "critical_path", "why", "analyse", "explain", "format_text"]
@@ -67,30 +68,14 @@ def analyse(run: "str | Path | Graph", *, index: bool = True, first: "int | None
     walker = Walker(g, _config(settings))
     busy = Busy(g, walker)
     results = [step_result(g, walker, busy, w) for w in g.windows]
-    fast = _fast(results)
-    med, fast_med = medians(fast), _median_duration(fast)
+    fast = fast_half(results)
+    med, fast_med = medians(fast), median_duration(fast)
     for r in results:
         answer(r, med, fast_med)
     if first is not None or last is not None:
         lo, hi = first if first is not None else -(1 << 62), last if last is not None else 1 << 62
         results = [r for r in results if lo <= r["step"] <= hi]
     return results
-
-
-def _median_duration(results: list) -> "float | None":
-    durs = sorted(r["duration_s"] for r in results)
-    if not durs:
-        return None
-    k = len(durs)
-    return durs[k // 2] if k % 2 else (durs[k // 2 - 1] + durs[k // 2]) / 2
-
-
-def _fast(results: list) -> list:
-    done = [r for r in results if not r["unfinished"]]
-    if not done:
-        return []
-    cut = sorted(r["duration_s"] for r in done)[(len(done) - 1) // 2]
-    return [r for r in done if r["duration_s"] <= cut]
 
 
 def why(run_dir: "str | Path", steps: "Iterable[int] | None" = None, slowest: int | None = None, *,
@@ -117,7 +102,7 @@ def why(run_dir: "str | Path", steps: "Iterable[int] | None" = None, slowest: in
         chosen = [by_step[s] for s in want]
     else:
         chosen = sorted(results, key=lambda r: (not r["unfinished"], -r["duration_s"]))[:max(int(slowest or 1), 1)]
-    fast = _fast(results)
+    fast = fast_half(results)
     for r in chosen:
         r["compare"] = compare(r, fast)
     durs = sorted(r["duration_s"] for r in results)
@@ -144,8 +129,8 @@ def explain(run_dir: "str | Path", first_step: int, last_step: int, history: int
         return None
     before = [r for r in results if r["step"] < first_step] or results
     r = max(inside, key=lambda r: r["duration_s"])
-    fast = _fast(before)
-    answer(r, medians(fast), _median_duration(fast))
+    fast = fast_half(before)
+    answer(r, medians(fast), median_duration(fast))
     return r
 
 

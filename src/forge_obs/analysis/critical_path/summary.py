@@ -15,8 +15,8 @@ from forge_obs.analysis.critical_path.graph import Graph, Window
 from forge_obs.analysis.critical_path.walk import Segment, Walker
 from forge_obs.analysis.doctor.subjects import replica_family
 
-__all__ = ["step_result", "stage_label", "answer", "compare", "compare_to", "medians", "cause", "idle_mesh", "total_by",
-           "unexplained", "Busy", "MEDIAN_FLOOR_SHARE", "LITTLE_EXPLAINED"]
+__all__ = ["step_result", "stage_label", "answer", "compare", "compare_to", "medians", "fast_half", "median_duration",
+           "cause", "idle_mesh", "total_by", "unexplained", "Busy", "MEDIAN_FLOOR_SHARE", "LITTLE_EXPLAINED"]
 
 
 def _who(st: Any, cache: "dict | None" = None) -> dict:
@@ -315,3 +315,22 @@ def compare_to(r: dict, ref: dict, fast_steps: int, fast_median_s: "float | None
     return {"fast_steps": fast_steps, "fast_median_s": fast_median_s,
             "grew": [x for x in rows[:top] if x["delta_s"] > 0],
             "shrank": sorted((x for x in rows if x["delta_s"] < 0), key=lambda x: x["delta_s"])[:top]}
+
+
+def median_duration(results: list) -> "float | None":
+    """The median duration of step results ``results`` (None without any)."""
+    durs = sorted(r["duration_s"] for r in results)
+    if not durs:
+        return None
+    k = len(durs)
+    return durs[k // 2] if k % 2 else (durs[k // 2 - 1] + durs[k // 2]) / 2
+
+
+def fast_half(results: list) -> list:
+    """The finished step results whose duration is at most their lower median: the steps a slow
+    one is compared against."""
+    done = [r for r in results if not r["unfinished"]]
+    if not done:
+        return []
+    cut = sorted(r["duration_s"] for r in done)[(len(done) - 1) // 2]
+    return [r for r in done if r["duration_s"] <= cut]

@@ -64,7 +64,13 @@ def diagnose_run(run_dir: "str | Path", config: DoctorConfig | None = None, rule
     elif settings:
         config = DoctorConfig.from_dict({**{k: getattr(config, k) for k in DoctorConfig.names()}, **settings})
     user_rules = [UserRule.parse(r) for r in rules or ()]  # ValueError on a bad rule, before any work
-    run_dir = Path(run_dir)
+    from forge_obs.analysis.index.updater import no_gc
+
+    with no_gc():  # the per-step tables are millions of objects without cycles
+        return _diagnose(Path(run_dir), config, user_rules)
+
+
+def _diagnose(run_dir: Path, config: DoctorConfig, user_rules: list) -> Diagnosis:
     ids = Identities()
     notes: list[str] = []
     has_timeline = (run_dir / "events").is_dir()

@@ -23,14 +23,13 @@ CITED_KINDS = ("straggler", "slowdown", "hang", "sync_bottleneck", "stall")
 MAX_STEPS = 64
 
 
-def _matches(seg, f: Finding, span: str | None) -> bool:
-    st = seg.span.stream
-    same_family = f.kind == "sync_bottleneck" and replica_family(st.mesh) == replica_family(f.mesh or "")
-    if f.mesh is not None and st.mesh != f.mesh and not same_family:
+def _matches(seg: dict, f: Finding, span: str | None) -> bool:
+    same_family = f.kind == "sync_bottleneck" and replica_family(seg["mesh"]) == replica_family(f.mesh or "")
+    if f.mesh is not None and seg["mesh"] != f.mesh and not same_family:
         return False
-    if f.rank is not None and f.kind != "sync_bottleneck" and st.rank != f.rank:
+    if f.rank is not None and f.kind != "sync_bottleneck" and seg["rank"] != f.rank:
         return False
-    return span is None or seg.span.name == span
+    return span is None or seg["name"] == span
 
 
 def cite_paths(run_dir: "str | Path", findings: list, wait_spans: str) -> None:
@@ -39,33 +38,65 @@ def cite_paths(run_dir: "str | Path", findings: list, wait_spans: str) -> None:
     todo = [f for f in findings if f.kind in CITED_KINDS and f.steps]
     if not todo:
         return
-    from forge_obs.analysis.critical_path.graph import load
-    from forge_obs.analysis.critical_path.walk import PathConfig, Walker
-
-    g = load(run_dir)
-    if not g.windows:
+    steps = _Paths(run_dir, wait_spans)
+    if not steps.windows:
         return
-    walker = Walker(g, PathConfig(wait_spans=wait_spans))
-    by_step = {w.step: w for w in g.windows}
-    paths: dict[int, list] = {}
+    by_step = steps.windows
     for f in todo:
         lo, hi = f.steps[0], f.steps[-1]
         if f.kind in ("hang", "stall"):
             hi = max(by_step)  # the step it left unfinished
-        steps = [s for s in sorted(by_step) if lo <= s <= hi]
-        if not steps:
+        chosen = [s for s in sorted(by_step) if lo <= s <= hi]
+        if not chosen:
             continue
-        if len(steps) > MAX_STEPS:
-            steps = [steps[round(i * (len(steps) - 1) / (MAX_STEPS - 1))] for i in range(MAX_STEPS)]
+        if len(chosen) > MAX_STEPS:
+            chosen = [chosen[round(i * (len(chosen) - 1) / (MAX_STEPS - 1))] for i in range(MAX_STEPS)]
         span = (f.details or {}).get("span")
+        paths = steps.paths(chosen)
         rows = []
-        for s in steps:
-            if s not in paths:
-                paths[s] = walker.path(by_step[s])
-            w = by_step[s]
-            on = sum(seg.end - seg.start for seg in paths[s] if _matches(seg, f, span)) / 1e6
-            rows.append((s, on, on / ((w.end - w.start) / 1e6) if w.end > w.start else 0.0))
+        for s in chosen:
+            start, end = by_step[s]
+            on = sum(seg["end_us"] - seg["start_us"] for seg in paths[s] if _matches(seg, f, span)) / 1e6
+            rows.append((s, on, on / ((end - start) / 1e6) if end > start else 0.0))
         _cite(f, rows, paths, span)
+
+
+class _Paths:
+    """The controller steps (step -> (start, end)) and their critical paths (as the segments of
+    the index's ``path`` table): read from the run's index when its stored paths were walked
+    with ``wait_spans`` (the default), else walked here."""
+
+    def __init__(self, run_dir: "str | Path", wait_spans: str) -> None:
+        from forge_obs.analysis.critical_path.walk import PathConfig
+        from forge_obs.analysis.index import available
+
+        self.idx = self.walker = None
+        if available() and wait_spans == PathConfig().wait_spans:
+            from forge_obs.analysis.index import open_index
+
+            self.idx = open_index(run_dir, update=False)
+            self.con = self.idx.connect()
+            rows = self.con.execute("SELECT step, start_us, end_us FROM _steps").fetchall()
+            self.windows = {n: (a, b) for n, a, b in rows}
+            return
+        from forge_obs.analysis.critical_path.graph import load
+        from forge_obs.analysis.critical_path.walk import Walker
+
+        g = load(run_dir)
+        self.walker = Walker(g, PathConfig(wait_spans=wait_spans))
+        self.by_window = {w.step: w for w in g.windows}
+        self.windows = {w.step: (w.start, w.end) for w in g.windows}
+
+    def paths(self, steps: list) -> dict:
+        """step -> its path's segments (dicts with ``mesh``, ``rank``, ``name``, ``start_us``, ``end_us``)."""
+        if self.idx is not None:
+            out: dict = {s: [] for s in steps}
+            for r in self.idx.step_rows("path", min(steps), max(steps), self.con, steps=steps):
+                out[r["step"]].append(r)
+            return out
+        return {s: [{"mesh": seg.span.stream.mesh, "rank": seg.span.stream.rank, "name": seg.span.name,
+                     "start_us": seg.start, "end_us": seg.end} for seg in self.walker.path(self.by_window[s])]
+                for s in steps}
 
 
 def _cite(f: Finding, rows: list, paths: dict, span: str | None) -> None:
@@ -80,9 +111,8 @@ def _cite(f: Finding, rows: list, paths: dict, span: str | None) -> None:
                       f"{cite['median_path_s']:.3f} s, {100 * cite['median_share']:.0f} % of the step; step {worst[0]}: "
                       f"{100 * worst[2]:.0f} %)")
     else:
-        seg = max(paths[worst[0]], key=lambda sg: sg.end - sg.start)
-        sp = seg.span
-        cite["bounded_by"] = {"mesh": sp.stream.mesh, "rank": sp.stream.rank, "name": sp.name}
+        seg = max(paths[worst[0]], key=lambda sg: sg["end_us"] - sg["start_us"])
+        cite["bounded_by"] = {"mesh": seg["mesh"], "rank": seg["rank"], "name": seg["name"]}
         f.message += (f"; {what} is not on the critical path of its steps (step {worst[0]} waited longest on "
-                      f"{sp.stream.mesh} '{sp.name}' rank {sp.stream.rank})")
+                      f"{seg['mesh']} '{seg['name']}' rank {seg['rank']})")
     f.critical_path = cite

@@ -68,8 +68,6 @@ def metric_findings(run_dir: "str | Path", cfg: DoctorConfig, ids: Identities, u
                     has_timeline: bool) -> tuple[list[Finding], list[str], Evidence | None]:
     """The metric rules' findings and notes, and the telemetry they saw (the ``host_contention``
     rule's :class:`~forge_obs.analysis.doctor.contention.Evidence`; None without metrics.jsonl)."""
-    from forge_obs.analysis.store import read_jsonl
-
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return [], ["metrics: no metrics.jsonl: non-finite values, missing ranks and staleness not judged"], None
@@ -77,7 +75,7 @@ def metric_findings(run_dir: "str | Path", cfg: DoctorConfig, ids: Identities, u
     last: dict[str, Event] = {}  # incident id -> its latest event
     order: list[str] = []
     stats = {"per_rank": 0, "steps": 0}
-    for view in step_views(read_jsonl(path), ids, stats):
+    for view in step_views(_rows(path), ids, stats):
         stats["steps"] += 1
         for rule in rules:
             for e in rule.update(view):
@@ -98,6 +96,20 @@ def metric_findings(run_dir: "str | Path", cfg: DoctorConfig, ids: Identities, u
                      "non-finite values and staleness are attributed to the global value only")
     host = next((r for r in rules if isinstance(r, HostContention)), None)
     return out, notes, host.evidence if host is not None else None
+
+
+def _rows(path: Path) -> Iterator[dict]:
+    """The rows of ``metrics.jsonl``: from the run's index (brought up to date), or where it cannot
+    be built here (no DuckDB or pyarrow), from the file."""
+    from forge_obs.analysis.index import available
+
+    if available():
+        from forge_obs.analysis.index import open_index
+
+        return open_index(path.parent).metric_rows()
+    from forge_obs.analysis.store import read_jsonl
+
+    return read_jsonl(path)
 
 
 def _whole_run_staleness(cfg: DoctorConfig, ids: Identities, stale: dict, done: set) -> list[Finding]:

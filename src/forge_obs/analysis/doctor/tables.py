@@ -1,13 +1,18 @@
-"""One pass over a run's timeline records (``events/*.jsonl``) builds the per-step tables every
-timeline rule reads: per (attempt, peer group, span name), step and rank the summed duration and
-first start / last end (and the CPU time of the spans that carry it); each step's wall time; each
-process's active window, state-moving spans, open spans and last step.
+"""The per-step tables every timeline rule reads: per (attempt, peer group, span name), step and
+rank the summed duration and first start / last end (and the CPU time of the spans that carry
+it); each step's wall time; each process's active window, state-moving spans, open spans and last
+step.
 
     >>> from forge_obs.analysis.doctor.config import DoctorConfig
     >>> from forge_obs.analysis.doctor.tables import scan
     >>> t = scan("runs/does-not-exist", DoctorConfig())
     >>> dict(t.per_step), t.run.streams
     ({}, {})
+
+:func:`scan` reads them from the run's index (:mod:`forge_obs.analysis.index`: aggregates that
+DuckDB computes over the stored spans, the per-step evidence of ``span_steps``), and where the
+index cannot be built here (no DuckDB or pyarrow), in one pass over the timeline records
+themselves: both give the same tables (``tests/analysis/test_index.py`` compares them).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from forge_obs.analysis import reader
 from forge_obs.analysis.doctor.config import DoctorConfig
@@ -60,7 +65,20 @@ def peer_group(st: Any) -> str:
     return st.mesh
 
 
-def scan(run_dir: Path, cfg: DoctorConfig) -> Tables:
+def scan(run_dir: "str | Path", cfg: DoctorConfig, index: bool = True) -> Tables:
+    """The tables of ``run_dir``: read from its index (brought up to date first), or with
+    ``index=False`` (or without DuckDB and pyarrow) from the timeline files directly."""
+    run_dir = Path(run_dir)
+    if index and (run_dir / "events").is_dir():
+        from forge_obs.analysis.index import available, open_index
+
+        if available():
+            return _from_index(open_index(run_dir), cfg)
+    return _direct(run_dir, cfg)
+
+
+def _direct(run_dir: Path, cfg: DoctorConfig) -> Tables:
+    """One pass over the records of ``reader.walk``."""
     run = reader.scan(run_dir)
     t = Tables(run)
     sink = _Sink(t, cfg)
@@ -77,6 +95,122 @@ def scan(run_dir: Path, cfg: DoctorConfig) -> Tables:
         if st.last_ts is not None:
             t.end_by_attempt[st.attempt] = max(t.end_by_attempt.get(st.attempt, st.last_ts), st.last_ts)
     return t
+
+
+def _from_index(idx: Any, cfg: DoctorConfig) -> Tables:
+    """The tables from the index's aggregates (:class:`forge_obs.analysis.index.evidence.Evidence`),
+    in the order a pass over the records builds them."""
+    from forge_obs.analysis.index.evidence import Evidence
+
+    ev = Evidence(idx, skip=lambda name: bool(cfg.lifecycle_re.search(name)))
+    by = ev.run.by_sid
+    t = Tables(_in_reading_order(ev.run, idx.manifest))
+    group = {sid: peer_group(st) for sid, st in by.items()}
+    for sid, name, dur in ev.longest():
+        st = by[sid]
+        g = (st.attempt, group[sid], name)
+        t.longest[g] = max(t.longest[g], dur)
+    _cells(t, ev.cells(group))
+    t.stream_of.update(((attempt, grp, rank), by[sid]) for attempt, grp, rank, sid in ev.streams_of_cells())
+    for attempt, step, lo, hi in ev.step_walls():
+        t.step_wall[(attempt, step)] = [lo, hi]
+    for sid, lo, hi, unstepped in ev.windows():
+        st = by[sid]
+        t.window[st.key] = [lo, hi]
+        if unstepped and not st.header.get("ctl"):
+            t.unstepped[(st.attempt, group[sid])] += unstepped
+    t.last_step.update((by[sid].key, step) for sid, step in ev.last_steps())
+    _intervals(t, ev, cfg, group)
+    t.opens = ev.opens()
+    t.marks = _Marks(ev, group)
+    for st in t.run.streams.values():
+        if st.last_ts is not None:
+            t.end_by_attempt[st.attempt] = max(t.end_by_attempt.get(st.attempt, st.last_ts), st.last_ts)
+    return t
+
+
+def _cells(t: Tables, cells: Iterator[tuple]) -> None:
+    """``per_step`` and ``cpu`` from the cells of each group (:meth:`forge_obs.analysis.index.evidence.Evidence.cells`):
+    they come by position, so each group's steps and ranks are inserted in the reader's order."""
+    for key, c in cells:
+        steps, ranks = c["step"], c["rank"]
+        vals = map(list, zip(c["dur"], c["lo"], c["hi"]))
+        per = t.per_step[key]
+        cpu = t.cpu[key] if any(x is not None for x in c["cpu"]) else None
+        if cpu is not None:
+            for step, rank, us, wall in zip(steps, ranks, c["cpu"], c["cpu_dur"]):
+                if us is not None:
+                    cpu[step][rank] = [us, wall]
+        if len(set(steps)) == len(steps):  # one rank a step: each step's dict at once
+            per.update({step: {rank: v} for step, rank, v in zip(steps, ranks, vals)})
+            continue
+        for step, rank, v in zip(steps, ranks, vals):
+            by_rank = per.get(step)
+            if by_rank is None:
+                per[step] = {rank: v}
+            else:
+                by_rank[rank] = v
+
+
+def _intervals(t: Tables, ev: Any, cfg: DoctorConfig, group: dict) -> None:
+    """The state-moving spans (``sync_spans``) and the controller's waits, span by span."""
+    sync = [n for n in ev.names if cfg.sync_re.search(n)]
+    waits = [n for n in ev.names if "wait" in n.lower()]
+    ctl = [sid for sid, st in ev.run.by_sid.items() if st.header.get("ctl")]
+    by = ev.run.by_sid
+    for sid, name, lo, hi, step in ev.intervals(sync) if sync else ():
+        key = (by[sid].key, name)
+        t.budget[key].append((lo, hi))
+        t.budget_steps[key].append(step)
+    for sid, name, lo, hi, _step in ev.intervals(waits, ctl) if waits and ctl else ():
+        t.ctl_wait[(by[sid].key, name)].append((lo, hi))
+
+
+class _Marks(dict):
+    """(attempt, peer group, step, rank) -> the time of that rank's first ``set_step`` of the
+    step, read from the index one (attempt, peer group) at a time, when first asked for."""
+
+    def __init__(self, ev: Any, group: dict) -> None:
+        super().__init__()
+        self.ev = ev
+        self.sids: dict[tuple, list] = defaultdict(list)
+        for sid, st in ev.run.by_sid.items():
+            self.sids[(st.attempt, group[sid])].append(sid)
+        self.group = group
+
+    def _load(self, part: tuple) -> None:
+        sids = self.sids.pop(part, None)
+        if not sids:
+            return
+        by = self.ev.run.by_sid
+        first: dict = {}
+        for sid, step, ts, pos in sorted(self.ev.marks(sids), key=lambda r: r[3]):
+            st = by[sid]
+            first.setdefault((st.attempt, self.group[sid], step, st.rank), ts)
+        self.update(first)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._load(key[:2])
+        return dict.get(self, key, default)
+
+    def all(self) -> dict:
+        """Every mark (all read from the index)."""
+        for part in list(self.sids):
+            self._load(part)
+        return dict(self)
+
+
+def _in_reading_order(run: Any, man: Any) -> Any:
+    """``run`` with its streams in the order :func:`forge_obs.analysis.reader.scan` meets them:
+    the sessions that begin a file, by file name; TorchTitan's files' next; the sessions a
+    restarted process appended to a file last."""
+    files = sorted(man.state.get("files", {}).items())
+    first = [tuple(f["order"][:3]) for _rel, f in files if not f["titan"]]
+    first += [tuple(f["order"][:3]) for _rel, f in files if f["titan"]]
+    rank = {k: i for i, k in enumerate(dict.fromkeys(first))}
+    streams = sorted(run.streams.values(), key=lambda st: (rank.get(st.key, len(rank)),))
+    run.streams = {st.key: st for st in streams}
+    return run
 
 
 class _Sink:

@@ -30,6 +30,7 @@ The API the other readers use (each a lookup in the index, whatever the run's le
   ``stages``, ``slack``) for a step range;
 - :meth:`RunIndex.spans`: the spans of a step range (optionally of some meshes / ranks);
 - :meth:`RunIndex.metric_series`: one key's points, downsampled to at most N;
+- :meth:`RunIndex.metric_rows`: the rows of ``metrics.jsonl``, in file order;
 - :meth:`RunIndex.evidence`: the doctor's per-step evidence (``span_steps``);
 - :func:`forge_obs.analysis.critical_path.why` / ``critical_path``: answers read from the
   stored per-step results (:mod:`.answers`).
@@ -42,12 +43,12 @@ import os
 import tempfile
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from forge_obs.analysis.index import store
 from forge_obs.analysis.index.store import INDEX_DIR
 
-__all__ = ["RunIndex", "open_index", "available", "INDEX_DIR"]
+__all__ = ["RunIndex", "open_index", "available", "has_index", "INDEX_DIR"]
 
 logger = logging.getLogger("forge_obs")
 
@@ -78,11 +79,15 @@ class RunIndex:
         create_views(con, self.dir, man)
         return con
 
-    def step_rows(self, table: str, first: int, last: int, con: Any = None) -> list[dict]:
-        """Rows of per-step table ``table`` for steps ``first`` to ``last``, as dicts."""
+    def step_rows(self, table: str, first: int, last: int, con: Any = None, steps: "list | None" = None) -> list[dict]:
+        """Rows of per-step table ``table`` for steps ``first`` to ``last`` (``steps``: only
+        those of them), as dicts, by step."""
         con = con or self.connect()
         order = {"path": "step, seq", "stages": "step, seq", "steps": "step"}.get(table, "step, mesh, rank, host, pid")
-        cur = con.execute(f"SELECT * FROM _{table} WHERE step BETWEEN ? AND ? ORDER BY {order}", [first, last])
+        where, params = "step BETWEEN ? AND ?", [first, last]
+        if steps is not None:
+            where, params = where + " AND step IN (SELECT unnest(?::BIGINT[]))", params + [list(steps)]
+        cur = con.execute(f"SELECT * FROM _{table} WHERE {where} ORDER BY {order}", params)
         cols = [c[0] for c in cur.description]
         return [dict(zip(cols, r)) for r in cur.fetchall()]
 
@@ -119,14 +124,30 @@ class RunIndex:
             "row_number() OVER (PARTITION BY b ORDER BY value DESC) AS r3 FROM m) WHERE r1 = 1 OR r2 = 1 OR r3 = 1) "
             "ORDER BY step", [buckets, key, source]).fetchall()
 
+    def metric_rows(self, con: Any = None) -> Iterator[dict]:
+        """Every well-formed row of ``metrics.jsonl``, in file order, as it was written (the rows
+        the index was built from: ``forge_obs.analysis.store.metric_row_problem`` found nothing)."""
+        import json
+
+        cur = (con or self.connect()).execute("SELECT json FROM _metric_rows ORDER BY off")
+        for batch in iter(lambda: cur.fetchmany(8192), []):
+            for (text,) in batch:
+                yield json.loads(text)
+
+    def fresh(self) -> bool:
+        """Whether the index holds every complete line of the run's files as they are now."""
+        return _fresh(self.run_dir, store.Manifest.load(self.dir) or self.manifest)
+
     def summary(self) -> dict:
         """Rows per table, the index's size and its sources' (MB), whether it is private."""
         man = self.manifest
         rows = {t: sum(s["rows"] for s in segs) for t, segs in man.tables.items()}
+        rows["steps"] = rows.get("steps", 0) - sum(len(s.get("skip", ())) for s in man.tables.get("steps", ()))
         size = sum((self.dir / s["file"]).stat().st_size for segs in man.tables.values() for s in segs)
         src = sum(p.stat().st_size for p in self.run_dir.glob("events/*.jsonl"))
         src += (self.run_dir / "metrics.jsonl").stat().st_size if (self.run_dir / "metrics.jsonl").exists() else 0
-        return {"spans": rows.get("spans", 0) + rows.get("opens", 0), "events": rows.get("events", 0),
+        opens = sum(len(s["opens"]) for s in man.state.get("streams", []))
+        return {"spans": rows.get("spans", 0) + opens, "events": rows.get("events", 0),
                 "metrics": rows.get("metrics", 0), "steps": rows.get("steps", 0), "index_mb": size / 1e6,
                 "source_mb": src / 1e6, "private": self._tmp is not None}
 
@@ -163,6 +184,12 @@ def available() -> bool:
     return importlib.util.find_spec("duckdb") is not None and importlib.util.find_spec("pyarrow") is not None
 
 
+def has_index(run_dir: "str | Path") -> bool:
+    """Whether ``run_dir`` has an index of this format (built, or kept by the live indexer):
+    ``open_index(run_dir, update=False)`` then reads it without indexing anything."""
+    return store.Manifest.load(store.index_dir(Path(run_dir))) is not None
+
+
 def _warn(run_dir: Path, man: store.Manifest) -> None:
     """One warning per source the index skipped malformed lines of (every time it is opened:
     what the files hold does not change because they were indexed before)."""
@@ -187,17 +214,19 @@ def open_index(run_dir: "str | Path", update: bool = True, rebuild: bool = False
 
 
 def _open(run_dir: Path, update: bool, rebuild: bool) -> RunIndex:
-    from forge_obs.analysis.index.updater import update_index
-
     d = store.index_dir(run_dir)
     if store.writable(run_dir):
-        man = update_index(run_dir, d, rebuild) if update or rebuild else store.Manifest.load(d)
-        if man is None:
-            man = update_index(run_dir, d)
+        man = None if update or rebuild else store.Manifest.load(d)
+        if man is None:  # the updater (and what it imports) only when it runs
+            from forge_obs.analysis.index.updater import update_index
+
+            man = update_index(run_dir, d, rebuild)
         return RunIndex(run_dir, d, man)
     own = store.Manifest.load(d) if d.is_dir() else None
     if own is not None and not rebuild and _fresh(run_dir, own):
         return RunIndex(run_dir, d, own)
+    from forge_obs.analysis.index.updater import update_index
+
     tmp = tempfile.TemporaryDirectory(prefix="forge_obs_index_")
     man = update_index(run_dir, Path(tmp.name) / INDEX_DIR, rebuild=True)
     return RunIndex(run_dir, Path(tmp.name) / INDEX_DIR, man, tmp)

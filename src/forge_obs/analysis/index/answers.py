@@ -11,10 +11,11 @@ import json
 import os
 from typing import Any
 
-from forge_obs.analysis.critical_path.summary import answer, compare_to, medians, step_result, total_by
+from forge_obs.analysis.critical_path.summary import (answer, compare_to, fast_half, median_duration, medians, step_result,
+                                                      total_by)
 from forge_obs.analysis.doctor.subjects import replica_family
 
-__all__ = ["why", "results", "all_results", "reference"]
+__all__ = ["why", "results", "all_results", "reference", "explain"]
 
 
 def _dicts(cur: Any) -> list[dict]:
@@ -104,9 +105,10 @@ def reference(idx: Any, con: Any) -> tuple[dict, int, Any]:
     return med, data["fast_steps"], data["fast_median_s"]
 
 
-def why(idx: Any, steps: "list | None" = None, slowest: "int | None" = None) -> dict:
-    """:func:`forge_obs.analysis.critical_path.why` over the index ``idx``."""
-    con = idx.connect()
+def why(idx: Any, steps: "list | None" = None, slowest: "int | None" = None, con: Any = None) -> dict:
+    """:func:`forge_obs.analysis.critical_path.why` over the index ``idx`` (``con``: a connection
+    of it, :meth:`~forge_obs.analysis.index.RunIndex.connect`)."""
+    con = con or idx.connect()
     durs = sorted(r[0] for r in con.execute("SELECT duration_s FROM _steps").fetchall())
     if steps is not None:
         want = list(steps)
@@ -143,3 +145,24 @@ def all_results(idx: Any, first: "int | None" = None, last: "int | None" = None)
         r.pop("stored_cause"), r.pop("stored_idle")
         answer(r, med, fast_med)
     return out
+
+
+def explain(idx: Any, first_step: int, last_step: int, history: int = 32) -> "dict | None":
+    """:func:`forge_obs.analysis.critical_path.explain` over the index ``idx``: the slowest
+    finished step stored in ``[first_step, last_step]`` with its answer, judged against the fast
+    half of the (up to) ``history`` stored steps before it. None when none of those steps is
+    stored yet. Reads the steps it needs, whatever the run's length."""
+    con = idx.connect()
+    want = [r[0] for r in con.execute("SELECT step FROM _steps WHERE step BETWEEN ? AND ? AND NOT unfinished "
+                                      "ORDER BY step", [first_step - history, last_step]).fetchall()]
+    got = results(con, want)
+    for r in got:
+        r.pop("stored_cause"), r.pop("stored_idle")
+    inside = [r for r in got if first_step <= r["step"] <= last_step]
+    if not inside:
+        return None
+    before = [r for r in got if r["step"] < first_step] or got
+    r = max(inside, key=lambda r: r["duration_s"])
+    fast = fast_half(before)
+    answer(r, medians(fast), median_duration(fast))
+    return r

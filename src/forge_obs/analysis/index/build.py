@@ -21,10 +21,11 @@ from forge_obs.analysis import reader, titan_logs
 from forge_obs.analysis.index import store
 from forge_obs.analysis.index.rows import Columns, TimelineRows, dims_of, extras_of, metric_rows
 from forge_obs.analysis.index.schema import arrow_schema
+from forge_obs.analysis.index.workers import forked
 from forge_obs.analysis.jsonl_reader import BLANK, NOT_JSON, NOT_PARSED, parse_line
 from forge_obs.analysis.store import metric_row_problem
 
-__all__ = ["Update", "APPEND_TABLES", "write_rows"]
+__all__ = ["Update", "APPEND_TABLES", "write_rows", "session_rows"]
 
 logger = logging.getLogger("forge_obs")
 
@@ -57,6 +58,10 @@ class Update:
         self.sessions: list = st.setdefault("streams", [])
         for s in self.sessions:
             self._restore(s)
+        self.next_sid = max(self.sid_of.values(), default=-1) + 1
+        self.tag = ""  # in the names of the segments this update writes (a worker's own)
+        self.flushed = False  # rows were written before the update's end (a large update)
+        self.read_keys: set = set()  # the sessions whose records were read
         self.cols = Columns("spans", "events", "lanes", "metrics", "metric_rows")
         self.titan: dict[int, Columns] = {}  # fid -> rows of a TorchTitan file read again whole
         self.rebuild = False
@@ -73,15 +78,22 @@ class Update:
         self.run.streams[st.key] = st
         self.sid_of[st.key] = s["sid"]
 
+    def _sid(self, key: tuple) -> int:
+        """The session number of stream ``key`` (the next free one for a new session)."""
+        sid = self.sid_of.get(key)
+        if sid is None:
+            sid = self.sid_of[key] = self.next_sid
+            self.next_sid += 1
+        return sid
+
+    @staticmethod
+    def _state(sid: int, key: tuple, st: reader.Stream) -> dict:
+        return {"sid": sid, "key": list(key), "header": st.header, "actor": st.actor, "first_ts": st.first_ts,
+                "last_ts": st.last_ts, "clean": st.clean, "records": st.records, "dropped": st.dropped,
+                "clock": st.clock, "opens": {str(k): list(v) for k, v in st.opens.items()}}
+
     def _save_streams(self) -> None:
-        out = []
-        for key, st in self.run.streams.items():
-            if key not in self.sid_of:
-                self.sid_of[key] = len(self.sid_of)
-            out.append({"sid": self.sid_of[key], "key": list(key), "header": st.header, "actor": st.actor,
-                        "first_ts": st.first_ts, "last_ts": st.last_ts, "clean": st.clean, "records": st.records,
-                        "dropped": st.dropped, "clock": st.clock,
-                        "opens": {str(k): list(v) for k, v in st.opens.items()}})
+        out = [self._state(self._sid(key), key, st) for key, st in self.run.streams.items()]
         out.sort(key=lambda s: s["sid"])
         if self.run.malformed:
             st = self.man.state
@@ -106,8 +118,12 @@ class Update:
             if f is not None:
                 todo.append((f, path))
         todo.sort(key=lambda t: t[0]["order"])
-        for f, path in todo:
-            self._read_file(path, f, flush)
+        parts = _split(todo) if flush is not None else [todo]
+        if len(parts) == 1:
+            for f, path in todo:
+                self._read_file(path, f, flush)
+        else:
+            self._read_parts(parts, flush)
         self._save_streams()
 
     def _check(self, path: Path, titan: bool) -> "dict | None":
@@ -159,20 +175,73 @@ class Update:
         rows = TimelineRows(cols, self.sid_of)
         touched: list = []
         sid_of = self.sid_of
+        spans, events = cols["spans"], cols["events"]
+        n = 0
         for it in reader.read_from(self.run, cur, touched):
             if it[1].key not in sid_of:
-                sid_of[it[1].key] = len(sid_of)
+                self._sid(it[1].key)
             rows.add(it, fid, cur.line_off)
-            if flush is not None and not titan and cols.rows("spans") + cols.rows("events") >= FLUSH_ROWS:
+            n += 1
+            if n & 4095 == 0 and flush is not None and not titan and len(spans) + len(events) >= FLUSH_ROWS:
                 flush(self)
         for key in dict.fromkeys(touched + ([cur.key] if cur.key is not None else [])):
-            if key not in sid_of:
-                sid_of[key] = len(sid_of)
+            self._sid(key)
             rows.lanes(self.run.streams[key])
+            self.read_keys.add(key)
         f.update(offset=cur.offset, names={str(k): v for k, v in cur.names.items()},
                  key=list(cur.key) if cur.key else None, base=cur.base, host=cur.host)
         if rows.lo is not None:
             self.lo = rows.lo if self.lo is None else min(self.lo, rows.lo)
+        self.changed = True
+
+    def _read_parts(self, parts: list, flush: Any) -> None:
+        """The files of each part read at once (:func:`~.workers.forked`), each part's segments
+        written by its process (named with its tag); then their states merged here. A part's new
+        sessions are numbered from a base of its own, above the previous part's: their order is
+        the order of a read in one process."""
+        base = self.next_sid
+
+        def part(i: int) -> Any:
+            def job() -> dict:
+                self.tag, self.next_sid, self.read_keys = f"p{i}-", base + (i << 20), set()
+                before = {t: len(segs) for t, segs in self.man.tables.items()}
+                for f, path in parts[i]:
+                    self._read_file(path, f, flush)
+                flush(self)
+                return self._part_state(parts[i], before)
+            return job
+
+        for res in forked([part(i) for i in range(len(parts))]):
+            self._merge_part(res)
+        self.tag = ""
+
+    def _part_state(self, files: list, before: dict) -> dict:
+        """What a part read: its files' states, its sessions', the run-wide facts, its segments."""
+        run = self.run
+        fids = {f["fid"] for f, _p in files}
+        bad, run.malformed, run.first_malformed = [run.malformed, run.first_malformed], 0, ""  # counted at the merge
+        return {"files": {rel: f for rel, f in self.files.items() if f["fid"] in fids},
+                "streams": [self._state(self.sid_of[k], k, run.streams[k]) for k in self.read_keys],
+                "samples": run.samples, "starts": sorted(run.starts), "malformed": bad,
+                "lo": self.lo, "segments": {t: segs[before.get(t, 0):] for t, segs in self.man.tables.items()}}
+
+    def _merge_part(self, res: dict) -> None:
+        self.files.update(res["files"])
+        for s in res["streams"]:
+            self._restore(s)
+        self.next_sid = max(self.sid_of.values(), default=-1) + 1
+        for host, d in res["samples"].items():
+            self.run.samples[host] = min(d, self.run.samples.get(host, d))
+        self.run.starts.update(res["starts"])
+        n, first = res["malformed"]
+        if n and not self.run.malformed:
+            self.run.first_malformed = first
+        self.run.malformed += n
+        if res["lo"] is not None:
+            self.lo = res["lo"] if self.lo is None else min(self.lo, res["lo"])
+        for t, segs in res["segments"].items():
+            have = {s["file"] for s in self.man.segments(t)}
+            self.man.segments(t).extend(s for s in segs if s["file"] not in have)
         self.changed = True
 
     # ------------------------------------------------------------------ metrics.jsonl
@@ -206,29 +275,50 @@ class Update:
             m["first_malformed"] = m.get("first_malformed") or bad[1]
             m["malformed"] = m.get("malformed", 0) + bad[0]
 
-    # ------------------------------------------------------------------ rows of the small tables
-    def stream_rows(self, offsets: dict, attempts: list) -> Columns:
-        """The ``streams`` and ``opens`` tables as they stand (rewritten at every update)."""
-        cols = Columns("streams", "opens")
-        last_fid = {}
-        for f in self.files.values():
-            k = f["key"]
-            if k:
-                last_fid[tuple(k)] = f["fid"]
-        for key, st in self.run.streams.items():
-            h = st.header
-            sid = self.sid_of[key]
-            start = h.get("start")
-            cols.add("streams", (sid, h.get("run"), attempts.index(start) if start in attempts else 0, st.host,
-                                 st.pid, h.get("session"), st.mesh, st.actor, st.rank, bool(h.get("ctl")),
-                                 offsets.get(st.host, 0), st.first_ts, st.last_ts, st.clean, st.records, st.dropped,
-                                 float(start) if isinstance(start, (int, float)) else None,
-                                 *dims_of(h.get("coords"))))
-            for n, (lane, name, step, ts, ex) in enumerate(list(st.opens.values())):
-                _e, flow, ft, attrs, link, _c = extras_of(ex)
-                cols.add("opens", (sid, st.actor, lane, name, step, ts, flow, ft, attrs, link,
-                                   last_fid.get(key, 0), n))
-        return cols
+def session_rows(state: dict) -> Columns:
+    """The ``streams`` and ``opens`` tables (the process sessions, the spans begun and not ended)
+    as the manifest's ``state`` has them: not stored as segments, every reader makes them from
+    the manifest it reads."""
+    cols = Columns("streams", "opens")
+    offsets, attempts = state.get("offsets", {}), sorted(state.get("starts", []))
+    last_fid = {tuple(f["key"]): f["fid"] for f in state.get("files", {}).values() if f["key"]}
+    for s in state.get("streams", []):
+        h, sid, key = s["header"], s["sid"], tuple(s["key"])
+        host, start = h.get("host", "?"), h.get("start")
+        cols.add("streams", (sid, h.get("run"), attempts.index(start) if start in attempts else 0, host,
+                             int(h.get("pid", 0)), h.get("session"), h.get("mesh", "?"), s["actor"], int(h.get("rank", 0)),
+                             bool(h.get("ctl")), offsets.get(host, 0), s["first_ts"], s["last_ts"], s["clean"],
+                             s["records"], s["dropped"], float(start) if isinstance(start, (int, float)) else None,
+                             *dims_of(h.get("coords"))))
+        for n, (lane, name, step, ts, ex) in enumerate(s["opens"].values()):
+            _e, flow, ft, attrs, link, _c = extras_of(ex)
+            cols.add("opens", (sid, s["actor"], lane, name, step, ts, flow, ft, attrs, link, last_fid.get(key, 0), n))
+    return cols
+
+
+#: a timeline update that reads at least this many bytes reads its files in WORKERS processes
+PARALLEL_BYTES = 16 << 20
+WORKERS = 2
+
+
+def _split(todo: list) -> list:
+    """``todo`` (``(file state, path)`` in reading order) in contiguous parts of about as many
+    bytes to read, one per worker, cut only between processes (a process's files, its later
+    sessions appended to them included, stay in one part); one part when the update is small,
+    on one core, or reads a TorchTitan file (read whole, in this process)."""
+    size = [max(p.stat().st_size - f["offset"], 0) if not f["titan"] else 0 for f, p in todo]
+    k = min(WORKERS, os.cpu_count() or 1)
+    if k < 2 or sum(size) < PARALLEL_BYTES or any(f["titan"] for f, _p in todo):
+        return [todo]
+    parts, cur, acc, total = [], [], 0, sum(size)
+    for i, (item, n) in enumerate(zip(todo, size)):
+        if cur and acc >= total * len(parts + [cur]) / k and item[0]["order"][:2] != todo[i - 1][0]["order"][:2]:
+            parts.append(cur)
+            cur = []
+        cur.append(item)
+        acc += n
+    parts.append(cur)
+    return parts
 
 
 def _metric_row(line: bytes, bad: list) -> "dict | None":

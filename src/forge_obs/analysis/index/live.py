@@ -25,7 +25,7 @@ from typing import Any
 
 from forge_obs.backends.base import LoggerBackend
 
-__all__ = ["follow", "IndexBackend", "DEFAULT_INTERVAL_S"]
+__all__ = ["follow", "IndexBackend", "DEFAULT_INTERVAL_S", "start_indexer", "stop_indexer"]
 
 DEFAULT_INTERVAL_S = 1.0
 
@@ -38,19 +38,21 @@ def follow(run_dir: Path, interval_s: float = DEFAULT_INTERVAL_S, parent: "int |
     core. Returns the number of updates."""
     from forge_obs.analysis.index import store
     from forge_obs.analysis.index.updater import update_index
+    from forge_obs.analysis.index.window import Window
 
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_a: stop.set())
     d = store.index_dir(run_dir)
+    window = Window()  # the last steps' rows, kept between updates
     n = 0
     while True:
         last = stop.is_set() or (parent is not None and not _alive(parent))
         cost = time.process_time()
         if (run_dir / "events").is_dir() or (run_dir / "metrics.jsonl").exists():
             try:
-                update_index(run_dir, d)
+                update_index(run_dir, d, window=window)
                 n += 1
             except Exception as e:  # noqa: BLE001 - the next pass tries again; the files are the record
                 print(f"forge_obs index: {run_dir}: {type(e).__name__}: {e}", file=sys.stderr)
@@ -68,6 +70,27 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return os.getppid() == pid
+
+
+def start_indexer(run_dir: "str | Path", interval_s: float = DEFAULT_INTERVAL_S) -> subprocess.Popen:
+    """The live indexer of ``run_dir`` in a child process of this one, at a low priority (it exits
+    when this process is gone; :func:`stop_indexer` ends it)."""
+    src = str(Path(__file__).resolve().parents[3])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    return subprocess.Popen(
+        [sys.executable, "-m", "forge_obs.analysis.index.live", str(run_dir), "--interval-s", str(interval_s),
+         "--parent", str(os.getpid())], env=env, stdin=subprocess.DEVNULL, preexec_fn=lambda: os.nice(10))
+
+
+def stop_indexer(p: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    """One last update of what the run wrote, then the indexer exits (killed past ``timeout_s``)."""
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
 
 
 class IndexBackend(LoggerBackend):
@@ -90,11 +113,7 @@ class IndexBackend(LoggerBackend):
         run_dir = getattr(run, "run_dir", None)
         if run_dir is None or self.proc is not None:
             return
-        src = str(Path(__file__).resolve().parents[3])
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "forge_obs.analysis.index.live", str(run_dir), "--interval-s", str(self.interval_s),
-             "--parent", str(os.getpid())], env=env, stdin=subprocess.DEVNULL, preexec_fn=lambda: os.nice(10))
+        self.proc = start_indexer(run_dir, self.interval_s)
 
     def log_step(self, record: Any) -> None:
         return None
@@ -102,14 +121,8 @@ class IndexBackend(LoggerBackend):
     def finish(self, timeout_s: float = 60.0) -> None:
         """One last update of what the run wrote, then the indexer exits (killed past ``timeout_s``)."""
         p, self.proc = self.proc, None
-        if p is None:
-            return
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        if p is not None:
+            stop_indexer(p, timeout_s)
 
 
 def main(argv: "list[str] | None" = None) -> int:

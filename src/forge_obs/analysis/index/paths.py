@@ -22,8 +22,9 @@ from forge_obs.analysis.index.build import write_rows
 from forge_obs.analysis.index.schema import STEP_TABLES
 from forge_obs.analysis.index.steps import MARGIN_US, StepSet, graph_from, streams_of, step_rows
 from forge_obs.analysis.index.views import STEP_INPUTS, connect, create_views
+from forge_obs.analysis.index.workers import forked
 
-__all__ = ["compute_steps", "closure", "BATCH_SPANS"]
+__all__ = ["compute_steps", "compute_live", "closure", "sessions_of", "BATCH_SPANS"]
 
 #: about how many spans one batch of steps is computed on
 BATCH_SPANS = 600_000
@@ -90,6 +91,100 @@ def compute_steps(d: Path, man: store.Manifest, lo_raw: "int | None", offsets: d
     st["offsets"], st["opens_lo"] = okey, opens_lo
 
 
+def compute_live(d: Path, man: store.Manifest, lo_raw: "int | None", offsets: dict, win: Any, opens: list) -> bool:
+    """:func:`compute_steps` on the rows of the live indexer's window (:class:`~.window.Window`;
+    ``opens``: the open spans' rows, in order): the steps the update may have changed are marked
+    computed again in the segments that hold them and computed from the window's rows. False
+    (nothing changed) when the update needs the index: the caller computes the steps with
+    :func:`compute_steps`."""
+    st = man.state.setdefault("path", {})
+    okey = json.dumps(sorted(offsets.items()))
+    if not win.ready or not man.tables.get("steps") or st.get("offsets") != okey:
+        return False
+    opens_lo = min((r[4] for r in opens), default=None)
+    shift = min([0, *offsets.values()])
+    lo = min([v for v in (None if lo_raw is None else lo_raw + shift, opens_lo, st.get("opens_lo"))
+              if v is not None], default=None)
+    if lo is not None and lo - MARGIN_US <= win.pruned_end:
+        return False  # a step the window no longer holds may change
+    starts = [v[0] for v in win.steps.values() if v[2] or (lo is not None and v[1] >= lo - MARGIN_US)]
+    starts += [lo] if lo is not None else []
+    if not starts:
+        return True
+    before, garbage = {t: list(man.segments(t)) for t in STEP_TABLES}, list(man.garbage)
+    try:
+        _live_batch(d, man, min(starts), offsets, win, opens)
+    except (_Clash, _NeedIndex):  # nothing of it is kept (the window is read again)
+        made = {seg["file"] for t in STEP_TABLES for seg in man.segments(t)} - {seg["file"] for t in STEP_TABLES
+                                                                               for seg in before[t]}
+        for t in STEP_TABLES:
+            man.tables[t] = before[t]
+        man.garbage = garbage + sorted(made)
+        return False
+    st["offsets"], st["opens_lo"] = okey, opens_lo
+    return True
+
+
+class _NeedIndex(Exception):
+    """The live indexer's window does not hold what an update needs (see :mod:`.window`)."""
+
+
+def _live_batch(d: Path, man: store.Manifest, bound: int, offsets: dict, win: Any, opens: list) -> list:
+    """Mark the stored steps that start at or after ``bound`` as computed again in the segments
+    the window wrote them in (a segment left without a step is dropped) and compute them, and the
+    steps after them, from the window's rows; the steps stored."""
+    hits = win.take(bound)
+    if hits is None:
+        raise _NeedIndex()
+    gone = sorted(set().union(*hits.values())) if hits else []
+    dead = set()
+    for t in STEP_TABLES:
+        keep = []
+        for seg in man.segments(t):
+            hit = hits.get(seg["file"])
+            if hit:
+                seg = dict(seg, skip=sorted(set(seg.get("skip", ())) | hit))
+                if set(seg["skip"]) >= win.segs[seg["file"]]:
+                    dead.add(seg["file"])
+                    continue
+            keep.append(seg)
+        man.tables[t] = keep
+    man.garbage += sorted(dead)
+    streams = man.state.get("streams", [])
+    end = max((s["last_ts"] + offsets.get(s["header"].get("host", "?"), 0) for s in streams
+               if s["last_ts"] is not None), default=0)
+    first = min((s["first_ts"] + offsets.get(s["header"].get("host", "?"), 0) for s in streams
+                 if s["first_ts"] is not None), default=0)
+    run, by_sid = sessions_of(d.parent, man, win.lanes, offsets)
+    src = _WindowRows(win, run, by_sid, opens, end)
+    lo = max(bound, first)
+    written: list = []
+    done = _compute_part(src, d, man, (lo, _NEVER), end, max(end - lo + 1, 1), "", win.numbers - set(gone),
+                         one_group=True, written=written)
+    win.dropped(gone, dead)
+    win.stored(done)
+    for files, numbers in written:
+        win.batch(files, numbers)
+    return [n for n, *_r in done]
+
+
+class _WindowRows:
+    """The rows of the live indexer's window as :class:`_Rows` gives them."""
+
+    def __init__(self, win: Any, run: Any, by_sid: dict, opens: list, end: int) -> None:
+        self.win, self.run, self.by_sid, self.opens, self.end = win, run, by_sid, opens, end
+        self.opens_lo = min((r[4] for r in opens), default=None)
+
+    def closure(self, lo: int) -> int:
+        got = self.win.closure(lo, self.opens_lo)
+        if got is None:
+            raise _NeedIndex()
+        return got
+
+    def graph(self, lo: int, hi: int) -> Any:
+        return self.win.graph(self.run, self.by_sid, self.opens, lo, hi, self.end)
+
+
 class _Clash(Exception):
     """A step computed again has the number of a stored step it does not replace: the steps
     of a resumed attempt that repeats step numbers (the graph's windows are per step number,
@@ -129,46 +224,26 @@ def _parts(con: Any, lo: int, end: int, n_spans: int) -> list:
 
 
 def _in_workers(d: Path, man: store.Manifest, parts: list, end: int, n_spans: int, clash: set) -> None:
-    """:func:`_batches` of each part in a forked process (each with its own DuckDB); their
-    segments are added to ``man``. No DuckDB connection is open in this process when it forks."""
+    """:func:`_batches` of each part at once (:func:`~.workers.forked`: each with its own
+    DuckDB); their segments are added to ``man``. No DuckDB connection is open here."""
     before = {t: list(man.segments(t)) for t in STEP_TABLES}
-    kids = []
-    for i, part in enumerate(parts):
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the worker
-            os.close(r)
-            code = 1
-            try:
-                for t in STEP_TABLES:
-                    man.tables[t] = []
-                try:
-                    _batches(d, man, part, end, n_spans, tag=f"w{i}-", clash=clash)
-                except _Clash:
-                    code = 3
-                    raise
-                os.write(w, json.dumps({t: man.tables[t] for t in STEP_TABLES}).encode())
-                code = 0
-            finally:
-                os.close(w)
-                os._exit(code)
-        os.close(w)
-        kids.append((pid, r))
-    out = []
-    clashed = False
-    for pid, r in kids:
-        with os.fdopen(r, "rb") as f:
-            data = f.read()
-        _pid, status = os.waitpid(pid, 0)
-        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 3:
-            clashed = True
-            continue
-        if status != 0 or not data:
-            raise RuntimeError(f"a worker computing the steps failed (status {status})")
-        out.append(json.loads(data))
-    if clashed:
-        man.garbage += [seg["file"] for res in out for t in STEP_TABLES for seg in res[t]]
-        raise _Clash()
+
+    def part(i: int) -> Any:
+        def job() -> dict:
+            for t in STEP_TABLES:
+                man.tables[t] = []
+            _batches(d, man, parts[i], end, n_spans, tag=f"w{i}-", clash=clash)
+            return {t: man.tables[t] for t in STEP_TABLES}
+        return job
+
+    try:
+        out = forked([part(i) for i in range(len(parts))], passthrough=(_Clash,))
+    except _Clash:
+        made = [seg["file"] for t in STEP_TABLES for seg in man.tables[t] if seg not in before[t]]
+        for t in STEP_TABLES:
+            man.tables[t] = before[t]
+        man.garbage += made
+        raise
     for t in STEP_TABLES:
         man.tables[t] = before[t] + [seg for res in out for seg in res[t]]
 
@@ -188,10 +263,11 @@ def _drop(con: Any, d: Path, man: store.Manifest, bound: int) -> None:
                 continue
             man.garbage.append(seg["file"])
             f = str(d / seg["file"]).replace("'", "''")
-            n = con.execute(f"SELECT count(*) FROM read_parquet('{f}') WHERE step NOT IN (SELECT step FROM _gone)").fetchone()[0]
+            cond = "step NOT IN (SELECT step FROM _gone)" + "".join(f" AND step <> {k}" for k in seg.get("skip", ()))
+            n = con.execute(f"SELECT count(*) FROM read_parquet('{f}') WHERE {cond}").fetchone()[0]
             if n:
                 name = f"{table}-{man.gen}-k{len(keep)}-{seg['lo']}.parquet"
-                con.execute(f"COPY (SELECT * FROM read_parquet('{f}') WHERE step NOT IN (SELECT step FROM _gone)) "
+                con.execute(f"COPY (SELECT * FROM read_parquet('{f}') WHERE {cond}) "
                             f"TO '{d / ('.' + name + '.tmp')}' (FORMAT parquet, COMPRESSION zstd)")
                 (d / f".{name}.tmp").replace(d / name)
                 lo_hi = con.execute(f"SELECT min(step), max(step) FROM read_parquet('{d / name}')").fetchone()
@@ -205,15 +281,24 @@ def _batches(d: Path, man: store.Manifest, part: tuple, end: int, n_spans: int, 
     if con is None:
         con = connect()
         create_views(con, d, man, STEP_INPUTS)
-    lo, stop = part
     first = con.execute("SELECT min(first_ts + offset_us) FROM _streams").fetchone()[0] or 0
     width = max(int((end - first) * BATCH_SPANS / max(n_spans, 1)), 1)
-    ctx = _Context(con, d, man, end)
+    _compute_part(_Rows(con, d, man, end), d, man, part, end, width, tag, clash)
+
+
+def _compute_part(src: Any, d: Path, man: store.Manifest, part: tuple, end: int, width: int, tag: str,
+                  clash: "set | None", one_group: bool = False, written: "list | None" = None) -> list:
+    """:func:`_batches` on the rows of ``src`` (:class:`_Rows`: the index; or the live indexer's
+    window). A batch's steps are stored in two segments, the finished ones and the unfinished
+    ones (``one_group``: in one); ``written`` gets each segment's files and steps. The stored
+    steps as ``[(step, start, end, unfinished)]``."""
+    lo, stop = part
     done_steps: set = set()
+    out: list = []
     while lo < stop and lo <= end:
         sel_hi, load_hi = min(lo + width, stop), lo + width
         last = load_hi >= end
-        g = ctx.graph(closure(con, lo - MARGIN_US), load_hi + MARGIN_US)
+        g = src.graph(src.closure(lo - MARGIN_US), load_hi + MARGIN_US)
         cand = [w for w in g.windows if lo <= w.start < sel_hi and w.step not in done_steps]
         kept = [w for w in cand if last or w.end + MARGIN_US <= load_hi]
         rest = [w.start for w in cand if not (last or w.end + MARGIN_US <= load_hi)]
@@ -221,39 +306,58 @@ def _batches(d: Path, man: store.Manifest, part: tuple, end: int, n_spans: int, 
             raise _Clash()
         # an unfinished step is computed again at the next update: in a segment of its own, it
         # is dropped whole then (the finished ones' segment stays as it is)
-        _store(d, man, step_rows(g, [w for w in kept if not w.unfinished]), tag)
-        _store(d, man, step_rows(g, [w for w in kept if w.unfinished]), tag)
+        groups = [kept] if one_group else [[w for w in kept if not w.unfinished], [w for w in kept if w.unfinished]]
+        for ws in groups:
+            rows = step_rows(g, ws)
+            files = _store(d, man, rows, tag)
+            out += [(r[0], r[2], r[3], r[5]) for r in rows.cols["steps"]]
+            if written is not None and files:
+                written.append((files, [r[0] for r in rows.cols["steps"]]))
         done_steps.update(w.step for w in kept)
         if rest and not kept:
             width *= 2  # a step longer than the batch: a wider one
             continue
         lo = min(rest) if rest else sel_hi
+    return out
 
 
-def _store(d: Path, man: store.Manifest, rows: StepSet, tag: str = "") -> None:
+def _store(d: Path, man: store.Manifest, rows: StepSet, tag: str = "") -> set:
+    """The segments of ``rows`` written (their files)."""
     steps = [r[0] for r in rows.cols["steps"]]
     if not steps:
-        return
+        return set()
     before = {t: len(man.segments(t)) for t in STEP_TABLES}
     write_rows(d, man, rows.cols, tag=tag)
+    files = set()
     for table in STEP_TABLES:
         for seg in man.segments(table)[before[table]:]:
             seg["lo"], seg["hi"] = min(steps), max(steps)
+            files.add(seg["file"])
+    return files
 
 
-class _Context:
-    """What every batch's graph shares: the sessions as streams, the reading order of the files."""
+def sessions_of(run_dir: Path, man: store.Manifest, lanes: dict, offsets: dict) -> tuple:
+    """``(run, by_sid)``: the manifest's sessions as streams (:func:`.steps.streams_of`) and a
+    :class:`~forge_obs.analysis.reader.Run` of them (``offsets``: host -> µs)."""
+    attempts = sorted(man.state.get("starts", []))
+    by_sid = streams_of(man.state.get("streams", []), lanes, offsets, attempts)
+    return reader.Run(run_dir, {s.key: s for s in by_sid.values()}, [], offsets, attempts), by_sid
+
+
+class _Rows:
+    """The rows every batch's graph is made of, read from the index (the sessions as streams, the
+    reading order of the files)."""
 
     def __init__(self, con: Any, d: Path, man: store.Manifest, end: int) -> None:
         self.con, self.end = con, end
-        st = man.state
         offsets = dict(con.execute("SELECT host, offset_us FROM _streams").fetchall())
-        attempts = sorted(st.get("starts", []))
         lanes: dict = {}
         for sid, lane, label in con.execute("SELECT sid, lane, label FROM _lane_labels").fetchall():
             lanes.setdefault(sid, {})[lane] = label
-        self.by_sid = streams_of(st.get("streams", []), lanes, offsets, attempts)
-        self.run = reader.Run(d.parent, {s.key: s for s in self.by_sid.values()}, [], offsets, attempts)
+        self.run, self.by_sid = sessions_of(d.parent, man, lanes, offsets)
+
+    def closure(self, lo: int) -> int:
+        return closure(self.con, lo)
 
     def graph(self, lo: int, hi: int) -> Any:
         sel = "x.sid, x.lane, x.name, x.step, x.start + s.offset_us, {dur}, x.flow, x.flow_t, x.link"
@@ -272,3 +376,4 @@ class _Context:
             f"SELECT e.link, e.sid, e.lane, e.ts + s.offset_us {ev} WHERE e.name = 'call' AND e.kind = 'event' "
             "AND e.link IS NOT NULL AND e.ts + s.offset_us BETWEEN ? AND ? ORDER BY f.rnk, e.off", [lo, hi]).fetchall()}
         return graph_from(self.run, self.by_sid, spans, opens, calls, steps, self.end)
+

@@ -83,7 +83,7 @@ def streams_of(sessions: list, lanes: dict, offsets: dict, attempts: list) -> di
         st.attempt = attempts.index(h.get("start")) if h.get("start") in attempts else 0
         st.first_ts = None if s["first_ts"] is None else s["first_ts"] + st.offset_us
         st.last_ts = None if s["last_ts"] is None else s["last_ts"] + st.offset_us
-        st.clean = s["clean"]
+        st.clean, st.records, st.dropped = s["clean"], s["records"], s["dropped"]
         st.lanes = lanes.get(s["sid"], {})
         out[s["sid"]] = st
     return out

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 __all__ = ["INDEX_DIR", "FORMAT", "Manifest", "index_dir", "writable", "read_lock", "write_lock",
-           "write_segment", "collect_garbage"]
+           "write_segment", "write_arrow", "collect_garbage"]
 
 #: the index's directory inside a run directory
 INDEX_DIR = "index"
@@ -111,18 +111,31 @@ def write_lock(d: Path, wait: bool = True) -> Any:
     return _flock(d / "write.lock", fcntl.LOCK_EX, wait)
 
 
+#: a segment of fewer rows is written without compression or dictionaries (a live update's few
+#: rows: half the CPU; such segments are merged, compressed, soon)
+SMALL_SEGMENT_ROWS = 4096
+
+
 def write_segment(d: Path, table: str, gen: int, n: Any, columns: dict, schema: Any) -> dict:
     """Write one segment (a ``.tmp`` renamed into place); its manifest entry."""
     import pyarrow as pa
+
+    return write_arrow(d, f"{table}-{gen}-{n}.parquet", pa.Table.from_pydict(columns, schema=schema))
+
+
+def write_arrow(d: Path, name: str, t: Any) -> dict:
+    """Write Arrow table ``t`` as segment ``name``; its manifest entry."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    t = pa.Table.from_pydict(columns, schema=schema)
-    name = f"{table}-{gen}-{n}.parquet"
     tmp = d / f".{name}.tmp"
     # no min/max for floating columns: Arrow leaves NaN out of them, and DuckDB then takes
     # isnan() to be false everywhere in the row group
-    stats = [f.name for f in schema if not pa.types.is_floating(f.type)]
-    pq.write_table(t, tmp, compression="zstd", row_group_size=256 * 1024, write_statistics=stats)
+    stats = [f.name for f in t.schema if not pa.types.is_floating(f.type)]
+    small = t.num_rows < SMALL_SEGMENT_ROWS  # a live update's: written plainly, compressed when merged
+    with open(tmp, "wb") as f:
+        pq.write_table(t, f, compression="none" if small else "zstd", use_dictionary=not small,
+                       row_group_size=256 * 1024, write_statistics=stats)
     os.replace(tmp, d / name)
     return {"file": name, "rows": t.num_rows}
 

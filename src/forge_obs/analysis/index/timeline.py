@@ -13,7 +13,7 @@ from forge_obs.analysis.index.rows import FLOW_INT, FLOW_STR
 from forge_obs.analysis.index.steps import streams_of
 from forge_obs.analysis.reader import INSTANT, OPEN, SPAN, STEP, TAG
 
-__all__ = ["sessions", "items_by_stream"]
+__all__ = ["sessions", "items_by_stream", "extras"]
 
 _BATCH = 65536
 
@@ -34,7 +34,8 @@ def sessions(idx: Any, con: Any, keep: "Callable[[dict], bool] | None" = None) -
     return run
 
 
-def _extras(err: Any, flow: Any, ft: Any, attrs: Any, cut: Any) -> "dict | None":
+def extras(err: Any, flow: Any, ft: Any, attrs: Any, cut: Any) -> "dict | None":
+    """A record's extras (error, flow id, attributes, cut by shutdown) from a row's columns."""
     ex: dict = {}
     if attrs is not None:
         ex["a"] = json.loads(attrs)
@@ -62,14 +63,14 @@ _ROWS = """
 def _item(st: reader.Stream, r: tuple) -> tuple:
     _sid, _rnk, _off, k, lane, name, step, ts, dur, err, flow, ft, attrs, cut, cpu = r
     if k == 0:
-        return (SPAN, st, lane, name, step, ts, dur, _extras(err, flow, ft, attrs, cut), cpu)
+        return (SPAN, st, lane, name, step, ts, dur, extras(err, flow, ft, attrs, cut), cpu)
     if k == 1:
-        return (INSTANT, st, lane, name, step, ts, _extras(None, flow, ft, attrs, None))
+        return (INSTANT, st, lane, name, step, ts, extras(None, flow, ft, attrs, None))
     if k == 2:
         return (STEP, st, lane, step, ts)
     if k == 3:
         return (TAG, st, lane, step, name, ts)
-    return (OPEN, st, lane, name, step, ts, _extras(None, flow, ft, attrs, None))
+    return (OPEN, st, lane, name, step, ts, extras(None, flow, ft, attrs, None))
 
 
 def items_by_stream(con: Any, run: reader.Run, steps: "tuple | None") -> Iterator[tuple]:

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from forge_obs.analysis.index import store
-from forge_obs.analysis.index.build import APPEND_TABLES, Update, write_rows
-from forge_obs.analysis.index.paths import compute_steps
-from forge_obs.analysis.index.schema import STEP_TABLES
-from forge_obs.analysis.index.views import connect
+from forge_obs.analysis.index.build import APPEND_TABLES, Update, session_rows, write_rows
+from forge_obs.analysis.index.paths import compute_live, compute_steps
+from forge_obs.analysis.index.rows import Columns
+from forge_obs.analysis.index.schema import STEP_TABLES, arrow_schema
+from forge_obs.analysis.index.views import STEP_INPUTS, connect, create_views
 
-__all__ = ["update_index", "clocks", "MERGE_AT"]
+__all__ = ["update_index", "clocks", "no_gc", "MERGE_AT"]
 
 logger = logging.getLogger("forge_obs")
 
@@ -28,12 +29,14 @@ logger = logging.getLogger("forge_obs")
 MERGE_AT = 8
 #: segments with fewer rows than this count as small
 SMALL_ROWS = 200_000
+#: small segments of fewer rows than this are of the first size class
+TIER_ROWS = 4096
 
 
 @contextmanager
 def no_gc() -> Iterator[None]:
-    """The cyclic garbage collector paused: indexing makes millions of objects that hold no
-    cycles, and each collection would walk them all."""
+    """The cyclic garbage collector paused: indexing (and the doctor's per-step tables) makes
+    millions of objects that hold no cycles, and each collection would walk them all."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -67,7 +70,8 @@ def _fresh(d: Path, old: "store.Manifest | None") -> store.Manifest:
 
 def _flush(d: Path, man: store.Manifest) -> Any:
     def flush(up: Update) -> None:
-        write_rows(d, man, up.cols)
+        up.flushed = True
+        write_rows(d, man, up.cols, tag=up.tag)
         for rows in up.cols.values():
             rows.clear()
     return flush
@@ -82,21 +86,27 @@ def _read(run_dir: Path, d: Path, man: store.Manifest) -> Update:
     return up
 
 
-def update_index(run_dir: Path, d: Path, rebuild: bool = False) -> store.Manifest:
-    """Update (or, with ``rebuild``, rebuild) the index of ``run_dir`` in ``d``; its manifest."""
+def update_index(run_dir: Path, d: Path, rebuild: bool = False, window: Any = None) -> store.Manifest:
+    """Update (or, with ``rebuild``, rebuild) the index of ``run_dir`` in ``d``; its manifest.
+    ``window``: the live indexer's :class:`~.window.Window`, kept from its last update (the steps
+    are computed on its rows when it holds what they need)."""
     d.mkdir(parents=True, exist_ok=True)
     with store.write_lock(d), no_gc():
         old = store.Manifest.load(d)
         man = _fresh(d, old) if rebuild or old is None else old
+        same = window is not None and old is not None and window.gen == old.gen and not rebuild
         up = _read(run_dir, d, man)
         if up.rebuild:  # a file shrank or was replaced: index it all again
             logger.info("forge_obs: %s: a file shrank or was replaced; rebuilding its index", run_dir)
             man = _fresh(d, man)
             up = _read(run_dir, d, man)
+            same = False
         if up.changed or old is None or man is not old:
-            _write(d, man, up)
+            _write(d, man, up, window, same and not up.flushed and not up.titan)
             store.collect_garbage(d, man)
             man.save(d)
+            if window is not None:
+                window.gen = man.gen
         else:  # nothing new: the manifest stays as it is
             man.gen -= 1
             if man.garbage:
@@ -105,45 +115,87 @@ def update_index(run_dir: Path, d: Path, rebuild: bool = False) -> store.Manifes
     return man
 
 
-def _write(d: Path, man: store.Manifest, up: Update) -> None:
+def _write(d: Path, man: store.Manifest, up: Update, window: Any = None, live: bool = False) -> None:
+    """Write what the update read and compute its steps: on the rows of the live indexer's
+    ``window`` when it is ``live`` (it holds what the index held after its last update) and can,
+    else reading the index (and the window is read again from it)."""
+    offsets, _attempts = clocks(up)
+    ok = live and window.add(up.cols, man, _sid_offsets(man, up, offsets))
     write_rows(d, man, up.cols)
     for fid, cols in up.titan.items():
         write_rows(d, man, cols, src=fid)
-    offsets, attempts = clocks(up)
     man.state["offsets"] = offsets
-    small = up.stream_rows(offsets, attempts)
-    for table in ("streams", "opens"):
-        man.garbage += [s["file"] for s in man.segments(table)]
-        man.tables[table] = []
-    write_rows(d, man, small)
-    compute_steps(d, man, up.lo, offsets)
-    con = None
+    small = session_rows(man.state)
+    if not (ok and compute_live(d, man, up.lo, offsets, window, _open_rows(man, small, offsets))):
+        compute_steps(d, man, up.lo, offsets)
+        if window is not None:
+            con = connect()
+            create_views(con, d, man, STEP_INPUTS)
+            window.seed(con, man)
+            con.close()
+    keep = window.tracked() if window is not None else set()
     for table in APPEND_TABLES + STEP_TABLES:
-        if _mergeable(man, table):
-            con = con or connect()
-            _merge(con, d, man, table)
+        for group in _merges(man, table, keep):
+            _merge(d, man, table, group)
+    if window is not None:
+        window.prune()
 
 
-def _small(man: store.Manifest, table: str) -> list:
-    return [s for s in man.segments(table) if s["rows"] < SMALL_ROWS and "src" not in s]
+def _sid_offsets(man: store.Manifest, up: Update, offsets: dict) -> dict:
+    """sid -> the clock offset of its host (µs)."""
+    return {sid: offsets.get(up.run.streams[key].host, 0) for key, sid in up.sid_of.items() if key in up.run.streams}
 
 
-def _mergeable(man: store.Manifest, table: str) -> bool:
-    return len(_small(man, table)) >= MERGE_AT
+def _open_rows(man: store.Manifest, small: Columns, offsets: dict) -> list:
+    """The open spans as :meth:`.paths._Rows.graph` reads them (start corrected), in order."""
+    host = {s["sid"]: s["header"].get("host", "?") for s in man.state.get("streams", [])}
+    order = {f["fid"]: tuple(f["order"]) for f in man.state.get("files", {}).values()}
+    rows = sorted(small["opens"], key=lambda r: (order.get(r[10]) is None, order.get(r[10], ()), r[11]))
+    return [(sid, lane, name, step, start + offsets.get(host.get(sid), 0), 0, flow, ft, link)
+            for sid, _a, lane, name, step, start, flow, ft, _at, link, _fid, _n in rows]
 
 
-def _merge(con: Any, d: Path, man: store.Manifest, table: str) -> None:
-    """Merge a table's small segments into one (DuckDB writes it, in the order of the rows: by
-    step for the per-step tables)."""
+def _small(man: store.Manifest, table: str, keep: "set | frozenset" = frozenset()) -> list:
+    return [s for s in man.segments(table) if s["rows"] < SMALL_ROWS and "src" not in s and s["file"] not in keep]
+
+
+def _tier(rows: int) -> int:
+    """A small segment's size class: a merge joins MERGE_AT segments of one class (each row is
+    written again about log(SMALL_ROWS / TIER_ROWS, MERGE_AT) times, however long a live run)."""
+    t, n = 0, TIER_ROWS
+    while rows >= n:
+        n *= MERGE_AT
+        t += 1
+    return t
+
+
+def _merges(man: store.Manifest, table: str, keep: "set | frozenset" = frozenset()) -> list:
+    """The groups of a table's small segments to merge (the oldest MERGE_AT of a size class)."""
+    by: dict = {}
+    for s in _small(man, table, keep):
+        by.setdefault(_tier(s["rows"]), []).append(s)
+    return [segs[:MERGE_AT] for segs in by.values() if len(segs) >= MERGE_AT]
+
+
+def _merge(d: Path, man: store.Manifest, table: str, small: list) -> None:
+    """Merge segments ``small`` of ``table`` into one (by step for the per-step tables)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     segs = man.segments(table)
-    small = _small(man, table)
-    name = f"{table}-{man.gen}-m{len(segs)}.parquet"
-    files = ", ".join("'" + str(d / s["file"]).replace("'", "''") + "'" for s in small)
-    order = " ORDER BY step" if table in STEP_TABLES else ""
-    con.execute(f"COPY (SELECT * FROM read_parquet([{files}]){order}) TO '{d / ('.' + name + '.tmp')}' "
-                "(FORMAT parquet, COMPRESSION zstd)")
-    (d / f".{name}.tmp").replace(d / name)
-    entry = {"file": name, "rows": sum(s["rows"] for s in small)}
+    import pyarrow.compute as pc
+
+    schema = arrow_schema(table)  # a segment DuckDB wrote has its columns NOT NULL where they happen to be
+    parts = []
+    for s in small:
+        t = pq.ParquetFile(d / s["file"]).read().cast(schema)
+        if s.get("skip"):  # steps computed again since: their rows are in a later segment
+            t = t.filter(pc.invert(pc.is_in(t["step"], value_set=pa.array(s["skip"], pa.int64()))))
+        parts.append(t)
+    t = pa.concat_tables(parts)
+    if table in STEP_TABLES:
+        t = t.sort_by("step")
+    entry = store.write_arrow(d, f"{table}-{man.gen}-m{len(segs)}.parquet", t)
     if table in STEP_TABLES:
         entry["lo"] = min(s["lo"] for s in small)
         entry["hi"] = max(s["hi"] for s in small)

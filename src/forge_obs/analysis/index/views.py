@@ -34,9 +34,22 @@ def _q(s: str) -> str:
 
 
 def _table(con: Any, d: Path, man: Manifest, table: str) -> None:
-    files = man.files(d, table)
-    if files:
-        con.execute(f"CREATE OR REPLACE VIEW _{table} AS SELECT * FROM read_parquet([{', '.join(_q(f) for f in files)}])")
+    if table in ("streams", "opens"):  # made from the manifest (forge_obs.analysis.index.build.session_rows)
+        from forge_obs.analysis.index.build import session_rows
+
+        cols = session_rows(man.state).columns(table)
+        types = TABLES[table]
+        sel = ", ".join(f'unnest(?::{DUCK_TYPES[t]}[]) AS "{c}"' for c, t in types.items())
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _{table} AS SELECT {sel}", [list(cols[c]) for c in types])
+        return
+    segs = man.tables.get(table, ())
+    plain = [str(d / s["file"]) for s in segs if not s.get("skip")]
+    parts = [f"SELECT * FROM read_parquet([{', '.join(_q(f) for f in plain)}])"] if plain else []
+    # a per-step segment's steps computed again since (their new rows are in a later segment)
+    parts += [f"SELECT * FROM read_parquet({_q(str(d / s['file']))}) WHERE step NOT IN ({', '.join(map(str, s['skip']))})"
+              for s in segs if s.get("skip")]
+    if parts:
+        con.execute(f"CREATE OR REPLACE VIEW _{table} AS {' UNION ALL '.join(parts)}")
     else:
         cols = ", ".join(f'CAST(NULL AS {DUCK_TYPES[t]}) AS "{c}"' for c, t in TABLES[table].items())
         con.execute(f"CREATE OR REPLACE VIEW _{table} AS SELECT {cols} WHERE false")

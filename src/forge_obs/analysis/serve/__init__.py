@@ -17,5 +17,5 @@ from forge_obs.core.lazy import lazy_exports
 
 __all__ = ["Runs", "RunState", "ServeConfig", "ServeServer"]
 _EXPORTS = {"Runs": "forge_obs.analysis.serve.api", "ServeServer": "forge_obs.analysis.serve.server",
-            "RunState": "forge_obs.analysis.serve.state", "ServeConfig": "forge_obs.analysis.serve.state"}
+            "RunState": "forge_obs.analysis.serve.state", "ServeConfig": "forge_obs.analysis.serve.held"}
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__, globals())

@@ -19,9 +19,12 @@ from typing import Any, Iterator
 
 from forge_obs.analysis.report.data import group_of, group_sort_key, overview_panels
 from forge_obs.analysis.serve.analyses import Findings, TraceSlot, critical_path_at, jsonable
+from forge_obs.analysis.serve.indexed import IndexedRun
 from forge_obs.analysis.serve.files import Confined
 from forge_obs.analysis.serve.series import align
-from forge_obs.analysis.serve.state import RunState, ServeConfig, read_meta, run_labels
+from forge_obs.analysis.serve.meta import read_meta, run_labels
+from forge_obs.analysis.serve.held import ServeConfig
+from forge_obs.analysis.serve.state import RunState
 from forge_obs.analysis.store import RUN_MARKERS
 
 __all__ = ["Runs", "jsonable", "named_keys", "critical_path_at", "MAX_CHART_POINTS", "MAX_RANK_LINES",
@@ -52,13 +55,16 @@ class Runs:
     """The runs under ``root`` (or ``root`` itself when it is a run directory), opened lazily,
     at most ``max_open`` at once (least recently used closed first)."""
 
-    def __init__(self, root: "str | Path", config: ServeConfig | None = None, max_open: int = 8) -> None:
+    def __init__(self, root: "str | Path", config: ServeConfig | None = None, max_open: int = 8,
+                 index: bool = True) -> None:
         self.root = Path(root).resolve()
+        self.index = index  # keep an indexer process for each open run that has a timeline
         self.files = Confined(self.root)
         self.cfg = config or ServeConfig()
         self.single = self._is_run(self.root)
         self.max_open = max_open
         self._open: OrderedDict[str, tuple[RunState, Findings]] = OrderedDict()
+        self._ix: dict[str, IndexedRun] = {}  # run id -> its index, as read here (with its indexer)
         self._lock = threading.Lock()
         self._trace = TraceSlot()
         self._info: dict[str, tuple] = {}  # run id -> (version, state, the last /api/run answer)
@@ -66,6 +72,8 @@ class Runs:
         self._stop, self._wake = threading.Event(), threading.Event()
         self._reader = threading.Thread(target=self._read_on, name="forge_obs-serve-reader", daemon=True)
         self._reader.start()
+        if index:  # the index's modules (DuckDB) loaded before the first page asks for a run's steps
+            threading.Thread(target=_load_index_modules, name="forge_obs-serve-imports", daemon=True).start()
 
     # ------------------------------------------------------------------ runs and their state
     def ids(self) -> list[str]:
@@ -100,8 +108,11 @@ class Runs:
             ent = self._open.get(run_id)
             if ent is None:
                 ent = self._open[run_id] = (RunState(p, self.cfg, self.files), Findings(p, self.files))
+                self._ix[run_id] = IndexedRun(p, self.files, start=self.index and (p / "events").is_dir())
                 while len(self._open) > self.max_open:
-                    self._open.popitem(last=False)[1][1].close()
+                    old, (_st, fi) = self._open.popitem(last=False)
+                    fi.close()
+                    self._ix.pop(old).close(wait=False)
             self._open.move_to_end(run_id)
         st, fi = ent
         if st.metrics.offset or st.metrics.file_size() <= st.metrics.max_bytes:
@@ -151,10 +162,12 @@ class Runs:
         if ent is None:
             return None
         st = ent[0]
+        slowest = self._ix[rid].slowest(10)  # the controller steps of the index, when it has some
         with st.lock:
             cached = self._info.get(rid)
             if cached is not None and cached[0] == st.version and cached[1] is st:  # nothing read since
-                return dict(cached[2], status=jsonable(st.status()), reading=st.reading(), labels=st.labels())
+                return dict(cached[2], status=jsonable(st.status()), reading=st.reading(), labels=st.labels(),
+                            slowest=jsonable(slowest or st.slowest(10)))
             keys = st.keys()
             charts = [k for k in keys if st.dist_of(k) is None]
             groups: dict[str, list] = {}
@@ -173,7 +186,7 @@ class Runs:
                 "panels": panels,
                 "groups": [{"group": g, "keys": sorted(groups[g], key=lambda r: r["key"])}
                            for g in sorted(groups, key=group_sort_key)],
-                "rank_keys": st.rank_keys(), "samples": st.sample_key_names(), "slowest": st.slowest(10),
+                "rank_keys": st.rank_keys(), "samples": st.sample_key_names(), "slowest": slowest or st.slowest(10),
             })
             self._info[rid] = (st.version, st, out)
             return out
@@ -184,7 +197,8 @@ class Runs:
             return None
         st = ent[0]
         return jsonable({"version": st.version, "generation": st.generation, "last_step": st.facts()["last_step"],
-                         "status": st.status(), "reading": st.reading(), "alerts": len(st.alert_list())})
+                         "status": st.status(), "reading": st.reading(), "alerts": len(st.alert_list()),
+                         "index": self._ix[rid].state()})
 
     def series(self, rid: str, keys: list[str], n: int, axis: str, lo: int | None, hi: int | None) -> dict | None:
         ent = self.get(rid)
@@ -240,7 +254,8 @@ class Runs:
             keys = st.keys()
             alerts = [dict(a, keys=named_keys(a, keys)) for a in st.alert_list() if _at_step(a, step)]
         found = [dict(f, keys=named_keys(f, keys)) for f in fi.get()["findings"] if _at_step(f, step)]
-        d.update(alerts=alerts, findings=found, critical_path=critical_path_at(st.run_dir, step, self.files),
+        ix = self._ix[rid]
+        d.update(alerts=alerts, findings=found, critical_path=ix.critical_path(step), spans=ix.spans(step),
                  trace_command=f"forge-obs trace {st.run_dir} --steps {step} --open")
         return jsonable(d)
 
@@ -305,7 +320,17 @@ class Runs:
         with self._lock:
             for _st, fi in self._open.values():
                 fi.close()
+            for ix in self._ix.values():
+                ix.close(wait=False)
         self._trace.close()
+
+
+def _load_index_modules() -> None:
+    from forge_obs.analysis.index import available
+
+    if available():
+        import forge_obs.analysis.index.answers  # noqa: F401 - loads DuckDB, pyarrow and the index's views
+        import forge_obs.analysis.index.views  # noqa: F401
 
 
 def _points(n: int) -> int:

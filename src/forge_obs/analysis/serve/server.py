@@ -25,7 +25,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from forge_obs.analysis.local_server import HostChecked, LocalHTTPServer, LocalServer, is_loopback
 from forge_obs.analysis.serve.api import Runs
-from forge_obs.analysis.serve.state import ServeConfig
+from forge_obs.analysis.serve.held import ServeConfig
 
 __all__ = ["ASSETS", "STATIC", "ServeServer", "is_loopback"]
 

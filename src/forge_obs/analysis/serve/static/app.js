@@ -129,7 +129,7 @@ function stopRun() {
   S.byId.clear();
   if (S.observer) S.observer.disconnect();
   if (S.groupObserver) S.groupObserver.disconnect();
-  S.run = null; S.info = null; S.version = -1; S.generation = -1; S.compare = null; S.zoom = null; S.match = null;
+  S.run = null; S.info = null; S.version = -1; S.generation = -1; S.indexed = undefined; S.compare = null; S.zoom = null; S.match = null;
   document.getElementById("resetzoom").hidden = true;
   setStatus(null);
 }
@@ -629,12 +629,14 @@ async function poll() {
   S.polling = true;
   try {
     const p = await api("poll", { id: S.run });
-    setStatus(p.status, p.reading ? " · reading the run: " + Math.round(100 * p.reading.bytes / Math.max(1, p.reading.of)) + " %" : "");
+    setStatus(p.status, (p.reading ? " · reading the run: " + Math.round(100 * p.reading.bytes / Math.max(1, p.reading.of)) + " %" : "")
+      + (p.index && !p.index.fresh ? " · indexing the timeline (" + p.index.steps + " steps so far)" : ""));
     if (p.generation !== S.generation) { const id = S.run; stopRun(); runPage(id).catch(loadFailed); return; }  // the run was written again: start afresh
-    if (p.version !== S.version) {
+    const indexed = p.index ? p.index.gen : null;  // the run's index moved on: its steps, the doctor's findings
+    if (p.version !== S.version || indexed !== S.indexed) {
       const info = await api("run", { id: S.run });
       const alertsChanged = info.version !== S.version && p.alerts !== S.alerts;
-      S.info = info; S.version = info.version; S.alerts = p.alerts;
+      S.info = info; S.version = info.version; S.alerts = p.alerts; S.indexed = indexed;
       renderRun(info);
       if (info.samples.length && !document.getElementById("samplekey")) renderSamples(info);
       for (const c of S.charts.values()) if (c.visible) loadChart(c);
@@ -665,6 +667,7 @@ async function openDrill(step, keys) {
   parts.push(sec("SAMPLE rows", sk.length ? sk.map((k) => sampleTable(d.samples[k], k)) : el("p", { class: "muted", text: "none at this step" })));
   const cp = d.critical_path;
   parts.push(sec("critical path and slack", cp.available ? criticalPath(cp.path) : el("p", { class: "muted", text: "not available: " + cp.why })));
+  parts.push(sec("spans: wall and CPU time", stepSpans(d.spans)));
   parts.push(sec("timeline", ...timeline(d)));
   box.replaceChildren(...parts);
 }
@@ -734,6 +737,23 @@ function criticalPath(r) {
            ["where", where], ["span", (a) => a.name + (a.wait ? " (wait)" : "")]], r.stages.slice(0, 12)),
     Array.isArray(r.slack) && r.slack.length ? table([["where", where], ["busy (s)", (x) => fmt(x.busy_s)],
       ["waiting (s)", (x) => fmt(x.waiting_s)], ["idle (s)", (x) => fmt(x.idle_s)], ["on the path (s)", (x) => fmt(x.on_path_s)]], r.slack) : null);
+}
+
+// The step's longest spans, by start: wall time beside CPU time (the span's thread's). CPU near
+// the wall time: the span computed; far below it: it waited (I/O, a lock, another process) or
+// its thread was preempted (a busy host).
+function stepSpans(sp) {
+  if (!sp || !sp.available) return el("p", { class: "muted", text: "not available: " + ((sp && sp.why) || "no timeline") });
+  if (!sp.spans.length) return el("p", { class: "muted", text: "no span at this step" });
+  const share = (x) => (x.cpu_ms === null || !(x.wall_ms > 0) ? "–" : Math.round(100 * x.cpu_ms / x.wall_ms) + " %");
+  const rows = sp.spans.map((x) => el("tr", { class: x.finished ? "" : "open" },
+    el("td", { text: x.mesh + "/r" + x.rank, title: x.task || "" }), el("td", { text: x.name + (x.finished ? "" : " (open)") }),
+    el("td", { class: "num", text: fmt(Number(x.start_ms.toFixed(3))) }), el("td", { class: "num", text: fmt(Number(x.wall_ms.toFixed(3))) }),
+    el("td", { class: "num", text: x.cpu_ms === null ? "–" : fmt(Number(x.cpu_ms.toFixed(3))) }), el("td", { class: "num", text: share(x) })));
+  return el("div", {}, el("p", { class: "muted", text: "CPU near the wall time: computing; far below it: waiting or preempted"
+      + (sp.left_out ? " · the " + sp.spans.length + " longest of " + (sp.spans.length + sp.left_out) : "") }),
+    el("div", { class: "tablewrap" }, el("table", { id: "drill-spans", class: "fit" },
+      el("tr", {}, ["where", "span", "start (ms)", "wall (ms)", "CPU (ms)", "CPU / wall"].map((h) => el("th", { text: h }))), rows)));
 }
 
 // ------------------------------------------------------------------ controls
