@@ -421,7 +421,7 @@ def test_a_live_alert_cites_the_stored_critical_path_without_indexing(tmp_path):
     walk of the files gives; a step not indexed yet is not cited; a run without an index is walked."""
     from forge_obs.alerts.backend import AlertsBackend
     from forge_obs.analysis.critical_path import explain
-    from forge_obs.analysis.doctor.rules import Event
+    from forge_obs.analysis.doctor.rule_base import Event
 
     src = grpo_run(tmp_path / "src", 60, slow_replica=(1, 0.8), slow_from=30)
     be = AlertsBackend({})
