@@ -34,6 +34,7 @@ from forge_obs.backends.base import LoggerBackend
 from forge_obs.backends.late import LATE, LateValues
 from forge_obs.backends.record import StepRecord
 from forge_obs.core.run import path_in_run
+from forge_obs.core.safe import printing
 from forge_obs.core.selfobs import SELF_OBS
 from forge_obs.core.types import LoggingMode
 from forge_obs.recording.collector import record_metric
@@ -127,7 +128,7 @@ class AlertsBackend(LoggerBackend):
         if "wandb" in s.sinks:
             slow.append(("wandb", self._to_wandb))
         if "callback" in s.sinks:
-            slow += [(f"callback {getattr(cb, '__name__', cb)!s}", cb) for cb in s.callbacks]
+            slow += [(f"callback {getattr(cb, '__name__', cb)!s}", printing(cb)) for cb in s.callbacks]
         if "webhook" in s.sinks:
             slow += [(f"webhook {url}", self._poster(url)) for url in s.webhooks]
         if slow:

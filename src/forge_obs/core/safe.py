@@ -19,9 +19,18 @@ a call to ``str()``, so it costs one type check on the common path.
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from typing import Any, Callable
 
-__all__ = ["safe_str", "safe_repr", "is_number", "printable", "write_line"]
+__all__ = ["safe_str", "safe_repr", "is_number", "printable", "write_line", "printing", "OUTPUT_WAIT_S"]
+
+#: held while forge_obs writes a line (:func:`write_line`) and while a user's callback that may
+#: print runs (:func:`printing`): the callback's ``print`` (its text and its line end are two
+#: writes) and forge_obs's lines never interleave
+_OUTPUT = threading.RLock()
+#: how long a line waits for a callback still printing; then it is written anyway (a callback
+#: that blocks delays forge_obs's output by this much, never stops it)
+OUTPUT_WAIT_S = 1.0
 
 
 def _type_text(x: Any) -> str:
@@ -64,9 +73,26 @@ def printable(s: str) -> str:
 
 
 def write_line(out: Any, text: str, flush: bool = False) -> None:
-    """``text`` and its line end in one ``write`` to ``out``: what other threads print (an
-    alert callback, the user's code) comes before or after the line, never inside it (``print``
-    writes its arguments, separators and line end one by one)."""
-    out.write(text + "\n")
-    if flush:
-        out.flush()
+    """``text`` and its line end in one ``write`` to ``out``: what other threads print comes
+    before or after the line, never inside it; what a callback run by :func:`printing` prints
+    (``print`` writes its arguments, separators and line end one by one) comes whole before or
+    after it."""
+    held = _OUTPUT.acquire(timeout=OUTPUT_WAIT_S)
+    try:
+        out.write(text + "\n")
+        if flush:
+            out.flush()
+    finally:
+        if held:
+            _OUTPUT.release()
+
+
+def printing(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``fn`` (a user's callback) run so that whatever it prints lands between forge_obs's lines
+    (:func:`write_line`), never inside them."""
+
+    def run(arg: Any) -> Any:
+        with _OUTPUT:
+            return fn(arg)
+
+    return run
