@@ -33,9 +33,11 @@ that is not lagging, gone or finished. It is handed on, in step order, once noth
   process ended) is named missing at once, in every later step.
 
 A rank that flushes a later step without an earlier one *skipped* it: its values are in the
-later step, and it is neither awaited nor missing in the skipped one. Cuts of a step already
-handed on are *late*: a helper sends them up as a later piece of their step; the root puts
-them into the next step it emits (counted, never dropped, never twice).
+later step, and it is neither awaited nor missing in the skipped one, whatever the order its
+cuts and the others' are read in (the step begun before or after its later cut, its connection
+closed since or not). Cuts of a step already handed on are *late*: a helper sends them up as a
+later piece of their step; the root puts them into the next step it emits (counted, never
+dropped, never twice).
 """
 
 from __future__ import annotations
@@ -283,8 +285,8 @@ class Tree:
         due = {k for k, s in self.sources.items() if self._owes(s, step)}
         st = self.pending[step] = Step(step=step, t0=flushed_at, due=due)
         heapq.heappush(self._order, step)
-        for k, s in self.sources.items():
-            if s is not src and k not in due and s.last_step is not None and s.last_step > step and not s.gone:
+        for s in self.sources.values():  # delivered a later step first: skipped this one (as in _skips),
+            if s is not src and s.last_step is not None and s.last_step > step:  # gone since or not
                 self._skip_src(st, s)
         return st
 
