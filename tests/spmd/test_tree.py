@@ -153,3 +153,45 @@ def test_drain_hands_on_every_pending_step_and_a_last_one_for_late_states():
     t.cut(1, step=0, flushed_at=100.0, data=b"later still")
     (extra,) = t.drain()
     assert extra.step == 2 and extra.late_ranks == 1
+
+
+def test_a_rank_that_held_back_and_finished_is_skipped_not_missing_in_steps_begun_after_it_left():
+    """Rank 1's final cut (step 3, its steps 1-2 held back into it) and its connection's close are
+    read before rank 0's cuts of steps 1-2: rank 1 skipped them (its values are in step 3), as it
+    does when they were begun first. Who is missing never depends on the order the cuts are read in."""
+    for close_first in (True, False):
+        t = Tree(local_ranks=[0, 1], children={}, timeout_s=60.0, root=True)
+        for r in (0, 1):
+            t.cut(r, step=0, flushed_at=100.0, data=b"x")
+        t.ready(now=100.0, horizon=100.0)
+        if not close_first:
+            t.cut(0, step=1, flushed_at=101.0, data=b"x")
+        t.cut(1, step=3, flushed_at=101.0, data=b"x", held_back=2, final=True, report={"held_back_flushes": 2})
+        t.rank_gone(1)  # it finished: its connection closes
+        got = []
+        for s in (1, 2):
+            if close_first or s == 2:
+                t.cut(0, step=s, flushed_at=101.0 + s, data=b"x")
+            got += t.ready(now=102.0, horizon=102.0)
+        t.cut(0, step=3, flushed_at=104.0, data=b"x", final=True)
+        got += t.ready(now=104.0, horizon=104.0)
+        assert [(s.step, s.n_ranks, s.missing, s.skipped) for s in got] == \
+            [(1, 1, set(), {1}), (2, 1, set(), {1}), (3, 2, set(), set())], close_first
+        assert t.done() and t.gone == set() and t.lagging == set()
+
+
+def test_a_child_whose_ranks_finished_is_not_missing_in_steps_begun_after_it_left():
+    """The same order across helpers: the child's last piece (its rank finished at step 3, having
+    skipped steps 1-2) and the child's close are read before the root's own rank begins steps 1-2."""
+    t = Tree(local_ranks=[0], children={1: [1]}, timeout_s=60.0, root=True)
+    t.cut(0, step=0, flushed_at=100.0, data=b"x")
+    t.piece(1, piece(0))
+    t.ready(now=100.0, horizon=100.0)
+    t.piece(1, piece(3, t0=101.0, finished=[1]))
+    t.child_gone(1)
+    t.cut(0, step=1, flushed_at=102.0, data=b"x")
+    t.cut(0, step=2, flushed_at=103.0, data=b"x")
+    t.cut(0, step=3, flushed_at=104.0, data=b"x", final=True)
+    got = t.ready(now=104.0, horizon=104.0)
+    assert [(s.step, s.missing, s.late) for s in got] == [(1, set(), set()), (2, set(), set()), (3, set(), set())]
+    assert t.gone == set() and t.done()
