@@ -183,20 +183,10 @@ class MeanColumn(Column):
         return _pick(took.a, ids), _pick(took.n, ids)
 
 
-class SumColumn(Column):
-    """SUM: ``a`` the sum."""
+class SumColumn(MeanColumn):
+    """SUM: ``a`` the sum (added as MEAN adds; only the sum travels)."""
 
     __slots__ = ()
-
-    def add(self, i: int, v: Any) -> None:
-        n = self.n
-        if n[i]:
-            self.a[i] += v
-            n[i] += 1
-        else:
-            self.a[i] = 0.0 + v
-            n[i] = 1
-            self.touched.append(i)
 
     def data_of(self, took: ColumnTake, ids: list) -> list:
         return _pick(took.a, ids)

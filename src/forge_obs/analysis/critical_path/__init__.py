@@ -31,7 +31,7 @@ from typing import Any, Iterable
 
 from forge_obs.analysis.critical_path.graph import Graph, load
 from forge_obs.analysis.critical_path.summary import (Busy, answer, compare, fast_half, median_duration, medians,
-                                                      step_result)
+                                                      slowest_in, step_result)
 from forge_obs.analysis.critical_path.walk import PathConfig, Walker
 
 __all__ = ["PathConfig", "critical_path", "why", "analyse", "explain", "format_text"]
@@ -123,15 +123,7 @@ def explain(run_dir: "str | Path", first_step: int, last_step: int, history: int
     walker = Walker(g, _config(settings))
     busy = Busy(g, walker)
     wins = [w for w in g.windows if first_step - history <= w.step <= last_step and not w.unfinished]
-    results = [step_result(g, walker, busy, w) for w in wins]
-    inside = [r for r in results if first_step <= r["step"] <= last_step]
-    if not inside:
-        return None
-    before = [r for r in results if r["step"] < first_step] or results
-    r = max(inside, key=lambda r: r["duration_s"])
-    fast = fast_half(before)
-    answer(r, medians(fast), median_duration(fast))
-    return r
+    return slowest_in([step_result(g, walker, busy, w) for w in wins], first_step, last_step)
 
 
 def format_text(result: dict, path_rows: int = 12) -> str:

@@ -16,7 +16,7 @@ from forge_obs.analysis.critical_path.walk import Segment, Walker
 from forge_obs.analysis.doctor.subjects import replica_family
 
 __all__ = ["step_result", "stage_label", "answer", "compare", "compare_to", "medians", "fast_half", "median_duration",
-           "cause", "idle_mesh", "total_by", "unexplained", "Busy", "MEDIAN_FLOOR_SHARE", "LITTLE_EXPLAINED"]
+           "slowest_in", "cause", "idle_mesh", "total_by", "unexplained", "Busy", "MEDIAN_FLOOR_SHARE", "LITTLE_EXPLAINED"]
 
 
 def _who(st: Any, cache: "dict | None" = None) -> dict:
@@ -334,3 +334,17 @@ def fast_half(results: list) -> list:
         return []
     cut = sorted(r["duration_s"] for r in done)[(len(done) - 1) // 2]
     return [r for r in done if r["duration_s"] <= cut]
+
+
+def slowest_in(results: list, first_step: int, last_step: int) -> "dict | None":
+    """The slowest of step results ``results`` in ``[first_step, last_step]`` with its answer,
+    judged against the fast half of those before it (of all of them when none is before); None
+    when none is inside. What a live alert cites."""
+    inside = [r for r in results if first_step <= r["step"] <= last_step]
+    if not inside:
+        return None
+    before = [r for r in results if r["step"] < first_step] or results
+    r = max(inside, key=lambda r: r["duration_s"])
+    fast = fast_half(before)
+    answer(r, medians(fast), median_duration(fast))
+    return r

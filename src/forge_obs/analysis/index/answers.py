@@ -11,8 +11,7 @@ import json
 import os
 from typing import Any
 
-from forge_obs.analysis.critical_path.summary import (answer, compare_to, fast_half, median_duration, medians, step_result,
-                                                      total_by)
+from forge_obs.analysis.critical_path.summary import answer, compare_to, slowest_in, step_result, total_by
 from forge_obs.analysis.doctor.subjects import replica_family
 
 __all__ = ["why", "results", "all_results", "reference", "explain"]
@@ -158,11 +157,4 @@ def explain(idx: Any, first_step: int, last_step: int, history: int = 32) -> "di
     got = results(con, want)
     for r in got:
         r.pop("stored_cause"), r.pop("stored_idle")
-    inside = [r for r in got if first_step <= r["step"] <= last_step]
-    if not inside:
-        return None
-    before = [r for r in got if r["step"] < first_step] or got
-    r = max(inside, key=lambda r: r["duration_s"])
-    fast = fast_half(before)
-    answer(r, medians(fast), median_duration(fast))
-    return r
+    return slowest_in(got, first_step, last_step)
