@@ -2,7 +2,7 @@
 metrics in every backend. Its values are those ``forge-obs why`` answers for the step; each step
 ``M`` reaches the backends once: with a later step (JSONL, console when asked, W&B, TensorBoard),
 or, for the last steps (their spans were written after the last flush), after the last step in
-W&B and TensorBoard. The key set is bounded whatever the number of stages and meshes."""
+W&B, TensorBoard and JSONL (``late`` rows under the step they describe). The key set is bounded whatever the number of stages and meshes."""
 
 from __future__ import annotations
 
@@ -116,6 +116,57 @@ def test_every_step_reaches_the_backends_once_with_why_s_values(dash_run):
     assert {"name": "", "glob_name": "critical_path/*", "step_metric": "critical_path/step"} in wb.metric_defs
     (slow,) = [h for h in rows if h["critical_path/step"] == 7]
     assert slow["critical_path/path_s/controller/train"] >= 0.4  # the planted slow step (its train sleeps 0.4 s)
+
+
+def test_metrics_jsonl_has_every_step_s_path_once(dash_run):
+    """Every step's critical path is in metrics.jsonl exactly once: with a later step (a global
+    row), or, for the last steps, in a ``late`` row under the step it describes, written at
+    shutdown. The readers tell the late rows apart: none counts a step twice."""
+    import subprocess
+    import sys
+
+    from forge_obs.analysis.doctor.replay import step_views
+    from forge_obs.analysis.index import open_index
+    from forge_obs.analysis.serve.state import RunState
+    from forge_obs.analysis.store import read_metrics
+
+    run_dir, _out = dash_run
+    answers = {r["step"]: r for r in why(run_dir, slowest=STEPS)["steps"]}
+    carried = {m: vals for m, (_s, vals) in _jsonl_paths(run_dir).items()}
+    late: dict = {}
+    for r in read_metrics(run_dir, mode="late"):
+        vals = r["metrics"]
+        if "critical_path/step" in vals:
+            m = vals["critical_path/step"]
+            assert r["step"] == m and m not in late and m not in carried, r  # under its step, once
+            late[m] = vals
+    assert late and sorted([*carried, *late]) == list(range(STEPS))
+    for m, vals in {**carried, **late}.items():
+        assert vals["critical_path/duration_s"] == pytest.approx(answers[m]["duration_s"], abs=1e-9)
+        assert vals["critical_path/explained_frac"] == pytest.approx(answers[m]["explained"], abs=1e-9)
+    # the readers: one global row per step; the late rows only where asked for
+    assert [r["step"] for r in read_metrics(run_dir)] == list(range(STEPS))
+    show = [subprocess.run([sys.executable, "-m", "forge_obs.cli", "show", str(run_dir), *mode], capture_output=True,
+                           text=True, timeout=120, cwd=ROOT) for mode in ([], ["--mode", "late"])]
+    assert [json.loads(x)["step"] for x in show[0].stdout.splitlines()] == list(range(STEPS)), show[0].stderr
+    assert {json.loads(x)["step"] for x in show[1].stdout.splitlines()} >= set(late), show[1].stderr
+    idx = open_index(run_dir)
+    assert [s for s, _v, _w in idx.metric_series("loss")] == list(range(STEPS))
+    assert sorted(s for s, _v, _w in idx.metric_series("critical_path/step")) == sorted(s for s, _ in
+                                                                                         _jsonl_paths(run_dir).values())
+    got = idx.connect().execute("SELECT count(*), count(DISTINCT step) FROM metrics WHERE mode = 'late' AND "
+                                "key = 'critical_path/duration_s'").fetchone()
+    assert got == (len(late), len(late))
+    assert [v.step for v in step_views(iter(read_metrics(run_dir, None)), _Ids(), {"per_rank": 0})] == list(range(STEPS))
+    st = RunState(run_dir)
+    st.update()
+    assert st.facts()["steps"] == STEPS and st.last_step == STEPS - 1
+    assert "late" not in {r["mode"] for r in st.step_rows(min(late))}  # the drill-down: what its step logged
+
+
+class _Ids:
+    def learn(self, _src: dict) -> None:
+        pass
 
 
 def test_slow_steps_table_names_the_culprit_and_its_commands(dash_run):

@@ -31,8 +31,10 @@ GIL. This backend, on its own thread, records one step's values (``record_metric
 controller) and records the next only once a step that carried them reached it: each ``M``
 travels with exactly one step ``N > M`` to every backend (JSONL, console when its ``include``
 names ``critical_path/``, W&B, TensorBoard, yours). What is still to log at shutdown (the last
-steps: their spans were written after the last flush) is handed to W&B and TensorBoard
-(:mod:`forge_obs.backends.late`), which write it after the last step.
+steps: their spans were written after the last flush) is handed to W&B, TensorBoard and JSONL
+(:mod:`forge_obs.backends.late`), which write it after the last step (JSONL: rows of mode
+``late`` under the step they describe); so every step's values reach every backend that writes
+at shutdown once.
 """
 
 from __future__ import annotations
@@ -265,7 +267,7 @@ class CriticalPathBackend(LoggerBackend):
 
     def finish(self) -> None:
         """The child writes the steps left (after the writers' last pass); every step not logged
-        yet is handed to the backends that write after the last step (W&B, TensorBoard)."""
+        yet is handed to the backends that write after the last step (W&B, TensorBoard, JSONL)."""
         p, self.proc = self.proc, None
         if p is None:
             return

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+from forge_obs.core.procs import parent_alive
 
 __all__ = ["step_line", "results", "follow", "main", "TOP_STAGES", "MAX_WAIT_S"]
 
@@ -129,7 +130,7 @@ def follow(run_dir: Path, write: Callable[[dict], None], interval_s: float = 1.0
         write(line)
 
     while True:
-        final = stop.is_set() or (parent is not None and not _alive(parent))
+        final = stop.is_set() or (parent is not None and not parent_alive(parent))
         if final:
             time.sleep(final_wait_s)
         cost = time.process_time()
@@ -145,15 +146,6 @@ def follow(run_dir: Path, write: Callable[[dict], None], interval_s: float = 1.0
         wait = max(interval_s, cost / cpu_share - cost) if cpu_share > 0 and passes > 1 else interval_s
         stop.wait(min(wait, MAX_WAIT_S))
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return os.getppid() == pid
 
 
 def main(argv: "list[str] | None" = None) -> int:

@@ -42,7 +42,7 @@ def command(name: str, help: str, add_arguments: Callable[[argparse.ArgumentPars
     return deco
 
 
-SHOW_MODES = ("global_reduce", "per_rank_reduce", "per_rank_no_reduce", "all")
+SHOW_MODES = ("global_reduce", "per_rank_reduce", "per_rank_no_reduce", "late", "all")
 
 
 def _show_args(p: argparse.ArgumentParser) -> None:

@@ -6,6 +6,12 @@ most every ``fsync_interval_s`` (so a crash of the machine loses at most that mu
     {"run_id": "r1", "step": 0, "mode": "global_reduce", "wall_time": 1.7e9, "metrics": {"loss": 0.5}}
     {"run_id": "r1", "step": 0, "mode": "per_rank_reduce", "source": {"label": "trainer/r0", ...}, "metrics": {...}}
     {"run_id": "r1", "step": 0, "mode": "per_rank_no_reduce", "source": {...}, "values": [["loss", 0.5, 1.7e9]]}
+    {"run_id": "r1", "step": 0, "mode": "late", "wall_time": 1.7e9, "metrics": {"critical_path/step": 0, ...}}
+
+A ``late`` row, written at ``finish``, holds values worked out after its step was logged
+(:mod:`forge_obs.backends.late`: the last steps' critical path, under the step each describes, with
+the rows of their tables; the final doctor's findings, under the last step logged): not a second
+value of that step (the readers of the steps' rows leave it out). Written with ``global_reduce``.
 
 Config (:class:`JsonlOptions`; an unknown key raises at ``init_backends``): ``logging_mode``
 (default: ``global_reduce`` and ``per_rank_reduce``), ``fsync`` (default True), ``fsync_interval_s``
@@ -40,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from forge_obs.backends.base import LoggerBackend, StreamBatch, awaitable
+from forge_obs.backends.late import LATE, WAIT_S
 from forge_obs.backends.record import StepRecord
 from forge_obs.core.options import parse_options
 from forge_obs.core.plain import plain
@@ -49,7 +56,7 @@ from forge_obs.core.safe import is_number, safe_repr, safe_str
 from forge_obs.core.types import LoggingMode
 from forge_obs.core.warn import WARNER
 
-__all__ = ["DEFAULT_FSYNC_INTERVAL_S", "DEFAULT_RETRY_BUFFER_MB", "JsonlBackend", "JsonlOptions"]
+__all__ = ["DEFAULT_FSYNC_INTERVAL_S", "DEFAULT_RETRY_BUFFER_MB", "LATE_MODE", "JsonlBackend", "JsonlOptions"]
 
 logger = logging.getLogger("forge_obs")
 
@@ -99,6 +106,8 @@ def _writable(key: str, v: Any) -> Any:
     return redact_text(text)
 
 
+#: the ``mode`` of a row of values known after its step was logged (:mod:`forge_obs.backends.late`)
+LATE_MODE = "late"
 #: ``retry_buffer_mb`` default: MiB of rows held in memory while the disk refuses them
 DEFAULT_RETRY_BUFFER_MB = 256.0
 #: ``fsync_interval_s`` default: the rows on disk are fsync'ed at most this often (and at ``finish``)
@@ -142,6 +151,7 @@ class JsonlBackend(LoggerBackend):
         self._delayed: set[int] = set()  # steps whose rows waited in memory for the disk
         self._unwritten: set[int] = set()  # steps whose rows are not in the file
         self._fd: int | None = None
+        self._last_step: int | None = None  # the last step logged
 
     @awaitable
     def init(self, run=None, **kwargs: Any) -> None:
@@ -156,6 +166,7 @@ class JsonlBackend(LoggerBackend):
             self._drain()
 
     def log_step(self, record: StepRecord) -> None:
+        self._last_step = record.step
         base = {"run_id": record.run_id, "step": record.step}
         lines = []
         show_obs = self.options.show_obs
@@ -254,14 +265,47 @@ class JsonlBackend(LoggerBackend):
         return {"unwritten_steps": sorted(self._unwritten), "delayed_steps": len(self._delayed),
                 "write_errors": self.write_errors}
 
+    def _late_rows(self) -> list[dict]:
+        """What other backends worked out after the last step (:mod:`forge_obs.backends.late`), as
+        ``late`` rows: one per step described (a producer's ``rows`` of that step, and the table
+        rows whose ``step`` names it), then one under the last step logged with the rest of the
+        tables and the run's summary (the final findings)."""
+        run_id = self.run.run_id if self.run is not None else ""
+        if LoggingMode.GLOBAL_REDUCE not in self.modes or not LATE.expects(run_id):
+            return []
+        by_step: dict[int, dict] = {}
+        rest: dict[str, Any] = {}
+        for late in LATE.take(run_id, "jsonl", WAIT_S):
+            for m, values in late.rows:
+                by_step.setdefault(int(m), {}).update(values)
+            for key, rows in late.tables.items():
+                for r in rows:
+                    m = r.get("step") if isinstance(r, dict) else None
+                    into = by_step.setdefault(m, {}) if type(m) is int and m >= 0 else rest
+                    into.setdefault(key, []).append(r)
+            rest.update(late.summary)
+        wall = time.time()
+        out = [{"run_id": run_id, "step": m, "mode": LATE_MODE, "wall_time": wall, "metrics": metrics}
+               for m, metrics in sorted(by_step.items())]
+        if rest:
+            last = self._last_step if self._last_step is not None else max(by_step, default=0)
+            out.append({"run_id": run_id, "step": last, "mode": LATE_MODE, "wall_time": wall, "metrics": rest})
+        return out
+
     @awaitable
     def finish(self) -> None:
-        """Write what is held (one last try), then close; the steps whose rows are still not on
-        disk are named in one error log and in :meth:`meta_report`."""
+        """Write the values known after the last step (``late`` rows), then what is held (one
+        last try), then close; the steps whose rows are still not on disk are named in one error
+        log and in :meth:`meta_report`."""
         fd = self._fd
         if fd is None:
             return
         try:
+            try:
+                late = self._late_rows()
+                self._write(late, sorted({r["step"] for r in late}))
+            except Exception as e:  # noqa: BLE001 - the rows logged are closed in anyway
+                logger.error("forge_obs: %s: the values known after the last step were not written: %r", self.path, e)
             self._drain(sync_now=True)
             self._unwritten.update(s for steps, _data in self._held for s in steps)
             self._held.clear()

@@ -1,6 +1,6 @@
 """Values that reach a backend after the step they describe was logged: what one backend works out
 about the run once the others logged it, handed at shutdown to the backends that can still write
-it (W&B, TensorBoard).
+it (W&B, TensorBoard, JSONL: rows of mode ``late``).
 
     >>> from forge_obs.backends.late import LATE, LateValues
     >>> LATE.expect("run-1", "critical_path")                    # at init: a producer will hand values

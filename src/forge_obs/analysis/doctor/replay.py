@@ -22,20 +22,27 @@ from forge_obs.analysis.doctor.subjects import GLOBAL, Identities
 from forge_obs.analysis.doctor.rule_base import Event, StepView
 from forge_obs.analysis.doctor.rules import build_rules
 from forge_obs.analysis.doctor.value_rules import Staleness
+from forge_obs.core.types import LoggingMode
 
 __all__ = ["step_views", "metric_findings"]
+
+#: the modes of the rows a step logged (a row without one is a global row); a ``late`` row (values
+#: known after its step was logged, written at shutdown) is not replayed
+_STEP_MODES = {None, *(m.value for m in LoggingMode)}
 
 
 def step_views(rows: Iterator[dict], ids: Identities, stats: dict) -> Iterator[StepView]:
     """Group consecutive rows of one step into a :class:`StepView` (identities learnt on the way)."""
     view: StepView | None = None
     for row in rows:
+        mode = row.get("mode")
+        if mode not in _STEP_MODES:
+            continue
         step = row.get("step")
         if view is None or step != view.step:
             if view is not None:
                 yield view
             view = StepView(step, 0.0)
-        mode = row.get("mode")
         if mode == "global_reduce" or (mode is None and not row.get("source")):
             view.global_values.update(row.get("metrics") or {})
             view.wall_time = float(row.get("wall_time") or 0.0)

@@ -111,14 +111,16 @@ class RunIndex:
         by step; at most ``max_points``: beyond, each bucket of steps keeps its first point, its
         minimum and its maximum (a spike survives the downsampling)."""
         con = con or self.connect()
-        n = con.execute("SELECT count(*) FROM _metrics WHERE key = ? AND source = ?", [key, source]).fetchone()[0]
+        logged = "mode IS DISTINCT FROM 'late'"  # a late row's values were logged after their step
+        n = con.execute(f"SELECT count(*) FROM _metrics WHERE key = ? AND source = ? AND {logged}",
+                        [key, source]).fetchone()[0]
         if n <= max_points:
-            return con.execute("SELECT step, value, wall_time FROM _metrics WHERE key = ? AND source = ? "
+            return con.execute(f"SELECT step, value, wall_time FROM _metrics WHERE key = ? AND source = ? AND {logged} "
                                "ORDER BY step, off", [key, source]).fetchall()
         buckets = max(max_points // 3, 1)
         return con.execute(
             "WITH m AS (SELECT step, value, wall_time, ntile(?) OVER (ORDER BY step, off) AS b FROM _metrics "
-            "WHERE key = ? AND source = ?) SELECT DISTINCT ON (step) step, value, wall_time FROM ("
+            f"WHERE key = ? AND source = ? AND {logged}) SELECT DISTINCT ON (step) step, value, wall_time FROM ("
             "SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY b ORDER BY step) AS r1, "
             "row_number() OVER (PARTITION BY b ORDER BY value) AS r2, "
             "row_number() OVER (PARTITION BY b ORDER BY value DESC) AS r3 FROM m) WHERE r1 = 1 OR r2 = 1 OR r3 = 1) "

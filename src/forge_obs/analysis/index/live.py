@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from forge_obs.backends.base import LoggerBackend
+from forge_obs.core.procs import parent_alive
 
 __all__ = ["follow", "IndexBackend", "DEFAULT_INTERVAL_S", "start_indexer", "stop_indexer"]
 
@@ -48,7 +49,7 @@ def follow(run_dir: Path, interval_s: float = DEFAULT_INTERVAL_S, parent: "int |
     window = Window()  # the last steps' rows, kept between updates
     n = 0
     while True:
-        last = stop.is_set() or (parent is not None and not _alive(parent))
+        last = stop.is_set() or (parent is not None and not parent_alive(parent))
         cost = time.process_time()
         if (run_dir / "events").is_dir() or (run_dir / "metrics.jsonl").exists():
             try:
@@ -61,15 +62,6 @@ def follow(run_dir: Path, interval_s: float = DEFAULT_INTERVAL_S, parent: "int |
         cost = time.process_time() - cost
         stop.wait(max(interval_s, cost / cpu_share - cost) if cpu_share > 0 else interval_s)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return os.getppid() == pid
 
 
 def start_indexer(run_dir: "str | Path", interval_s: float = DEFAULT_INTERVAL_S) -> subprocess.Popen:

@@ -94,7 +94,7 @@ class Held:
         mode = row.get("mode", "global_reduce")
         step = row["step"]
         metrics = row.get("metrics") or {}
-        if mode == "per_rank_no_reduce":
+        if mode not in ("global_reduce", "per_rank_reduce"):  # raw values; a ``late`` row (after the run)
             return
         wall = float(row["wall_time"]) if _num(row.get("wall_time")) else None
         ent = self.steps.get(step)
