@@ -74,30 +74,9 @@ def test_the_final_doctor_is_handed_to_the_backends_that_write_after_the_last_st
     assert late.summary["doctor/findings_count"] == len(rows) and "straggler: trainer/" in late.summary["doctor/culprits"]
 
 
-def test_the_final_doctor_reaches_metrics_jsonl_as_a_late_row_under_the_last_step(tmp_path, recorded):
-    from forge_obs.analysis.store import read_metrics
-    from forge_obs.backends.jsonl import JsonlBackend
-
-    run_dir = grpo_run(tmp_path / "j", 20, slow_rank=(1, 0.9), slow_from=SLOW_FROM)
-    run = RunContext(run_id="final-3", run_dir=run_dir, config={"jsonl": {}, "alerts": {}})
-    store = JsonlBackend()
-    be = AlertsBackend({"sinks": ["file"]})
-    be.init(run=run)
-    store.init(run=run)
-    for s in range(3):
-        store.log_step(record(s, {"trainer/loss": 0.5}))
-    be.finish()
-    store.finish()
-    (row,) = read_metrics(run_dir, mode="late")
-    assert row["step"] == 2 and row["metrics"]["doctor/findings_count"] == len(row["metrics"][FINAL_FINDINGS_KEY])
-    (st,) = [r for r in row["metrics"][FINAL_FINDINGS_KEY] if r["rule"] == "straggler"]
-    assert (st["state"], st["mesh"], st["rank"], st["stage"]) == ("final", "trainer", 1, "forward_backward")
-    assert [r["step"] for r in read_metrics(run_dir)] == [0, 1, 2]  # the steps' own rows, once
-
-
 def test_no_final_doctor_without_a_backend_that_writes_it(tmp_path, recorded):
     be = AlertsBackend({"sinks": ["file"]})
-    be.init(run=RunContext(run_id="final-2", run_dir=tmp_path, config={"console": {}, "alerts": {}}))
+    be.init(run=RunContext(run_id="final-2", run_dir=tmp_path, config={"jsonl": {}, "console": {}, "alerts": {}}))
     be.finish()
     assert not LATE.expects("final-2")
     with pytest.raises(ValueError, match="final_doctor must be true or false"):

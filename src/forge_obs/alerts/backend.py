@@ -50,7 +50,7 @@ _SYMPTOM_RULES = ("throughput_drop", "slowdown")
 #: alerts about time that cite the critical path of their slowest step (when the run has a timeline)
 _PATH_RULES = ("slowdown", "straggler", "sync_bottleneck", "throughput_drop")
 #: the backends that write the final doctor's findings (after the last step)
-_FINAL_READERS = ("wandb", "tensorboard", "jsonl")
+_FINAL_READERS = ("wandb", "tensorboard")
 #: seconds the final doctor waits for the processes' timeline writers' last pass
 _WRITER_PASS_S = 1.0
 
@@ -154,7 +154,7 @@ class AlertsBackend(LoggerBackend):
 
     def _final_findings(self) -> LateValues:
         """``forge-obs doctor`` on the run as it ends (after the timeline writers' last pass): its
-        findings as rows, for the run's summary in W&B, as text in TensorBoard, a ``late`` row in JSONL."""
+        findings as rows, for the run's summary in W&B and as text in TensorBoard."""
         time.sleep(_WRITER_PASS_S)
         try:
             from forge_obs.analysis.doctor import diagnose_run
