@@ -197,15 +197,21 @@ def test_a_child_whose_ranks_finished_is_not_missing_in_steps_begun_after_it_lef
     assert t.gone == set() and t.done()
 
 
+def two_levels():
+    """A root with rank 0 and a child helper with ranks 1-2, step 0 handed on whole."""
+    t = Tree(local_ranks=[0], children={1: [1, 2]}, timeout_s=60.0, root=True)
+    t.cut(0, step=0, flushed_at=100.0, data=b"x")
+    t.piece(1, piece(0, n=2))
+    t.ready(now=100.0, horizon=100.0)
+    return t
+
+
 def test_a_child_that_skipped_a_step_names_its_ranks_skipped_in_either_order():
     """The child's ranks 1-2 held step 1 back into step 2 (its main piece of step 2 comes first,
     before or after the root's own rank begins step 1): step 1 is short by exactly them, skipped,
     not missing; step 2 carries them."""
     for root_first in (True, False):
-        t = Tree(local_ranks=[0], children={1: [1, 2]}, timeout_s=60.0, root=True)
-        t.cut(0, step=0, flushed_at=100.0, data=b"x")
-        t.piece(1, piece(0, n=2))
-        t.ready(now=100.0, horizon=100.0)
+        t = two_levels()
         if root_first:
             t.cut(0, step=1, flushed_at=101.0, data=b"x")
         t.piece(1, piece(2, t0=101.0, n=2))
@@ -222,10 +228,7 @@ def test_a_rank_absent_from_the_piece_after_a_skipped_step_is_awaited_and_counte
     after step 1: rank 1 skipped step 1; rank 2 may still deliver it. It does, as a later piece:
     reported in step 1, never also skipped. Then rank 2 skips step 2 (its later piece is of step
     3): skipped there, not missing."""
-    t = Tree(local_ranks=[0], children={1: [1, 2]}, timeout_s=60.0, root=True)
-    t.cut(0, step=0, flushed_at=100.0, data=b"x")
-    t.piece(1, piece(0, n=2))
-    t.ready(now=100.0, horizon=100.0)
+    t = two_levels()
     t.cut(0, step=1, flushed_at=101.0, data=b"x")
     t.piece(1, piece(2, t0=101.0, n=1, absent=[2]))
     assert t.ready(now=102.0, horizon=102.0) == []  # rank 2's step 1 may still come
@@ -244,10 +247,7 @@ def test_a_rank_absent_from_the_piece_after_a_skipped_step_is_awaited_and_counte
 def test_a_rank_absent_from_a_piece_that_then_flushes_a_later_step_skipped_it():
     """The child handed step 1 on without rank 2 (not there in time); rank 2's next cut is of
     step 2 (its step 1 held back into it): skipped in step 1, not missing."""
-    t = Tree(local_ranks=[0], children={1: [1, 2]}, timeout_s=60.0, root=True)
-    t.cut(0, step=0, flushed_at=100.0, data=b"x")
-    t.piece(1, piece(0, n=2))
-    t.ready(now=100.0, horizon=100.0)
+    t = two_levels()
     t.cut(0, step=1, flushed_at=101.0, data=b"x")
     t.piece(1, piece(1, t0=101.0, n=1, absent=[2]))
     t.piece(1, piece(2, t0=102.0, n=2))
