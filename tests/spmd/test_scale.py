@@ -209,20 +209,25 @@ def _rows_if_any(run_dir: Path) -> list[dict]:
     return [r for r in map(json.loads, (ln for ln in lines if ln.endswith("}"))) if r.get("mode") == "global_reduce"]
 
 
-def test_a_full_queue_holds_values_back_counted_never_lost(tmp_path):
-    """2 ranks, queues bounded at 40 values, a loop with no sleep: the shippers cannot keep up, so
-    flushes hold their values back into the next flush that finds room. Nothing is lost and
-    nothing is missing: the ranks that held back are named skipped in the steps they skipped (a
-    step both skipped is no step), and the step that got the values counts the flushes held back
+@pytest.mark.parametrize("nodes, free", [("one_node", ""), ("three_nodes_chained", "0")])
+def test_a_full_queue_holds_values_back_counted_never_lost(tmp_path, nodes, free):
+    """3 ranks, queues bounded at 40 values, a loop with no sleep: the shippers cannot keep up, so
+    flushes hold their values back into the next flush that finds room. On three nodes (one rank
+    per helper, in a chain) rank 0's queue is not bounded: it delivers every step while the
+    helpers below skip most of them as a whole. Nothing is lost and nothing is missing: the ranks
+    that held back are named skipped in the steps they skipped (a step every rank skipped is no
+    step), and the step that got the values counts the flushes held back
     (obs/held_back_flushes), as meta.json does per rank."""
-    world, steps = 2, 3000
+    world, steps = 3, 3000
+    node_of, fanin = NODES[nodes]
     run_dir = tmp_path / "runs" / "bound"
-    res = _finish(_start_ranks("spmd_bound.py", world, run_dir, [str(steps)]), 240)
+    res = _finish(_start_ranks("spmd_bound.py", world, run_dir, [str(steps), free], lambda r: node_of(r, world),
+                               FORGE_OBS_SPMD_FANIN=fanin), 240)
     assert all(r.returncode == 0 for r in res), [r.stderr[-2000:] for r in res]
     got = _rows(run_dir)
     logged = [r["step"] for r in got]
     assert logged == sorted(set(logged)) and logged[-1] == steps  # in order, once; a step every rank skipped is not one
-    assert sum(r["metrics"]["tokens"] for r in got) == 300 * steps  # every value, once
+    assert sum(r["metrics"]["tokens"] for r in got) == 600 * steps  # every value, once: 100 + 200 + 300 per step
     assert not any(r.get("missing") for r in got)
     held = sum(r["metrics"].get("obs/held_back_flushes", 0) for r in got)
     skipped = sum(r["metrics"].get("obs/skipped_ranks", 0) for r in got)
@@ -230,7 +235,9 @@ def test_a_full_queue_holds_values_back_counted_never_lost(tmp_path):
                  (line for r in res for line in r.stdout.splitlines() if "SHUTDOWN {" in line))}
     by_rank = {f"trainer/r{r}": summaries[r]["held_back_flushes"] for r in range(world) if summaries[r]["held_back_flushes"]}
     assert held >= 1 and held == sum(by_rank.values())
-    assert skipped + world * (steps - len(got) + 1) == held  # a step both ranks skipped counts both
+    assert skipped + world * (steps - len(got) + 1) == held  # a step every rank skipped counts each
+    if free:  # rank 0 delivered every step: the others skipped and were named so
+        assert len(got) == steps + 1 and skipped == held >= 1, (len(got), skipped, held)
     for r in got:  # a step is short by exactly the ranks that skipped it, and carries what they held back
         m = r["metrics"]
         assert m["obs/ranks_reported"] + m.get("obs/skipped_ranks", 0) == world, r

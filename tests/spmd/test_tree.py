@@ -195,3 +195,80 @@ def test_a_child_whose_ranks_finished_is_not_missing_in_steps_begun_after_it_lef
     got = t.ready(now=104.0, horizon=104.0)
     assert [(s.step, s.missing, s.late) for s in got] == [(1, set(), set()), (2, set(), set()), (3, set(), set())]
     assert t.gone == set() and t.done()
+
+
+def two_levels():
+    """A root with rank 0 and a child helper with ranks 1-2, step 0 handed on whole."""
+    t = Tree(local_ranks=[0], children={1: [1, 2]}, timeout_s=60.0, root=True)
+    t.cut(0, step=0, flushed_at=100.0, data=b"x")
+    t.piece(1, piece(0, n=2))
+    t.ready(now=100.0, horizon=100.0)
+    return t
+
+
+def test_a_child_that_skipped_a_step_names_its_ranks_skipped_in_either_order():
+    """The child's ranks 1-2 held step 1 back into step 2 (its main piece of step 2 comes first,
+    before or after the root's own rank begins step 1): step 1 is short by exactly them, skipped,
+    not missing; step 2 carries them."""
+    for root_first in (True, False):
+        t = two_levels()
+        if root_first:
+            t.cut(0, step=1, flushed_at=101.0, data=b"x")
+        t.piece(1, piece(2, t0=101.0, n=2))
+        if not root_first:
+            t.cut(0, step=1, flushed_at=101.0, data=b"x")
+        t.cut(0, step=2, flushed_at=102.0, data=b"x")
+        got = t.ready(now=102.0, horizon=102.0)
+        assert [(s.step, s.n_ranks, s.missing, s.skipped) for s in got] == \
+            [(1, 1, set(), {1, 2}), (2, 3, set(), set())], root_first
+
+
+def test_a_rank_absent_from_the_piece_after_a_skipped_step_is_awaited_and_counted_once():
+    """The child's main piece of step 2 (rank 1 in it, rank 2 not there in time) is its first
+    after step 1: rank 1 skipped step 1; rank 2 may still deliver it. It does, as a later piece:
+    reported in step 1, never also skipped. Then rank 2 skips step 2 (its later piece is of step
+    3): skipped there, not missing."""
+    t = two_levels()
+    t.cut(0, step=1, flushed_at=101.0, data=b"x")
+    t.piece(1, piece(2, t0=101.0, n=1, absent=[2]))
+    assert t.ready(now=102.0, horizon=102.0) == []  # rank 2's step 1 may still come
+    t.piece(1, piece(1, t0=101.0, main=False, ranks=[2], data=b"r2"))
+    t.cut(0, step=2, flushed_at=102.0, data=b"x")
+    (s1,) = t.ready(now=102.0, horizon=102.0)
+    assert (s1.n_ranks, s1.missing, s1.skipped, s1.pieces) == (2, set(), {1}, [b"r2"])
+    t.piece(1, piece(3, t0=103.0, main=False, ranks=[2], data=b"r2"))  # rank 2 skipped step 2
+    t.cut(0, step=3, flushed_at=103.0, data=b"x")
+    t.piece(1, piece(3, t0=103.0, n=1, absent=[2]))
+    (s2,) = t.ready(now=103.0, horizon=103.0)
+    assert (s2.n_ranks, s2.missing, s2.skipped) == (2, set(), {2})
+    assert t.lagging == set() and t.counts["late_states"] == 0
+
+
+def test_a_rank_absent_from_a_piece_that_then_flushes_a_later_step_skipped_it():
+    """The child handed step 1 on without rank 2 (not there in time); rank 2's next cut is of
+    step 2 (its step 1 held back into it): skipped in step 1, not missing."""
+    t = two_levels()
+    t.cut(0, step=1, flushed_at=101.0, data=b"x")
+    t.piece(1, piece(1, t0=101.0, n=1, absent=[2]))
+    t.piece(1, piece(2, t0=102.0, n=2))
+    t.cut(0, step=2, flushed_at=102.0, data=b"x")
+    got = t.ready(now=102.0, horizon=102.0)
+    assert [(s.step, s.n_ranks, s.missing, s.skipped) for s in got] == [(1, 2, set(), {2}), (2, 3, set(), set())]
+
+
+def test_a_middle_helper_names_the_ranks_of_a_child_that_skipped_a_step():
+    """Three levels: helper 1 (rank 4; child helper 2 with rank 5) hands step 1 up; helper 2's
+    rank skipped it: helper 1's piece names rank 5 skipped, and the root counts it."""
+    mid = Tree(local_ranks=[4], children={2: [5]}, timeout_s=60.0, root=False)
+    mid.cut(4, step=0, flushed_at=100.0, data=b"x")
+    mid.piece(2, piece(0))
+    mid.ready(now=100.0, horizon=0.0)
+    mid.cut(4, step=1, flushed_at=101.0, data=b"x")
+    mid.piece(2, piece(2, t0=101.0))
+    (s1,) = mid.ready(now=101.0, horizon=0.0)
+    assert (s1.step, s1.n_ranks, s1.missing, s1.skipped) == (1, 1, set(), {5})
+    t = Tree(local_ranks=[0], children={1: [4, 5]}, timeout_s=60.0, root=True)
+    t.cut(0, step=1, flushed_at=101.0, data=b"x")
+    t.piece(1, piece(1, t0=101.0, n=1, absent=sorted(s1.missing), skipped=sorted(s1.skipped)))
+    (r1,) = t.ready(now=101.0, horizon=101.0)
+    assert (r1.n_ranks, r1.missing, r1.skipped) == (2, set(), {5})

@@ -319,8 +319,9 @@ class Helper:
             for st in steps:
                 self.root.emit(st, self.tree)
             return
-        msgs: list = [self._piece(st, main=True) for st in steps]
-        msgs.extend(self._piece(late, main=False) for late in self.tree.take_late())
+        # later pieces first: a rank's cut of a step reaches the parent before its cut of a later step
+        msgs: list = [self._piece(late, main=False) for late in self.tree.take_late()]
+        msgs.extend(self._piece(st, main=True) for st in steps)
         msgs = [m for m in msgs if m is not None]
         if msgs:
             msgs.append(self._status())

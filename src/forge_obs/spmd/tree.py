@@ -35,9 +35,13 @@ that is not lagging, gone or finished. It is handed on, in step order, once noth
 A rank that flushes a later step without an earlier one *skipped* it: its values are in the
 later step, and it is neither awaited nor missing in the skipped one, whatever the order its
 cuts and the others' are read in (the step begun before or after its later cut, its connection
-closed since or not). Cuts of a step already handed on are *late*: a helper sends them up as a
-later piece of their step; the root puts them into the next step it emits (counted, never
-dropped, never twice).
+closed since or not). A child that delivers a later step first names its ranks the same way:
+the ranks in that piece skipped the step; those absent from it are awaited (a later piece of
+the step counts them in it, once; one of a later step, or a later main piece with them in it,
+names them skipped). So every step a helper hands on accounts for each rank below it once: in
+it, skipped, missing, or finished before it. Cuts of a step already handed on are *late*: a
+helper sends them up as a later piece of their step (before its main pieces of later steps);
+the root puts them into the next step it emits (counted, never dropped, never twice).
 """
 
 from __future__ import annotations
@@ -65,6 +69,9 @@ class _Source:
     final_step: "int | None" = None  # a rank: the step of its final cut
     done: set = field(default_factory=set)  # a child: ranks of its subtree that finished
     done_at: dict = field(default_factory=dict)  # ... and the step of their final cut
+    # a child: ranks absent from its latest main piece -> the latest step a later piece of theirs
+    # was of (None: none since)
+    behind: dict = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -82,6 +89,7 @@ class Step:
     n_ranks: int = 0
     absent: set = field(default_factory=set)  # ranks children's main pieces lack (minus later pieces)
     skipped: set = field(default_factory=set)  # ranks that skipped the step
+    got: set = field(default_factory=set)  # ranks of children's later pieces of the step
     held_back: int = 0
     finished: list = field(default_factory=list)
     reports: dict = field(default_factory=dict)
@@ -137,6 +145,7 @@ class Tree:
         self.gone: set = set()  # ranks whose process ended without its final cut
         self.finished: dict[int, int] = {}  # rank -> the step of its final cut (every rank below)
         self.pending_bytes = 0
+        self.with_absent: set = set()  # pending steps that await ranks children's pieces lack
         self.counts = {"late_states": 0, "early_steps": 0}
 
     # ------------------------------------------------------------ what arrives
@@ -179,6 +188,8 @@ class Tree:
             return
         self._unlag(src, [r for r in self.lagging if r in src.ranks and r not in p.absent and r not in p.skipped]
                     if self.lagging else ())
+        src.behind = {r: src.behind.get(r) for r in p.absent}
+        self._seen(p.step, lambda r: r in src.ranks and r not in src.behind)
         self._skips(src, p.step)
         st = self._step_for(src, p.step, p.flushed_at)
         if st is None:  # its step left here already: a later piece of it
@@ -189,7 +200,7 @@ class Tree:
         st.delivered.add(src.key)
         st.due.discard(src.key)
         self._take_piece(st, p)
-        st.absent.update(p.absent)
+        self._await(st, p.absent)
         st.skipped.update(p.skipped)
 
     def status(self, child: int, gone: Iterable[int]) -> None:
@@ -282,6 +293,9 @@ class Tree:
             return st
         if self.last_out is not None and step <= self.last_out:
             return None
+        return self._begin(step, flushed_at, src)
+
+    def _begin(self, step: int, flushed_at: float, src: "_Source | None" = None) -> Step:
         due = {k for k, s in self.sources.items() if self._owes(s, step)}
         st = self.pending[step] = Step(step=step, t0=flushed_at, due=due)
         heapq.heappush(self._order, step)
@@ -311,9 +325,44 @@ class Tree:
                 self._skip_src(st, src)
 
     def _skip_src(self, st: Step, src: _Source) -> None:
+        """``src`` delivered a later step than ``st`` first. A rank: it skipped ``st``. A child:
+        its ranks in its first main piece after ``st`` skipped it (had one of them flushed ``st``,
+        the child would have begun ``st``); those absent from that piece are awaited, unless a later
+        piece of theirs since was of a later step (skipped) or of ``st`` (delivered). Which of the
+        child's ranks skipped is settled when ``st`` leaves (:meth:`_skipped_of`)."""
         st.skipped_src.add(src.key)
         if src.key[0] == "rank":
             st.skipped.update(src.ranks)
+            return
+        self._await(st, [r for r, last in src.behind.items() if last is None or last < st.step])
+
+    def _await(self, st: Step, ranks: Iterable[int]) -> None:
+        st.absent.update(ranks)
+        if st.absent:
+            self.with_absent.add(st.step)
+
+    def _seen(self, step: int, delivered) -> None:
+        """Ranks of a child (``delivered(rank)``) delivered ``step``: in the pending steps before
+        it that await them, they skipped (a child hands its pieces on in step order, later
+        pieces first, so a cut of theirs of those steps would have come before)."""
+        for s in [s for s in self.with_absent if s < step]:
+            st = self.pending[s]
+            moved = {r for r in st.absent if delivered(r)}
+            if moved:
+                st.absent -= moved
+                st.skipped |= moved
+                if not st.absent:
+                    self.with_absent.discard(s)
+
+    def _skipped_of(self, st: Step) -> set:
+        """The ranks of children that skipped ``st`` as a whole: neither awaited nor in it."""
+        out = set()
+        for k in st.skipped_src:
+            if k[0] == "child":
+                src = self.sources[k]
+                out.update(r for r in src.ranks if r not in st.absent and r not in st.got
+                           and not (r in src.done_at and src.done_at[r] < st.step))
+        return out
 
     def _leave(self, src: _Source, after: "int | None" = None) -> None:
         """``src`` will deliver nothing (more) for the pending steps (after ``after``)."""
@@ -341,10 +390,18 @@ class Tree:
         """Ranks of a child's subtree that came after its main piece (``ranks``)."""
         if self.lagging:
             self.lagging.difference_update(ranks)
+        for r in ranks:
+            if r in src.behind:
+                last = src.behind[r]
+                src.behind[r] = p.step if last is None else max(last, p.step)
+        self._seen(p.step, set(ranks).__contains__)
         st = self.pending.get(p.step)
+        if st is None and (self.last_out is None or p.step > self.last_out):
+            st = self._begin(p.step, p.flushed_at)  # not begun here yet: it is begun by this piece
         if st is not None:
             self._take_piece(st, p)
             st.absent.difference_update(ranks)
+            st.got.update(ranks)
             return
         late = self._late(p.step, p.flushed_at)
         late.pieces.append(p.bundle)
@@ -387,6 +444,7 @@ class Tree:
     def _hand_on(self, st: Step, timed_out: bool) -> Step:
         """``st`` leaves: who is not in it; sources it waited for in vain are lagging."""
         del self.pending[st.step]
+        self.with_absent.discard(st.step)
         if self._order and self._order[0] == st.step:
             heapq.heappop(self._order)
         self.pending_bytes -= st.nbytes
@@ -402,6 +460,8 @@ class Tree:
                 missing.update(r for r in s.ranks if not (r in s.done_at and s.done_at[r] < st.step))
             if timed_out and k in st.due:
                 s.lagging = True
+        st.skipped |= self._skipped_of(st)
+        st.skipped -= st.got
         missing -= st.skipped
         missing -= self._done_before(st.step, missing)
         if self.root:
