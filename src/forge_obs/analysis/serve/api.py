@@ -9,6 +9,7 @@ interface (see :mod:`.state`).
 from __future__ import annotations
 
 import csv
+import importlib
 import io
 import json
 import re
@@ -326,11 +327,12 @@ class Runs:
 
 
 def _load_index_modules() -> None:
+    """Loads DuckDB, pyarrow and the index's views (once, in the background)."""
     from forge_obs.analysis.index import available
 
     if available():
-        import forge_obs.analysis.index.answers  # noqa: F401 - loads DuckDB, pyarrow and the index's views
-        import forge_obs.analysis.index.views  # noqa: F401
+        for name in ("forge_obs.analysis.index.answers", "forge_obs.analysis.index.views"):
+            importlib.import_module(name)
 
 
 def _points(n: int) -> int:
