@@ -398,3 +398,27 @@ def test_import_forge_obs_reads_nothing_and_loads_no_nvml():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT}"))
     assert out.stdout.split() == ["False", "None"], out.stderr
+
+
+def test_a_woken_thread_among_many_hot_ones_is_found_in_the_same_sample(monkeypatch):
+    """More hot threads than a sample reads (a runtime's busy workers) and one more, hot too, that
+    ran and waited for a CPU this interval without being in this sample's turn: the process's CPU
+    time the threads read do not account for makes the same sample read the rest, the hot ones
+    included, so its wait is in this interval (not one or more samples later)."""
+    counters = {tid: [0, 0] for tid in range(1, 21)}  # tid -> [run ns, run delay ns]
+    monkeypatch.setattr(proc.os, "listdir", lambda path: [str(t) for t in counters])
+    monkeypatch.setattr(proc, "open_file", lambda path: int(path.split("/")[-2]))
+    monkeypatch.setattr(proc, "read_fd", lambda fd, size=4096: f"{counters[fd][0]} {counters[fd][1]} 1".encode())
+    monkeypatch.setattr(proc, "close_fd", lambda fd: None)
+    d = proc.ThreadDelays(99, max_reads=8, cold_reads=2, scan_reads=24, refresh_s=1e9)
+    d.available = True
+    d.read(now=0.0)
+    for step in range(1, 6):  # every thread runs a little: all hot, read in turn, 6 a sample
+        for c in counters.values():
+            c[0] += 1000
+        d.read(now=float(step), cpu_ns=20 * 1000)
+    base = d.total_ns
+    starved = 20  # the last one in the turn: not among the next sample's hot reads
+    counters[starved][0] += 300_000_000  # ran 0.3 s
+    counters[starved][1] += 400_000_000  # and waited 0.4 s for a CPU
+    assert d.read(now=6.0, cpu_ns=300_000_000) - base == 400_000_000

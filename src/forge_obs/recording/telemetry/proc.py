@@ -59,9 +59,9 @@ class ThreadDelays:
     sized to the host). A thread whose counters moved at its last read is *hot*: the hot threads
     are read in turn, ``max_reads - cold_reads`` per call (all of them at every call while they
     are that few); the others in turn, ``cold_reads`` per call. When the process used CPU time
-    that the threads read do not account for (``cpu_ns``: a thread woke up), up to
-    ``scan_reads`` more of the others are read in the same call, so the thread that woke is
-    found at once. A thread's wait counts from when the thread list first had it (read once
+    that the threads read do not account for (``cpu_ns``: a thread woke up, or a hot one not in
+    this turn ran), up to ``scan_reads`` more are read in the same call, the hot ones not in the
+    turn first, so the thread that ran is found at once. A thread's wait counts from when the thread list first had it (read once
     then, whatever the bound); the sum is exact at every
     thread's last read (a dead thread's wait stays counted), so a total over several intervals
     is exact and one interval may carry a waking thread's last few. The cost is bounded by
@@ -94,11 +94,15 @@ class ThreadDelays:
             self._refresh()
             self.refreshed = now
         hot, cold = self.hot, self.cold
-        todo = [hot.popleft() for _ in range(min(len(hot), self.max_reads - min(self.cold_reads, len(cold))))]
+        n_hot = min(len(hot), self.max_reads - min(self.cold_reads, len(cold)))
+        todo = [hot.popleft() for _ in range(n_hot)]
         todo += [cold.popleft() for _ in range(min(len(cold), self.max_reads - len(todo)))]
+        hot_left = len(hot)  # the hot threads not in this turn (read ones go back behind them)
         ran = self._read_all(todo)
-        if cpu_ns is not None and cpu_ns - ran > max(2_000_000, cpu_ns // 4):  # a thread read no one woke up
-            self._read_all([cold.popleft() for _ in range(min(len(cold), self.scan_reads))])
+        if cpu_ns is not None and cpu_ns - ran > max(2_000_000, cpu_ns // 4):  # a thread not read ran
+            more = [hot.popleft() for _ in range(min(hot_left, self.scan_reads))]  # the hot ones first
+            more += [cold.popleft() for _ in range(min(len(cold), self.scan_reads - len(more)))]
+            self._read_all(more)
         return self.total_ns
 
     def _read_all(self, tids: list) -> int:
