@@ -60,13 +60,13 @@ class ThreadDelays:
     are read in turn, ``max_reads - cold_reads`` per call (all of them at every call while they
     are that few); the others in turn, ``cold_reads`` per call. When the process used CPU time
     that the threads read do not account for (``cpu_ns``: a thread woke up, or a hot one not in
-    this turn ran), up to ``scan_reads`` more are read in the same call, the hot ones not in the
-    turn first, so the thread that ran is found at once. A thread's wait counts from when the thread list first had it (read once
-    then, whatever the bound); the sum is exact at every
-    thread's last read (a dead thread's wait stays counted), so a total over several intervals
-    is exact and one interval may carry a waking thread's last few. The cost is bounded by
-    ``max_reads`` reads of a few µs (``scan_reads`` more when the busy threads changed), whatever
-    the number of threads. The thread list is read again every ``refresh_s``."""
+    this turn ran), more are read in the same call, the hot ones not in the turn first, until the
+    CPU time is accounted for (at most ``scan_reads``), so the thread that ran is found at once.
+    A thread's wait counts from when the thread list first had it (read once then, whatever the
+    bound); the sum is exact at every thread's last read (a dead thread's wait stays counted), so
+    a total over several intervals is exact and one interval may carry a waking thread's last
+    few. The cost is bounded by ``max_reads`` reads of a few µs (at most ``scan_reads`` more when
+    the busy threads changed), whatever the number of threads. The thread list is read again every ``refresh_s``."""
 
     def __init__(self, pid: int, max_reads: int = 8, cold_reads: int = 2, scan_reads: int = 24,
                  refresh_s: float = 1.0) -> None:
@@ -97,12 +97,18 @@ class ThreadDelays:
         n_hot = min(len(hot), self.max_reads - min(self.cold_reads, len(cold)))
         todo = [hot.popleft() for _ in range(n_hot)]
         todo += [cold.popleft() for _ in range(min(len(cold), self.max_reads - len(todo)))]
-        hot_left = len(hot)  # the hot threads not in this turn (read ones go back behind them)
+        hot_left, cold_left = len(hot), len(cold)  # not in this turn: at the fronts (read ones go behind)
         ran = self._read_all(todo)
-        if cpu_ns is not None and cpu_ns - ran > max(2_000_000, cpu_ns // 4):  # a thread not read ran
-            more = [hot.popleft() for _ in range(min(hot_left, self.scan_reads))]  # the hot ones first
-            more += [cold.popleft() for _ in range(min(len(cold), self.scan_reads - len(more)))]
-            self._read_all(more)
+        if cpu_ns is None:
+            return self.total_ns
+        floor, budget = max(2_000_000, cpu_ns // 4), self.scan_reads
+        while budget and cpu_ns - ran > floor and (hot_left or cold_left):  # a thread not read ran
+            if hot_left:  # the hot ones first
+                tid, hot_left = hot.popleft(), hot_left - 1
+            else:
+                tid, cold_left = cold.popleft(), cold_left - 1
+            ran += self._read_all([tid])
+            budget -= 1
         return self.total_ns
 
     def _read_all(self, tids: list) -> int:
