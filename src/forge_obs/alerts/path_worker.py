@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from forge_obs.core.procs import parent_alive
+from forge_obs.core.procs import StopSignals, parent_alive
 
 __all__ = ["step_line", "results", "follow", "main", "TOP_STAGES", "MAX_WAIT_S"]
 
@@ -121,6 +120,7 @@ def follow(run_dir: Path, write: Callable[[dict], None], interval_s: float = 1.0
     that began after ``since`` (epoch seconds: the backend's start). Returns the number of steps
     written."""
     stop = stop or threading.Event()
+    signals = StopSignals(stop)
     after: "int | None" = None
     n = [0]
     passes = 0
@@ -144,7 +144,7 @@ def follow(run_dir: Path, write: Callable[[dict], None], interval_s: float = 1.0
         cost = time.process_time() - cost
         passes += 1  # the first pass pays the imports: not a pass's cost
         wait = max(interval_s, cost / cpu_share - cost) if cpu_share > 0 and passes > 1 else interval_s
-        stop.wait(min(wait, MAX_WAIT_S))
+        signals.wait(min(wait, MAX_WAIT_S))
 
 
 
@@ -159,8 +159,6 @@ def main(argv: "list[str] | None" = None) -> int:
     ap.add_argument("--since", type=float, default=0.0, help="only the steps that began after (epoch seconds)")
     args = ap.parse_args(argv)
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_a: stop.set())
     out = sys.stdout
 
     def write(line: dict) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from forge_obs.backends.base import LoggerBackend
-from forge_obs.core.procs import parent_alive
+from forge_obs.core.procs import StopSignals, parent_alive
 
 __all__ = ["follow", "IndexBackend", "DEFAULT_INTERVAL_S", "start_indexer", "stop_indexer"]
 
@@ -42,9 +42,7 @@ def follow(run_dir: Path, interval_s: float = DEFAULT_INTERVAL_S, parent: "int |
     from forge_obs.analysis.index.window import Window
 
     stop = stop or threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_a: stop.set())
+    signals = StopSignals(stop)
     d = store.index_dir(run_dir)
     window = Window()  # the last steps' rows, kept between updates
     n = 0
@@ -60,7 +58,7 @@ def follow(run_dir: Path, interval_s: float = DEFAULT_INTERVAL_S, parent: "int |
         if last:
             return n
         cost = time.process_time() - cost
-        stop.wait(max(interval_s, cost / cpu_share - cost) if cpu_share > 0 else interval_s)
+        signals.wait(max(interval_s, cost / cpu_share - cost) if cpu_share > 0 else interval_s)
 
 
 
