@@ -675,10 +675,25 @@ def test_run_start_line_and_quiet(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err == ""
 
 
-def test_a_large_run_is_read_in_chunks_while_requests_are_answered(tmp_path):
+def test_a_large_run_is_read_in_chunks_while_requests_are_answered(tmp_path, monkeypatch):
+    """A request is answered while the run is still being read (the reader's second chunk waits
+    until the first answer is in: no race with a fast reader), and the run read in chunks holds
+    every row once."""
     make_run(tmp_path, "big", steps=600, ranks=4)
+    answered, reads = threading.Event(), []
+    real = RunState.update
+
+    def gated(self, chunks=None, wait=True):
+        if wait:  # the server's reader thread (a request reads without waiting for it)
+            reads.append(1)
+            if len(reads) == 2:
+                answered.wait(60)
+        return real(self, chunks, wait)
+
+    monkeypatch.setattr(RunState, "update", gated)
     with ServeServer(tmp_path, config=ServeConfig(read_chunk_bytes=4096)).start() as srv:
         first = _api(srv, "/api/run?id=big")
+        answered.set()
         assert first["reading"] is not None and first["steps"] < 600  # answered before the run is read
         deadline = time.monotonic() + 120
         while _api(srv, "/api/poll?id=big")["reading"] is not None:
