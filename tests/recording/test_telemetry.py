@@ -422,3 +422,22 @@ def test_a_woken_thread_among_many_hot_ones_is_found_in_the_same_sample(monkeypa
     counters[starved][0] += 300_000_000  # ran 0.3 s
     counters[starved][1] += 400_000_000  # and waited 0.4 s for a CPU
     assert d.read(now=6.0, cpu_ns=300_000_000) - base == 400_000_000
+
+
+def test_a_thread_seen_for_the_first_time_is_read_again_first_at_the_next_sample(monkeypatch):
+    """A thread is read once when the thread list first has it (its starting point); read again in
+    the same sample it shows no change and looked idle, so a busy thread among many idle ones
+    (the main thread beside 60 pool workers) went to the back of the idle turn and its wait was
+    missed until its turn came. Now the new threads are read first at the next sample."""
+    counters = {tid: [0, 0] for tid in range(1, 62)}  # tid 1: the busy one
+    monkeypatch.setattr(proc.os, "listdir", lambda path: [str(t) for t in counters])
+    monkeypatch.setattr(proc, "open_file", lambda path: int(path.split("/")[-2]))
+    monkeypatch.setattr(proc, "read_fd", lambda fd, size=4096: f"{counters[fd][0]} {counters[fd][1]} 1".encode())
+    monkeypatch.setattr(proc, "close_fd", lambda fd: None)
+    d = proc.ThreadDelays(99, max_reads=8, cold_reads=2, scan_reads=24, refresh_s=1e9)
+    d.available = True
+    base = d.read(now=0.0)
+    counters[1][0] += 300_000_000  # ran 0.3 s
+    counters[1][1] += 400_000_000  # and waited 0.4 s for a CPU
+    assert d.read(now=0.5, cpu_ns=300_000_000) - base == 400_000_000
+    assert 1 in d.hot

@@ -63,7 +63,8 @@ class ThreadDelays:
     this turn ran), more are read in the same call, the hot ones not in the turn first, until the
     CPU time is accounted for (at most ``scan_reads``), so the thread that ran is found at once.
     A thread's wait counts from when the thread list first had it (read once then, whatever the
-    bound); the sum is exact at every thread's last read (a dead thread's wait stays counted), so
+    bound, and read first at the next call: read again at once it would show no change and look
+    idle); the sum is exact at every thread's last read (a dead thread's wait stays counted), so
     a total over several intervals is exact and one interval may carry a waking thread's last
     few. The cost is bounded by ``max_reads`` reads of a few µs (at most ``scan_reads`` more when
     the busy threads changed), whatever the number of threads. The thread list is read again every ``refresh_s``."""
@@ -90,8 +91,9 @@ class ThreadDelays:
         if not self.available:
             return None
         now = time.monotonic() if now is None else now
+        new: list = []
         if now - self.refreshed >= self.refresh_s:
-            self._refresh()
+            new = self._refresh()
             self.refreshed = now
         hot, cold = self.hot, self.cold
         n_hot = min(len(hot), self.max_reads - min(self.cold_reads, len(cold)))
@@ -99,16 +101,16 @@ class ThreadDelays:
         todo += [cold.popleft() for _ in range(min(len(cold), self.max_reads - len(todo)))]
         hot_left, cold_left = len(hot), len(cold)  # not in this turn: at the fronts (read ones go behind)
         ran = self._read_all(todo)
-        if cpu_ns is None:
-            return self.total_ns
-        floor, budget = max(2_000_000, cpu_ns // 4), self.scan_reads
-        while budget and cpu_ns - ran > floor and (hot_left or cold_left):  # a thread not read ran
-            if hot_left:  # the hot ones first
-                tid, hot_left = hot.popleft(), hot_left - 1
-            else:
-                tid, cold_left = cold.popleft(), cold_left - 1
-            ran += self._read_all([tid])
-            budget -= 1
+        if cpu_ns is not None:
+            floor, budget = max(2_000_000, cpu_ns // 4), self.scan_reads
+            while budget and cpu_ns - ran > floor and (hot_left or cold_left):  # a thread not read ran
+                if hot_left:  # the hot ones first
+                    tid, hot_left = hot.popleft(), hot_left - 1
+                else:
+                    tid, cold_left = cold.popleft(), cold_left - 1
+                ran += self._read_all([tid])
+                budget -= 1
+        cold.extendleft(reversed(new))  # read first next time: a read now would show no change
         return self.total_ns
 
     def _read_all(self, tids: list) -> int:
@@ -140,23 +142,27 @@ class ThreadDelays:
         self.total_ns += delay_ns - prev[1]
         return (run_ns, delay_ns) != prev
 
-    def _refresh(self) -> None:
+    def _refresh(self) -> list:
+        """The thread list read again: gone threads dropped, new ones read once (their starting
+        point); returns the new ones, oldest first (the caller puts them in the cold turn)."""
         try:
             tids = {int(t) for t in os.listdir(f"/proc/{self.pid}/task")}
         except (OSError, ValueError):
-            return
+            return []
         for tid in list(self.fds):
             if tid not in tids:
                 self._drop(tid)
-        for tid in tids - self.fds.keys():
+        new = []
+        for tid in sorted(tids - self.fds.keys()):
             fd = open_file(f"/proc/{self.pid}/task/{tid}/schedstat")
             if fd is not None:
                 self.fds[tid] = fd
                 self._read_one(tid)  # its starting point, once: its wait from now on counts
                 if tid in self.fds:
-                    self.cold.append(tid)
+                    new.append(tid)
         self.hot = deque(t for t in self.hot if t in self.fds)
         self.cold = deque(t for t in self.cold if t in self.fds)
+        return new
 
     def _drop(self, tid: int) -> None:
         close_fd(self.fds.pop(tid, None))
