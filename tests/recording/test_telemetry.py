@@ -400,18 +400,25 @@ def test_import_forge_obs_reads_nothing_and_loads_no_nvml():
     assert out.stdout.split() == ["False", "None"], out.stderr
 
 
-def test_a_woken_thread_among_many_hot_ones_is_found_in_the_same_sample(monkeypatch):
-    """More hot threads than a sample reads (a runtime's busy workers) and one more, hot too, that
-    ran and waited for a CPU this interval without being in this sample's turn: the process's CPU
-    time the threads read do not account for makes the same sample read the rest, the hot ones
-    included, so its wait is in this interval (not one or more samples later)."""
-    counters = {tid: [0, 0] for tid in range(1, 21)}  # tid -> [run ns, run delay ns]
+def _fake_threads(monkeypatch, counters: dict) -> "proc.ThreadDelays":
+    """ThreadDelays over made-up threads: ``counters`` (tid -> [run ns, run delay ns]) is what
+    their schedstat files say when read."""
     monkeypatch.setattr(proc.os, "listdir", lambda path: [str(t) for t in counters])
     monkeypatch.setattr(proc, "open_file", lambda path: int(path.split("/")[-2]))
     monkeypatch.setattr(proc, "read_fd", lambda fd, size=4096: f"{counters[fd][0]} {counters[fd][1]} 1".encode())
     monkeypatch.setattr(proc, "close_fd", lambda fd: None)
     d = proc.ThreadDelays(99, max_reads=8, cold_reads=2, scan_reads=24, refresh_s=1e9)
     d.available = True
+    return d
+
+
+def test_a_woken_thread_among_many_hot_ones_is_found_in_the_same_sample(monkeypatch):
+    """More hot threads than a sample reads (a runtime's busy workers) and one more, hot too, that
+    ran and waited for a CPU this interval without being in this sample's turn: the process's CPU
+    time the threads read do not account for makes the same sample read the rest, the hot ones
+    included, so its wait is in this interval (not one or more samples later)."""
+    counters = {tid: [0, 0] for tid in range(1, 21)}  # tid -> [run ns, run delay ns]
+    d = _fake_threads(monkeypatch, counters)
     d.read(now=0.0)
     for step in range(1, 6):  # every thread runs a little: all hot, read in turn, 6 a sample
         for c in counters.values():
@@ -430,12 +437,7 @@ def test_a_thread_seen_for_the_first_time_is_read_again_first_at_the_next_sample
     (the main thread beside 60 pool workers) went to the back of the idle turn and its wait was
     missed until its turn came. Now the new threads are read first at the next sample."""
     counters = {tid: [0, 0] for tid in range(1, 62)}  # tid 1: the busy one
-    monkeypatch.setattr(proc.os, "listdir", lambda path: [str(t) for t in counters])
-    monkeypatch.setattr(proc, "open_file", lambda path: int(path.split("/")[-2]))
-    monkeypatch.setattr(proc, "read_fd", lambda fd, size=4096: f"{counters[fd][0]} {counters[fd][1]} 1".encode())
-    monkeypatch.setattr(proc, "close_fd", lambda fd: None)
-    d = proc.ThreadDelays(99, max_reads=8, cold_reads=2, scan_reads=24, refresh_s=1e9)
-    d.available = True
+    d = _fake_threads(monkeypatch, counters)
     base = d.read(now=0.0)
     counters[1][0] += 300_000_000  # ran 0.3 s
     counters[1][1] += 400_000_000  # and waited 0.4 s for a CPU
