@@ -538,3 +538,26 @@ def test_a_request_queued_behind_a_busy_process_waits_on_what_kept_it_busy(tmp_p
         assert ("buffer_sample", "queued") in [(s["name"], s["link"]) for s in r["path"]]
         assert r["explained"] > 0.9, r["answer"]
     assert _cause(critical_path(tmp_path, 3)) == ("trainer", 0, "forward_backward")  # before the fault
+
+
+def test_stages_that_changed_as_much_come_in_one_order_whatever_the_hash_seed():
+    """Two stages shrank by the same time: the comparison lists them in one order (the index and
+    the direct read used to give them in the order of a set of keys, which the hash seed decides)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.helpers import CHILD_PATH
+
+    code = (
+        "import json\n"
+        "from forge_obs.analysis.critical_path.summary import compare_to\n"
+        "r = {'stages': [{'mesh': 'trainer', 'actor': 'Trainer', 'rank': 0, 'name': 'fb', 'path_s': 0.5}]}\n"
+        "ref = {(f'generator_{i}', 'Generator', 0, 'generate'): (0.098, 3) for i in range(6)}\n"
+        "print(json.dumps(compare_to(r, ref, 7, 0.39, top=6)))\n")
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
+                           env=dict(os.environ, PYTHONPATH=CHILD_PATH, PYTHONHASHSEED=str(seed))).stdout
+            for seed in range(6)}
+    assert len(outs) == 1, outs
+    shrank = json.loads(outs.pop())["shrank"]
+    assert [x["mesh"] for x in shrank] == [f"generator_{i}" for i in range(6)]

@@ -15,8 +15,9 @@ from forge_obs.analysis.critical_path.graph import Graph, Window
 from forge_obs.analysis.critical_path.walk import Segment, Walker
 from forge_obs.analysis.doctor.subjects import replica_family
 
-__all__ = ["step_result", "stage_label", "answer", "compare", "compare_to", "medians", "fast_half", "median_duration",
-           "slowest_in", "cause", "idle_mesh", "total_by", "unexplained", "Busy", "MEDIAN_FLOOR_SHARE", "LITTLE_EXPLAINED"]
+__all__ = ["step_result", "stage_label", "answer", "compare", "compare_to", "medians", "fast_half",
+           "median_duration", "slowest_in", "cause", "idle_mesh", "total_by", "unexplained", "Busy",
+           "MEDIAN_FLOOR_SHARE", "LITTLE_EXPLAINED"]
 
 
 def _who(st: Any, cache: "dict | None" = None) -> dict:
@@ -311,10 +312,16 @@ def compare_to(r: dict, ref: dict, fast_steps: int, fast_median_s: "float | None
         was, n = ref.get(k, (0.0, 0))
         rows.append({"mesh": k[0], "actor": k[1], "rank": k[2], "name": k[3], "step_s": now, "fast_s": was,
                      "fast_steps_on_path": n, "delta_s": now - was})
-    rows.sort(key=lambda x: -x["delta_s"])
+    rows.sort(key=lambda x: (-x["delta_s"], _stage_order(x)))  # ties in one order, whatever the set's
     return {"fast_steps": fast_steps, "fast_median_s": fast_median_s,
             "grew": [x for x in rows[:top] if x["delta_s"] > 0],
-            "shrank": sorted((x for x in rows if x["delta_s"] < 0), key=lambda x: x["delta_s"])[:top]}
+            "shrank": sorted((x for x in rows if x["delta_s"] < 0),
+                             key=lambda x: (x["delta_s"], _stage_order(x)))[:top]}
+
+
+def _stage_order(x: dict) -> tuple:
+    """A stage's place among stages that changed as much: by mesh, actor, rank, span name."""
+    return (str(x["mesh"]), str(x["actor"]), -1 if x["rank"] is None else x["rank"], str(x["name"]))
 
 
 def median_duration(results: list) -> "float | None":
