@@ -272,3 +272,23 @@ def test_a_middle_helper_names_the_ranks_of_a_child_that_skipped_a_step():
     t.piece(1, piece(1, t0=101.0, n=1, absent=sorted(s1.missing), skipped=sorted(s1.skipped)))
     (r1,) = t.ready(now=101.0, horizon=101.0)
     assert (r1.n_ranks, r1.missing, r1.skipped) == (2, set(), {5})
+
+
+def test_a_source_whose_first_delivery_is_a_later_step_skipped_the_earlier_ones_in_either_order():
+    """A rank (or a child helper) whose very first cut (piece) is of a later step held the earlier
+    steps back into it: skipped there, not awaited and not missing, whether the step it skipped
+    was begun before or after its first delivery was read."""
+    for first_is_later in (True, False):
+        t = Tree(local_ranks=[0, 1], children={2: [2, 3]}, timeout_s=60.0, root=True)
+        if first_is_later:
+            t.cut(1, step=2, flushed_at=100.0, data=b"x", held_back=2)
+            t.piece(2, piece(2, t0=100.0, n=2))
+        t.cut(0, step=0, flushed_at=100.0, data=b"x")
+        t.cut(0, step=1, flushed_at=100.5, data=b"x")
+        if not first_is_later:
+            t.cut(1, step=2, flushed_at=100.0, data=b"x", held_back=2)
+            t.piece(2, piece(2, t0=100.0, n=2))
+        t.cut(0, step=2, flushed_at=101.0, data=b"x")
+        got = t.ready(now=101.0, horizon=101.0)  # nothing is due: no timeout needed
+        assert [(s.step, s.n_ranks, s.missing, s.skipped) for s in got] == \
+            [(0, 1, set(), {1, 2, 3}), (1, 1, set(), {1, 2, 3}), (2, 4, set(), set())], first_is_later

@@ -314,10 +314,13 @@ class Tree:
         return s.last_step is None or s.last_step < step
 
     def _skips(self, src: _Source, step: int) -> None:
-        """``src`` delivers ``step``: pending earlier steps it did not deliver, it skipped."""
+        """``src`` delivers ``step``: pending earlier steps it did not deliver, it skipped (all of
+        them when ``step`` is its first delivery: its cuts / pieces arrive in step order)."""
         last = src.last_step
-        if last is None or step <= last + 1 or not self.pending:
+        if (last is not None and step <= last + 1) or not self.pending:
             return
+        if last is None:
+            last = min(self.pending) - 1
         for s in (range(last + 1, step) if step - last < len(self.pending) else sorted(self.pending)):
             st = self.pending.get(s)
             if st is not None and last < s < step and src.key not in st.delivered:
