@@ -26,11 +26,13 @@ import os
 import resource
 import time
 from collections import deque
+from itertools import repeat
 from typing import Any
 
 __all__ = ["ProcReader", "ThreadDelays", "read_fd", "open_file", "close_fd", "thread_count"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_popleft = deque.popleft
 
 
 def read_fd(fd: int, size: int = 4096) -> bytes:
@@ -74,7 +76,7 @@ class ThreadDelays:
     from the threads it has (``threads`` of :meth:`read`; at most every ``recount_s``), and every
     ``refresh_s`` whatever the count (a thread that ended and another that began in between)."""
 
-    def __init__(self, pid: int, max_reads: int = 6, cold_reads: int = 1, scan_reads: int = 24,
+    def __init__(self, pid: int, max_reads: int = 4, cold_reads: int = 1, scan_reads: int = 24,
                  refresh_s: float = 10.0, recount_s: float = 0.05) -> None:
         self.pid = pid
         self.max_reads, self.cold_reads, self.scan_reads, self.refresh_s = max_reads, cold_reads, scan_reads, refresh_s
@@ -104,8 +106,11 @@ class ThreadDelays:
             self.refreshed = now
         hot, cold = self.hot, self.cold
         n_hot = min(len(hot), self.max_reads - min(self.cold_reads, len(cold)))
-        todo = [hot.popleft() for _ in range(n_hot)]
-        todo += [cold.popleft() for _ in range(min(len(cold), self.max_reads - len(todo)))]
+        n_cold = min(len(cold), self.max_reads - n_hot)
+        todo = list(map(_popleft, repeat(hot, n_hot)))
+        while n_cold:
+            todo.append(cold.popleft())
+            n_cold -= 1
         hot_left, cold_left = len(hot), len(cold)  # not in this turn: at the fronts (read ones go behind)
         ran = self._read_all(todo)
         if cpu_ns is not None:

@@ -43,6 +43,7 @@ import math
 import os
 import threading
 import time
+from itertools import repeat
 from typing import Any
 
 from forge_obs.recording.reduce import Reduce
@@ -58,7 +59,7 @@ _GB = 1e9
 #: the most steps between two samples: the doctor and the live alerts judge a condition over
 #: ``fire_steps`` (4) steps or more, so that each such window holds a sample of every process
 MAX_STRIDE = 4
-_MAX_SHIFT = MAX_STRIDE.bit_length() - 1
+_SQRT2 = math.sqrt(2.0)
 #: the keys, made once (a sample's dict and its layout's lookup then hash and compare no new string)
 _RSS, _THREADS, _IV, _CPU, _UTIL = (PROC + k for k in ("rss_gb", "threads", "interval_s", "cpu_s", "cpu_util"))
 _VCSW, _IVCSW, _RUNQ, _RUNQ_SHARE = (PROC + k for k in ("ctx_voluntary", "ctx_involuntary", "runq_wait_s",
@@ -68,10 +69,6 @@ _CORES, _LOAD, _RUNNABLE, _RPC, _HOST_UTIL, _STEAL = (HOST + k for k in ("cores"
 _PSI = tuple((HOST + key, fig) for key, fig in (("cpu_pressure", "cpu_stall_us"), ("memory_pressure", "memory_stall_us"),
                                                ("memory_full_pressure", "memory_full_stall_us"),
                                                ("io_pressure", "io_stall_us")))
-
-
-def _delta(a: dict, b: dict, k: str) -> float | None:
-    return None if k not in a or k not in b else b[k] - a[k]
 
 
 class Sampler:
@@ -98,9 +95,12 @@ class Sampler:
         time between cuts, at most :data:`MAX_STRIDE` (1 where a cut takes ``interval_s`` or
         longer, or the time is not known)."""
         p, iv = self.period_s, self.options.interval_s
-        if not p or p >= iv:
+        if not p or p * _SQRT2 >= iv:
             return 1
-        return 1 << min(_MAX_SHIFT, max(0, round(math.log2(iv / p))))
+        k = 2
+        while k < MAX_STRIDE and p * k * _SQRT2 < iv:  # nearest in log scale: below k * sqrt(2)
+            k *= 2
+        return k
 
     def due(self, now: float, step: int | None = None) -> bool:
         """Whether the cut of ``step`` at ``now`` samples (see the module docstring); notes the
@@ -114,7 +114,7 @@ class Sampler:
         since, iv = now - self.prev[0], self.options.interval_s
         if type(step) is not int:
             return since >= iv
-        return since >= 2 * iv or step % self.stride() == 0
+        return since >= 2 * iv or step % MAX_STRIDE == 0 or step % self.stride() == 0
 
     def sample(self, now: float | None = None, step: int | None = None) -> dict[str, float] | None:
         """The figures since the previous sample, or None when this cut does not sample
@@ -134,9 +134,12 @@ class Sampler:
         layout = self.layouts.get(sig := tuple(values))
         if layout is None:
             layout = self.layouts[sig] = _layout(sig)
-        vals = list(values.values())
-        return {rt: (keys, [(vals[i], 1) for i in idx] if mean else [vals[i] for i in idx])
-                for rt, keys, idx, mean in layout}
+        pick = list(values.values()).__getitem__
+        out = {}
+        for rt, keys, idx, mean in layout:
+            rows = list(map(pick, idx))
+            out[rt] = (keys, list(zip(rows, repeat(1))) if mean else rows)
+        return out
 
     def _read(self, now: float) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -185,14 +188,13 @@ class Sampler:
             return
         dt_us = (now - prev[0]) * 1e6
         p = prev[1]
-        ticks = _delta(p, cur, "cpu_ticks")
-        if ticks:
-            out[_HOST_UTIL] = 1.0 - _delta(p, cur, "idle_ticks") / ticks
-            out[_STEAL] = _delta(p, cur, "steal_ticks") / ticks
+        if "cpu_ticks" in cur and "cpu_ticks" in p and cur["cpu_ticks"] > p["cpu_ticks"]:
+            ticks = cur["cpu_ticks"] - p["cpu_ticks"]
+            out[_HOST_UTIL] = 1.0 - (cur["idle_ticks"] - p["idle_ticks"]) / ticks
+            out[_STEAL] = (cur["steal_ticks"] - p["steal_ticks"]) / ticks
         for key, fig in _PSI:
-            d = _delta(p, cur, fig)
-            if d is not None:
-                out[key] = min(max(d / dt_us, 0.0), 1.0)
+            if fig in cur and fig in p:
+                out[key] = min(max((cur[fig] - p[fig]) / dt_us, 0.0), 1.0)
 
     def close(self) -> None:
         with self.lock:
