@@ -166,3 +166,38 @@ def test_the_contention_thresholds_are_settings(tmp_path):
         DoctorConfig.from_dict({"contention_share": -1})
     got_kinds = {e.rule for e in live(run, disable=("slowdown", "host_contention"))}
     assert got_kinds == {"straggler"}
+
+
+# ---------------------------------------------------------------- a sample every few steps
+
+
+@pytest.mark.parametrize("every", [2, 4])
+def test_with_a_sample_every_few_steps_the_host_is_still_told_from_an_actor(tmp_path, every):
+    """Processes that sample every ``every`` steps (telemetry's stride at ~0.1 s steps,
+    docs/telemetry.md), each sample covering the steps since the one before; the steps between
+    carry no telemetry. The verdicts are the same as with a sample at every step: a clean busy run
+    and a rank starved for 7 steps are the host's (no finding, no actor alert), a host's spell is
+    one host_contention finding, a sleeping rank and a rank computing more are named."""
+    kw = {"sample_every": every}
+    run, d = doctor(tmp_path, "clean", BusyDP(N, quick_at_end=9), **kw)
+    assert d.findings == [] and live(run) == [], format_findings(d.findings)
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if r.get("mode") == "per_rank_reduce"]
+    assert {r["step"] % every for r in rows if "obs/sys/proc/cpu_s" in r["metrics"]} == {0}
+    assert any("obs/sys/proc/cpu_s" not in r["metrics"] for r in rows)  # steps without a sample
+
+    run, d = doctor(tmp_path, "starved", BusyDP(N, starve={(1, s): 3.0 for s in range(100, 107)}), **kw)
+    assert d.findings == [], format_findings(d.findings)
+    assert {e.rule for e in live(run)} == {"host_contention"}
+
+    _run, d = doctor(tmp_path, "spell", BusyDP(N, spell={s: 3.0 for s in range(150, 175)}), **kw)
+    assert [f.kind for f in d.findings] == ["host_contention"], format_findings(d.findings)
+
+    run, d = doctor(tmp_path, "sleep", BusyDP(N, slow_rank=1, slow_from=120), **kw)
+    assert [(f.kind, f.where, f.onset_step) for f in d.findings] == [("straggler", "trainer/Trainer/r1", 120)], \
+        format_findings(d.findings)
+    fired = [e for e in live(run) if e.state == "firing"]
+    assert [(e.rule, e.where["where"]) for e in fired][:1] == [("straggler", "trainer/Trainer/r1")]
+
+    run, d = doctor(tmp_path, "cpu", BusyDP(N, cpu_fault={(1, s): 4.0 for s in range(120, N)}), **kw)
+    assert [(f.kind, f.where) for f in d.findings] == [("straggler", "trainer/Trainer/r1")], format_findings(d.findings)
+    assert [(e.rule, e.where["where"]) for e in live(run) if e.state == "firing"] == [("straggler", "trainer/Trainer/r1")]

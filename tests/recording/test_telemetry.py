@@ -225,7 +225,7 @@ def test_only_the_hosts_reader_samples_the_host():
 def test_a_cut_carries_the_sample_as_values_not_counted_as_recorded(tmp_path):
     """rank_cut.export (the Monarch fetcher's and the SPMD shipper's) adds the sample to the cut:
     obs/sys/... keys reduced by their reduction across ranks, obs/values_recorded unchanged; a
-    cut sooner than interval_s carries none; off (configure(False)): none."""
+    cut between the stride's steps carries none; off (configure(False)): none."""
     rank_cut.take(0)
     sampler.configure({"gpu": False, "interval_s": 0.0}, str(tmp_path))
     try:
@@ -250,6 +250,69 @@ def test_a_cut_carries_the_sample_as_values_not_counted_as_recorded(tmp_path):
         assert not any(k.startswith("obs/sys/") for k in _keys(loads(rank_cut.export(rank_cut.take(6)))))
     finally:
         sampler.configure(False)
+
+
+def test_the_sample_joins_the_cuts_own_groups_of_the_same_reduction(tmp_path):
+    """The sample's rows go after the cut's own rows of the same reductions (SUM, MAX: the user's
+    keys in columns; MEAN rows as (sum, count)), and the cut of a rank that did not sample
+    reduces with it: every user value exact, each telemetry key from the rank that sampled."""
+    sampler.configure({"gpu": False, "host": False, "interval_s": 0.0}, str(tmp_path))
+    try:
+        rank_cut.export(rank_cut.take(0))  # the baseline sample
+        snaps = []
+        for rank, sample in ((0, True), (1, False)):
+            if not sample:
+                sampler.configure(False)
+            record_metric("u/sum", 2.0 + rank, Reduce.SUM)
+            record_metric("u/max", 5.0 * rank, Reduce.MAX)
+            record_metric("u/mean", 4.0, Reduce.MEAN)
+            record_metric("u/mean", 6.0 + rank, Reduce.MEAN)
+            snaps.append(loads(rank_cut.export(rank_cut.take(1))))
+    finally:
+        sampler.configure(False)
+    assert {k for k in _keys(snaps[0]) if k.startswith("obs/sys/")} >= {PROC + "cpu_s", PROC + "threads"}
+    assert not any(k.startswith("obs/sys/") for k in _keys(snaps[1]))
+    for snap in snaps:
+        assert snap["counters"]["values_recorded"] == 4
+    merged = {m.key: m.value for m in reduce_snapshots(snaps)}
+    assert (merged["u/sum"], merged["u/max"], merged["u/mean"]) == (5.0, 5.0, 5.25)
+    assert merged[PROC + "threads"] == float(snaps[0]["packed"]["sum"][1][snaps[0]["packed"]["sum"][0].index(
+        PROC + "threads")])
+    assert merged[PROC + "cpu_s"] >= 0
+
+
+def test_processes_sample_the_same_steps_at_most_4_apart():
+    """Two processes of a run cut the same steps ~0.1 s apart (each with its own jitter): with
+    interval_s 0.5 both sample every 4th step (the stride, a power of two, at most 4), the same
+    steps; the samples' intervals add up to the time covered (nothing lost between samples). A
+    slow step (longer than interval_s) is sampled at once, and from then every step is; steps of
+    1 ms still have a sample every 4 steps; interval_s 0.2 at 0.1 s steps: every 2nd step."""
+    opts = TelemetryOptions(gpu=False, host=False, interval_s=0.5)
+    a, b = Sampler(opts), Sampler(opts)
+    try:
+        sampled: dict = {a: [], b: []}
+        covered = {a: 0.0, b: 0.0}
+        for step in range(40):
+            for s, jitter in ((a, 0.003 * (step % 3)), (b, -0.002 * (step % 2))):
+                v = s.sample(now=100.0 + 0.1 * step + jitter, step=step)
+                if v is not None:
+                    sampled[s].append(step)
+                    covered[s] += v.get(PROC + "interval_s", 0.0)
+        assert sampled[a] == sampled[b] == list(range(0, 40, 4)) and a.stride() == 4
+        assert covered[a] == pytest.approx(0.1 * 36 + 0.003 * (36 % 3), abs=1e-9)
+        assert a.sample(now=100.0 + 0.1 * 39 + 0.7, step=41) is not None  # a slow step: sampled
+        assert a.stride() == 1 and a.sample(now=100.0 + 0.1 * 39 + 1.4, step=42) is not None
+        fast = Sampler(opts)
+        got = [st for st in range(200) if fast.sample(now=1.0 + 0.001 * st, step=st) is not None]
+        assert got == list(range(0, 200, 4)) and fast.stride() == 4
+        fast.close()
+        every2 = Sampler(TelemetryOptions(gpu=False, host=False, interval_s=0.2))
+        got = [st for st in range(20) if every2.sample(now=1.0 + 0.1 * st, step=st) is not None]
+        assert got == list(range(0, 20, 2))
+        every2.close()
+    finally:
+        a.close()
+        b.close()
 
 
 def _keys(snap: dict) -> set:

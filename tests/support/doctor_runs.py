@@ -282,30 +282,58 @@ CONTROLLER_SOURCE = {"host": "node0", "pid": 1, "mesh": "controller", "actor": "
                      "label": "controller"}
 
 
+_COUNTERS = ("obs/sys/proc/interval_s", "obs/sys/proc/cpu_s", "obs/sys/proc/runq_wait_s",
+             "obs/sys/proc/ctx_voluntary", "obs/sys/proc/ctx_involuntary")
+_SHARES = ("obs/sys/host/cpu_util", "obs/sys/host/steal_share", "obs/sys/host/cpu_pressure",
+           "obs/sys/host/memory_pressure", "obs/sys/host/memory_full_pressure", "obs/sys/host/io_pressure")
+
+
+def covering_sample(per_step: list[dict]) -> dict:
+    """One sample that covers the steps of ``per_step`` (each step's figures, oldest first), as a
+    process that samples every few steps records it at the last of them: counters summed, shares
+    of the interval weighted by each step's time, gauges at the sample."""
+    out = dict(per_step[-1])
+    walls = [d.get("obs/sys/proc/interval_s", 0.0) for d in per_step]
+    for k in _COUNTERS:
+        if k in out:
+            out[k] = sum(d[k] for d in per_step)
+    for k in _SHARES:
+        if k in out:
+            out[k] = sum(d[k] * w for d, w in zip(per_step, walls)) / sum(walls)
+    iv = out["obs/sys/proc/interval_s"]
+    out["obs/sys/proc/cpu_util"] = out["obs/sys/proc/cpu_s"] / iv
+    out["obs/sys/proc/runq_wait_share"] = out["obs/sys/proc/runq_wait_s"] / iv
+    return out
+
+
 def write_busy_run(run_dir: Path, dp: BusyDP, steps: int, *, busy: Callable[[int], bool] = lambda s: True,
-                   telemetry: bool = True, seed: int = 1) -> None:
+                   telemetry: bool = True, seed: int = 1, sample_every: int = 1) -> None:
     """A 2-rank data-parallel run of ``dp`` (its spans with their CPU time, its controller) and its
     ``metrics.jsonl``: per rank the GRPO trainer's duration metrics, and with ``telemetry`` the
     processes' and the host's samples (``busy(step)``: the host shared with other jobs then:
     3-7 runnable tasks per core, tasks waiting for a CPU 40-90 % of the time; else 0.5-1.0 and
-    0-5 %); a global ``trainer/tokens_per_s``."""
+    0-5 %); a global ``trainer/tokens_per_s``. ``sample_every``: every process samples at the
+    steps that are multiples of it (docs/telemetry.md: a stride), each sample covering the
+    steps since the previous one; the other steps carry no telemetry."""
     write_timeline(run_dir, {"trainer": 2}, steps, dp.spans_cpu)
     rnd = random.Random(seed)
     host = {s: (rnd.uniform(3.0, 7.0), rnd.uniform(0.4, 0.9)) if busy(s)
             else (rnd.uniform(0.5, 1.0), rnd.uniform(0.0, 0.05)) for s in range(steps)}
     srcs = [source("trainer", r, "Trainer", TRAINER_PID[r]) for r in (0, 1)] + [CONTROLLER_SOURCE]
 
-    def values(src: dict, step: int) -> dict:
+    def sampled(src: dict, step: int) -> dict:
         if src.get("ctl"):
-            tel = proc_telemetry(dp.step_s(step), 0.004, 0.002 + 0.003 * host[step][1]) if telemetry else {}
+            return proc_telemetry(dp.step_s(step), 0.004, 0.002 + 0.003 * host[step][1])
+        tel = dp.telemetry(src["rank"], step)
+        return {**tel, **host_telemetry(*host[step])} if src["rank"] == 0 else tel
+
+    def values(src: dict, step: int) -> dict:
+        tel: dict = {}
+        if telemetry and step % sample_every == 0:
+            tel = covering_sample([sampled(src, s) for s in range(max(0, step - sample_every + 1), step + 1)])
+        if src.get("ctl"):
             return {"trainer/tokens_per_s": 2000.0 / dp.step_s(step), **tel}
-        r = src["rank"]
-        out = dp.metrics(r, step)
-        if telemetry:
-            out.update(dp.telemetry(r, step))
-            if r == 0:
-                out.update(host_telemetry(*host[step]))
-        return out
+        return {**dp.metrics(src["rank"], step), **tel}
 
     walls = [START]
     for step in range(steps):

@@ -131,15 +131,16 @@ class StepAssembler:
         local = cut.local
         if not isinstance(local, Taken):
             return local
-        if not cut.final:
-            telemetry.add_to(local)  # the controller process's own obs/sys/... (never raises)
         try:
-            return _COLLECTOR.export(local, packed=True)
+            snap = _COLLECTOR.export(local, packed=True)
         except Exception as e:  # noqa: BLE001 - the controller's own values; the ranks' still arrive
             logger.error("forge_obs: the controller's values of step %s could not be exported: %r", cut.step, e)
             for k in local.keys():
                 drops.add(k, "export_error")
             return None
+        if not cut.final:
+            telemetry.add_to(snap, cut.step)  # the controller process's own obs/sys/... (never raises)
+        return snap
 
     def _decoded_bundles(self, cut: Cut, drops: KeyDrops) -> list[dict]:
         """The step's bundles, decoded; one that cannot be is counted, the other groups arrive."""

@@ -26,7 +26,8 @@ A cut is two calls, in this order:
 :func:`add_extras` is the one place where what a cut carries besides the recorded values
 belongs, so that both the Monarch and the SPMD route carry the same: the process's telemetry
 (:mod:`forge_obs.recording.telemetry`: ``obs/sys/...`` values of the cut, merged and reduced like
-any value on every route) and forge_obs's own CPU since the previous cut (``self_cpu``).
+any value on every route; sampled at the steps its stride picks, which :func:`take` notes) and
+forge_obs's own CPU since the previous cut (``self_cpu``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ from forge_obs.wire.snapshot import dumps
 __all__ = ["take", "export", "add_extras"]
 
 _COLLECTOR = MetricCollector()
+#: the step of each cut taken and not yet exported: id(taken) -> step (at most _STEPS_MAX: a cut
+#: that is never exported, lost with its rank's queue, is forgotten with the others)
+_STEPS: dict[int, int] = {}
+_STEPS_MAX = 256
 
 
 def take(step: int) -> Taken:
@@ -50,25 +55,28 @@ def take(step: int) -> Taken:
     are in ``step + 1``."""
     taken = _COLLECTOR.swap()
     follow_cut(step + 1)
+    if len(_STEPS) >= _STEPS_MAX:
+        _STEPS.clear()
+    _STEPS[id(taken)] = step
     return taken
 
 
 def export(taken: Taken) -> bytes:
-    """What ``taken`` holds, ready to travel: the per-cut extras added (:func:`add_extras`), its
-    states exported packed, pickled per key. A state that cannot be exported or pickled is
+    """What ``taken`` holds, ready to travel: its states exported packed, the per-cut extras
+    added (:func:`add_extras`), pickled per key. A state that cannot be exported or pickled is
     left out and counted in the snapshot's counters; raises only where the export itself fails
     (the caller counts that cut as lost)."""
-    extras = add_extras(taken)
+    step = _STEPS.pop(id(taken), None)
     snap = _COLLECTOR.export(taken, packed=True)
-    snap.update(extras)
+    add_extras(snap, step)
     return dumps(snap, lambda key, reason, n: taken.drop(reason, n))
 
 
-def add_extras(taken: Taken) -> dict[str, Any]:
-    """What every cut carries besides the recorded values: this process's telemetry sample, when
-    one is due, added to ``taken`` as values of the cut (:func:`forge_obs.recording.telemetry.add_to`:
-    ``obs/sys/...``, not counted as recorded values); and the snapshot's fields returned:
-    forge_obs's own CPU in this process since the previous cut (``self_cpu``; the pipeline
-    reports it as ``obs/cpu_<part>_s``, apart from the user's keys)."""
-    telemetry.add_to(taken)
-    return {"self_cpu": SELF_OBS.take()}
+def add_extras(snapshot: dict[str, Any], step: int | None = None) -> None:
+    """What every cut carries besides the recorded values, added to its exported ``snapshot``:
+    this process's telemetry sample, when the cut of ``step`` takes one, as values of the cut
+    (:func:`forge_obs.recording.telemetry.add_to`: ``obs/sys/...`` rows of its packed groups, not
+    counted as recorded values); and forge_obs's own CPU in this process since the previous cut
+    (``self_cpu``; the pipeline reports it as ``obs/cpu_<part>_s``, apart from the user's keys)."""
+    telemetry.add_to(snapshot, step)
+    snapshot["self_cpu"] = SELF_OBS.take()

@@ -91,7 +91,10 @@ class _Series:
             del c[:]
 
     def rows(self, lo: int, hi: int) -> tuple[int, int]:
-        return bisect_left(self.steps, lo), bisect_right(self.steps, hi)
+        """The samples of steps ``lo..hi``; where there is none (a process samples every few steps:
+        docs/telemetry.md), the next one, which covers them (none yet, live: none)."""
+        i, j = bisect_left(self.steps, lo), bisect_right(self.steps, hi)
+        return (i, j) if i < j or j >= len(self.steps) else (j, j + 1)
 
 
 def _total(col: array, i: int, j: int) -> float | None:

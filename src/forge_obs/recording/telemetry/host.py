@@ -40,18 +40,11 @@ PSI_FILES = {"cpu": ("cpu_stall_us", None), "memory": ("memory_stall_us", "memor
 
 
 def _psi_totals(text: bytes) -> tuple[int | None, int | None]:
-    """(``some`` total µs, ``full`` total µs) of a PSI file's text."""
-    some = full = None
-    for line in text.split(b"\n"):
-        if not line:
-            continue
-        total = line.rsplit(b"total=", 1)
-        if len(total) != 2:
-            continue
-        if line.startswith(b"some"):
-            some = int(total[1])
-        elif line.startswith(b"full"):
-            full = int(total[1])
+    """(``some`` total µs, ``full`` total µs) of a PSI file's text: ``some avg10=.. total=N``
+    and, where the kernel has it, ``full avg10=.. total=M``, one line each in that order."""
+    parts = text.split(b"total=")
+    some = int(parts[1].split(None, 1)[0]) if len(parts) > 1 and text.startswith(b"some") else None
+    full = int(parts[2].split(None, 1)[0]) if len(parts) > 2 and b"\nfull" in text else None
     return some, full
 
 

@@ -43,9 +43,10 @@ class TelemetryOptions:
     host: bool = True
     #: the GPU figures of the devices a process uses (needs ``nvidia-ml-py``: the ``gpu`` extra)
     gpu: bool = True
-    #: a process samples at most once per this many seconds: a cut sooner than that carries no
-    #: telemetry (its next sample covers the time since the last one)
-    interval_s: float = 0.01
+    #: about how often a process samples: at the steps that are multiples of the power of two of
+    #: steps nearest to this at its step rate, at most 4 (every step where a step takes this long
+    #: or longer); a step without a sample carries no telemetry, the next sample covers it
+    interval_s: float = 0.5
 
     def __post_init__(self) -> None:
         for name in ("enabled", "host", "gpu"):

@@ -12,10 +12,12 @@ figures of the interval between them.
     >>> r.close()
 
 One ``getrusage`` (CPU time and context switches of every thread), one ``pread`` of
-``/proc/self/statm`` (resident memory), and the run-queue wait of the threads (the kernel's
-``run_delay`` in ``/proc/self/task/<tid>/schedstat``, see :class:`ThreadDelays`): each file is
-opened once and read again with ``pread`` at offset 0 (the kernel makes its text anew). Where a
-file is missing (not Linux, a kernel without schedstat), its figures are left out.
+``/proc/self/statm`` (resident memory), one ``fstat`` of ``/proc/self/task`` (its link count is
+the number of threads + 2: the kernel counts them, it does not list them), and the run-queue wait
+of the threads (the kernel's ``run_delay`` in ``/proc/self/task/<tid>/schedstat``, see
+:class:`ThreadDelays`): each file is opened once and read again with ``pread`` at offset 0 (the
+kernel makes its text anew). Where a file is missing (not Linux, a kernel without schedstat),
+its figures are left out.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ import os
 import resource
 import time
 from collections import deque
+from itertools import repeat
 from typing import Any
 
-__all__ = ["ProcReader", "ThreadDelays", "read_fd", "open_file", "close_fd"]
+__all__ = ["ProcReader", "ThreadDelays", "read_fd", "open_file", "close_fd", "thread_count"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_popleft = deque.popleft
 
 
 def read_fd(fd: int, size: int = 4096) -> bytes:
@@ -67,14 +71,17 @@ class ThreadDelays:
     idle); the sum is exact at every thread's last read (a dead thread's wait stays counted), so
     a total over several intervals is exact and one interval may carry a waking thread's last
     few. The cost is bounded by ``max_reads`` reads of a few µs (at most ``scan_reads`` more when
-    the busy threads changed), whatever the number of threads. The thread list is read again every ``refresh_s``."""
+    the busy threads changed), whatever the number of threads. The thread list (a directory read,
+    the costliest part of a sample) is read again when the process's number of threads differs
+    from the threads it has (``threads`` of :meth:`read`; at most every ``recount_s``), and every
+    ``refresh_s`` whatever the count (a thread that ended and another that began in between)."""
 
-    def __init__(self, pid: int, max_reads: int = 8, cold_reads: int = 2, scan_reads: int = 24,
-                 refresh_s: float = 1.0) -> None:
+    def __init__(self, pid: int, max_reads: int = 4, cold_reads: int = 1, scan_reads: int = 24,
+                 refresh_s: float = 10.0, recount_s: float = 0.05) -> None:
         self.pid = pid
         self.max_reads, self.cold_reads, self.scan_reads, self.refresh_s = max_reads, cold_reads, scan_reads, refresh_s
-        self.fds: dict[int, int] = {}  # tid -> fd of its schedstat
-        self.last: dict[int, tuple] = {}  # tid -> (run time ns, run delay ns) at its last read
+        self.recount_s = recount_s
+        self.state: dict[int, list] = {}  # tid -> [fd of its schedstat, run time ns, run delay ns] at its last read
         self.hot: deque = deque()  # threads whose counters moved at their last read, in turn
         self.cold: deque = deque()  # the others, in turn
         self.total_ns = 0
@@ -83,22 +90,27 @@ class ThreadDelays:
 
     @property
     def threads(self) -> int:
-        return len(self.fds)
+        return len(self.state)
 
-    def read(self, now: float | None = None, cpu_ns: int | None = None) -> int | None:
+    def read(self, now: float | None = None, cpu_ns: int | None = None, threads: int | None = None) -> int | None:
         """The cumulative run-queue wait (ns) of the threads, or None where the kernel has no
-        schedstat. ``cpu_ns``: the process's CPU time since the previous call."""
+        schedstat. ``cpu_ns``: the process's CPU time since the previous call; ``threads``: its
+        number of threads now (None: not known)."""
         if not self.available:
             return None
         now = time.monotonic() if now is None else now
         new: list = []
-        if now - self.refreshed >= self.refresh_s:
+        since = now - self.refreshed
+        if since >= self.refresh_s or (threads is not None and threads != len(self.state) and since >= self.recount_s):
             new = self._refresh()
             self.refreshed = now
         hot, cold = self.hot, self.cold
         n_hot = min(len(hot), self.max_reads - min(self.cold_reads, len(cold)))
-        todo = [hot.popleft() for _ in range(n_hot)]
-        todo += [cold.popleft() for _ in range(min(len(cold), self.max_reads - len(todo)))]
+        n_cold = min(len(cold), self.max_reads - n_hot)
+        todo = list(map(_popleft, repeat(hot, n_hot)))
+        while n_cold:
+            todo.append(cold.popleft())
+            n_cold -= 1
         hot_left, cold_left = len(hot), len(cold)  # not in this turn: at the fronts (read ones go behind)
         ran = self._read_all(todo)
         if cpu_ns is not None:
@@ -108,39 +120,37 @@ class ThreadDelays:
                     tid, hot_left = hot.popleft(), hot_left - 1
                 else:
                     tid, cold_left = cold.popleft(), cold_left - 1
-                ran += self._read_all([tid])
+                ran += self._read_all((tid,))
                 budget -= 1
         cold.extendleft(reversed(new))  # read first next time: a read now would show no change
         return self.total_ns
 
-    def _read_all(self, tids: list) -> int:
-        """Read ``tids``, each back in the hot or cold turn; returns the run time they added (ns)."""
+    def _read_all(self, tids: Any) -> int:
+        """Read ``tids``, each back in the hot or cold turn (a thread that is gone: dropped);
+        returns the run time they added (ns)."""
         ran = 0
+        state, hot, cold, read = self.state, self.hot, self.cold, read_fd
         for tid in tids:
-            before = self.last.get(tid)
-            moved = self._read_one(tid)
-            if tid in self.fds:
-                (self.hot if moved else self.cold).append(tid)
-                if before is not None:
-                    ran += self.last[tid][0] - before[0]
+            st = state.get(tid)
+            if st is None:
+                continue
+            try:
+                f = read(st[0], 128).split(None, 2)
+                run_ns, delay_ns = int(f[0]), int(f[1])
+            except (OSError, ValueError, IndexError):
+                self._drop(tid)
+                continue
+            if st[1] is None:  # its first read: where it starts from (its earlier wait is not this
+                st[1], st[2] = run_ns, delay_ns  # interval's); in no turn yet (the caller places it)
+                continue
+            if run_ns != st[1] or delay_ns != st[2]:
+                ran += run_ns - st[1]
+                self.total_ns += delay_ns - st[2]
+                st[1], st[2] = run_ns, delay_ns
+                hot.append(tid)
+            else:
+                cold.append(tid)
         return ran
-
-    def _read_one(self, tid: int) -> bool:
-        """Read one thread; True when its counters moved (it is hot)."""
-        fd = self.fds.get(tid)
-        if fd is None:
-            return False
-        try:
-            run_ns, delay_ns = map(int, read_fd(fd, 128).split()[:2])
-        except (OSError, ValueError):
-            self._drop(tid)
-            return False
-        prev = self.last.get(tid)
-        self.last[tid] = (run_ns, delay_ns)
-        if prev is None:  # its first read: where it starts from (its earlier wait is not this interval's)
-            return True
-        self.total_ns += delay_ns - prev[1]
-        return (run_ns, delay_ns) != prev
 
     def _refresh(self) -> list:
         """The thread list read again: gone threads dropped, new ones read once (their starting
@@ -149,29 +159,36 @@ class ThreadDelays:
             tids = {int(t) for t in os.listdir(f"/proc/{self.pid}/task")}
         except (OSError, ValueError):
             return []
-        for tid in list(self.fds):
-            if tid not in tids:
-                self._drop(tid)
+        state = self.state
+        for tid in [t for t in state if t not in tids]:
+            self._drop(tid)
         new = []
-        for tid in sorted(tids - self.fds.keys()):
+        for tid in sorted(tids - state.keys()):
             fd = open_file(f"/proc/{self.pid}/task/{tid}/schedstat")
             if fd is not None:
-                self.fds[tid] = fd
-                self._read_one(tid)  # its starting point, once: its wait from now on counts
-                if tid in self.fds:
-                    new.append(tid)
-        self.hot = deque(t for t in self.hot if t in self.fds)
-        self.cold = deque(t for t in self.cold if t in self.fds)
-        return new
+                state[tid] = [fd, None, None]
+                new.append(tid)
+        self._read_all(new)  # their starting points, once: their wait from now on counts
+        self.hot = deque(t for t in self.hot if t in state)
+        self.cold = deque(t for t in self.cold if t in state)
+        return [t for t in new if t in state]
 
     def _drop(self, tid: int) -> None:
-        close_fd(self.fds.pop(tid, None))
-        self.last.pop(tid, None)
+        st = self.state.pop(tid, None)
+        if st is not None:
+            close_fd(st[0])
 
     def close(self) -> None:
-        for tid in list(self.fds):
+        for tid in list(self.state):
             self._drop(tid)
         self.hot, self.cold = deque(), deque()
+
+
+def thread_count(fd: int) -> int | None:
+    """The threads of the process whose ``/proc/<pid>/task`` directory is open as ``fd`` (None
+    where the link count does not tell: a kernel that does not count them)."""
+    n = os.fstat(fd).st_nlink - 2
+    return n if n >= 1 else None
 
 
 class ProcReader:
@@ -180,27 +197,37 @@ class ProcReader:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.statm = open_file("/proc/self/statm")
+        self.task = open_file(f"/proc/{self.pid}/task")
         self.delays = ThreadDelays(self.pid)
         self.cpu_s: float | None = None  # at the previous read
 
     def read(self, now: float | None = None) -> dict[str, Any]:
         ru = resource.getrusage(resource.RUSAGE_SELF)
-        out: dict[str, Any] = {"cpu_s": ru.ru_utime + ru.ru_stime, "ctx_voluntary": ru.ru_nvcsw,
-                               "ctx_involuntary": ru.ru_nivcsw}
+        cpu_s = ru.ru_utime + ru.ru_stime
+        out: dict[str, Any] = {"cpu_s": cpu_s, "ctx_voluntary": ru.ru_nvcsw, "ctx_involuntary": ru.ru_nivcsw}
         if self.statm is not None:
             try:
-                out["rss_bytes"] = int(read_fd(self.statm, 256).split()[1]) * _PAGE
+                out["rss_bytes"] = int(read_fd(self.statm, 256).split(None, 2)[1]) * _PAGE
             except (OSError, ValueError, IndexError):
                 pass
-        cpu_ns = None if self.cpu_s is None else int((out["cpu_s"] - self.cpu_s) * 1e9)
-        self.cpu_s = out["cpu_s"]
-        runq = self.delays.read(now, cpu_ns)
+        threads = None
+        if self.task is not None:
+            try:
+                threads = thread_count(self.task)
+            except OSError:
+                pass
+        if threads is not None:
+            out["threads"] = threads
+        cpu_ns = None if self.cpu_s is None else int((cpu_s - self.cpu_s) * 1e9)
+        self.cpu_s = cpu_s
+        runq = self.delays.read(now, cpu_ns, threads)
         if runq is not None:
             out["runq_ns"] = runq
-            out["threads"] = self.delays.threads
+            out.setdefault("threads", self.delays.threads)
         return out
 
     def close(self) -> None:
         close_fd(self.statm)
-        self.statm = None
+        close_fd(self.task)
+        self.statm = self.task = None
         self.delays.close()
