@@ -43,6 +43,7 @@ def follow(run_dir: Path, interval_s: float = DEFAULT_INTERVAL_S, parent: "int |
 
     stop = stop or threading.Event()
     signals = StopSignals(stop)
+    _warm()
     d = store.index_dir(run_dir)
     window = Window()  # the last steps' rows, kept between updates
     n = 0
@@ -60,6 +61,15 @@ def follow(run_dir: Path, interval_s: float = DEFAULT_INTERVAL_S, parent: "int |
         cost = time.process_time() - cost
         signals.wait(max(interval_s, cost / cpu_share - cost) if cpu_share > 0 else interval_s)
 
+
+def _warm() -> None:
+    """What the updates import on first use, imported at start (once, not in the first update
+    that writes or merges a segment): pyarrow's compute functions, and pandas, which pyarrow
+    imports the first time it turns Python lists into arrays."""
+    import pyarrow as pa
+    import pyarrow.compute  # noqa: F401
+
+    pa.array([0])
 
 
 def start_indexer(run_dir: "str | Path", interval_s: float = DEFAULT_INTERVAL_S) -> subprocess.Popen:

@@ -30,7 +30,7 @@ MERGE_AT = 8
 #: segments with fewer rows than this count as small
 SMALL_ROWS = 200_000
 #: small segments of fewer rows than this are of the first size class
-TIER_ROWS = 4096
+TIER_ROWS = 256
 
 
 @contextmanager
@@ -180,15 +180,13 @@ def _merges(man: store.Manifest, table: str, keep: "set | frozenset" = frozenset
 def _merge(d: Path, man: store.Manifest, table: str, small: list) -> None:
     """Merge segments ``small`` of ``table`` into one (by step for the per-step tables)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    segs = man.segments(table)
     import pyarrow.compute as pc
 
+    segs = man.segments(table)
     schema = arrow_schema(table)  # a segment DuckDB wrote has its columns NOT NULL where they happen to be
     parts = []
     for s in small:
-        t = pq.ParquetFile(d / s["file"]).read().cast(schema)
+        t = store.read_segment(d, s["file"], schema)
         if s.get("skip"):  # steps computed again since: their rows are in a later segment
             t = t.filter(pc.invert(pc.is_in(t["step"], value_set=pa.array(s["skip"], pa.int64()))))
         parts.append(t)

@@ -25,6 +25,10 @@ KEEP_STEPS = 64
 #: endpoint calls dropped from the window whose links are remembered (a span that arrives with
 #: one of them needs the index: its call was sent before the horizon)
 PRUNED_LINKS = 200_000
+#: an index with no step yet is held whole when it has at most this many spans (else it is read
+#: until its first step is stored)
+SEED_ALL_SPANS = 200_000
+_ALL = -(1 << 62)
 
 
 class Window:
@@ -57,12 +61,15 @@ class Window:
         self.numbers = {r[0] for r in con.execute("SELECT step FROM _steps").fetchall()}
         self.steps = {n: [a, b, u] for n, a, b, u in rows}
         lo = min((r[1] for r in rows), default=None)
-        if lo is None:
+        if lo is not None:
+            self.pruned_end = con.execute("SELECT max(end_us) FROM _steps WHERE step NOT IN "
+                                          "(SELECT unnest(?::BIGINT[]))", [list(self.steps)]).fetchone()[0] or -(1 << 62)
+            self._adopt(man)
+            self.horizon = h = closure(con, lo - 4 * _margin())
+        elif con.execute("SELECT count(*) FROM _spans").fetchone()[0] <= SEED_ALL_SPANS:
+            self.horizon = h = _ALL  # no step yet (a run starting): every row, the first step may need any
+        else:
             return
-        self.pruned_end = con.execute("SELECT max(end_us) FROM _steps WHERE step NOT IN (SELECT unnest(?::BIGINT[]))",
-                                      [list(self.steps)]).fetchone()[0] or -(1 << 62)
-        self._adopt(man)
-        self.horizon = h = closure(con, lo - 4 * _margin())
         order = _orders(man)
         off = "s.offset_us"
         self.spans = sorted(
@@ -166,6 +173,8 @@ class Window:
             self.pruned_end = max(self.pruned_end, self.steps.pop(n)[1])
         self.segs = {f: held for f, held in self.segs.items() if held & self.steps.keys()}
         if not self.steps:
+            if self.whole() and len(self.spans) > SEED_ALL_SPANS:
+                self.ready = False  # a long start without a step: read from the index until its first
             return
         h = min(v[0] for v in self.steps.values()) - 4 * _margin()
         h = min(h, self._reach(h))
@@ -219,6 +228,10 @@ class Window:
 
     def first(self) -> int:
         return self.horizon
+
+    def whole(self) -> bool:
+        """Whether the window holds every row of the index (no step was stored yet)."""
+        return self.horizon == _ALL
 
 
 def _margin() -> int:
