@@ -147,8 +147,14 @@ class Window:
             self.segs[f] = held
 
     def tracked(self) -> set:
-        """The segment files the window may still mark (never merged meanwhile)."""
+        """The segment files the window may mark."""
         return set(self.segs)
+
+    def merged(self, files: list, into: str, steps: "set | None") -> None:
+        """Segments ``files`` (all tracked, or none) merged into segment ``into``, which holds
+        exactly ``steps`` (it is dropped once every one of them is marked)."""
+        if [self.segs.pop(f) for f in files if f in self.segs] and steps is not None:
+            self.segs[into] = steps
 
     def stored(self, rows: list) -> None:
         """Steps just stored (``[(step, start, end, unfinished)]``)."""
