@@ -14,6 +14,7 @@ index, and every command indexes what was appended since the last one.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import signal
 import subprocess
@@ -64,8 +65,9 @@ def follow(run_dir: Path, interval_s: float = DEFAULT_INTERVAL_S, parent: "int |
 
 def _warm() -> None:
     """What the updates import on first use, imported at start (once, not in the first update
-    that writes or merges a segment): pyarrow's compute functions, and pandas, which pyarrow
-    imports the first time it turns Python lists into arrays."""
+    that writes or merges a segment): DuckDB, pyarrow's compute functions, and pandas, which
+    pyarrow imports the first time it turns Python lists into arrays."""
+    import duckdb  # noqa: F401
     import pyarrow as pa
     import pyarrow.compute  # noqa: F401
 
@@ -132,6 +134,8 @@ def main(argv: "list[str] | None" = None) -> int:
     ap.add_argument("--parent", type=int, default=None)
     ap.add_argument("--cpu-share", type=float, default=0.0, help="use at most this share of one core (e.g. 0.01)")
     args = ap.parse_args(argv)
+    _warm()
+    gc.freeze()  # what start-up made stays: the collector never walks it again
     follow(args.run_dir, args.interval_s, args.parent, cpu_share=args.cpu_share)
     return 0
 
