@@ -340,7 +340,7 @@ def main() -> None:
     ap.add_argument("--base-timeout-s", type=float, default=600)
     ap.add_argument("--live-rate", type=float, default=10.0)
     ap.add_argument("--live-s", type=float, default=30.0)
-    ap.add_argument("--live-interval-s", type=float, nargs="+", default=[1.0, 2.0])
+    ap.add_argument("--live-interval-s", type=float, nargs="+", default=[1.0, 1.5, 2.0])
     ap.add_argument("--live-cpu-share", type=float, default=0.0, help="the live indexer's --cpu-share (0: none)")
     args = ap.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)

@@ -3,12 +3,12 @@
 about ``interval_s`` of its flush, whoever asks.
 
 It is a child process of the controller (started by the ``index`` backend:
-``"index": {"interval_s": 1.0}`` in ``init_backends``), at a low priority, apart from the
+``"index": {"interval_s": 1.5}`` in ``init_backends``), at a low priority, apart from the
 controller's GIL: it never delays a flush. It exits when the run finishes (after one last
 update) or when the controller is gone. Without it, the first command after the run builds the
 index, and every command indexes what was appended since the last one.
 
-    python -m forge_obs.analysis.index.live RUN_DIR [--interval-s 1.0] [--cpu-share 0.01] [--parent PID]
+    python -m forge_obs.analysis.index.live RUN_DIR [--interval-s 1.5] [--cpu-share 0.01] [--parent PID]
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from forge_obs.core.procs import StopSignals, parent_alive
 
 __all__ = ["follow", "IndexBackend", "DEFAULT_INTERVAL_S", "start_indexer", "stop_indexer"]
 
-DEFAULT_INTERVAL_S = 1.0
+#: seconds between updates: a step is queryable at most this (and the update's own time) after its flush
+DEFAULT_INTERVAL_S = 1.5
 
 
 def follow(run_dir: Path, interval_s: float = DEFAULT_INTERVAL_S, parent: "int | None" = None,
@@ -97,7 +98,7 @@ def stop_indexer(p: subprocess.Popen, timeout_s: float = 60.0) -> None:
 
 class IndexBackend(LoggerBackend):
     """Keeps the run's index up to date while it runs (see the module docstring); logs nothing.
-    Config: ``interval_s`` (default 1.0)."""
+    Config: ``interval_s`` (default 1.5)."""
 
     def __init__(self, logger_backend_config: "dict[str, Any] | None" = None) -> None:
         cfg = dict(logger_backend_config or {})
