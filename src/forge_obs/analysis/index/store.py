@@ -157,7 +157,7 @@ def write_arrow(d: Path, name: str, t: Any) -> dict:
 #: the segments of fewer rows than this that this process wrote are kept in memory (up to
 #: KEPT_ROWS rows in all, the latest): a merge of small segments (the live indexer's) reads them there
 KEEP_ROWS = 32_768
-KEPT_ROWS = 1_000_000
+KEPT_ROWS = 250_000
 _kept: "OrderedDict[str, tuple]" = OrderedDict()  # path -> (Arrow table, (inode, size, mtime))
 _kept_rows = [0]
 

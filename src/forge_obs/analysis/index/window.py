@@ -7,8 +7,9 @@ window holds: every span that ends at or after the window's ``horizon`` and ever
 at or after it. :meth:`Window.closure` returns None when the graph it asks for reaches before the
 horizon (a span that began long before, an endpoint call sent long before, a span still open
 since long before); the update then reads the index (:func:`.paths.compute_steps`) and the window
-is read again from it (:meth:`Window.seed`). Rows sort in the reader's order: their file's order
-(:func:`forge_obs.analysis.reader.file_order`), then their byte offset.
+is read again from it (:meth:`Window.seed`). Before a run's first step the window holds every
+row (the first step's graph may reach back to any). A graph's rows are in the reader's order:
+their file's order (:func:`forge_obs.analysis.reader.file_order`), then their byte offset.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class Window:
         new = [(order[fid], o, sid, lane, name, step, st + offsets[sid], dur, flow, ft, link, st + offsets[sid] + dur)
                for sid, _a, lane, name, step, st, _e, dur, _er, flow, ft, _at, link, _c, _cpu, fid, o in cols["spans"]]
         self.spans += new
-        self.spans.sort(key=_END)  # two sorted runs: a merge
+        self.spans.sort(key=_END)  # the ones held are a sorted run: a merge
         self._add_events([(order[fid], o, sid, lane, kind, name, step, link, ts + offsets[sid])
                           for sid, _a, lane, kind, name, step, ts, _f, _ft, _at, link, fid, o in cols["events"]
                           if kind == "step" or (kind == "event" and name == "call" and link is not None)])
