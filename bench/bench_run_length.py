@@ -239,8 +239,10 @@ def _proc_cpu(pid: int) -> float:
     return (int(parts[11]) + int(parts[12])) * _TICK_S
 
 
-def live(cache: Path, rate: float, seconds: float, interval_s: float, cpu_share: float = 0.0) -> dict:
-    """A writer appends a step every ``1/rate`` s while the live indexer follows the run."""
+def live(cache: Path, rate: float, seconds: float, interval_s: float, cpu_share: float = 0.0,
+         code: Path = ROOT / "src") -> dict:
+    """A writer appends a step every ``1/rate`` s while the live indexer (of the code in ``code``)
+    follows the run."""
     from forge_obs.analysis.index import open_index
 
     src = make_run(cache, 1000)
@@ -250,10 +252,10 @@ def live(cache: Path, rate: float, seconds: float, interval_s: float, cpu_share:
         (run / "events").mkdir(parents=True)
         for name, (head, _g) in groups.items():
             (run / "events" / name).write_text(head)
-        env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT}")
+        env = dict(os.environ, PYTHONPATH=f"{code}{os.pathsep}{ROOT}")
         proc = subprocess.Popen([sys.executable, "-m", "forge_obs.analysis.index.live", str(run), "--interval-s",
                                  str(interval_s), "--parent", str(os.getpid()), "--cpu-share", str(cpu_share)], env=env)
-        time.sleep(2.0)  # its start-up (imports) is not the indexing's cost
+        _started(run, proc)  # its start-up (imports, its first update) is not the indexing's cost
         cpu0, t0 = _proc_cpu(proc.pid), time.perf_counter()
         lat: list = []
         n = 0
@@ -276,6 +278,18 @@ def live(cache: Path, rate: float, seconds: float, interval_s: float, cpu_share:
             "indexer_cpu_s": cpu, "indexer_cpu_share_of_one_core": cpu / wall,
             "seen_latency_s": {"median": statistics.median(lat), "max": max(lat)} if lat else None,
             "steps_indexed": check}
+
+
+def _started(run: Path, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    """Until the live indexer's first update is done (its manifest written) and its CPU time is
+    still for 0.5 s (nothing to index yet)."""
+    deadline = time.perf_counter() + timeout_s
+    while not (run / "index" / "manifest.json").exists() and time.perf_counter() < deadline:
+        time.sleep(0.05)
+    cpu = -1.0
+    while time.perf_counter() < deadline and proc.poll() is None and cpu != _proc_cpu(proc.pid):
+        cpu = _proc_cpu(proc.pid)
+        time.sleep(0.5)
 
 
 def _seen(run: Path, step: int, flushed: float) -> float:
@@ -326,7 +340,7 @@ def main() -> None:
     ap.add_argument("--base-timeout-s", type=float, default=600)
     ap.add_argument("--live-rate", type=float, default=10.0)
     ap.add_argument("--live-s", type=float, default=30.0)
-    ap.add_argument("--live-interval-s", type=float, nargs="+", default=[1.0, 2.0])
+    ap.add_argument("--live-interval-s", type=float, nargs="+", default=[1.0, 1.5, 2.0])
     ap.add_argument("--live-cpu-share", type=float, default=0.0, help="the live indexer's --cpu-share (0: none)")
     args = ap.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)

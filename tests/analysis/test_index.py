@@ -513,3 +513,59 @@ def test_the_live_indexer_computes_steps_from_its_window_as_the_index_does(tmp_p
         updater.update_index(run, store.index_dir(run), window=window)
     assert used[True] >= 30, used
     assert_same_answers(run)
+
+
+@pytest.mark.parametrize("fault", [{}, {"carried_sync_s": 0.3, "trainer_host": "node1", "trainer_skew_s": 0.03}])
+def test_the_live_indexer_reads_no_index_from_a_run_that_starts(tmp_path, monkeypatch, fault):
+    """A run the live indexer follows from its start (its files' headers, then every step a few
+    torn lines at a time): after the first update (an empty index), every step is computed from
+    the window, the first one included (no update reads the index back), and the answers are
+    the direct read's."""
+    from forge_obs.analysis.index import paths, updater
+    from forge_obs.analysis.index.window import Window
+
+    reads = []
+    real = paths.compute_steps
+    monkeypatch.setattr(updater, "compute_steps", lambda *a: reads.append(1) or real(*a))
+    src = grpo_run(tmp_path / "src", 12, slow_from=6, **fault)
+    run = tmp_path / "run"
+    (run / "events").mkdir(parents=True)
+    full = {run / "events" / p.name: p.read_bytes() for p in (src / "events").glob("*.jsonl")}
+    head = {p: b.index(b"\n") + 1 for p, b in full.items()}
+    for p, b in full.items():
+        p.write_bytes(b[: head[p]])
+    window = Window()
+    updater.update_index(run, store.index_dir(run), window=window)
+    assert reads == [1] and window.ready and window.whole()
+    for part in range(1, 25):
+        for p, b in full.items():
+            p.write_bytes(b[: max(head[p], len(b) * part // 24)])
+        updater.update_index(run, store.index_dir(run), window=window)
+    assert reads == [1], f"{len(reads) - 1} updates read the index back"
+    assert not window.whole()
+    assert_same_answers(run)
+
+
+def test_a_merge_reads_the_segments_this_process_wrote_from_memory_unless_replaced(tmp_path, monkeypatch):
+    """A small segment this process wrote is merged from the copy it kept; a segment whose file
+    is not that one any more (another process rebuilt the index: same name, other rows) is read
+    from its file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from forge_obs.analysis.index.schema import arrow_schema
+
+    schema = arrow_schema("lanes")
+
+    def table(label: str) -> "pa.Table":
+        return pa.Table.from_pydict({"sid": [1], "lane": [2], "label": [label]}, schema=schema)
+
+    store.write_arrow(tmp_path, "lanes-1-0.parquet", table("kept"))
+    store.write_arrow(tmp_path, "lanes-1-1.parquet", table("mine"))
+    tmp = tmp_path / "other.parquet"
+    pq.write_table(table("theirs"), tmp)
+    os.replace(tmp, tmp_path / "lanes-1-1.parquet")
+    monkeypatch.setattr(pq, "ParquetFile", lambda *a, **k: pytest.fail("read a kept segment from its file"))
+    assert store.read_segment(tmp_path, "lanes-1-0.parquet", schema)["label"].to_pylist() == ["kept"]
+    monkeypatch.undo()
+    assert store.read_segment(tmp_path, "lanes-1-1.parquet", schema)["label"].to_pylist() == ["theirs"]

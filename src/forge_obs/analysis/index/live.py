@@ -3,17 +3,18 @@
 about ``interval_s`` of its flush, whoever asks.
 
 It is a child process of the controller (started by the ``index`` backend:
-``"index": {"interval_s": 1.0}`` in ``init_backends``), at a low priority, apart from the
+``"index": {"interval_s": 1.5}`` in ``init_backends``), at a low priority, apart from the
 controller's GIL: it never delays a flush. It exits when the run finishes (after one last
 update) or when the controller is gone. Without it, the first command after the run builds the
 index, and every command indexes what was appended since the last one.
 
-    python -m forge_obs.analysis.index.live RUN_DIR [--interval-s 1.0] [--cpu-share 0.01] [--parent PID]
+    python -m forge_obs.analysis.index.live RUN_DIR [--interval-s 1.5] [--cpu-share 0.01] [--parent PID]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import signal
 import subprocess
@@ -28,7 +29,8 @@ from forge_obs.core.procs import StopSignals, parent_alive
 
 __all__ = ["follow", "IndexBackend", "DEFAULT_INTERVAL_S", "start_indexer", "stop_indexer"]
 
-DEFAULT_INTERVAL_S = 1.0
+#: seconds between updates: a step is queryable at most this (and the update's own time) after its flush
+DEFAULT_INTERVAL_S = 1.5
 
 
 def follow(run_dir: Path, interval_s: float = DEFAULT_INTERVAL_S, parent: "int | None" = None,
@@ -43,6 +45,7 @@ def follow(run_dir: Path, interval_s: float = DEFAULT_INTERVAL_S, parent: "int |
 
     stop = stop or threading.Event()
     signals = StopSignals(stop)
+    _warm()
     d = store.index_dir(run_dir)
     window = Window()  # the last steps' rows, kept between updates
     n = 0
@@ -60,6 +63,16 @@ def follow(run_dir: Path, interval_s: float = DEFAULT_INTERVAL_S, parent: "int |
         cost = time.process_time() - cost
         signals.wait(max(interval_s, cost / cpu_share - cost) if cpu_share > 0 else interval_s)
 
+
+def _warm() -> None:
+    """What the updates import on first use, imported at start (once, not in the first update
+    that writes or merges a segment): DuckDB, pyarrow's compute functions, and pandas, which
+    pyarrow imports the first time it turns Python lists into arrays."""
+    import duckdb  # noqa: F401
+    import pyarrow as pa
+    import pyarrow.compute  # noqa: F401
+
+    pa.array([0])
 
 
 def start_indexer(run_dir: "str | Path", interval_s: float = DEFAULT_INTERVAL_S) -> subprocess.Popen:
@@ -85,7 +98,7 @@ def stop_indexer(p: subprocess.Popen, timeout_s: float = 60.0) -> None:
 
 class IndexBackend(LoggerBackend):
     """Keeps the run's index up to date while it runs (see the module docstring); logs nothing.
-    Config: ``interval_s`` (default 1.0)."""
+    Config: ``interval_s`` (default 1.5)."""
 
     def __init__(self, logger_backend_config: "dict[str, Any] | None" = None) -> None:
         cfg = dict(logger_backend_config or {})
@@ -122,6 +135,8 @@ def main(argv: "list[str] | None" = None) -> int:
     ap.add_argument("--parent", type=int, default=None)
     ap.add_argument("--cpu-share", type=float, default=0.0, help="use at most this share of one core (e.g. 0.01)")
     args = ap.parse_args(argv)
+    _warm()
+    gc.freeze()  # what start-up made stays: the collector never walks it again
     follow(args.run_dir, args.interval_s, args.parent, cpu_share=args.cpu_share)
     return 0
 

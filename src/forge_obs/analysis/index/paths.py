@@ -99,7 +99,7 @@ def compute_live(d: Path, man: store.Manifest, lo_raw: "int | None", offsets: di
     :func:`compute_steps`."""
     st = man.state.setdefault("path", {})
     okey = json.dumps(sorted(offsets.items()))
-    if not win.ready or not man.tables.get("steps") or st.get("offsets") != okey:
+    if not win.ready or not (man.tables.get("steps") or win.whole()) or st.get("offsets") != okey:
         return False
     opens_lo = min((r[4] for r in opens), default=None)
     shift = min([0, *offsets.values()])

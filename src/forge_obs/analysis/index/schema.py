@@ -26,6 +26,8 @@ and the extent of that rank's spans) is the ``span_steps`` view over ``spans``
 
 from __future__ import annotations
 
+import functools
+
 from forge_obs.core.identity import PARALLEL_DIMS
 
 __all__ = ["TABLES", "STEP_TABLES", "SPAN_COLS", "EVENT_COLS", "METRIC_COLS", "DIM_COLS", "PATH_COLS",
@@ -102,8 +104,9 @@ EVIDENCE_COLS = {
 }
 
 
+@functools.lru_cache(maxsize=None)
 def arrow_schema(table: str):
-    """The Arrow schema of stored table ``table``."""
+    """The Arrow schema of stored table ``table`` (one object per table: Arrow schemas are immutable)."""
     import pyarrow as pa
 
     return pa.schema([(name, pa.bool_() if typ == "bool" else getattr(pa, typ)()) for name, typ in TABLES[table].items()])

@@ -20,12 +20,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+from collections import OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 __all__ = ["INDEX_DIR", "FORMAT", "Manifest", "index_dir", "writable", "read_lock", "write_lock",
-           "write_segment", "write_arrow", "collect_garbage"]
+           "write_segment", "write_arrow", "read_segment", "collect_garbage"]
 
 #: the index's directory inside a run directory
 INDEX_DIR = "index"
@@ -128,16 +129,68 @@ def write_arrow(d: Path, name: str, t: Any) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    tmp = d / f".{name}.tmp"
     # no min/max for floating columns: Arrow leaves NaN out of them, and DuckDB then takes
     # isnan() to be false everywhere in the row group
     stats = [f.name for f in t.schema if not pa.types.is_floating(f.type)]
     small = t.num_rows < SMALL_SEGMENT_ROWS  # a live update's: written plainly, compressed when merged
-    with open(tmp, "wb") as f:
-        pq.write_table(t, f, compression="none" if small else "zstd", use_dictionary=not small,
-                       row_group_size=256 * 1024, write_statistics=stats)
+    tmp = d / f".{name}.tmp"
+    if small:  # encoded in memory, written at once
+        buf = pa.BufferOutputStream()
+        pq.write_table(t, buf, compression="none", use_dictionary=False, write_statistics=stats)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            data = memoryview(buf.getvalue())
+            while data:
+                data = data[os.write(fd, data):]
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+    else:
+        with open(tmp, "wb") as f:
+            pq.write_table(t, f, compression="zstd", row_group_size=256 * 1024, write_statistics=stats)
+        st = os.stat(tmp)
     os.replace(tmp, d / name)
+    _remember(d / name, t, st)
     return {"file": name, "rows": t.num_rows}
+
+
+#: the segments of fewer rows than this that this process wrote are kept in memory (up to
+#: KEPT_ROWS rows in all, the latest): a merge of small segments (the live indexer's) reads them there
+KEEP_ROWS = 32_768
+KEPT_ROWS = 250_000
+_kept: "OrderedDict[str, tuple]" = OrderedDict()  # path -> (Arrow table, (inode, size, mtime))
+_kept_rows = [0]
+
+
+def _remember(path: Path, t: Any, st: os.stat_result) -> None:
+    if t.num_rows >= KEEP_ROWS:
+        return
+    _forget(str(path))
+    _kept[str(path)] = (t, (st.st_ino, st.st_size, st.st_mtime_ns))
+    _kept_rows[0] += t.num_rows
+    while _kept_rows[0] > KEPT_ROWS:
+        _forget(next(iter(_kept)))
+
+
+def _forget(path: str) -> "tuple | None":
+    got = _kept.pop(path, None)
+    if got is not None:
+        _kept_rows[0] -= got[0].num_rows
+    return got
+
+
+def read_segment(d: Path, name: str, schema: Any) -> Any:
+    """Segment ``name`` as an Arrow table of ``schema`` (the copy this process kept when it wrote
+    it and the file is still that one; else read); it is not kept any longer (it is being merged)."""
+    import pyarrow.parquet as pq
+
+    path = d / name
+    got = _forget(str(path))
+    if got is not None:
+        st = os.stat(path)
+        if got[1] == (st.st_ino, st.st_size, st.st_mtime_ns) and got[0].schema.equals(schema):
+            return got[0]
+    return pq.ParquetFile(path).read().cast(schema)
 
 
 def collect_garbage(d: Path, man: Manifest) -> None:
@@ -148,6 +201,7 @@ def collect_garbage(d: Path, man: Manifest) -> None:
         if not held:
             return
         for name in man.garbage:
+            _forget(str(d / name))
             try:
                 (d / name).unlink()
             except FileNotFoundError:

@@ -30,7 +30,7 @@ MERGE_AT = 8
 #: segments with fewer rows than this count as small
 SMALL_ROWS = 200_000
 #: small segments of fewer rows than this are of the first size class
-TIER_ROWS = 4096
+TIER_ROWS = 256
 
 
 @contextmanager
@@ -133,10 +133,12 @@ def _write(d: Path, man: store.Manifest, up: Update, window: Any = None, live: b
             create_views(con, d, man, STEP_INPUTS)
             window.seed(con, man)
             con.close()
-    keep = window.tracked() if window is not None else set()
+    tracked = window.tracked() if window is not None else set()
     for table in APPEND_TABLES + STEP_TABLES:
-        for group in _merges(man, table, keep):
-            _merge(d, man, table, group)
+        for group in _merges(man, table, tracked):
+            entry, steps = _merge(d, man, table, group)
+            if window is not None:  # it may still mark the merged segment's steps
+                window.merged([s["file"] for s in group], entry["file"], steps)
     if window is not None:
         window.prune()
 
@@ -155,8 +157,8 @@ def _open_rows(man: store.Manifest, small: Columns, offsets: dict) -> list:
             for sid, _a, lane, name, step, start, flow, ft, _at, link, _fid, _n in rows]
 
 
-def _small(man: store.Manifest, table: str, keep: "set | frozenset" = frozenset()) -> list:
-    return [s for s in man.segments(table) if s["rows"] < SMALL_ROWS and "src" not in s and s["file"] not in keep]
+def _small(man: store.Manifest, table: str) -> list:
+    return [s for s in man.segments(table) if s["rows"] < SMALL_ROWS and "src" not in s]
 
 
 def _tier(rows: int) -> int:
@@ -169,35 +171,39 @@ def _tier(rows: int) -> int:
     return t
 
 
-def _merges(man: store.Manifest, table: str, keep: "set | frozenset" = frozenset()) -> list:
-    """The groups of a table's small segments to merge (the oldest MERGE_AT of a size class)."""
+def _merges(man: store.Manifest, table: str, tracked: "set | frozenset" = frozenset()) -> list:
+    """The groups of a table's small segments to merge (the oldest MERGE_AT of a size class),
+    those the live indexer's window ``tracked`` (it may mark their steps) apart from the others:
+    every segment that holds a step the window may mark is one it tracks."""
     by: dict = {}
-    for s in _small(man, table, keep):
-        by.setdefault(_tier(s["rows"]), []).append(s)
+    for s in _small(man, table):
+        by.setdefault((_tier(s["rows"]), s["file"] in tracked), []).append(s)
     return [segs[:MERGE_AT] for segs in by.values() if len(segs) >= MERGE_AT]
 
 
-def _merge(d: Path, man: store.Manifest, table: str, small: list) -> None:
-    """Merge segments ``small`` of ``table`` into one (by step for the per-step tables)."""
+def _merge(d: Path, man: store.Manifest, table: str, small: list) -> tuple:
+    """Merge segments ``small`` of ``table`` into one (by step for the per-step tables); its
+    manifest entry and the steps it holds (a per-step table's; else None)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    segs = man.segments(table)
     import pyarrow.compute as pc
 
+    segs = man.segments(table)
     schema = arrow_schema(table)  # a segment DuckDB wrote has its columns NOT NULL where they happen to be
     parts = []
     for s in small:
-        t = pq.ParquetFile(d / s["file"]).read().cast(schema)
+        t = store.read_segment(d, s["file"], schema)
         if s.get("skip"):  # steps computed again since: their rows are in a later segment
             t = t.filter(pc.invert(pc.is_in(t["step"], value_set=pa.array(s["skip"], pa.int64()))))
         parts.append(t)
     t = pa.concat_tables(parts)
+    steps = None
     if table in STEP_TABLES:
         t = t.sort_by("step")
+        steps = set(pc.unique(t["step"]).to_pylist())
     entry = store.write_arrow(d, f"{table}-{man.gen}-m{len(segs)}.parquet", t)
     if table in STEP_TABLES:
         entry["lo"] = min(s["lo"] for s in small)
         entry["hi"] = max(s["hi"] for s in small)
     man.tables[table] = [s for s in segs if s not in small] + [entry]
     man.garbage += [s["file"] for s in small]
+    return entry, steps

@@ -7,13 +7,16 @@ window holds: every span that ends at or after the window's ``horizon`` and ever
 at or after it. :meth:`Window.closure` returns None when the graph it asks for reaches before the
 horizon (a span that began long before, an endpoint call sent long before, a span still open
 since long before); the update then reads the index (:func:`.paths.compute_steps`) and the window
-is read again from it (:meth:`Window.seed`). Rows sort in the reader's order: their file's order
-(:func:`forge_obs.analysis.reader.file_order`), then their byte offset.
+is read again from it (:meth:`Window.seed`). Before a run's first step the window holds every
+row (the first step's graph may reach back to any). A graph's rows are in the reader's order:
+their file's order (:func:`forge_obs.analysis.reader.file_order`), then their byte offset.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import OrderedDict
+from operator import itemgetter
 from typing import Any
 
 from forge_obs.analysis.index.steps import graph_from
@@ -25,6 +28,11 @@ KEEP_STEPS = 64
 #: endpoint calls dropped from the window whose links are remembered (a span that arrives with
 #: one of them needs the index: its call was sent before the horizon)
 PRUNED_LINKS = 200_000
+#: an index with no step yet is held whole when it has at most this many spans (else it is read
+#: until its first step is stored)
+SEED_ALL_SPANS = 200_000
+_ALL = -(1 << 62)
+_END = itemgetter(11)
 
 
 class Window:
@@ -33,6 +41,7 @@ class Window:
     def __init__(self) -> None:
         self.ready = False
         self.horizon = 0
+        # spans by their end, marks and calls in the reading order (file order, byte offset)
         self.spans: list = []  # (order, off, sid, lane, name, step, start, dur, flow, flow_t, link, end)
         self.marks: list = []  # (order, off, sid, step, ts)
         self.calls: list = []  # (order, off, sid, lane, link, ts)
@@ -57,19 +66,22 @@ class Window:
         self.numbers = {r[0] for r in con.execute("SELECT step FROM _steps").fetchall()}
         self.steps = {n: [a, b, u] for n, a, b, u in rows}
         lo = min((r[1] for r in rows), default=None)
-        if lo is None:
+        if lo is not None:
+            self.pruned_end = con.execute("SELECT max(end_us) FROM _steps WHERE step NOT IN "
+                                          "(SELECT unnest(?::BIGINT[]))", [list(self.steps)]).fetchone()[0] or -(1 << 62)
+            self._adopt(man)
+            self.horizon = h = closure(con, lo - 4 * _margin())
+        elif con.execute("SELECT count(*) FROM _spans").fetchone()[0] <= SEED_ALL_SPANS:
+            self.horizon = h = _ALL  # no step yet (a run starting): every row, the first step may need any
+        else:
             return
-        self.pruned_end = con.execute("SELECT max(end_us) FROM _steps WHERE step NOT IN (SELECT unnest(?::BIGINT[]))",
-                                      [list(self.steps)]).fetchone()[0] or -(1 << 62)
-        self._adopt(man)
-        self.horizon = h = closure(con, lo - 4 * _margin())
         order = _orders(man)
         off = "s.offset_us"
         self.spans = sorted(
-            (order[fid], o, sid, lane, name, step, st, dur, flow, ft, link, st + dur) for fid, o, sid, lane, name, step, st, dur,
-            flow, ft, link in con.execute(f"SELECT x.fid, x.off, x.sid, x.lane, x.name, x.step, x.start + {off}, x.dur, x.flow, "
-                                          f"x.flow_t, x.link FROM _spans x JOIN _streams s ON s.sid = x.sid "
-                                          f"WHERE x.end + {off} >= ?", [h]).fetchall())
+            ((order[fid], o, sid, lane, name, step, st, dur, flow, ft, link, st + dur) for fid, o, sid, lane, name, step, st,
+             dur, flow, ft, link in con.execute(f"SELECT x.fid, x.off, x.sid, x.lane, x.name, x.step, x.start + {off}, x.dur, "
+                                                f"x.flow, x.flow_t, x.link FROM _spans x JOIN _streams s ON s.sid = x.sid "
+                                                f"WHERE x.end + {off} >= ?", [h]).fetchall()), key=_END)
         ev = con.execute(f"SELECT e.fid, e.off, e.sid, e.lane, e.kind, e.name, e.step, e.link, e.ts + {off} FROM _events e "
                          f"JOIN _streams s ON s.sid = e.sid WHERE e.ts + {off} >= ? AND (e.kind = 'step' OR "
                          "(e.kind = 'event' AND e.name = 'call' AND e.link IS NOT NULL))", [h]).fetchall()
@@ -87,6 +99,7 @@ class Window:
         new = [(order[fid], o, sid, lane, name, step, st + offsets[sid], dur, flow, ft, link, st + offsets[sid] + dur)
                for sid, _a, lane, name, step, st, _e, dur, _er, flow, ft, _at, link, _c, _cpu, fid, o in cols["spans"]]
         self.spans += new
+        self.spans.sort(key=_END)  # the ones held are a sorted run: a merge
         self._add_events([(order[fid], o, sid, lane, kind, name, step, link, ts + offsets[sid])
                           for sid, _a, lane, kind, name, step, ts, _f, _ft, _at, link, fid, o in cols["events"]
                           if kind == "step" or (kind == "event" and name == "call" and link is not None)])
@@ -102,6 +115,8 @@ class Window:
             else:
                 self.calls.append((o, off, sid, lane, link, ts))
                 self.links.add(link)
+        self.marks.sort()
+        self.calls.sort()
 
     def _adopt(self, man: Any) -> None:
         """The per-step segments whose steps the window holds (each alone in its step range)
@@ -140,8 +155,14 @@ class Window:
             self.segs[f] = held
 
     def tracked(self) -> set:
-        """The segment files the window may still mark (never merged meanwhile)."""
+        """The segment files the window may mark."""
         return set(self.segs)
+
+    def merged(self, files: list, into: str, steps: "set | None") -> None:
+        """Segments ``files`` (all tracked, or none) merged into segment ``into``, which holds
+        exactly ``steps`` (it is dropped once every one of them is marked)."""
+        if [self.segs.pop(f) for f in files if f in self.segs] and steps is not None:
+            self.segs[into] = steps
 
     def stored(self, rows: list) -> None:
         """Steps just stored (``[(step, start, end, unfinished)]``)."""
@@ -166,13 +187,17 @@ class Window:
             self.pruned_end = max(self.pruned_end, self.steps.pop(n)[1])
         self.segs = {f: held for f, held in self.segs.items() if held & self.steps.keys()}
         if not self.steps:
+            if self.whole() and len(self.spans) > SEED_ALL_SPANS:
+                self.ready = False  # a long start without a step: read from the index until its first
             return
         h = min(v[0] for v in self.steps.values()) - 4 * _margin()
+        if h <= self.horizon:
+            return
         h = min(h, self._reach(h))
         if h <= self.horizon:
             return
         self.horizon = h
-        self.spans = [r for r in self.spans if r[11] >= h]
+        self.spans = self.spans[self._ending(h):]
         self.marks = [r for r in self.marks if r[4] >= h]
         kept = []
         for r in self.calls:
@@ -200,8 +225,9 @@ class Window:
         while True:
             if lo < floor:
                 return None
-            a = min((r[6] for r in self.spans if r[11] >= lo and r[6] < lo), default=None)
-            linked = {r[10] for r in self.spans if r[10] is not None and r[11] >= lo}
+            after = self.spans[self._ending(lo):]
+            a = min((r[6] for r in after if r[6] < lo), default=None)
+            linked = {r[10] for r in after if r[10] is not None}
             b = min((r[5] for r in self.calls if r[5] < lo and r[4] in linked), default=None)
             new = min([v for v in (a, b) if v is not None], default=lo)
             if new >= lo:
@@ -210,15 +236,23 @@ class Window:
 
     def graph(self, run: Any, by_sid: dict, opens: list, lo: int, hi: int, end: int) -> Any:
         """:meth:`.paths._Rows.graph` over the window (``opens``: the open spans' rows, in order)."""
-        far = max((r[11] for r in self.spans if r[6] <= hi and r[11] >= hi + 1), default=None)
+        far = max((r[11] for r in self.spans[self._ending(hi + 1):] if r[6] <= hi), default=None)
         hi = max(hi, far or hi)
-        spans = [r[2:11] for r in sorted(r for r in self.spans if r[11] >= lo and r[6] <= hi)]
-        marks = [(sid, step, ts) for _o, _off, sid, step, ts in sorted(self.marks) if lo <= ts <= hi]
-        calls = {link: (sid, lane, ts) for _o, _off, sid, lane, link, ts in sorted(self.calls) if lo <= ts <= hi}
+        spans = [r[2:11] for r in sorted(r for r in self.spans[self._ending(lo):] if r[6] <= hi)]
+        marks = [(sid, step, ts) for _o, _off, sid, step, ts in self.marks if lo <= ts <= hi]
+        calls = {link: (sid, lane, ts) for _o, _off, sid, lane, link, ts in self.calls if lo <= ts <= hi}
         return graph_from(run, by_sid, spans, opens, calls, marks, end)
 
     def first(self) -> int:
         return self.horizon
+
+    def _ending(self, t: int) -> int:
+        """The index of the first span held that ends at or after ``t``."""
+        return bisect.bisect_left(self.spans, t, key=_END)
+
+    def whole(self) -> bool:
+        """Whether the window holds every row of the index (no step was stored yet)."""
+        return self.horizon == _ALL
 
 
 def _margin() -> int:
