@@ -109,6 +109,8 @@ def _episodes(t: Tables, cfg: DoctorConfig) -> tuple[list, list, dict]:
         if g[0] not in walls:
             walls[g[0]] = _walls(t, g[0])
         cols = t.columns.get(g)  # the group's columns, when it has them: per_step's group not made
+        if cols is not None:
+            cols = [c.tolist() for c in cols]  # one group's at a time
         steps = t.per_step[g] if cols is None else None
         series = _durations(steps) if cols is None else _column_durations(*cols)
         tr = _track(t, cfg, g[0], series, roles=not cfg.wait_re.search(g[2]), walls=walls[g[0]])

@@ -57,9 +57,9 @@ class Tables:
     marks: dict = field(default_factory=dict)
     #: (attempt, mesh, name) -> step -> rank -> [CPU µs, wall µs] of its spans that carry their CPU time
     cpu: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(dict)))
-    #: (attempt, mesh, name) -> its cells' steps, ranks and durations (s), in step order (a step's
-    #: ranks in ``per_step``'s order): ``per_step`` as the trackers read it, where the tables come
-    #: from the index (else empty)
+    #: (attempt, mesh, name) -> its cells' steps, ranks and durations (s) as NumPy arrays, in step
+    #: order (a step's ranks in ``per_step``'s order): ``per_step`` as the trackers read it, where
+    #: the tables come from the index (else empty)
     columns: dict = field(default_factory=dict)
 
 
@@ -122,6 +122,7 @@ def _from_index(idx: Any, cfg: DoctorConfig) -> Tables:
     t.stream_of.update(((attempt, grp, rank), by[sid]) for attempt, grp, rank, sid in ev.streams_of_cells())
     for attempt, step, lo, hi in ev.step_walls():
         t.step_wall[(attempt, step)] = [lo, hi]
+    ev.drop_cells()
     for sid, lo, hi, unstepped in ev.windows():
         st = by[sid]
         t.window[st.key] = [lo, hi]
@@ -147,7 +148,7 @@ def _cells(t: Tables, cells: Iterator[tuple]) -> None:
     for key, c in cells:
         groups.cols[key] = c
         order = np.argsort(c["step"], kind="stable")
-        t.columns[key] = (c["step"][order].tolist(), c["rank"][order].tolist(), (c["dur"][order] / 1e6).tolist())
+        t.columns[key] = (c["step"][order], c["rank"][order], c["dur"][order] / 1e6)
         if c["cpu"] is not None:
             cpu = t.cpu[key]
             for step, rank, us, wall in zip(c["step"].tolist(), c["rank"].tolist(), c["cpu"], c["cpu_dur"]):

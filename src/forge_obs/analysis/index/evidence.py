@@ -82,7 +82,7 @@ class Evidence:
             f"sum(x.cpu_dur)::BIGINT AS cpu_dur, min({_ORDER}) AS pos, arg_min(x.sid, {_ORDER}) AS sid {self._cells} "
             f"JOIN _grp g ON g.sid = x.sid JOIN _nid n ON n.name = x.name WHERE x.step IS NOT NULL AND {self._keep} "
             "GROUP BY ALL")
-        t = self.con.sql("SELECT gcode, nid, step, rank, dur, lo, hi, cpu, cpu_dur, pos FROM _dcells").to_arrow_table()
+        t = self.con.execute("SELECT gcode, nid, step, rank, dur, lo, hi, cpu, cpu_dur, pos FROM _dcells").fetchnumpy()
         for (gc, nid), cols in _by_group(t, len(self.names)):
             yield (*parts[gc], self.names[nid]), cols
 
@@ -96,6 +96,10 @@ class Evidence:
         """``(attempt, step, first start, last end)`` over the spans :meth:`cells` counts (after it)."""
         return self.con.execute("SELECT p.attempt, c.step, min(c.lo), max(c.hi) FROM _dcells c JOIN "
                                 "(SELECT DISTINCT gcode, attempt FROM _grp) p USING (gcode) GROUP BY ALL").fetchall()
+
+    def drop_cells(self) -> None:
+        """Frees what :meth:`cells` computed (after :meth:`streams_of_cells` and :meth:`step_walls`)."""
+        self.con.execute("DROP TABLE IF EXISTS _dcells")
 
     def longest(self) -> list:
         """``(sid, name, longest duration)`` over every finished span."""
@@ -148,29 +152,29 @@ class Evidence:
                 for sid, lane, name, step, ts, flow, ft, attrs in rows]
 
 
-def _by_group(t: Any, names: int) -> Iterator[tuple]:
-    """``((gcode, nid), columns)`` of the cells of Arrow table ``t`` (``gcode``, ``nid``, the
-    columns of :data:`_COLS`, ``pos``): per group, by its first cell's position; its cells by
-    position."""
-    gkey = t["gcode"].to_numpy().astype(np.int64) * max(names, 1) + t["nid"].to_numpy()
-    pos = t["pos"].to_numpy()
+def _by_group(t: dict, names: int) -> Iterator[tuple]:
+    """``((gcode, nid), columns)`` of the cells in ``t`` (NumPy columns ``gcode``, ``nid``, those
+    of :data:`_COLS`, ``pos``; ``cpu`` and ``cpu_dur`` masked where null): per group, by its first
+    cell's position; its cells by position."""
+    data = {k: np.ma.getdata(v) for k, v in t.items() if k not in _NULLABLE}
+    gkey = data["gcode"].astype(np.int64) * max(names, 1) + data["nid"]
+    pos = data["pos"]
     order = np.argsort(pos)  # positions are unique: the order is total
     small = gkey.dtype if not len(gkey) or gkey.max() >= 1 << 15 else np.int16  # sorted by radix
     order = order[np.argsort(gkey[order].astype(small), kind="stable")]
     gsorted = gkey[order]
     starts = np.flatnonzero(np.r_[True, gsorted[1:] != gsorted[:-1]]) if len(order) else np.empty(0, np.int64)
     ends = np.r_[starts[1:], len(order)].astype(np.int64)
-    cols = {k: t[k] if k in _NULLABLE else t[k].to_numpy() for k in _COLS}
     for i in np.argsort(pos[order[starts]], kind="stable").tolist():
         idx = order[starts[i]:ends[i]]
         g = int(gsorted[starts[i]])
-        yield divmod(g, max(names, 1)), {k: _pylist(c, idx) if k in _NULLABLE else c[idx] for k, c in cols.items()}
+        cols = {k: _pylist(t[k], idx) if k in _NULLABLE else data[k][idx] for k in _COLS}
+        yield divmod(g, max(names, 1)), cols
 
 
 def _pylist(col: Any, idx: Any) -> "list | None":
-    """Rows ``idx`` of an Arrow integer column as a list (None where it is null), or None when
-    every one of them is null."""
-    if col.null_count == len(col):
-        return None
-    part = col.take(idx)
-    return None if part.null_count == len(part) else part.to_pylist()
+    """Rows ``idx`` of a NumPy column, masked where null, as a list (None where it is null), or
+    None when every one of them is null."""
+    part = col[idx]
+    mask = np.ma.getmaskarray(part)
+    return None if mask.all() else part.tolist()
