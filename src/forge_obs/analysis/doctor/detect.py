@@ -87,13 +87,15 @@ class Persistence:
 
     def update(self, step: Any, hit: bool, payload: Any = None) -> str | None:
         rec = self.recent
-        if len(rec) == rec.maxlen and rec[0][1]:
+        if self.hits and len(rec) == rec.maxlen and rec[0][1]:
             self.hits -= 1
         rec.append((step, hit, payload))
         if hit:
             self.hits += 1
+        elif not self.active:
+            return None
         if not self.active:
-            if hit and self.hits >= self.fire:
+            if self.hits >= self.fire:
                 self.active = True
                 self.onset = self._start()
                 return "onset"
@@ -135,6 +137,10 @@ def _before(a: Any, b: Any) -> bool:
         return a < b
     except TypeError:
         return False
+
+
+def _second(kv: tuple) -> Any:
+    return kv[1]
 
 
 def _excess_of(payload: tuple) -> float:
@@ -317,25 +323,62 @@ class GroupTracker:
             self.max_ranks = n
         need = self.cfg.min_excess_s
         if step_s:
-            need = max(need, self.cfg.min_step_share * step_s)
+            share = self.cfg.min_step_share * step_s
+            if share > need:
+                need = share
         if not self.history and self._quiet(values, need, n):
             return []
-        if n >= 2:
+        if n == 1:  # no peers: only the role count and the rank's own history move
+            for rank, d in values.items():
+                return self._alone(rank, step, d, need)
+        if n == 2:  # sorted by duration (one comparison, as sorted() makes); each one's peer is the other
             self.peer_steps += 1
-            items = sorted(values.items(), key=lambda kv: kv[1])
-        else:
             items = list(values.items())
+            if items[1][1] < items[0][1]:
+                items.reverse()
+            (r0, v0), (r1, v1) = items
+            s0, s1 = self.ranks.get(r0), self.ranks.get(r1)
+            b0 = None if s0 is None else s0.usual.baseline()
+            b1 = None if s1 is None else s1.usual.baseline()
+            refs = ((v1, b1), (v0, b0))  # as _references
+        else:
+            if n >= 2:
+                self.peer_steps += 1
+            items = sorted(values.items(), key=_second)
+            refs = self._references(items)
         out: list[Change] = []
-        for (rank, d), (ref_now, usual) in zip(items, self._references(items)):
-            st = self.ranks.get(rank)
+        ranks = self.ranks
+        for (rank, d), (ref_now, usual) in zip(items, refs):
+            st = ranks.get(rank)
             if st is None:
-                st = self.ranks[rank] = _Rank(self.cfg, self._back)
+                st = ranks[rank] = _Rank(self.cfg, self._back)
             st.seen += 1
             st.last = d
-            out += self._against_peers(st, rank, step, d, ref_now, usual, need)
+            ch = self._against_peers(st, rank, step, d, ref_now, usual, need)
+            if ch:
+                out += ch
             if self.history:
-                out += self._against_history(st, rank, step, d, need)
+                ch = self._against_history(st, rank, step, d, need)
+                if ch:
+                    out += ch
         return out
+
+    def _alone(self, rank: Any, step: Any, d: float, need: float) -> list[Change]:
+        """:meth:`update` of a step with one rank: :meth:`_against_peers` without a reference
+        (the step counts towards a role; the value is one of its usual ones)."""
+        st = self.ranks.get(rank)
+        if st is None:
+            st = self.ranks[rank] = _Rank(self.cfg, self._back)
+        st.seen += 1
+        st.last = d
+        if st.role is None:
+            st.role_like += self.role_max >= 0
+            if st.seen >= self.cfg.fire_steps:
+                st.role = st.role_like == st.seen
+        u = st.usual  # History.add, inline
+        u.values.append(d)
+        u._adds += 1
+        return self._against_history(st, rank, step, d, need) if self.history else []
 
     def _quiet(self, values: dict, need: float, n: int) -> bool:
         """Nothing can be out of line (every value under ``need``) and nothing is on: the step is
@@ -398,7 +441,9 @@ class GroupTracker:
         hit = slower and d >= cfg.straggler_ratio * ref and d - ref >= need
         payload = (d / ref if ref > 0 else float("inf"), d, ref, slower)
         if not hit:
-            st.usual.add(d)
+            u = st.usual  # History.add, inline
+            u.values.append(d)
+            u._adds += 1
         ch = p.update(step, hit, payload)
         if ch is None and st.ep is None:
             return []
@@ -408,22 +453,26 @@ class GroupTracker:
         """Slowdown: the rank against its own rolling baseline (a value under ``need`` cannot
         exceed anything by ``need``)."""
         h = st.hist
+        vals = h.values
         if d < need:
             out: list[Change] = []
-            if len(h.values) >= h.min_n:
+            if len(vals) >= h.min_n:
                 ch = st.hist_p.update(step, False)
                 if ch is not None or st.hep is not None:
                     out = self._advance(st, "slowdown", rank, step, False, None, ch)
-            h.add(d)
+            vals.append(d)  # History.add, inline
+            h._adds += 1
             return out
         base = h.baseline()
         if base is None:
-            h.add(d)
+            vals.append(d)
+            h._adds += 1
             return []
         hit = d >= self.cfg.history_ratio * base and d - base >= need
         payload = (d / base if base > 0 else float("inf"), d, base) if hit else None
         if not hit:
-            h.add(d)
+            vals.append(d)
+            h._adds += 1
         ch = st.hist_p.update(step, hit, payload)
         if ch is None and st.hep is None:
             return []

@@ -24,6 +24,7 @@ that does not wait, when it arrives at the wait late (the slow work itself has n
 from __future__ import annotations
 
 from collections import defaultdict
+from itertools import groupby
 from statistics import median
 from typing import Any, Iterable, Iterator
 
@@ -54,19 +55,47 @@ def _persistent(ep: Episode, cfg: DoctorConfig) -> bool:
 
 
 def _track(t: Tables, cfg: DoctorConfig, attempt: int, series: Iterable, roles: bool = True,
-           history: bool = True) -> GroupTracker:
+           history: bool = True, walls: "dict | None" = None) -> GroupTracker:
     """A tracker fed ``series`` (``(step, {rank: seconds})`` in step order), each step's wall time
-    its share."""
+    its share (``walls``: :func:`_walls` of ``attempt``, when the caller has them)."""
     tr = GroupTracker(cfg, keep=True, roles=roles, history=history)
+    wall = (walls if walls is not None else _walls(t, attempt)).get
+    update = tr.update
     for step, values in series:
-        sw = t.step_wall.get((attempt, step))
-        tr.update(step, values, (sw[1] - sw[0]) / 1e6 if sw else None)
+        update(step, values, wall(step))
     return tr
 
 
+def _walls(t: Tables, attempt: int) -> dict:
+    """step -> the wall time of the step of ``attempt`` (seconds)."""
+    return {step: (w[1] - w[0]) / 1e6 for (a, step), w in t.step_wall.items() if a == attempt}
+
+
+def _in_step_order(steps: dict) -> list:
+    if all(type(s) is int for s in steps):  # the same order, without a key per step
+        return sorted(steps)
+    return sorted(steps, key=_step_order)
+
+
 def _durations(steps: dict) -> Iterator[tuple]:
-    for step in sorted(steps, key=_step_order):
-        yield step, {r: c[0] / 1e6 for r, c in steps[step].items()}
+    for step in _in_step_order(steps):
+        cells = steps[step]
+        if len(cells) == 1:
+            for r, c in cells.items():
+                yield step, {r: c[0] / 1e6}
+        else:
+            yield step, {r: c[0] / 1e6 for r, c in cells.items()}
+
+
+def _column_durations(steps: list, ranks: list, seconds: list) -> Iterator[tuple]:
+    """:func:`_durations` of one group's cells given as columns in step order
+    (:attr:`~forge_obs.analysis.doctor.tables.Tables.columns`)."""
+    if len(set(steps)) == len(steps):
+        for step, rank, d in zip(steps, ranks, seconds):
+            yield step, {rank: d}
+        return
+    for step, ks in groupby(range(len(steps)), key=steps.__getitem__):
+        yield step, {ranks[k]: seconds[k] for k in ks}
 
 
 def _episodes(t: Tables, cfg: DoctorConfig) -> tuple[list, list, dict]:
@@ -75,14 +104,25 @@ def _episodes(t: Tables, cfg: DoctorConfig) -> tuple[list, list, dict]:
     eps: list[tuple] = []
     roles: list = []
     seen: dict[tuple, tuple] = defaultdict(lambda: (set(), set()))
-    for g, steps in t.per_step.items():
-        tr = _track(t, cfg, g[0], _durations(steps), roles=not cfg.wait_re.search(g[2]))
+    walls: dict = {}
+    for g in t.per_step:
+        if g[0] not in walls:
+            walls[g[0]] = _walls(t, g[0])
+        cols = t.columns.get(g)  # the group's columns, when it has them: per_step's group not made
+        if cols is not None:
+            cols = [c.tolist() for c in cols]  # one group's at a time
+        steps = t.per_step[g] if cols is None else None
+        series = _durations(steps) if cols is None else _column_durations(*cols)
+        tr = _track(t, cfg, g[0], series, roles=not cfg.wait_re.search(g[2]), walls=walls[g[0]])
         eps += [(g, ep) for ep in tr.finish() if _persistent(ep, cfg)]
         roles.append((g, tr.roles()))
         ranks, stepset = seen[(g[0], g[1])]
-        stepset.update(steps)
-        for by_rank in steps.values():
-            ranks.update(by_rank)
+        if cols is None:
+            stepset.update(steps)
+            ranks.update(*steps.values())
+        else:
+            stepset.update(cols[0])
+            ranks.update(cols[1])
     return eps, roles, seen
 
 
@@ -222,7 +262,7 @@ def arrivals(t: Tables, g: tuple) -> Iterator[tuple]:
     attempt, mesh, _name = g
     names = [k for k in t.per_step if k[0] == attempt and k[1] == mesh]
     steps = t.per_step[g]
-    for step in sorted(steps, key=_step_order):
+    for step in _in_step_order(steps):
         out = {}
         for r, cell in steps[step].items():
             start = t.marks.get((attempt, mesh, step, r))

@@ -10,14 +10,18 @@ step.
     ({}, {})
 
 :func:`scan` reads them from the run's index (:mod:`forge_obs.analysis.index`: aggregates that
-DuckDB computes over the stored spans, the per-step evidence of ``span_steps``), and where the
-index cannot be built here (no DuckDB or pyarrow), in one pass over the timeline records
-themselves: both give the same tables (``tests/analysis/test_index.py`` compares them).
+DuckDB computes over the per-step evidence stored beside the spans, ``cells``: one row per rank,
+span name and step of each segment, however many spans it has), and where the index cannot be
+built here (no DuckDB or pyarrow), in one pass over the timeline records themselves: both give
+the same tables (``tests/analysis/test_index.py`` and ``test_doctor_evidence.py`` compare them).
+From the index, ``per_step`` is made one group at a time when a rule asks for it; the trackers
+read each group's ``columns``.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -53,6 +57,10 @@ class Tables:
     marks: dict = field(default_factory=dict)
     #: (attempt, mesh, name) -> step -> rank -> [CPU µs, wall µs] of its spans that carry their CPU time
     cpu: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(dict)))
+    #: (attempt, mesh, name) -> its cells' steps, ranks and durations (s) as NumPy arrays, in step
+    #: order (a step's ranks in ``per_step``'s order): ``per_step`` as the trackers read it, where
+    #: the tables come from the index (else empty)
+    columns: dict = field(default_factory=dict)
 
 
 def peer_group(st: Any) -> str:
@@ -114,6 +122,7 @@ def _from_index(idx: Any, cfg: DoctorConfig) -> Tables:
     t.stream_of.update(((attempt, grp, rank), by[sid]) for attempt, grp, rank, sid in ev.streams_of_cells())
     for attempt, step, lo, hi in ev.step_walls():
         t.step_wall[(attempt, step)] = [lo, hi]
+    ev.drop_cells()
     for sid, lo, hi, unstepped in ev.windows():
         st = by[sid]
         t.window[st.key] = [lo, hi]
@@ -130,26 +139,61 @@ def _from_index(idx: Any, cfg: DoctorConfig) -> Tables:
 
 
 def _cells(t: Tables, cells: Iterator[tuple]) -> None:
-    """``per_step`` and ``cpu`` from the cells of each group (:meth:`forge_obs.analysis.index.evidence.Evidence.cells`):
-    they come by position, so each group's steps and ranks are inserted in the reader's order."""
+    """``per_step`` (:class:`_Groups`), ``columns`` and ``cpu`` from the cells of each group
+    (:meth:`forge_obs.analysis.index.evidence.Evidence.cells`): they come by position, so each
+    group's steps and ranks are in the reader's order."""
+    import numpy as np
+
+    t.per_step = groups = _Groups()
     for key, c in cells:
-        steps, ranks = c["step"], c["rank"]
-        vals = map(list, zip(c["dur"], c["lo"], c["hi"]))
-        per = t.per_step[key]
-        cpu = t.cpu[key] if any(x is not None for x in c["cpu"]) else None
-        if cpu is not None:
-            for step, rank, us, wall in zip(steps, ranks, c["cpu"], c["cpu_dur"]):
+        groups.cols[key] = c
+        order = np.argsort(c["step"], kind="stable")
+        t.columns[key] = (c["step"][order], c["rank"][order], c["dur"][order] / 1e6)
+        if c["cpu"] is not None:
+            cpu = t.cpu[key]
+            for step, rank, us, wall in zip(c["step"].tolist(), c["rank"].tolist(), c["cpu"], c["cpu_dur"]):
                 if us is not None:
                     cpu[step][rank] = [us, wall]
-        if len(set(steps)) == len(steps):  # one rank a step: each step's dict at once
-            per.update({step: {rank: v} for step, rank, v in zip(steps, ranks, vals)})
-            continue
-        for step, rank, v in zip(steps, ranks, vals):
-            by_rank = per.get(step)
-            if by_rank is None:
-                per[step] = {rank: v}
-            else:
-                by_rank[rank] = v
+
+
+class _Groups(Mapping):
+    """``per_step`` read from the index: (attempt, mesh, name) -> step -> rank -> [summed
+    duration, first start, last end], each group's made from its cells' columns when it is first
+    asked for (the trackers read ``columns``: most groups are never made)."""
+
+    def __init__(self) -> None:
+        self.cols: dict = {}
+        self.made: dict = {}
+
+    def __getitem__(self, key: Any) -> dict:
+        per = self.made.get(key)
+        if per is None:
+            per = self.made[key] = _per_step(self.cols[key])
+        return per
+
+    def __iter__(self) -> Iterator:
+        return iter(self.cols)
+
+    def __len__(self) -> int:
+        return len(self.cols)
+
+
+def _per_step(c: dict) -> dict:
+    """step -> rank -> [summed duration, first start, last end] of one group's cells, steps and
+    ranks inserted in the order of the cells."""
+    steps, ranks = c["step"].tolist(), c["rank"].tolist()
+    vals = map(list, zip(c["dur"].tolist(), c["lo"].tolist(), c["hi"].tolist()))
+    per: dict = defaultdict(dict)
+    if len(set(steps)) == len(steps):  # one rank a step: each step's dict at once
+        per.update({step: {rank: v} for step, rank, v in zip(steps, ranks, vals)})
+        return per
+    for step, rank, v in zip(steps, ranks, vals):
+        by_rank = per.get(step)
+        if by_rank is None:
+            per[step] = {rank: v}
+        else:
+            by_rank[rank] = v
+    return per
 
 
 def _intervals(t: Tables, ev: Any, cfg: DoctorConfig, group: dict) -> None:

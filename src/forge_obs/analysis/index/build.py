@@ -32,7 +32,7 @@ logger = logging.getLogger("forge_obs")
 #: rows held before they are written as segments (a large file is indexed in parts)
 FLUSH_ROWS = 1_000_000
 #: tables that grow by a segment per update
-APPEND_TABLES = ("spans", "events", "lanes", "metrics", "metric_rows")
+APPEND_TABLES = ("spans", "events", "lanes", "metrics", "metric_rows", "cells")
 
 
 def _identity(path: Path) -> tuple:
@@ -338,14 +338,24 @@ def _metric_row(line: bytes, bad: list) -> "dict | None":
 def write_rows(d: Path, man: store.Manifest, cols: Columns, src: "int | None" = None, tag: str = "") -> None:
     """A segment per table of ``cols`` that has rows (``src``: the TorchTitan file they come from;
     ``tag``: the worker that writes them, in their names)."""
+    import pyarrow as pa
+
+    from forge_obs.analysis.index.cells import span_cells
+
     for table in cols:
-        n = cols.rows(table)
-        if not n:
+        if not cols.rows(table):
             continue
-        segs = man.segments(table)
-        num = f"{tag}{len(segs) + (0 if src is None else 1000 * (src + 1))}"
-        entry = store.write_segment(d, table, man.gen, num, cols.columns(table), arrow_schema(table))
-        if src is not None:
-            entry["src"] = src
-        segs.append(entry)
+        t = pa.Table.from_pydict(cols.columns(table), schema=arrow_schema(table))
+        _append(d, man, table, t, src, tag)
+        if table == "spans":  # the doctor's per-step evidence of these spans, beside them
+            _append(d, man, "cells", span_cells(t), src, tag)
+
+
+def _append(d: Path, man: store.Manifest, table: str, t: Any, src: "int | None", tag: str) -> None:
+    segs = man.segments(table)
+    num = f"{tag}{len(segs) + (0 if src is None else 1000 * (src + 1))}"
+    entry = store.write_arrow(d, f"{table}-{man.gen}-{num}.parquet", t)
+    if src is not None:
+        entry["src"] = src
+    segs.append(entry)
 

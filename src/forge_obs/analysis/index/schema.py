@@ -11,6 +11,10 @@ that a tighter clock sample read later never rewrites a row):
 - ``metrics``: one row per value of ``metrics.jsonl`` (as the ``metrics`` view);
 - ``metric_rows``: each well-formed row of ``metrics.jsonl`` as JSON text, by ``mode``
   (``forge-obs show`` prints these);
+- ``cells``: the doctor's per-step evidence, written with each segment of ``spans``
+  (:mod:`forge_obs.analysis.index.cells`): its spans per session, source file, span name and
+  step, their count, summed and longest duration, first start, last end, CPU time and first and
+  last byte offset;
 - per controller step, computed once when the step is indexed (``forge_obs.analysis.critical_path``):
   ``steps`` (its window, root span, duration, whether unfinished, the stage the answer names),
   ``path`` (its critical path's segments, in order), ``stages`` (time on the path per stage),
@@ -20,7 +24,7 @@ Rewritten whole at every update (small): ``streams`` (one row per process sessio
 (spans begun and not ended yet).
 
 The doctor's per-step evidence (per attempt, mesh, span name, step and rank: the summed duration
-and the extent of that rank's spans) is the ``span_steps`` view over ``spans``
+and the extent of that rank's spans) is the ``span_steps`` view over ``cells``
 (:data:`EVIDENCE_COLS`): the shape the doctor's straggler, slowdown and stall rules read.
 """
 
@@ -53,6 +57,8 @@ TABLES: dict[str, dict[str, str]] = {
                 "rank": _I32, "key": _STR, "value": _F64, "wall_time": _F64, **{d: _I32 for d in PARALLEL_DIMS},
                 "off": _I64},
     "metric_rows": {"step": _I64, "mode": _STR, "json": _STR, "off": _I64},
+    "cells": {"sid": _I32, "fid": _I32, "name": _STR, "step": _I64, "n": _I64, "dur": _I64, "dur_max": _I64,
+              "lo": _I64, "hi": _I64, "cpu": _I64, "cpu_dur": _I64, "off": _I64, "off_last": _I64},
     "steps": {"step": _I64, "root": _STR, "start_us": _I64, "end_us": _I64, "duration_s": _F64,
               "unfinished": _BOOL, "cause": _I32, "idle_mesh": _STR, "idle_s": _F64},
     "path": {"step": _I64, "seq": _I32, "mesh": _STR, "actor": _STR, "rank": _I32, "host": _STR, "pid": _I64,

@@ -31,7 +31,7 @@ __all__ = ["INDEX_DIR", "FORMAT", "Manifest", "index_dir", "writable", "read_loc
 #: the index's directory inside a run directory
 INDEX_DIR = "index"
 #: the manifest's format; an index of another format is rebuilt
-FORMAT = 3
+FORMAT = 4
 
 
 def index_dir(run_dir: Path) -> Path:

@@ -1,6 +1,6 @@
 """DuckDB views over the index's segments: ``spans``, ``events``, ``metrics``,
 ``critical_path``, ``slack`` (docs/timeline.md, "Views"), ``span_steps`` (the doctor's per-step
-evidence), and the stored tables themselves as ``_<table>`` (``_steps``, ``_stages``, ...).
+evidence, over the stored ``cells``), and the stored tables themselves as ``_<table>`` (``_steps``, ``_stages``, ...).
 
 DuckDB reads the Parquet segments where they lie (projection and filter pushdown, each row
 group's min/max): a query filtered on one step reads the row groups that can hold it.
@@ -105,6 +105,6 @@ def create_views(con: Any, d: Path, man: Manifest, tables: "tuple | None" = None
     con.execute(f"""CREATE OR REPLACE VIEW span_steps AS
         SELECT st.attempt, st.mesh,
                CASE WHEN st.pp IS NULL THEN st.mesh ELSE st.mesh || '[pp=' || st.pp || ']' END AS peer_group,
-               x.name, x.step, st.rank, sum(x.dur) AS dur_us, min(x.start + st.offset_us) AS start_us,
-               max(x.start + x.dur + st.offset_us) AS end_us, count(*) AS spans
-        FROM _spans x JOIN _streams st ON st.sid = x.sid WHERE x.step IS NOT NULL GROUP BY ALL""")
+               x.name, x.step, st.rank, sum(x.dur) AS dur_us, min(x.lo + st.offset_us) AS start_us,
+               max(x.hi + st.offset_us) AS end_us, sum(x.n)::BIGINT AS spans
+        FROM _cells x JOIN _streams st ON st.sid = x.sid WHERE x.step IS NOT NULL GROUP BY ALL""")
