@@ -20,7 +20,6 @@ from typing import Any
 from forge_obs.analysis import reader, titan_logs
 from forge_obs.analysis.index import store
 from forge_obs.analysis.index.rows import Columns, TimelineRows, dims_of, extras_of, metric_rows
-from forge_obs.analysis.index.schema import arrow_schema
 from forge_obs.analysis.index.workers import forked
 from forge_obs.analysis.jsonl_reader import BLANK, NOT_JSON, NOT_PARSED, parse_line
 from forge_obs.analysis.store import metric_row_problem
@@ -344,7 +343,7 @@ def write_rows(d: Path, man: store.Manifest, cols: Columns, src: "int | None" = 
             continue
         segs = man.segments(table)
         num = f"{tag}{len(segs) + (0 if src is None else 1000 * (src + 1))}"
-        entry = store.write_segment(d, table, man.gen, num, cols.columns(table), arrow_schema(table))
+        entry = store.write_arrow(d, f"{table}-{man.gen}-{num}.parquet", cols.table(table))
         if src is not None:
             entry["src"] = src
         segs.append(entry)

@@ -314,6 +314,7 @@ def _compute_part(src: Any, d: Path, man: store.Manifest, part: tuple, end: int,
             if written is not None and files:
                 written.append((files, [r[0] for r in rows.cols["steps"]]))
         done_steps.update(w.step for w in kept)
+        g.release()
         if rest and not kept:
             width *= 2  # a step longer than the batch: a wider one
             continue

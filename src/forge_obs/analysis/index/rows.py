@@ -11,7 +11,7 @@ import json
 import math
 from typing import Any
 
-from forge_obs.analysis.index.schema import TABLES
+from forge_obs.analysis.index.schema import TABLES, arrow_schema
 from forge_obs.analysis.reader import INSTANT, SPAN, STEP, TAG, Stream
 from forge_obs.core.identity import PARALLEL_DIMS
 
@@ -37,6 +37,14 @@ class Columns(dict):
     def columns(self, table: str) -> dict:
         cols = list(zip(*self[table])) or [()] * len(TABLES[table])
         return {name: list(c) for name, c in zip(TABLES[table], cols)}
+
+    def table(self, table: str) -> Any:
+        """The rows of ``table`` as an Arrow table of its schema (converted row by row, in
+        Arrow: no column lists made here)."""
+        import pyarrow as pa
+
+        schema = arrow_schema(table)
+        return pa.Table.from_struct_array(pa.array(self[table], type=pa.struct(list(schema))))
 
 
 def flow_of(ex: dict | None) -> tuple:
