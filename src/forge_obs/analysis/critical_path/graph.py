@@ -39,7 +39,7 @@ from forge_obs.analysis import reader
 from forge_obs.analysis.reader import INSTANT, OPEN, SPAN, STEP
 
 __all__ = ["Span", "Graph", "Window", "load", "build", "controller_streams", "roots_between", "flow_key",
-           "stream_who"]
+           "stream_who", "build_spans"]
 
 
 class Span:
@@ -49,7 +49,7 @@ class Span:
                  "parent", "children", "waits", "index", "link", "caller", "called")
 
     def __init__(self, stream: reader.Stream, lane: int, name: str, step: Any, start: int, dur: int,
-                 flow: Any, unfinished: bool, who: "tuple | None" = None) -> None:
+                 flow: Any, unfinished: bool, who: "tuple | None" = None, link: Any = None) -> None:
         self.stream, self.lane, self.name, self.step = stream, lane, name, step
         #: its stream's host, mesh and whether it is a controller's (header ``ctl``): ``who``, or read here
         self.host, self.mesh, self.ctl = who if who is not None else stream_who(stream)
@@ -59,7 +59,7 @@ class Span:
         self.children: list[Span] = []
         self.waits = -1  # µs of its children that wait on others (computed on demand)
         self.index = 0
-        self.link: Any = None  # the id of the call whose handling opened it (extras "p")
+        self.link: Any = link  # the id of the call whose handling opened it (extras "p")
         self.caller: Span | None = None  # the span that made that call (link "call")
         self.called: list = []  # spans opened by calls made under this span
 
@@ -173,20 +173,25 @@ def build(run: reader.Run, ctl: list, spans: list, opens: list, calls: dict, ste
     data), ``calls`` (link id -> (stream, lane, ts)) and ``steps`` (the controller's step ->
     the time of its first ``set_step``). :func:`load` and the index
     (:mod:`forge_obs.analysis.index`) both build it here."""
-    g = Graph(run=run)
-    g.ctl = {id(st) for st in ctl}
     who: dict = {}
-    add = g.spans.append
+    made = []
+    add = made.append
     for st, lane, name, step, ts, dur, flow, link in spans:
         w = who.get(id(st))
         if w is None:
             w = who[id(st)] = stream_who(st)
-        add(s := Span(st, lane, name, step, ts, max(dur, 0), flow, False, w))
-        s.link = link
+        add(Span(st, lane, name, step, ts, max(dur, 0), flow, False, w, link))
+    return build_spans(run, ctl, made, opens, calls, steps, end)
+
+
+def build_spans(run: reader.Run, ctl: list, spans: list, opens: list, calls: dict, steps: dict, end: int) -> Graph:
+    """:func:`build` of finished spans already made (:class:`Span`, in reading order; the list
+    becomes the graph's)."""
+    g = Graph(run=run, spans=spans)
+    g.ctl = {id(st) for st in ctl}
     g.end = end
     for st, lane, name, step, ts, _d, flow, link in opens:
-        add(s := Span(st, lane, name, step, ts, max(end - ts, 0), flow, True))
-        s.link = link
+        spans.append(Span(st, lane, name, step, ts, max(end - ts, 0), flow, True, None, link))
     _nest(g)
     _calls(g, calls)
     for s in g.spans:

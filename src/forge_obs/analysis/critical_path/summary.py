@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import statistics
+from operator import attrgetter
 from typing import Any
 
 from forge_obs.analysis.critical_path.graph import Graph, Window
@@ -50,7 +51,7 @@ def _segments(path: list, walker: Walker) -> list:
         sp = seg.span
         st, lane = sp.stream, sp.lane
         lanes = st.lanes
-        out.append((*_who(st, who), sp.name, lanes[lane] if lane in lanes else str(lane), sp.step, seg.start, seg.end,
+        out.append((*(who.get(id(st)) or _who(st, who)), sp.name, lanes[lane] if lane in lanes else str(lane), sp.step, seg.start, seg.end,
                     (seg.end - seg.start) / 1e6, seg.link, sp.ctl or lane == -1, is_wait(sp.name), sp.unfinished,
                     seg.gap))
     return out
@@ -88,14 +89,19 @@ class Busy:
         self.per: dict[int, tuple] = {}
         self.streams = {}
         self.who: dict = {}
-        for s in sorted(g.roots, key=lambda s: s.start):
-            if g.is_ctl(s.stream):
+        waits, ctl = walker.waits, g.ctl
+        for s in sorted(g.roots, key=attrgetter("start")):
+            key = id(s.stream)
+            if key in ctl:
                 continue
-            p = self.per.setdefault(id(s.stream), ([], [], [0]))
+            p = self.per.get(key)
+            if p is None:
+                p = self.per[key] = ([], [], [0])
+                self.streams[key] = s.stream
             p[0].append(s.start)
-            p[1].append((s.start, s.end, walker.waits(s), s.dur))
-            p[2][0] = max(p[2][0], s.dur)
-            self.streams[id(s.stream)] = s.stream
+            p[1].append((s.start, s.end, waits(s), s.dur))
+            if s.dur > p[2][0]:
+                p[2][0] = s.dur
 
     def window(self, lo: int, hi: int) -> dict:
         """stream id -> (busy µs, µs in waits) within ``[lo, hi]``."""

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from typing import Any
 from dataclasses import dataclass
 from forge_obs.analysis.critical_path.graph import Graph, Span, Window, roots_between
 
@@ -95,6 +96,7 @@ class Walker:
         self.used: set = set()
         self._names: dict | None = None
         self._peer_index: tuple | None = None
+        self._stream_roots: dict | None = None
         self.win_lo = 0  # the start of the step being walked
         self.root: Span | None = None  # its root
         self._wait_names: dict[str, bool] = {}
@@ -198,18 +200,26 @@ class Walker:
         it ended at most ``tie_s`` (or a quarter of its own duration: the scheduling of a loaded
         host) before: the process was busy with it (one request behind another: a blocked event
         loop, an actor's mailbox), so ``after`` waited for it (link ``queued``)."""
-        ends = self.g.root_ends
         start, stream = after.start, after.stream
+        ends, roots = self._roots_of(stream)
         a, b = bisect.bisect_left(ends, start - self.skew * 20), bisect.bisect_right(ends, start)
         best = None
-        for s in self.g.roots[a:b]:
-            if s.stream is stream and s.start < start and s is not after and not s.unfinished \
-                    and (best is None or s.end > best.end):
+        for s in roots[a:b]:
+            if s.start < start and s is not after and not s.unfinished and (best is None or s.end > best.end):
                 best = s
         if best is None or best in self.used or best in anc or \
                 after.start - best.end > max(self.tie, best.dur // 4):
             return None
         return best
+
+    def _roots_of(self, stream: Any) -> tuple:
+        """``(ends, roots)``: the top-level spans of ``stream``, by end (in the graph's order)."""
+        if self._stream_roots is None:
+            acc: dict = {}
+            for s in self.g.roots:
+                acc.setdefault(id(s.stream), []).append(s)
+            self._stream_roots = {k: ([s.end for s in v], v) for k, v in acc.items()}
+        return self._stream_roots.get(id(stream), ((), ()))
 
     def _collective(self, node: Span, lo: int, hi: int, shift: int, link: str, out: list, anc: tuple) -> bool:
         """``node`` waits in a collective: the rank of its mesh that entered the same span last
@@ -268,14 +278,14 @@ class Walker:
         waits in collectives are waits for the rank that arrived last)."""
         if node.stream is None or node.ctl or node.lane == -1:
             return False
-        return node.mesh in self._peers()[1]
+        return node.mesh in (self._peer_index or self._peers())[1]
 
     def _entered_last(self, node: Span, hi: int) -> Span | None:
         """A peer's span of ``node``'s name that started clearly later than ``node`` (by more
         than ``tie_s`` and 5 % of ``node``) and ended with it (within ``tie_s``, or a tenth of
         the difference of their starts): a collective inside made ``node`` wait for it. The
         one that started last."""
-        starts, spans = self._peers()[0].get((node.mesh, node.name), ((), ()))
+        starts, spans = (self._peer_index or self._peers())[0].get((node.mesh, node.name), ((), ()))
         lo_start = node.start + max(self.tie, node.dur // 20)
         a, b = bisect.bisect_right(starts, lo_start), bisect.bisect_right(starts, hi)
         last = None
@@ -289,7 +299,7 @@ class Walker:
     def _arrived_last(self, node: Span, lo: int, hi: int, shift: int, anc: tuple) -> Span | None:
         """The span of a peer rank of ``node`` that ended last within ``(lo + tie_s, hi]``, a
         stretch of ``node``'s own time: ``node`` waited in a collective for that rank."""
-        ends, spans = self._peers()[1].get(node.mesh, ((), ()))
+        ends, spans = (self._peer_index or self._peers())[1].get(node.mesh, ((), ()))
         a = bisect.bisect_right(ends, lo + self.tie - self.skew)
         b = bisect.bisect_right(ends, hi + self.skew)
         best, best_e = None, None
@@ -415,9 +425,16 @@ class Walker:
 
     def waits(self, s: Span) -> int:
         """µs of ``s`` spent in spans that wait on others (``wait_spans``)."""
-        if s.waits < 0:
-            s.waits = sum(c.dur if self.is_wait(c.name) else self.waits(c) for c in s.children)
-        return s.waits
+        w = s.waits
+        if w < 0:
+            w, names = 0, self._wait_names
+            for c in s.children:
+                wait = names.get(c.name)
+                if wait is None:
+                    wait = self.is_wait(c.name)
+                w += c.dur if wait else self.waits(c)
+            s.waits = w
+        return w
 
     def _virtual(self, w: Window) -> Span:
         """A stand-in root for a step whose controller records no step span: its top-level
