@@ -181,16 +181,16 @@ class Walker:
         d = self._pred(chain, node, lo, t, shift, anc) if chain is not None else None
         if d is not None:
             return d, "flow"
-        d = self._pick(exact, t, lo, node, shift)
-        how = "nested" if d is not None and (d.parent is node or node.lane == -1) else \
-            "call" if d is not None and d.caller is node else "flow"
+        d = self._pick(exact, t, lo, node, shift) if exact else None
+        how = "flow" if d is None else "nested" if d.parent is node or node.lane == -1 else \
+            "call" if d.caller is node else "flow"
         if node.ctl:
             # after a dependency that never ended, a finished waiter went on to what it started next
             gap_lo = lo if d is None else d.start if d.unfinished and not node.unfinished else \
                 min(d.end + shift if d.host == node.host else d.end, t)
             early = gap_lo <= lo <= self.win_lo + self.tie and self._steps_track(node)
             cands = self._inferred(node, max(gap_lo, lo), t, shift, anc, early)
-            inf = self._pick(cands, t, lo, node, shift)
+            inf = self._pick(cands, t, lo, node, shift) if cands else None
             if inf is not None:
                 d, how = inf, "inferred"
         return d, how
@@ -388,7 +388,7 @@ class Walker:
         what ``d`` waited for."""
         start, end = d.start, d.end
         cands = [p for p in self.g.flows.get(d.flow, ()) if p.start < start and p.end < end and p not in anc]
-        return self._pick(cands, t, lo, node, shift)
+        return self._pick(cands, t, lo, node, shift) if cands else None
 
     def _pick(self, cands: list, t: int, lo: int, node: Span, shift: int) -> Span | None:
         """The candidate that ended last by ``t`` (after ``lo``); of spans of one mesh and name
