@@ -30,8 +30,8 @@ A *link* is what makes one span depend on another (docs/timeline.md, "Critical p
 from __future__ import annotations
 
 import bisect
-from operator import attrgetter
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -91,9 +91,9 @@ class Graph:
     ctl: set = field(default_factory=set)  # ids of the controller's streams
 
     def release(self) -> None:
-        """Unlink the spans (parent and children, caller and called): the graph is then freed as
-        soon as it is dropped, without the cyclic garbage collector (which a long indexing
-        pauses: millions of spans would wait for it, and cost it a walk over all of them)."""
+        """Unlink the spans (parent and children, caller and called): the graph is then freed by
+        reference counting as soon as it is dropped, also while the cyclic collector is paused
+        (as it is while the index computes steps); the graph is empty afterwards."""
         for s in self.spans:
             s.parent = s.caller = None
             s.children = s.called = ()

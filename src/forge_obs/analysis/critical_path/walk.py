@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import bisect
 import re
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
+
 from forge_obs.analysis.critical_path.graph import Graph, Span, Window, roots_between
 
 __all__ = ["PathConfig", "Segment", "Walker"]

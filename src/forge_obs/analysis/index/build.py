@@ -176,10 +176,11 @@ class Update:
         sid_of = self.sid_of
         spans, events = cols["spans"], cols["events"]
         n = 0
+        add = rows.add
         for it in reader.read_from(self.run, cur, touched):
             if it[1].key not in sid_of:
                 self._sid(it[1].key)
-            rows.add(it, fid, cur.line_off)
+            add(it, fid, cur.line_off)
             n += 1
             if n & 4095 == 0 and flush is not None and not titan and len(spans) + len(events) >= FLUSH_ROWS:
                 flush(self)
