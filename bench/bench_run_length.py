@@ -145,15 +145,25 @@ def _commands(run: Path, step: int) -> dict:
             "doctor": ("doctor", str(run))}
 
 
+FIRST = "first question (builds the index)"
+
+
+def first_question(run: Path, src: Path, timeout: float) -> dict:
+    """``why --step N`` on ``run`` without an index, with the code in ``src``: it builds the index
+    (wall and CPU s, its worker processes' CPU included)."""
+    step = int(run.name.split("_")[1]) // 2 + 1
+    shutil.rmtree(run / "index", ignore_errors=True)
+    wall, cpu, _ = _cli(src, "why", str(run), "--step", str(step), timeout=timeout)
+    return {"wall_s": wall, "cpu_s": cpu}
+
+
 def measure(run: Path, src: Path, repeat: int, timeout: float, first: bool) -> dict:
     """The commands on ``run`` with the code in ``src`` (None where one ran past ``timeout``)."""
     steps = int(run.name.split("_")[1])
     step = steps // 2 + 1
     out: dict = {}
     if first:
-        shutil.rmtree(run / "index", ignore_errors=True)
-        wall, cpu, _ = _cli(src, "why", str(run), "--step", str(step), timeout=timeout)
-        out["first question (builds the index)"] = {"wall_s": wall, "cpu_s": cpu}
+        out[FIRST] = first_question(run, src, timeout)
     for name, args in _commands(run, step).items():
         walls, cpus = [], []
         if name == "doctor":  # first after the build (computes), then again (its kept diagnosis)
@@ -342,6 +352,8 @@ def main() -> None:
     ap.add_argument("--live-s", type=float, default=30.0)
     ap.add_argument("--live-interval-s", type=float, nargs="+", default=[1.0, 1.5, 2.0])
     ap.add_argument("--live-cpu-share", type=float, default=0.0, help="the live indexer's --cpu-share (0: none)")
+    ap.add_argument("--build-only", action="store_true",
+                    help="only the first question (the index's build), against --base at every length")
     args = ap.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
     base = _base_src(args.base)
@@ -350,6 +362,13 @@ def main() -> None:
         run = make_run(args.cache, steps)
         r = res["runs"][steps] = {"jsonl_mb": _size_mb((run / "events").glob("*.jsonl"))}
         print(f"{steps} steps: {r['jsonl_mb']:.1f} MB of JSONL", flush=True)
+        if args.build_only:
+            r["index"] = {FIRST: first_question(run, ROOT / "src", 3600)}
+            r["index_mb"] = _size_mb((run / "index").glob("*.parquet"))
+            r["base"] = {FIRST: first_question(run, base, 3600)}
+            shutil.rmtree(run / "index", ignore_errors=True)
+            print(json.dumps(r, indent=1), flush=True)
+            continue
         r["index"] = measure(run, ROOT / "src", args.repeat if steps < 1_000_000 else 1, 3600, first=True)
         r["index_mb"] = _size_mb((run / "index").glob("*.parquet"))
         r["serve"] = serve(run, ROOT / "src", 3600)  # the index built: what a run indexed live finds
@@ -359,11 +378,13 @@ def main() -> None:
             r["base"] = measure(run, base, 1, args.base_timeout_s, first=True)
             shutil.rmtree(run / "index", ignore_errors=True)
         print(json.dumps(r, indent=1), flush=True)
-    res["live"] = [live(args.cache, args.live_rate, args.live_s, iv, args.live_cpu_share) for iv in args.live_interval_s]
+    if not args.build_only:
+        res["live"] = [live(args.cache, args.live_rate, args.live_s, iv, args.live_cpu_share)
+                       for iv in args.live_interval_s]
     shutil.rmtree(base.parent, ignore_errors=True)
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "run_length.json").write_text(json.dumps(res, indent=2))
+    (out / ("run_length_build.json" if args.build_only else "run_length.json")).write_text(json.dumps(res, indent=2))
     print(table(res))
 
 
@@ -378,13 +399,15 @@ def table(res: dict) -> str:
     head = "| command | " + " | ".join(f"{int(s):,} steps" for s in sizes) + " | target (100k) |"
     lines = [head, "|" + "---|" * (len(sizes) + 2)]
 
-    def cell(d: "dict | None") -> str:
-        return "-" if d is None else f"{d['wall_s']:.2f} s"
+    def cell(d: "dict | None", cpu: bool = False) -> str:
+        if d is None:
+            return "-"
+        return f"{d['wall_s']:.2f} s" + (f" (CPU {d['cpu_s']:.1f} s)" if cpu and d.get("cpu_s") is not None else "")
 
     for name, target in TARGETS.items():
-        row = [cell(runs[s]["index"].get(name)) + (f" (was {cell(runs[s]['base'].get(name))})"
-                                                   if "base" in runs[s] and runs[s]["base"].get(name) else "")
-               for s in sizes]
+        row = [cell(runs[s]["index"].get(name), name == FIRST) +
+               (f" (was {cell(runs[s]['base'].get(name), name == FIRST)})"
+                if "base" in runs[s] and runs[s]["base"].get(name) else "") for s in sizes]
         lines.append(f"| {name} | " + " | ".join(row) + f" | {target} |")
     for key, label in (("serve", "serve, index built"), ("serve_cold", "serve, no index yet")):
         if all(key in runs[s] for s in sizes):
@@ -394,7 +417,7 @@ def table(res: dict) -> str:
                 + " | <= 1 s / <= 20 s |")
     lines.append("| index size / JSONL | " + " | ".join(
         f"{runs[s]['index_mb']:.1f} / {runs[s]['jsonl_mb']:.1f} MB" for s in sizes) + " | <= 1 |")
-    if 10_000 in runs and 100_000 in runs:
+    if 10_000 in runs and 100_000 in runs and "why --step N" in runs[100_000]["index"]:
         g = {n: runs[100_000]["index"][n]["wall_s"] / runs[10_000]["index"][n]["wall_s"]
              for n in ("why --step N", "sql, one step")}
         lines.append("| growth 10k -> 100k, one-step questions | " + ", ".join(f"{n}: {v:.2f}x" for n, v in g.items())

@@ -31,32 +31,35 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 from forge_obs.analysis import reader
 from forge_obs.analysis.reader import INSTANT, OPEN, SPAN, STEP
 
-__all__ = ["Span", "Graph", "Window", "load", "build", "controller_streams", "roots_between", "flow_key"]
+__all__ = ["Span", "Graph", "Window", "load", "build", "controller_streams", "roots_between", "flow_key",
+           "stream_who", "build_spans"]
 
 
 class Span:
     """One span: times in epoch µs (clock-offset corrected), ``dur`` measured on one clock."""
 
-    __slots__ = ("stream", "host", "lane", "name", "step", "start", "end", "dur", "flow", "unfinished",
+    __slots__ = ("stream", "host", "mesh", "ctl", "lane", "name", "step", "start", "end", "dur", "flow", "unfinished",
                  "parent", "children", "waits", "index", "link", "caller", "called")
 
     def __init__(self, stream: reader.Stream, lane: int, name: str, step: Any, start: int, dur: int,
-                 flow: Any, unfinished: bool) -> None:
+                 flow: Any, unfinished: bool, who: "tuple | None" = None, link: Any = None) -> None:
         self.stream, self.lane, self.name, self.step = stream, lane, name, step
-        self.host = stream.host if stream is not None else ""
+        #: its stream's host, mesh and whether it is a controller's (header ``ctl``): ``who``, or read here
+        self.host, self.mesh, self.ctl = who if who is not None else stream_who(stream)
         self.start, self.dur, self.end = start, dur, start + dur
         self.flow, self.unfinished = flow, unfinished
         self.parent: Span | None = None
         self.children: list[Span] = []
         self.waits = -1  # µs of its children that wait on others (computed on demand)
         self.index = 0
-        self.link: Any = None  # the id of the call whose handling opened it (extras "p")
+        self.link: Any = link  # the id of the call whose handling opened it (extras "p")
         self.caller: Span | None = None  # the span that made that call (link "call")
         self.called: list = []  # spans opened by calls made under this span
 
@@ -87,6 +90,15 @@ class Graph:
     end: int = 0  # last timestamp of the data
     ctl: set = field(default_factory=set)  # ids of the controller's streams
 
+    def release(self) -> None:
+        """Unlink the spans (parent and children, caller and called): the graph is then freed by
+        reference counting as soon as it is dropped, also while the cyclic collector is paused
+        (as it is while the index computes steps); the graph is empty afterwards."""
+        for s in self.spans:
+            s.parent = s.caller = None
+            s.children = s.called = ()
+        self.spans, self.roots, self.flows, self.windows = [], [], {}, []
+
     def controller(self, s: Span) -> bool:
         return id(s.stream) in self.ctl
 
@@ -97,7 +109,14 @@ class Graph:
         """Whether ``s`` runs on a controller process (header ``ctl``): its spans await other
         processes' work, so their unexplained time may be inferred from it. A stepping rank of an
         SPMD job computes: its spans wait only on what they are linked to."""
-        return bool(s.stream.header.get("ctl"))
+        return s.ctl
+
+
+def stream_who(st: "reader.Stream | None") -> tuple:
+    """``(host, mesh, ctl)`` of a span's stream, as :class:`Span` keeps them."""
+    if st is None:
+        return "", None, False
+    return st.host, st.mesh, bool(st.header.get("ctl"))
 
 
 def flow_key(ex: Any) -> Any:
@@ -154,15 +173,25 @@ def build(run: reader.Run, ctl: list, spans: list, opens: list, calls: dict, ste
     data), ``calls`` (link id -> (stream, lane, ts)) and ``steps`` (the controller's step ->
     the time of its first ``set_step``). :func:`load` and the index
     (:mod:`forge_obs.analysis.index`) both build it here."""
-    g = Graph(run=run)
-    g.ctl = {id(st) for st in ctl}
+    who: dict = {}
+    made = []
+    add = made.append
     for st, lane, name, step, ts, dur, flow, link in spans:
-        g.spans.append(s := Span(st, lane, name, step, ts, max(dur, 0), flow, False))
-        s.link = link
+        w = who.get(id(st))
+        if w is None:
+            w = who[id(st)] = stream_who(st)
+        add(Span(st, lane, name, step, ts, max(dur, 0), flow, False, w, link))
+    return build_spans(run, ctl, made, opens, calls, steps, end)
+
+
+def build_spans(run: reader.Run, ctl: list, spans: list, opens: list, calls: dict, steps: dict, end: int) -> Graph:
+    """:func:`build` of finished spans already made (:class:`Span`, in reading order; the list
+    becomes the graph's)."""
+    g = Graph(run=run, spans=spans)
+    g.ctl = {id(st) for st in ctl}
     g.end = end
     for st, lane, name, step, ts, _d, flow, link in opens:
-        g.spans.append(s := Span(st, lane, name, step, ts, max(end - ts, 0), flow, True))
-        s.link = link
+        spans.append(Span(st, lane, name, step, ts, max(end - ts, 0), flow, True, None, link))
     _nest(g)
     _calls(g, calls)
     for s in g.spans:
@@ -172,22 +201,30 @@ def build(run: reader.Run, ctl: list, spans: list, opens: list, calls: dict, ste
     return g
 
 
+_START, _END = attrgetter("start"), attrgetter("end")
+
+
 def _nest(g: Graph) -> None:
     """Parents per (process, track): a span's parent is the innermost span that contains it."""
-    g.spans.sort(key=lambda s: (s.start, -s.end))
+    g.spans.sort(key=_END, reverse=True)  # by start, then by end, latest first (two stable sorts)
+    g.spans.sort(key=_START)
     stacks: dict[tuple, list] = {}
+    roots = g.roots
     for i, s in enumerate(g.spans):
         s.index = i
-        stack = stacks.setdefault((id(s.stream), s.lane), [])
-        while stack and (stack[-1].end < s.end or (stack[-1].end <= s.start and stack[-1].dur > 0)):
+        key = (id(s.stream), s.lane)
+        stack = stacks.get(key)
+        if stack is None:
+            stack = stacks[key] = []
+        while stack and ((top := stack[-1]).end < s.end or (top.end <= s.start and top.dur > 0)):
             stack.pop()
         if stack:
-            s.parent = stack[-1]
-            stack[-1].children.append(s)
+            s.parent = top = stack[-1]
+            top.children.append(s)
         else:
-            g.roots.append(s)
+            roots.append(s)
         stack.append(s)
-    g.roots.sort(key=lambda s: s.end)
+    g.roots.sort(key=_END)
     g.root_ends = [s.end for s in g.roots]
 
 

@@ -9,25 +9,33 @@ from __future__ import annotations
 
 import bisect
 import statistics
+from operator import attrgetter
 from typing import Any
 
 from forge_obs.analysis.critical_path.graph import Graph, Window
 from forge_obs.analysis.critical_path.walk import Segment, Walker
 from forge_obs.analysis.doctor.subjects import replica_family
 
-__all__ = ["step_result", "stage_label", "answer", "compare", "compare_to", "medians", "fast_half",
-           "median_duration", "slowest_in", "cause", "idle_mesh", "total_by", "unexplained", "Busy",
-           "MEDIAN_FLOOR_SHARE", "LITTLE_EXPLAINED"]
+__all__ = ["step_result", "step_tables", "stage_label", "answer", "compare", "compare_to", "medians", "fast_half",
+           "median_duration", "slowest_in", "cause", "cause_index", "idle_mesh", "idle_of", "total_by", "unexplained",
+           "Busy", "MEDIAN_FLOOR_SHARE", "LITTLE_EXPLAINED"]
 
 
-def _who(st: Any, cache: "dict | None" = None) -> dict:
+#: the fields of a process, of a path segment, of a stage and of a process's slack, in the order
+#: of the rows :func:`step_tables` returns (and of the keys of :func:`step_result`'s dicts)
+_WHO = ("mesh", "actor", "rank", "host", "pid")
+_SEGMENT = _WHO + ("name", "task", "step", "start_us", "end_us", "duration_s", "link", "controller", "wait",
+                   "unfinished", "unexplained")
+_STAGE = ("mesh", "actor", "rank", "name", "path_s", "controller", "wait", "root", "unfinished", "share")
+_SLACK = _WHO + ("busy_s", "waiting_s", "idle_s", "on_path_s")
+
+
+def _who(st: Any, cache: dict) -> tuple:
     """The identity fields of a stream (``cache``: id(stream) -> them, filled as they are asked)."""
-    if cache is not None:
-        w = cache.get(id(st))
-        if w is None:
-            w = cache[id(st)] = {"mesh": st.mesh, "actor": st.actor, "rank": st.rank, "host": st.host, "pid": st.pid}
-        return w
-    return {"mesh": st.mesh, "actor": st.actor, "rank": st.rank, "host": st.host, "pid": st.pid}
+    w = cache.get(id(st))
+    if w is None:
+        w = cache[id(st)] = (st.mesh, st.actor, st.rank, st.host, st.pid)
+    return w
 
 
 def stage_label(s: dict) -> str:
@@ -36,31 +44,33 @@ def stage_label(s: dict) -> str:
 
 
 def _segments(path: list, walker: Walker) -> list:
+    """The path's segments as rows of :data:`_SEGMENT`."""
     out = []
+    who, is_wait = walker.who, walker.is_wait
     for seg in path:
         sp = seg.span
-        out.append({**_who(sp.stream, walker.who), "name": sp.name, "task": sp.stream.lanes.get(sp.lane, str(sp.lane)),
-                    "step": sp.step, "start_us": seg.start, "end_us": seg.end,
-                    "duration_s": (seg.end - seg.start) / 1e6, "link": seg.link,
-                    "controller": bool(sp.stream.header.get("ctl")) or sp.lane == -1, "wait": walker.is_wait(sp.name),
-                    "unfinished": sp.unfinished, "unexplained": seg.gap})
+        st, lane = sp.stream, sp.lane
+        lanes = st.lanes
+        out.append((*(who.get(id(st)) or _who(st, who)), sp.name, lanes[lane] if lane in lanes else str(lane), sp.step, seg.start, seg.end,
+                    (seg.end - seg.start) / 1e6, seg.link, sp.ctl or lane == -1, is_wait(sp.name), sp.unfinished,
+                    seg.gap))
     return out
 
 
 def _stages(segs: list, total_s: float) -> list:
-    acc: dict[tuple, dict] = {}
+    """Time on the path per stage, largest first, as rows (lists) of :data:`_STAGE`."""
+    acc: dict[tuple, list] = {}
     for s in segs:
-        k = (s["mesh"], s["actor"], s["rank"], s["name"])
+        k = (s[0], s[1], s[2], s[5])
         a = acc.get(k)
         if a is None:
-            a = acc[k] = {"mesh": s["mesh"], "actor": s["actor"], "rank": s["rank"], "name": s["name"], "path_s": 0.0,
-                          "controller": s["controller"], "wait": s["wait"], "root": False, "unfinished": False}
-        a["path_s"] += s["duration_s"]
-        a["unfinished"] |= s["unfinished"]
-        a["root"] |= s["link"] == "root"
-    out = sorted(acc.values(), key=lambda a: -a["path_s"])
+            a = acc[k] = [s[0], s[1], s[2], s[5], 0.0, s[12], s[13], False, False]
+        a[4] += s[10]
+        a[8] |= s[14]
+        a[7] |= s[11] == "root"
+    out = sorted(acc.values(), key=lambda a: -a[4])
     for a in out:
-        a["share"] = a["path_s"] / total_s if total_s > 0 else 0.0
+        a.append(a[4] / total_s if total_s > 0 else 0.0)
     return out
 
 
@@ -79,14 +89,19 @@ class Busy:
         self.per: dict[int, tuple] = {}
         self.streams = {}
         self.who: dict = {}
-        for s in sorted(g.roots, key=lambda s: s.start):
-            if g.is_ctl(s.stream):
+        waits, ctl = walker.waits, g.ctl
+        for s in sorted(g.roots, key=attrgetter("start")):
+            key = id(s.stream)
+            if key in ctl:
                 continue
-            p = self.per.setdefault(id(s.stream), ([], [], [0]))
+            p = self.per.get(key)
+            if p is None:
+                p = self.per[key] = ([], [], [0])
+                self.streams[key] = s.stream
             p[0].append(s.start)
-            p[1].append((s.start, s.end, walker.waits(s), s.dur))
-            p[2][0] = max(p[2][0], s.dur)
-            self.streams[id(s.stream)] = s.stream
+            p[1].append((s.start, s.end, waits(s), s.dur))
+            if s.dur > p[2][0]:
+                p[2][0] = s.dur
 
     def window(self, lo: int, hi: int) -> dict:
         """stream id -> (busy µs, µs in waits) within ``[lo, hi]``."""
@@ -114,33 +129,44 @@ class Busy:
 
 
 def _slack(busy: Busy, w: Window, segs: list) -> list:
+    """Every process's busy, waiting, idle time and time on the path in ``w``, as rows of :data:`_SLACK`."""
     span_us = max(w.end - w.start, 0)
     on_path: dict[tuple, float] = {}
     for s in segs:
-        k = (s["host"], s["pid"], s["mesh"], s["rank"])
-        on_path[k] = on_path.get(k, 0.0) + s["duration_s"]
+        k = (s[3], s[4], s[0], s[2])
+        on_path[k] = on_path.get(k, 0.0) + s[10]
     out = []
     for key, (b, wt) in busy.window(w.start, w.end).items():
         st = busy.streams[key]
         if st.first_ts is not None and (st.first_ts > w.end or (st.last_ts or 0) < w.start):
             continue
         work = max(b - wt, 0)
-        out.append({**_who(st, busy.who), "busy_s": work / 1e6, "waiting_s": wt / 1e6, "idle_s": (span_us - work) / 1e6,
-                    "on_path_s": on_path.get((st.host, st.pid, st.mesh, st.rank), 0.0)})
-    out.sort(key=lambda r: (r["mesh"], r["rank"], r["host"], r["pid"]))
+        who = _who(st, busy.who)
+        out.append((*who, work / 1e6, wt / 1e6, (span_us - work) / 1e6, on_path.get((who[3], who[4], who[0], who[2]), 0.0)))
+    out.sort(key=lambda r: (r[0], r[2], r[3], r[4]))
     return out
+
+
+def step_tables(g: Graph, walker: Walker, busy: Busy, w: Window) -> tuple:
+    """:func:`step_result` as rows: ``(root name, duration_s, unfinished, path, stages, slack)``,
+    the path's segments as tuples of :data:`_SEGMENT`, the stages as lists of :data:`_STAGE`,
+    the slack as tuples of :data:`_SLACK` (what the index stores, without a dict per row)."""
+    path: list[Segment] = walker.path(w)
+    segs = _segments(path, walker)
+    total_s = (w.end - w.start) / 1e6
+    root = w.root.name if w.root is not None else "step"
+    return (root, total_s, w.unfinished or any(s[14] for s in segs), segs, _stages(segs, total_s),
+            _slack(busy, w, segs))
 
 
 def step_result(g: Graph, walker: Walker, busy: Busy, w: Window) -> dict:
     """The critical path of window ``w`` and what it is made of (no answer yet: see :func:`answer`)."""
-    path: list[Segment] = walker.path(w)
-    segs = _segments(path, walker)
-    total_s = (w.end - w.start) / 1e6
-    stages = _stages(segs, total_s)
-    root = w.root.name if w.root is not None else "step"
+    root, total_s, unfinished, segs, stages, slack = step_tables(g, walker, busy, w)
+    st = [dict(zip(_STAGE, a)) for a in stages]
     return {"step": w.step, "root": root, "start_us": w.start, "end_us": w.end, "duration_s": total_s,
-            "unfinished": w.unfinished or any(s["unfinished"] for s in segs), "path": segs, "stages": stages,
-            "by_mesh": total_by(stages, "mesh"), "by_name": total_by(stages, "name"), "slack": _slack(busy, w, segs)}
+            "unfinished": unfinished, "path": [dict(zip(_SEGMENT, s)) for s in segs], "stages": st,
+            "by_mesh": total_by(st, "mesh"), "by_name": total_by(st, "name"),
+            "slack": [dict(zip(_SLACK, r)) for r in slack]}
 
 
 def _place(seg: dict) -> str:
@@ -183,11 +209,19 @@ def cause(r: dict) -> dict | None:
     """The stage the step waited on: the largest that is neither a wait nor the step span's own
     time, else the largest that is not a wait, else the largest."""
     st = r["stages"]
-    for pick in (lambda a: not a["root"] and not a["wait"], lambda a: not a["wait"], lambda a: True):
-        c = [a for a in st if pick(a)]
-        if c:
-            return c[0]
-    return None
+    i = cause_index([(a["root"], a["wait"]) for a in st])
+    return None if i is None else st[i]
+
+
+def cause_index(stages: list) -> "int | None":
+    """:func:`cause`'s choice among ``stages`` (``(root, wait)`` of each, largest first): its index."""
+    for i, (root, wait) in enumerate(stages):
+        if not root and not wait:
+            return i
+    for i, (_root, wait) in enumerate(stages):
+        if not wait:
+            return i
+    return 0 if stages else None
 
 
 def _key(a: dict) -> tuple:
@@ -272,17 +306,23 @@ def _explained_text(frac: float) -> str:
 def idle_mesh(r: dict, skip: str) -> dict | None:
     """The mesh (other than the cause's) that did the most work in the step, with its idle time
     (its least idle rank's): what the slow stage kept waiting."""
+    got = idle_of([(s["mesh"], s["idle_s"], s["busy_s"]) for s in r["slack"]], skip)
+    return None if got is None else {"mesh": got[0], "idle_s": got[1]}
+
+
+def idle_of(slack: list, skip: str) -> "tuple | None":
+    """:func:`idle_mesh` over ``slack`` (``(mesh, idle_s, busy_s)`` of each process): ``(mesh, idle_s)``."""
     idle: dict[str, float] = {}
     work: dict[str, float] = {}
-    for s in r["slack"]:
-        if s["mesh"] == skip:
+    for mesh, idle_s, busy_s in slack:
+        if mesh == skip:
             continue
-        idle[s["mesh"]] = min(idle.get(s["mesh"], s["idle_s"]), s["idle_s"])
-        work[s["mesh"]] = work.get(s["mesh"], 0.0) + s["busy_s"]
+        idle[mesh] = min(idle.get(mesh, idle_s), idle_s)
+        work[mesh] = work.get(mesh, 0.0) + busy_s
     if not work:
         return None
     mesh = max(work, key=lambda m: work[m])
-    return {"mesh": mesh, "idle_s": idle[mesh]} if idle[mesh] > 0 else None
+    return (mesh, idle[mesh]) if idle[mesh] > 0 else None
 
 
 def medians(results: list) -> dict:

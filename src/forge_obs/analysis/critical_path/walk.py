@@ -42,6 +42,8 @@ from __future__ import annotations
 import bisect
 import re
 from dataclasses import dataclass
+from typing import Any
+
 from forge_obs.analysis.critical_path.graph import Graph, Span, Window, roots_between
 
 __all__ = ["PathConfig", "Segment", "Walker"]
@@ -95,6 +97,7 @@ class Walker:
         self.used: set = set()
         self._names: dict | None = None
         self._peer_index: tuple | None = None
+        self._stream_roots: dict | None = None
         self.win_lo = 0  # the start of the step being walked
         self.root: Span | None = None  # its root
         self._wait_names: dict[str, bool] = {}
@@ -107,7 +110,7 @@ class Walker:
     def path(self, w: Window) -> list:
         """The path of step window ``w``, as :class:`Segment` in time order."""
         root = w.root or self._virtual(w)
-        self.used = {id(root)}
+        self.used = {root}
         self.win_lo, self.root = w.start, root
         out: list = []
         self._cover(root, w.start, w.end, 0, "root", out, (root,))
@@ -117,10 +120,12 @@ class Walker:
     def _cover(self, node: Span, lo: int, hi: int, shift: int, link: str, out: list, anc: tuple) -> None:
         """Appends (latest first) the segments of ``[lo, hi]`` inside ``node``; ``shift`` moves the
         spans on ``node``'s host into causal order (see the module docstring)."""
-        if node.parent is not None and self.is_wait(node.name):
+        is_wait = self.is_wait(node.name)
+        computes = self._computes(node)
+        if node.parent is not None and is_wait:
             if self._collective(node, lo, hi, shift, link, out, anc):
                 return
-        elif node is not self.root and self._computes(node):
+        elif node is not self.root and computes:
             last = self._entered_last(node, hi)
             if last is not None:
                 t = self._through_peer(node, last, lo, hi, shift, link, out, anc, joined=True)
@@ -129,27 +134,31 @@ class Walker:
                 return
         exact = self._exact(node, lo, hi, shift)
         t, chain, after = hi, None, None
-        waits = self.g.awaits(node) or self.is_wait(node.name)  # its own time is waiting, not work
+        waits = node.ctl or is_wait  # its own time is waiting, not work
         deps = False
+        host, tie = node.host, self.tie
+        peers = computes and bool(node.children)
         while t > lo:
             d, how = self._next_dep(node, exact, chain, lo, t, shift, anc)
-            q = self._blocker(after, node, shift, anc) if after is not None else None
-            queued = q is not None and q is not d and (d is None or self._end(q, node, shift) >
-                                                       min(self._end(d, node, shift), t) + self.tie)
+            q = self._blocker(after, node, anc) if after is not None else None
+            d_e = (d.end + shift if d.host == host else d.end) if d is not None else 0
+            queued = q is not None and q is not d and (d is None or (q.end + shift if q.host == host else q.end) >
+                                                       min(d_e, t) + tie)
             if queued:  # the process of the dependency just covered was busy until it started
                 d, how = q, "queued"
-            gap_lo = min(self._end(d, node, shift), t) if d is not None else lo
-            if t - gap_lo > self.tie and node.children and self._computes(node):
+                d_e = q.end + shift if q.host == host else q.end
+            gap_lo = min(d_e, t) if d is not None else lo
+            if peers and t - gap_lo > tie:
                 p = self._arrived_last(node, gap_lo, t, shift, anc)
                 if p is not None:  # the stretch waited for a peer rank: the path goes on through it
                     t, chain, deps = self._through_peer(node, p, lo, t, shift, link, out, anc), None, True
                     continue
             if d is None:
                 break
-            self.used.add(id(d))
-            d_end = min(self._end(d, node, shift), t)
+            self.used.add(d)
+            d_end = min(d_e, t)
             if d.unfinished:  # never ended: on the path from its start until its waiter resumed
-                d_shift = shift if d.host == node.host else 0
+                d_shift = shift if d.host == host else 0
                 d_start = max(d.start + d_shift, lo)
             else:
                 d_start = max(d_end - d.dur, lo)
@@ -163,7 +172,7 @@ class Walker:
                 chain = d if d.flow is not None and how != "nested" else None
             after = d if how != "nested" and d.stream is not node.stream else None
         if t > lo:  # before its first dependency; a waiting span without any waited on nothing seen
-            out.append(Segment(node, lo, t, link, waits and (deps or self.is_wait(node.name))))
+            out.append(Segment(node, lo, t, link, waits and (deps or is_wait)))
 
     def _next_dep(self, node: Span, exact: list, chain: Span | None, lo: int, t: int, shift: int,
                   anc: tuple) -> tuple:
@@ -173,42 +182,50 @@ class Walker:
         d = self._pred(chain, node, lo, t, shift, anc) if chain is not None else None
         if d is not None:
             return d, "flow"
-        d = self._pick(exact, t, lo, node, shift)
-        how = "nested" if d is not None and (d.parent is node or node.lane == -1) else \
-            "call" if d is not None and d.caller is node else "flow"
-        if self.g.awaits(node):
+        d = self._pick(exact, t, lo, node, shift) if exact else None
+        how = "flow" if d is None else "nested" if d.parent is node or node.lane == -1 else \
+            "call" if d.caller is node else "flow"
+        if node.ctl:
             # after a dependency that never ended, a finished waiter went on to what it started next
             gap_lo = lo if d is None else d.start if d.unfinished and not node.unfinished else \
-                min(self._end(d, node, shift), t)
+                min(d.end + shift if d.host == node.host else d.end, t)
             early = gap_lo <= lo <= self.win_lo + self.tie and self._steps_track(node)
             cands = self._inferred(node, max(gap_lo, lo), t, shift, anc, early)
-            inf = self._pick(cands, t, lo, node, shift)
+            inf = self._pick(cands, t, lo, node, shift) if cands else None
             if inf is not None:
                 d, how = inf, "inferred"
         return d, how
 
-    def _blocker(self, after: Span, node: Span, shift: int, anc: tuple) -> Span | None:
+    def _blocker(self, after: Span, node: Span, anc: tuple) -> Span | None:
         """The last top-level span of ``after``'s process that ended before ``after`` began, if
         it ended at most ``tie_s`` (or a quarter of its own duration: the scheduling of a loaded
         host) before: the process was busy with it (one request behind another: a blocked event
         loop, an actor's mailbox), so ``after`` waited for it (link ``queued``)."""
-        ends = self.g.root_ends
-        a, b = bisect.bisect_left(ends, after.start - self.skew * 20), bisect.bisect_right(ends, after.start)
-        ids = {id(x) for x in anc}
+        start, stream = after.start, after.stream
+        ends, roots = self._roots_of(stream)
+        a, b = bisect.bisect_left(ends, start - self.skew * 20), bisect.bisect_right(ends, start)
         best = None
-        for s in self.g.roots[a:b]:
-            if s.stream is after.stream and s is not after and s.start < after.start and not s.unfinished \
-                    and (best is None or s.end > best.end):
+        for s in roots[a:b]:
+            if s.start < start and s is not after and not s.unfinished and (best is None or s.end > best.end):
                 best = s
-        if best is None or id(best) in self.used or id(best) in ids or \
+        if best is None or best in self.used or best in anc or \
                 after.start - best.end > max(self.tie, best.dur // 4):
             return None
         return best
 
+    def _roots_of(self, stream: Any) -> tuple:
+        """``(ends, roots)``: the top-level spans of ``stream``, by end (in the graph's order)."""
+        if self._stream_roots is None:
+            acc: dict = {}
+            for s in self.g.roots:
+                acc.setdefault(id(s.stream), []).append(s)
+            self._stream_roots = {k: ([s.end for s in v], v) for k, v in acc.items()}
+        return self._stream_roots.get(id(stream), ((), ()))
+
     def _collective(self, node: Span, lo: int, hi: int, shift: int, link: str, out: list, anc: tuple) -> bool:
         """``node`` waits in a collective: the rank of its mesh that entered the same span last
         kept it waiting; the path goes on through what that rank did before."""
-        starts, peers = self._by_name().get((node.stream.mesh, node.name), ((), ()))
+        starts, peers = self._by_name().get((node.mesh, node.name), ((), ()))
         last = None
         a, b = bisect.bisect_right(starts, node.start), bisect.bisect_right(starts, node.end)
         for p in peers[a:b]:
@@ -229,9 +246,10 @@ class Walker:
         """(mesh, wait span name) -> (starts, spans) by start."""
         if self._names is None:
             acc: dict = {}
+            is_wait = self.is_wait
             for s in self.g.spans:  # by start already
-                if self.is_wait(s.name):
-                    acc.setdefault((s.stream.mesh, s.name), []).append(s)
+                if is_wait(s.name):
+                    acc.setdefault((s.mesh, s.name), []).append(s)
             self._names = {k: ([s.start for s in v], v) for k, v in acc.items()}
         return self._names
 
@@ -247,9 +265,9 @@ class Walker:
             by_name: dict = {}
             by_end: dict = {}
             for s in self.g.spans:  # by start
-                if s.stream is not None and s.stream.mesh in multi and not s.stream.header.get("ctl"):
-                    by_name.setdefault((s.stream.mesh, s.name), []).append(s)
-                    by_end.setdefault(s.stream.mesh, []).append(s)
+                if s.mesh in multi and not s.ctl and s.stream is not None:
+                    by_name.setdefault((s.mesh, s.name), []).append(s)
+                    by_end.setdefault(s.mesh, []).append(s)
             for v in by_end.values():
                 v.sort(key=lambda s: s.end)
             self._peer_index = ({k: ([s.start for s in v], v) for k, v in by_name.items()},
@@ -259,20 +277,21 @@ class Walker:
     def _computes(self, node: Span) -> bool:
         """Whether ``node`` runs on a rank of a mesh of several processes that computes (its
         waits in collectives are waits for the rank that arrived last)."""
-        st = node.stream
-        return st is not None and not st.header.get("ctl") and node.lane != -1 and st.mesh in self._peers()[1]
+        if node.stream is None or node.ctl or node.lane == -1:
+            return False
+        return node.mesh in (self._peer_index or self._peers())[1]
 
     def _entered_last(self, node: Span, hi: int) -> Span | None:
         """A peer's span of ``node``'s name that started clearly later than ``node`` (by more
         than ``tie_s`` and 5 % of ``node``) and ended with it (within ``tie_s``, or a tenth of
         the difference of their starts): a collective inside made ``node`` wait for it. The
         one that started last."""
-        starts, spans = self._peers()[0].get((node.stream.mesh, node.name), ((), ()))
+        starts, spans = (self._peer_index or self._peers())[0].get((node.mesh, node.name), ((), ()))
         lo_start = node.start + max(self.tie, node.dur // 20)
         a, b = bisect.bisect_right(starts, lo_start), bisect.bisect_right(starts, hi)
         last = None
         for p in spans[a:b]:
-            if p.stream is node.stream or p.unfinished or id(p) in self.used:
+            if p.stream is node.stream or p.unfinished or p in self.used:
                 continue
             if abs(p.end - node.end) <= max(self.tie, (p.start - node.start) // 10) and (last is None or p.start > last.start):
                 last = p
@@ -281,15 +300,15 @@ class Walker:
     def _arrived_last(self, node: Span, lo: int, hi: int, shift: int, anc: tuple) -> Span | None:
         """The span of a peer rank of ``node`` that ended last within ``(lo + tie_s, hi]``, a
         stretch of ``node``'s own time: ``node`` waited in a collective for that rank."""
-        ends, spans = self._peers()[1].get(node.stream.mesh, ((), ()))
-        ids = {id(a) for a in anc}
+        ends, spans = (self._peer_index or self._peers())[1].get(node.mesh, ((), ()))
         a = bisect.bisect_right(ends, lo + self.tie - self.skew)
         b = bisect.bisect_right(ends, hi + self.skew)
         best, best_e = None, None
+        used, host, stream = self.used, node.host, node.stream
         for p in spans[a:b]:
-            if p.stream is node.stream or id(p) in self.used or id(p) in ids or p.unfinished:
+            if p.stream is stream or p.unfinished or p in used or p in anc:
                 continue
-            e = self._end(p, node, shift)
+            e = p.end + shift if p.host == host else p.end
             if lo + self.tie < e <= hi and (best is None or e > best_e or (e == best_e and p.dur > best.dur)):
                 best, best_e = p, e
         return best
@@ -300,7 +319,7 @@ class Walker:
         ran to ``t`` with ``node``; else ``node`` waited from ``p``'s end to ``t``), then
         through what ``p``'s process did before it (its parent); returns where ``node``'s own
         walk goes on."""
-        self.used.add(id(p))
+        self.used.add(p)
         p_end = t if joined else min(self._end(p, node, shift), t)
         if p_end < t:
             out.append(Segment(node, p_end, t, link))
@@ -309,10 +328,10 @@ class Walker:
         self._cover(p, p_start, p_end, p_shift, "collective", out, anc + (p,))
         t = p_start
         par = p.parent
-        if par is not None and t > lo and id(par) not in self.used:
+        if par is not None and t > lo and par not in self.used:
             par_start = min(max(par.start + p_shift, lo), t)
             if par_start < t:
-                self.used.add(id(par))
+                self.used.add(par)
                 self._cover(par, par_start, t, p_shift, "collective", out, anc + (par,))
                 t = par_start
         return t
@@ -326,15 +345,16 @@ class Walker:
         return 0 if s.host == node.host else self.skew
 
     def _exact(self, node: Span, lo: int, hi: int, shift: int) -> list:
-        out = list(node.children)
-        out += node.called
+        out = node.children + node.called
         if node.flow is not None:
+            host, skew, stream, lane = node.host, self.skew, node.stream, node.lane
             for s in self.g.flows.get(node.flow, ()):
-                if s is node or (s.stream is node.stream and s.lane == node.lane):
+                if s is node or (s.stream is stream and s.lane == lane):
                     continue
-                tol = self._tol(s, node)
+                same = s.host == host
+                tol = 0 if same else skew
                 if s.start + (shift if not tol else 0) >= node.start + shift - tol and \
-                        (s.unfinished or self._end(s, node, shift) <= hi + tol):
+                        (s.unfinished or (s.end + shift if same else s.end) <= hi + tol):
                     out.append(s)
         return out
 
@@ -348,16 +368,18 @@ class Walker:
         """Top-level spans of other tracks that ran entirely inside ``(lo, hi]`` (``early``: the
         stretch starts with the step, and a span that began before it and ended inside counts
         too: work carried over from the previous step that the step found running)."""
-        ids = {id(a) for a in anc}
         out = []
-        for s in roots_between(self.g, lo - self.skew, hi + self.skew):
-            if id(s) in ids or (s.stream is node.stream and s.lane == node.lane) or s.caller is not None:
+        skew, host, stream, lane, owners = self.skew, node.host, node.stream, node.lane, self.step_flows
+        for s in roots_between(self.g, lo - skew, hi + skew):
+            if s.caller is not None or (s.stream is stream and s.lane == lane) or s in anc:
                 continue
-            owner = self.step_flows.get(s.flow)
-            if owner is not None and owner not in anc and s.start <= owner.end + self._tol(s, owner):
+            owner = owners.get(s.flow)
+            if owner is not None and owner not in anc and s.start <= owner.end + (0 if s.host == owner.host else skew):
                 continue  # another step's work
-            tol = self._tol(s, node)
-            e = self._end(s, node, shift)
+            if s.host == host:
+                tol, e = 0, s.end + shift
+            else:
+                tol, e = skew, s.end
             if e <= hi + tol and e > lo and (early or s.start + (e - s.end) >= lo - tol):
                 out.append(s)
         return out
@@ -365,9 +387,9 @@ class Walker:
     def _pred(self, d: Span, node: Span, lo: int, t: int, shift: int, anc: tuple) -> Span | None:
         """The previous point of ``d``'s flow (by start: message order) that ended after ``lo``:
         what ``d`` waited for."""
-        ids = {id(a) for a in anc}
-        cands = [p for p in self.g.flows.get(d.flow, ()) if p.start < d.start and p.end < d.end and id(p) not in ids]
-        return self._pick(cands, t, lo, node, shift)
+        start, end = d.start, d.end
+        cands = [p for p in self.g.flows.get(d.flow, ()) if p.start < start and p.end < end and p not in anc]
+        return self._pick(cands, t, lo, node, shift) if cands else None
 
     def _pick(self, cands: list, t: int, lo: int, node: Span, shift: int) -> Span | None:
         """The candidate that ended last by ``t`` (after ``lo``); of spans of one mesh and name
@@ -375,15 +397,19 @@ class Walker:
         is taken as running until ``t``, unless ``node`` finished and a finished candidate
         started after it: the waiter went on without it."""
         best, best_e, still = None, None, None
+        used, host, t_far = self.used, node.host, t + self.skew
         for s in cands:
-            if id(s) in self.used:
+            if s in used:
                 continue
-            e = self._end(s, node, shift)
+            if s.host == host:
+                e, e_hi = s.end + shift, t
+            else:
+                e, e_hi = s.end, t_far
             if s.unfinished:
                 if s.start + (e - s.end) < t and (still is None or s.start > still.start):
                     still = s
                 continue
-            if e <= lo or e > t + self._tol(s, node):
+            if e <= lo or e > e_hi:
                 continue
             if best is None or e > best_e:
                 best, best_e = s, e
@@ -391,18 +417,25 @@ class Walker:
             return still
         if best is None:
             return None
-        group = [s for s in cands if id(s) not in self.used and s.name == best.name
-                 and s.stream.mesh == best.stream.mesh and s.stream is not best.stream
-                 and best_e - self.tie <= self._end(s, node, shift) <= t + self._tol(s, node)]
+        name, mesh, stream, e_lo = best.name, best.mesh, best.stream, best_e - self.tie
+        group = [s for s in cands if s.name == name and s.stream is not stream and s.mesh == mesh and s not in used
+                 and e_lo <= (s.end + shift if s.host == host else s.end) <= (t if s.host == host else t_far)]
         if group:
             best = min([best, *group], key=self.waits)
         return best
 
     def waits(self, s: Span) -> int:
         """µs of ``s`` spent in spans that wait on others (``wait_spans``)."""
-        if s.waits < 0:
-            s.waits = sum(c.dur if self.is_wait(c.name) else self.waits(c) for c in s.children)
-        return s.waits
+        w = s.waits
+        if w < 0:
+            w, names = 0, self._wait_names
+            for c in s.children:
+                wait = names.get(c.name)
+                if wait is None:
+                    wait = self.is_wait(c.name)
+                w += c.dur if wait else self.waits(c)
+            s.waits = w
+        return w
 
     def _virtual(self, w: Window) -> Span:
         """A stand-in root for a step whose controller records no step span: its top-level

@@ -53,10 +53,11 @@ def _result(h: dict, parts: dict, n: int) -> dict:
     return r
 
 
-#: the median of a group's ``path_s`` as :func:`statistics.median` computes it: the middle value,
-#: or the mean of the two middle ones
-_MEDIAN = ("CASE WHEN count(*) % 2 = 1 THEN list_sort(list(path_s))[(count(*) + 1) // 2] ELSE "
-           "(list_sort(list(path_s))[count(*) // 2] + list_sort(list(path_s))[count(*) // 2 + 1]) / 2 END")
+#: the median of a group's ``path_s`` (``l``: its values sorted, ``n`` of them) as
+#: :func:`statistics.median` computes it: the middle value, or the mean of the two middle ones
+_MEDIAN = "CASE WHEN n % 2 = 1 THEN l[(n + 1) // 2] ELSE (l[n // 2] + l[n // 2 + 1]) / 2 END"
+#: a group's sorted values and their count, sorted once
+_SORTED = "list_sort(list(path_s)) AS l, count(*) AS n"
 
 
 def _compute_reference(con: Any) -> dict:
@@ -75,11 +76,14 @@ def _compute_reference(con: Any) -> dict:
     meshes = [r[0] for r in con.execute("SELECT DISTINCT mesh FROM _stages").fetchall()]
     con.execute("CREATE OR REPLACE TEMP TABLE _fam AS SELECT unnest(?::VARCHAR[]) AS mesh, unnest(?::VARCHAR[]) AS fam",
                 [meshes, [replica_family(m) for m in meshes]])
-    con.execute("CREATE OR REPLACE TEMP TABLE _fast AS SELECT a.*, _fam.fam FROM _stages a JOIN _fam USING (mesh) "
+    con.execute("CREATE OR REPLACE TEMP TABLE _fast AS SELECT a.mesh, a.actor, a.rank, a.name, a.path_s, _fam.fam "
+                "FROM _stages a JOIN _fam USING (mesh) "
                 "WHERE a.step IN (SELECT step FROM _steps WHERE NOT unfinished AND duration_s <= ?)", [cut])
-    rows = con.execute(f"SELECT mesh, actor, rank, name, {_MEDIAN}, count(*) FROM _fast GROUP BY ALL").fetchall()
-    rows += con.execute(f"SELECT k, NULL, NULL, name, {_MEDIAN}, count(*) FROM (SELECT mesh AS k, name, path_s FROM _fast "
-                        "UNION ALL SELECT fam, name, path_s FROM _fast) GROUP BY k, name").fetchall()
+    rows = con.execute(f"SELECT mesh, actor, rank, name, {_MEDIAN}, n FROM (SELECT mesh, actor, rank, name, {_SORTED} "
+                       "FROM _fast GROUP BY ALL)").fetchall()
+    rows += con.execute(f"SELECT k, NULL, NULL, name, {_MEDIAN}, n FROM (SELECT k, name, {_SORTED} FROM ("
+                        "SELECT mesh AS k, name, path_s FROM _fast UNION ALL SELECT fam, name, path_s FROM _fast) "
+                        "GROUP BY k, name)").fetchall()
     return {"fast_steps": k, "fast_median_s": fast_med, "medians": [list(r) for r in rows]}
 
 

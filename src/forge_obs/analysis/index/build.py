@@ -20,7 +20,6 @@ from typing import Any
 from forge_obs.analysis import reader, titan_logs
 from forge_obs.analysis.index import store
 from forge_obs.analysis.index.rows import Columns, TimelineRows, dims_of, extras_of, metric_rows
-from forge_obs.analysis.index.schema import arrow_schema
 from forge_obs.analysis.index.workers import forked
 from forge_obs.analysis.jsonl_reader import BLANK, NOT_JSON, NOT_PARSED, parse_line
 from forge_obs.analysis.store import metric_row_problem
@@ -177,10 +176,11 @@ class Update:
         sid_of = self.sid_of
         spans, events = cols["spans"], cols["events"]
         n = 0
+        add = rows.add
         for it in reader.read_from(self.run, cur, touched):
             if it[1].key not in sid_of:
                 self._sid(it[1].key)
-            rows.add(it, fid, cur.line_off)
+            add(it, fid, cur.line_off)
             n += 1
             if n & 4095 == 0 and flush is not None and not titan and len(spans) + len(events) >= FLUSH_ROWS:
                 flush(self)
@@ -338,14 +338,12 @@ def _metric_row(line: bytes, bad: list) -> "dict | None":
 def write_rows(d: Path, man: store.Manifest, cols: Columns, src: "int | None" = None, tag: str = "") -> None:
     """A segment per table of ``cols`` that has rows (``src``: the TorchTitan file they come from;
     ``tag``: the worker that writes them, in their names)."""
-    import pyarrow as pa
-
     from forge_obs.analysis.index.cells import span_cells
 
     for table in cols:
         if not cols.rows(table):
             continue
-        t = pa.Table.from_pydict(cols.columns(table), schema=arrow_schema(table))
+        t = cols.table(table)
         _append(d, man, table, t, src, tag)
         if table == "spans":  # the doctor's per-step evidence of these spans, beside them
             _append(d, man, "cells", span_cells(t), src, tag)

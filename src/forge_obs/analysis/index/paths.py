@@ -278,8 +278,9 @@ def _drop(con: Any, d: Path, man: store.Manifest, bound: int) -> None:
 def _batches(d: Path, man: store.Manifest, part: tuple, end: int, n_spans: int, tag: str = "",
              con: Any = None, clash: "set | None" = None) -> None:
     """Compute and store every step that starts in ``part`` (``[lo, hi)``), a batch at a time."""
-    if con is None:
+    if con is None:  # a worker's: one thread (the workers use every core between them)
         con = connect()
+        con.execute("SET threads = 1")
         create_views(con, d, man, STEP_INPUTS)
     first = con.execute("SELECT min(first_ts + offset_us) FROM _streams").fetchone()[0] or 0
     width = max(int((end - first) * BATCH_SPANS / max(n_spans, 1)), 1)
@@ -314,6 +315,7 @@ def _compute_part(src: Any, d: Path, man: store.Manifest, part: tuple, end: int,
             if written is not None and files:
                 written.append((files, [r[0] for r in rows.cols["steps"]]))
         done_steps.update(w.step for w in kept)
+        g.release()
         if rest and not kept:
             width *= 2  # a step longer than the batch: a wider one
             continue

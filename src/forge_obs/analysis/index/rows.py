@@ -11,7 +11,7 @@ import json
 import math
 from typing import Any
 
-from forge_obs.analysis.index.schema import TABLES
+from forge_obs.analysis.index.schema import TABLES, arrow_schema
 from forge_obs.analysis.reader import INSTANT, SPAN, STEP, TAG, Stream
 from forge_obs.core.identity import PARALLEL_DIMS
 
@@ -38,6 +38,14 @@ class Columns(dict):
         cols = list(zip(*self[table])) or [()] * len(TABLES[table])
         return {name: list(c) for name, c in zip(TABLES[table], cols)}
 
+    def table(self, table: str) -> Any:
+        """The rows of ``table`` as an Arrow table of its schema (converted row by row, in
+        Arrow: no column lists made here)."""
+        import pyarrow as pa
+
+        schema = arrow_schema(table)
+        return pa.Table.from_struct_array(pa.array(self[table], type=pa.struct(list(schema))))
+
 
 def flow_of(ex: dict | None) -> tuple:
     """``(flow text, flow type)`` of a record's extras: the text as the SQL views show it."""
@@ -49,10 +57,13 @@ def flow_of(ex: dict | None) -> tuple:
     return json.dumps(f, default=str), FLOW_INT if type(f) is int else FLOW_OTHER
 
 
+_NO_EXTRAS = (None, None, None, None, None, False)
+
+
 def extras_of(ex: dict | None) -> tuple:
     """``(error, flow, flow type, attrs JSON, call link, cut by shutdown)`` of a record's extras."""
     if not ex:
-        return None, None, None, None, None, False
+        return _NO_EXTRAS
     e = ex.get("e")
     flow, ft = flow_of(ex)
     attrs = json.dumps(ex["a"], default=str) if ex.get("a") else None
@@ -68,35 +79,32 @@ class TimelineRows:
         self.cols = cols
         self.sid_of = sid_of  # stream key -> sid
         self.lo: int | None = None  # the earliest time of a row added (raw µs)
-
-    def _early(self, ts: int) -> None:
-        if self.lo is None or ts < self.lo:
-            self.lo = ts
+        self._spans, self._events = cols["spans"].append, cols["events"].append
 
     def add(self, it: tuple, fid: int, off: int) -> None:
         k = it[0]
         if k is SPAN:
             _k, st, lane, name, step, ts, dur, ex, cpu = it
-            err, flow, ft, attrs, link, cut = extras_of(ex)
-            self.cols.add("spans", (self.sid_of[st.key], st.actor, lane, name, step, ts, ts + dur, dur, err, flow, ft, attrs,
-                                    link, cut, cpu, fid, off))
-            self._early(ts)
-            return
-        st = it[1]
-        if k is INSTANT:
-            _k, _st, lane, name, step, ts, ex = it
-            _e, flow, ft, attrs, link, _c = extras_of(ex)
-            row = (lane, "event", name, step, ts, flow, ft, attrs, link)
-        elif k is STEP:
-            _k, _st, lane, step, ts = it
-            row = (lane, "step", "step", step, ts, None, None, None, None)
-        elif k is TAG:
-            _k, _st, lane, step, tag, ts = it
-            row = (lane, "tag", tag, step, ts, None, None, None, None)
+            err, flow, ft, attrs, link, cut = extras_of(ex) if ex else _NO_EXTRAS
+            self._spans((self.sid_of[st.key], st.actor, lane, name, step, ts, ts + dur, dur, err, flow, ft, attrs, link,
+                         cut, cpu, fid, off))
         else:
-            return
-        self.cols.add("events", (self.sid_of[st.key], st.actor, *row, fid, off))
-        self._early(row[4])
+            st = it[1]
+            if k is INSTANT:
+                _k, _st, lane, name, step, ts, ex = it
+                _e, flow, ft, attrs, link, _c = extras_of(ex) if ex else _NO_EXTRAS
+                row = (lane, "event", name, step, ts, flow, ft, attrs, link)
+            elif k is STEP:
+                _k, _st, lane, step, ts = it
+                row = (lane, "step", "step", step, ts, None, None, None, None)
+            elif k is TAG:
+                _k, _st, lane, step, tag, ts = it
+                row = (lane, "tag", tag, step, ts, None, None, None, None)
+            else:
+                return
+            self._events((self.sid_of[st.key], st.actor, *row, fid, off))
+        if self.lo is None or ts < self.lo:
+            self.lo = ts
 
     def lanes(self, st: Stream) -> None:
         """The labels ``st``'s records defined since the last update (then forgotten: the

@@ -17,8 +17,8 @@ import json
 from typing import Any
 
 from forge_obs.analysis import reader
-from forge_obs.analysis.critical_path.summary import Busy, cause, idle_mesh, step_result
-from forge_obs.analysis.critical_path.graph import Graph, build, controller_streams
+from forge_obs.analysis.critical_path.summary import Busy, cause_index, idle_of, step_tables
+from forge_obs.analysis.critical_path.graph import Graph, Span, build_spans, controller_streams, stream_who
 from forge_obs.analysis.critical_path.walk import PathConfig, Walker
 from forge_obs.analysis.index.rows import FLOW_INT, FLOW_STR, Columns
 
@@ -41,24 +41,21 @@ class StepSet:
         self.cols = Columns("steps", "path", "stages", "slack")
 
     def add(self, g: Graph, walker: Walker, busy: Busy, w: Any) -> None:
-        r = step_result(g, walker, busy, w)
-        n = r["step"]
-        for i, p in enumerate(r["path"]):
-            self.cols.add("path", (n, i, p["mesh"], p["actor"], p["rank"], p["host"], p["pid"], p["task"], p["name"],
-                                   p["step"] if type(p["step"]) is int else None, p["start_us"], p["end_us"],
-                                   p["duration_s"], p["link"], p["controller"], p["wait"], p["unfinished"],
-                                   p["unexplained"]))
-        for i, a in enumerate(r["stages"]):
-            self.cols.add("stages", (n, i, a["mesh"], a["actor"], a["rank"], a["name"], a["path_s"], a["share"],
-                                     a["controller"], a["wait"], a["root"], a["unfinished"]))
-        for x in r["slack"]:
-            self.cols.add("slack", (n, x["mesh"], x["actor"], x["rank"], x["host"], x["pid"], x["busy_s"],
-                                    x["waiting_s"], x["idle_s"], x["on_path_s"]))
-        c = cause(r)
-        idle = idle_mesh(r, c["mesh"]) if c is not None else None
-        self.cols.add("steps", (n, r["root"], r["start_us"], r["end_us"], r["duration_s"], r["unfinished"],
-                                r["stages"].index(c) if c is not None else None,
-                                idle["mesh"] if idle else None, idle["idle_s"] if idle else None))
+        root, total_s, unfinished, segs, stages, slack = step_tables(g, walker, busy, w)
+        n = w.step
+        cols = self.cols
+        add = cols["path"].append
+        for i, p in enumerate(segs):  # p: mesh actor rank host pid name task step start end dur link ctl wait unf gap
+            add((n, i, p[0], p[1], p[2], p[3], p[4], p[6], p[5], p[7] if type(p[7]) is int else None, p[8], p[9],
+                 p[10], p[11], p[12], p[13], p[14], p[15]))
+        add = cols["stages"].append
+        for i, a in enumerate(stages):  # a: mesh actor rank name path_s controller wait root unfinished share
+            add((n, i, a[0], a[1], a[2], a[3], a[4], a[9], a[5], a[6], a[7], a[8]))
+        cols["slack"] += [(n, *x) for x in slack]
+        c = cause_index([(a[7], a[6]) for a in stages])
+        idle = idle_of([(x[0], x[7], x[5]) for x in slack], stages[c][0]) if c is not None else None
+        cols.add("steps", (n, root, w.start, w.end, total_s, unfinished, c, idle[0] if idle else None,
+                           idle[1] if idle else None))
 
 
 def step_rows(g: Graph, windows: list, cfg: PathConfig | None = None) -> StepSet:
@@ -104,10 +101,11 @@ def graph_from(run: reader.Run, by_sid: dict, spans: list, opens: list, calls: d
     for sid, n, ts in steps:
         if id(by_sid[sid]) in ctl_ids and n is not None:
             first.setdefault(n, ts)
-    span_t = tuples(spans)
-    open_t = tuples(opens)
+    who = {sid: stream_who(st) for sid, st in by_sid.items()}
+    made = [Span(by_sid[sid], lane, name, step, ts, max(dur, 0), f if ft == FLOW_STR or f is None else _flow(f, ft),
+                 False, who[sid], link) for sid, lane, name, step, ts, dur, f, ft, link in spans]
     call_t = {link: (by_sid[sid], lane, ts) for link, (sid, lane, ts) in calls.items()}
-    return build(run, ctl, span_t, open_t, call_t, first, end)
+    return build_spans(run, ctl, made, tuples(opens), call_t, first, end)
 
 
 def offsets_key(offsets: dict) -> str:
