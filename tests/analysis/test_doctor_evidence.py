@@ -95,7 +95,12 @@ def test_an_index_of_the_format_before_the_cells_is_built_again(tmp_path):
     man["format"] = store.FORMAT - 1
     del man["tables"]["cells"]
     (idx.dir / "manifest.json").write_text(json.dumps(man))
+    old_files = {s["file"] for segs in man["tables"].values() for s in segs}
+    (idx.dir / "spans-7-0.parquet").write_bytes(b"a segment a crashed build left, in no manifest")
     t = tables.scan(tmp_path, DoctorConfig())
     assert {g[2] for g in t.per_step} == {"layer", "optimizer_step", "controller_step"}
     con = open_index(tmp_path).connect()
     assert con.execute("SELECT sum(n) FROM _cells").fetchone()[0] == con.execute("SELECT count(*) FROM _spans").fetchone()[0]
+    # the old index's segments, and those of no manifest, are deleted; the new ones never reuse their names
+    now = {s["file"] for segs in store.Manifest.load(idx.dir).tables.values() for s in segs}
+    assert {p.name for p in idx.dir.glob("*.parquet")} == now and not now & (old_files | {"spans-7-0.parquet"})

@@ -61,11 +61,25 @@ def clocks(up: Update) -> tuple[dict, list]:
 
 
 def _fresh(d: Path, old: "store.Manifest | None") -> store.Manifest:
+    """A manifest to index ``d`` anew: the segments of ``old`` are garbage, and so is every
+    segment file in ``d`` when there is no ``old`` (another format's, or a crashed build's: no
+    reader of this format can hold them). Segment names carry the update's number: a new one is
+    never an old one's name."""
     man = store.Manifest()
-    if old is not None:  # segment names carry the update's number: never one of the old ones
+    if old is not None:
         man.gen = old.gen
         man.garbage = old.garbage + [s["file"] for segs in old.tables.values() for s in segs]
+        return man
+    strays = sorted(p.name for p in d.glob("*.parquet"))
+    man.garbage = strays
+    man.gen = max((_gen_of(name) for name in strays), default=0)
     return man
+
+
+def _gen_of(name: str) -> int:
+    """The update number in a segment's name (``<table>-<gen>-<part>.parquet``), 0 if none."""
+    parts = name.rsplit("-", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else 0
 
 
 def _flush(d: Path, man: store.Manifest) -> Any:
