@@ -569,3 +569,57 @@ def test_a_merge_reads_the_segments_this_process_wrote_from_memory_unless_replac
     assert store.read_segment(tmp_path, "lanes-1-0.parquet", schema)["label"].to_pylist() == ["kept"]
     monkeypatch.undo()
     assert store.read_segment(tmp_path, "lanes-1-1.parquet", schema)["label"].to_pylist() == ["theirs"]
+
+
+OPEN_ALL_RUN = '''
+import os, sys, time
+from forge_obs import timeline
+from forge_obs.timeline import record_span, set_step
+
+timeline.configure(sys.argv[1], ranks="all", open_after_s=0.0)
+with record_span("train"):                      # open for the whole run: the process ends inside it
+    timeline.flush()                            # its "begun" record first (as the writer's pass does)
+    for step in range(int(sys.argv[2])):
+        set_step(step)
+        with record_span("controller_step"):
+            with record_span("generate"):
+                time.sleep(0.001)
+            with record_span("train_step"):
+                time.sleep(0.002)
+    timeline.flush()
+    os._exit(0)
+'''
+
+
+def test_a_span_open_since_the_start_costs_the_live_indexer_only_the_new_steps(tmp_path, monkeypatch):
+    """A span left open around the whole loop (the user's own ``record_span("train")``) does not
+    make every update compute again every step since it began: each update computes the steps it
+    brings (from the window, never reading the index back), and the answers are the direct read's."""
+    from forge_obs.analysis.index import paths, updater
+    from forge_obs.analysis.index.window import Window
+
+    script = tmp_path / "loop.py"
+    script.write_text(OPEN_ALL_RUN)
+    src = tmp_path / "src"
+    subprocess.run([sys.executable, str(script), str(src), "200"], check=True, timeout=120)
+    reads, computed = [], []
+    real_steps, real_part = paths.compute_steps, paths._compute_part
+    monkeypatch.setattr(updater, "compute_steps", lambda *a: reads.append(1) or real_steps(*a))
+
+    def part(*a, **k):
+        done = real_part(*a, **k)
+        computed.append(len(done))
+        return done
+
+    monkeypatch.setattr(paths, "_compute_part", part)
+    run = tmp_path / "run"
+    (run / "events").mkdir(parents=True)
+    full = {run / "events" / p.name: p.read_bytes() for p in (src / "events").glob("*.jsonl")}
+    window = Window()
+    for n in range(1, 41):
+        for p, b in full.items():
+            p.write_bytes(b[: len(b) * n // 40])
+        updater.update_index(run, store.index_dir(run), window=window)
+    assert len(reads) <= 1, f"{len(reads)} updates read the index back"
+    assert max(computed[-10:]) <= max(computed[8:18]) + 3, computed  # as many at the end as early on
+    assert_same_answers(run)

@@ -38,9 +38,11 @@ _ENDS_AFTER = "x.end >= getvariable('off_hi_neg') + ? AND x.end + s.offset_us >=
 
 def closure(con: Any, lo: int) -> int:
     """The earliest time the graph of the spans ending after ``lo`` must reach back to: the
-    start of every span that contains one of them (and of theirs), and of every span still open,
-    and the time of the endpoint calls that opened them."""
-    op = con.execute("SELECT min(x.start + s.offset_us) FROM _opens x JOIN _streams s ON s.sid = x.sid").fetchone()[0]
+    start of every span that contains one of them (and of theirs), and of every span still open
+    that an endpoint call opened, and the time of the endpoint calls that opened them. (The graph
+    holds every open span whatever ``lo``; one no call opened needs nothing before ``lo``.)"""
+    op = con.execute("SELECT min(x.start + s.offset_us) FROM _opens x JOIN _streams s ON s.sid = x.sid "
+                     "WHERE x.link IS NOT NULL").fetchone()[0]
     if op is not None:
         lo = min(lo, op)
     while True:
@@ -69,12 +71,13 @@ def compute_steps(d: Path, man: store.Manifest, lo_raw: "int | None", offsets: d
     create_views(con, d, man, STEP_INPUTS)
     st = man.state.setdefault("path", {})
     okey = json.dumps(sorted(offsets.items()))
-    opens_lo = con.execute("SELECT min(x.start + s.offset_us) FROM _opens x JOIN _streams s ON s.sid = x.sid").fetchone()[0]
+    opens = con.execute("SELECT x.sid, x.lane, x.name, x.start + s.offset_us FROM _opens x "
+                        "JOIN _streams s ON s.sid = x.sid").fetchall()
     if not man.tables.get("steps") or st.get("offsets") != okey:
         bound = -_NEVER
     else:
         shift = min([0, *offsets.values()])
-        lo = min([v for v in (None if lo_raw is None else lo_raw + shift, opens_lo, st.get("opens_lo"))
+        lo = min([v for v in (None if lo_raw is None else lo_raw + shift, opens_moved(st, opens))
                   if v is not None], default=None)
         rows = con.execute("SELECT start_us FROM _steps WHERE unfinished OR end_us >= ?",
                            [_NEVER if lo is None else lo - MARGIN_US]).fetchall()
@@ -88,7 +91,19 @@ def compute_steps(d: Path, man: store.Manifest, lo_raw: "int | None", offsets: d
         con = connect()
         create_views(con, d, man, STEP_INPUTS)
         _compute(con, d, man, -_NEVER)
-    st["offsets"], st["opens_lo"] = okey, opens_lo
+    st["offsets"], st["opens"] = okey, sorted(map(list, opens))
+    st.pop("opens_lo", None)
+
+
+def opens_moved(st: dict, opens: list) -> "int | None":
+    """The earliest start among the spans that opened or closed since the update that stored
+    ``st`` (``opens``: the open spans' sid, lane, name and corrected start, now). A span that
+    stays open changes no step that ended meanwhile (it is open, and on a path, alike), so only
+    the steps since one that opened or closed are computed again; a span that closed is among
+    the update's new rows too."""
+    was = {tuple(k) for k in st.get("opens") or ()}
+    moved = was.symmetric_difference(tuple(k) for k in opens)
+    return min((k[3] for k in moved), default=None)
 
 
 def compute_live(d: Path, man: store.Manifest, lo_raw: "int | None", offsets: dict, win: Any, opens: list) -> bool:
@@ -101,9 +116,9 @@ def compute_live(d: Path, man: store.Manifest, lo_raw: "int | None", offsets: di
     okey = json.dumps(sorted(offsets.items()))
     if not win.ready or not (man.tables.get("steps") or win.whole()) or st.get("offsets") != okey:
         return False
-    opens_lo = min((r[4] for r in opens), default=None)
+    keys = [(r[0], r[1], r[2], r[4]) for r in opens]
     shift = min([0, *offsets.values()])
-    lo = min([v for v in (None if lo_raw is None else lo_raw + shift, opens_lo, st.get("opens_lo"))
+    lo = min([v for v in (None if lo_raw is None else lo_raw + shift, opens_moved(st, keys))
               if v is not None], default=None)
     if lo is not None and lo - MARGIN_US <= win.pruned_end:
         return False  # a step the window no longer holds may change
@@ -121,7 +136,8 @@ def compute_live(d: Path, man: store.Manifest, lo_raw: "int | None", offsets: di
             man.tables[t] = before[t]
         man.garbage = garbage + sorted(made)
         return False
-    st["offsets"], st["opens_lo"] = okey, opens_lo
+    st["offsets"], st["opens"] = okey, sorted(map(list, keys))
+    st.pop("opens_lo", None)
     return True
 
 
@@ -173,7 +189,7 @@ class _WindowRows:
 
     def __init__(self, win: Any, run: Any, by_sid: dict, opens: list, end: int) -> None:
         self.win, self.run, self.by_sid, self.opens, self.end = win, run, by_sid, opens, end
-        self.opens_lo = min((r[4] for r in opens), default=None)
+        self.opens_lo = min((r[4] for r in opens if r[8] is not None), default=None)  # linked: see closure()
 
     def closure(self, lo: int) -> int:
         got = self.win.closure(lo, self.opens_lo)
