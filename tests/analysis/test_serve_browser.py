@@ -139,6 +139,10 @@ def test_live_run_in_chromium(tmp_path):
             cells = page.evaluate("[...document.querySelectorAll('#drill-ranks tr')].slice(1)"
                                   ".map(tr => [...tr.children].map(td => td.textContent))")
             assert len(cells) == 2, cells  # the two ranks of the trainer mesh, with their own losses
+            # the controller's row at that step holds only its telemetry: in the answer, not listed
+            ranks = _until(srv, f"/api/step?id=live&step={step}", lambda d: True)["ranks"]
+            assert set(ranks) == {"Controller", "mesh/trainer/r0", "mesh/trainer/r1"}, ranks
+            assert all(k.startswith("obs/") for k in ranks["Controller"]), ranks["Controller"]
             want = [20.0] * 2 if step == 7 else [1.0 / (step + 1) + r * 0.1 for r in range(2)]
             assert [float(c[1]) for c in cells] == pytest.approx(want, abs=1e-4), (step, cells)
             drill = page.evaluate("document.getElementById('drill').textContent")

@@ -693,7 +693,10 @@ function drillValues(d) {
 // One row per rank; a column per key: the keys the drill-down was opened for, then the others
 // the ranks recorded at this step (at most 8). The table fits the side panel.
 function drillRanks(d) {
-  const ranks = Object.keys(d.ranks).sort();
+  // a process whose row holds only forge_obs's own telemetry (obs/...) and none of the keys the
+  // drill-down was opened for is not listed (the console does the same)
+  const wanted = new Set(S.drillKeys.flatMap((k) => [k, k + "/p50"]));
+  const ranks = Object.keys(d.ranks).filter((r) => Object.keys(d.ranks[r]).some((k) => !k.startsWith("obs/") || wanted.has(k))).sort();
   if (!ranks.length) return el("p", { class: "muted", text: "no per-rank rows at this step" });
   const recorded = new Set(ranks.flatMap((r) => Object.keys(d.ranks[r])));
   const picked = S.drillKeys.map((k) => (recorded.has(k) ? k : k + "/p50")).filter((k) => recorded.has(k));
