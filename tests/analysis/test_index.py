@@ -502,17 +502,23 @@ def test_the_live_indexer_computes_steps_from_its_window_as_the_index_does(tmp_p
         return ok
 
     monkeypatch.setattr(updater, "compute_live", counted)
-    src = grpo_run(tmp_path / "src", 50, slow_from=20, **fault)
-    run = tmp_path / "run"
-    (run / "events").mkdir(parents=True)
-    full = {run / "events" / p.name: p.read_bytes() for p in (src / "events").glob("*.jsonl")}
-    window = Window()
-    for part in range(1, 41):
-        for p, b in full.items():
-            p.write_bytes(b[: len(b) * part // 40])
-        updater.update_index(run, store.index_dir(run), window=window)
+    run = follow_live(grpo_run(tmp_path / "src", 50, slow_from=20, **fault), tmp_path / "run", Window())
     assert used[True] >= 30, used
     assert_same_answers(run)
+
+
+def follow_live(src: Path, run: Path, window, updates: int = 40) -> Path:
+    """``src``'s timeline written again into ``run`` in ``updates`` torn parts, the live indexer's
+    update (keeping ``window``) after each: ``run``."""
+    from forge_obs.analysis.index import updater
+
+    (run / "events").mkdir(parents=True)
+    full = {run / "events" / p.name: p.read_bytes() for p in (src / "events").glob("*.jsonl")}
+    for part in range(1, updates + 1):
+        for p, b in full.items():
+            p.write_bytes(b[: len(b) * part // updates])
+        updater.update_index(run, store.index_dir(run), window=window)
+    return run
 
 
 @pytest.mark.parametrize("fault", [{}, {"carried_sync_s": 0.3, "trainer_host": "node1", "trainer_skew_s": 0.03}])
@@ -612,14 +618,7 @@ def test_a_span_open_since_the_start_costs_the_live_indexer_only_the_new_steps(t
         return done
 
     monkeypatch.setattr(paths, "_compute_part", part)
-    run = tmp_path / "run"
-    (run / "events").mkdir(parents=True)
-    full = {run / "events" / p.name: p.read_bytes() for p in (src / "events").glob("*.jsonl")}
-    window = Window()
-    for n in range(1, 41):
-        for p, b in full.items():
-            p.write_bytes(b[: len(b) * n // 40])
-        updater.update_index(run, store.index_dir(run), window=window)
+    run = follow_live(src, tmp_path / "run", Window())
     assert len(reads) <= 1, f"{len(reads)} updates read the index back"
     assert max(computed[-10:]) <= max(computed[8:18]) + 3, computed  # as many at the end as early on
     assert_same_answers(run)
