@@ -163,7 +163,7 @@ class Taken:
     Values that belong to the cut but are only known at export (device values read back, GPU
     timings) enter with :meth:`add` and :meth:`merge_row`."""
 
-    __slots__ = ("accs", "raw", "counters", "device", "nonfinite_keys", "cols")
+    __slots__ = ("accs", "raw", "counters", "device", "nonfinite_keys", "cols", "step")
 
     def __init__(self, accs: dict, raw: list | None, counters: dict, device: Any, nonfinite_keys: Any = None,
                  cols: "list[ColumnTake] | tuple" = ()) -> None:
@@ -174,6 +174,8 @@ class Taken:
         #: keys that had a non-finite value recorded (not counted again as overflows at export)
         self.nonfinite_keys = set() if nonfinite_keys is None else nonfinite_keys
         self.cols = cols
+        #: the step of the cut, where the caller that took it names one (:func:`forge_obs.wire.rank_cut.take`)
+        self.step: int | None = None
 
     def n_keys(self) -> int:
         """How many keys have values in this cut."""

@@ -26,7 +26,7 @@ A cut is two calls, in this order:
 :func:`add_extras` is the one place where what a cut carries besides the recorded values
 belongs, so that both the Monarch and the SPMD route carry the same: the process's telemetry
 (:mod:`forge_obs.recording.telemetry`: ``obs/sys/...`` values of the cut, merged and reduced like
-any value on every route; sampled at the steps its stride picks, which :func:`take` notes) and
+any value on every route; sampled at the steps its stride picks: :func:`take` names the cut's step) and
 forge_obs's own CPU since the previous cut (``self_cpu``).
 """
 
@@ -43,10 +43,6 @@ from forge_obs.wire.snapshot import dumps
 __all__ = ["take", "export", "add_extras"]
 
 _COLLECTOR = MetricCollector()
-#: the step of each cut taken and not yet exported: id(taken) -> step (at most _STEPS_MAX: a cut
-#: that is never exported, lost with its rank's queue, is forgotten with the others)
-_STEPS: dict[int, int] = {}
-_STEPS_MAX = 256
 
 
 def take(step: int) -> Taken:
@@ -55,9 +51,7 @@ def take(step: int) -> Taken:
     are in ``step + 1``."""
     taken = _COLLECTOR.swap()
     follow_cut(step + 1)
-    if len(_STEPS) >= _STEPS_MAX:
-        _STEPS.clear()
-    _STEPS[id(taken)] = step
+    taken.step = step
     return taken
 
 
@@ -66,9 +60,8 @@ def export(taken: Taken) -> bytes:
     added (:func:`add_extras`), pickled per key. A state that cannot be exported or pickled is
     left out and counted in the snapshot's counters; raises only where the export itself fails
     (the caller counts that cut as lost)."""
-    step = _STEPS.pop(id(taken), None)
     snap = _COLLECTOR.export(taken, packed=True)
-    add_extras(snap, step)
+    add_extras(snap, taken.step)
     return dumps(snap, lambda key, reason, n: taken.drop(reason, n))
 
 

@@ -126,11 +126,9 @@ class Sampler:
     def packed(self, now: float | None = None, step: int | None = None) -> dict[str, tuple] | None:
         """:meth:`sample` as packed groups, ``{reduction: (keys, rows)}`` (the keys' list is the
         same object for the same keys: never modify it), or None when this cut does not sample."""
-        with self.lock:
-            now = time.monotonic() if now is None else now
-            if not self.due(now, step):
-                return None
-            values = self._read(now)
+        values = self.sample(now, step)
+        if values is None:
+            return None
         layout = self.layouts.get(sig := tuple(values))
         if layout is None:
             layout = self.layouts[sig] = _layout(sig)
