@@ -375,9 +375,7 @@ class GroupTracker:
             st.role_like += self.role_max >= 0
             if st.seen >= self.cfg.fire_steps:
                 st.role = st.role_like == st.seen
-        u = st.usual  # History.add, inline
-        u.values.append(d)
-        u._adds += 1
+        st.usual.add(d)
         return self._against_history(st, rank, step, d, need) if self.history else []
 
     def _quiet(self, values: dict, need: float, n: int) -> bool:
@@ -441,9 +439,7 @@ class GroupTracker:
         hit = slower and d >= cfg.straggler_ratio * ref and d - ref >= need
         payload = (d / ref if ref > 0 else float("inf"), d, ref, slower)
         if not hit:
-            u = st.usual  # History.add, inline
-            u.values.append(d)
-            u._adds += 1
+            st.usual.add(d)
         ch = p.update(step, hit, payload)
         if ch is None and st.ep is None:
             return []
@@ -453,26 +449,22 @@ class GroupTracker:
         """Slowdown: the rank against its own rolling baseline (a value under ``need`` cannot
         exceed anything by ``need``)."""
         h = st.hist
-        vals = h.values
         if d < need:
             out: list[Change] = []
-            if len(vals) >= h.min_n:
+            if len(h.values) >= h.min_n:
                 ch = st.hist_p.update(step, False)
                 if ch is not None or st.hep is not None:
                     out = self._advance(st, "slowdown", rank, step, False, None, ch)
-            vals.append(d)  # History.add, inline
-            h._adds += 1
+            h.add(d)
             return out
         base = h.baseline()
         if base is None:
-            vals.append(d)
-            h._adds += 1
+            h.add(d)
             return []
         hit = d >= self.cfg.history_ratio * base and d - base >= need
         payload = (d / base if base > 0 else float("inf"), d, base) if hit else None
         if not hit:
-            vals.append(d)
-            h._adds += 1
+            h.add(d)
         ch = st.hist_p.update(step, hit, payload)
         if ch is None and st.hep is None:
             return []
