@@ -463,14 +463,14 @@ def test_import_forge_obs_reads_nothing_and_loads_no_nvml():
     assert out.stdout.split() == ["False", "None"], out.stderr
 
 
-def _fake_threads(monkeypatch, counters: dict) -> "proc.ThreadDelays":
+def _fake_threads(monkeypatch, counters: dict, **bounds) -> "proc.ThreadDelays":
     """ThreadDelays over made-up threads: ``counters`` (tid -> [run ns, run delay ns]) is what
-    their schedstat files say when read."""
+    their schedstat files say when read; ``bounds``: its read bounds (8, 2 and 24 unless given)."""
     monkeypatch.setattr(proc.os, "listdir", lambda path: [str(t) for t in counters])
     monkeypatch.setattr(proc, "open_file", lambda path: int(path.split("/")[-2]))
     monkeypatch.setattr(proc, "read_fd", lambda fd, size=4096: f"{counters[fd][0]} {counters[fd][1]} 1".encode())
     monkeypatch.setattr(proc, "close_fd", lambda fd: None)
-    d = proc.ThreadDelays(99, max_reads=8, cold_reads=2, scan_reads=24, refresh_s=1e9)
+    d = proc.ThreadDelays(99, **(dict(max_reads=8, cold_reads=2, scan_reads=24) | bounds), refresh_s=1e9)
     d.available = True
     return d
 
@@ -505,4 +505,64 @@ def test_a_thread_seen_for_the_first_time_is_read_again_first_at_the_next_sample
     counters[1][0] += 300_000_000  # ran 0.3 s
     counters[1][1] += 400_000_000  # and waited 0.4 s for a CPU
     assert d.read(now=0.5, cpu_ns=300_000_000) - base == 400_000_000
-    assert 1 in d.hot
+    assert d.top == 1  # the one that ran the most: read at every sample from now on
+
+
+def test_the_thread_that_ran_is_found_whatever_its_number_and_place_in_the_turns(monkeypatch):
+    """Thread ids wrap around (``pid_max`` 32768: a long-lived process beside many others), so a
+    busy main thread can have a higher id than 60 idle threads started after it; one that slept
+    a while is in the idle turn behind them, and 80 waking workers are hot. The default bounds
+    (4 reads, 24 more when CPU time is unaccounted for): the threads that have run the most are
+    read first when looking for the one that ran, so its wait is in the interval where it waited.
+    (The full suite's starved-process test read 0.0 there: its main thread was behind the idle
+    ones in thread-id order.)"""
+    main = 30_000
+    counters = {tid: [0, 0] for tid in range(1, 61)}  # started after main, lower ids: idle
+    counters |= {tid: [1_000_000, 0] for tid in range(100, 180)}  # 80 waking workers
+    counters[main] = [90_000_000_000, 5_000_000_000]  # ran 90 s so far: the suite's main thread
+    d = _fake_threads(monkeypatch, counters, max_reads=4, cold_reads=1, scan_reads=24)
+    d.read(now=0.0)
+    for step in range(1, 40):  # the workers wake and run a little; the main thread sleeps
+        for tid in range(100, 180):
+            counters[tid][0] += 50_000
+        d.read(now=float(step), cpu_ns=80 * 50_000)
+    assert main in d.cold and len(d.hot) > 28
+    base = d.total_ns
+    counters[main][0] += 200_000_000  # spun 0.2 s
+    counters[main][1] += 400_000_000  # and waited 0.4 s for a CPU
+    assert d.read(now=40.0, cpu_ns=200_000_000) - base == 400_000_000
+
+
+def test_new_threads_are_read_first_those_that_ran_the_most_first(monkeypatch):
+    """The same wrapped thread ids, the main thread seen for the first time (a sampler made in a
+    process that ran a while): it is the first thread read at the next sample, whatever its id."""
+    counters = {tid: [0, 0] for tid in range(1, 61)}
+    counters[30_000] = [90_000_000_000, 0]
+    d = _fake_threads(monkeypatch, counters, max_reads=4, cold_reads=1, scan_reads=24)
+    d.read(now=0.0)
+    assert d.cold[0] == 30_000
+
+
+def test_the_busiest_thread_is_read_at_every_sample_and_no_more_reads_are_needed(monkeypatch):
+    """A loop's thread busy at every interval beside 80 waking workers: after the first samples
+    it is read at every sample (pinned: it ran the most at its last read), so its wait is in every
+    interval and no sample reads more than ``max_reads`` threads looking for the CPU time."""
+    main = 30_000
+    counters = {tid: [0, 0] for tid in range(100, 180)}
+    counters[main] = [90_000_000_000, 0]
+    d = _fake_threads(monkeypatch, counters, max_reads=4, cold_reads=1, scan_reads=24)
+    reads = []
+    fake = proc.read_fd
+    monkeypatch.setattr(proc, "read_fd", lambda fd, size=4096: reads.append(fd) or fake(fd, size))
+    d.read(now=0.0)
+    for step in range(1, 60):
+        reads.clear()
+        for tid in range(100, 180):
+            counters[tid][0] += 20_000
+        counters[main][0] += 50_000_000  # ran 50 ms
+        counters[main][1] += 10_000_000  # and waited 10 ms
+        base = d.total_ns
+        d.read(now=float(step), cpu_ns=50_000_000 + 80 * 20_000)
+        if step >= 2:
+            assert main in reads and len(reads) <= 4, (step, reads)
+            assert d.total_ns - base == 10_000_000

@@ -22,6 +22,7 @@ its figures are left out.
 
 from __future__ import annotations
 
+import heapq
 import os
 import resource
 import time
@@ -60,21 +61,24 @@ class ThreadDelays:
     """The run-queue wait of this process's threads, summed (nanoseconds, cumulative).
 
     A process has a few busy threads and many idle ones (a runtime's workers, a thread pool
-    sized to the host). A thread whose counters moved at its last read is *hot*: the hot threads
-    are read in turn, ``max_reads - cold_reads`` per call (all of them at every call while they
+    sized to the host). The thread that ran the most at its last read (a loop's thread) is read
+    at every call. Another whose counters moved at its last read is *hot*: the hot threads are
+    read in turn, ``max_reads - cold_reads - 1`` per call (all of them at every call while they
     are that few); the others in turn, ``cold_reads`` per call. When the process used CPU time
     that the threads read do not account for (``cpu_ns``: a thread woke up, or a hot one not in
-    this turn ran), more are read in the same call, the hot ones not in the turn first, until the
-    CPU time is accounted for (at most ``scan_reads``), so the thread that ran is found at once.
-    A thread's wait counts from when the thread list first had it (read once then, whatever the
-    bound, and read first at the next call: read again at once it would show no change and look
-    idle); the sum is exact at every thread's last read (a dead thread's wait stays counted), so
-    a total over several intervals is exact and one interval may carry a waking thread's last
-    few. The cost is bounded by ``max_reads`` reads of a few µs (at most ``scan_reads`` more when
-    the busy threads changed), whatever the number of threads. The thread list (a directory read,
-    the costliest part of a sample) is read again when the process's number of threads differs
-    from the threads it has (``threads`` of :meth:`read`; at most every ``recount_s``), and every
-    ``refresh_s`` whatever the count (a thread that ended and another that began in between)."""
+    this turn ran), more are read in the same call, those that have run the most in their life
+    first (whatever their thread ids, which wrap around, and their places in the turns), until
+    the CPU time is accounted for (at most ``scan_reads``), so the thread that ran is found at
+    once. A thread's wait counts from when the thread list first had it (read once then, whatever
+    the bound, and read first at the next call, those that have run the most first: read again at
+    once it would show no change and look idle); the sum is exact at every thread's last read (a
+    dead thread's wait stays counted), so a total over several intervals is exact and one
+    interval may carry a waking thread's last few. The cost is bounded by ``max_reads`` reads of
+    a few µs (at most ``scan_reads`` more when the busy threads changed), whatever the number of
+    threads. The thread list (a directory read, the costliest part of a sample) is read again
+    when the process's number of threads differs from the threads it has (``threads`` of
+    :meth:`read`; at most every ``recount_s``), and every ``refresh_s`` whatever the count (a
+    thread that ended and another that began in between)."""
 
     def __init__(self, pid: int, max_reads: int = 4, cold_reads: int = 1, scan_reads: int = 24,
                  refresh_s: float = 10.0, recount_s: float = 0.05) -> None:
@@ -82,7 +86,9 @@ class ThreadDelays:
         self.max_reads, self.cold_reads, self.scan_reads, self.refresh_s = max_reads, cold_reads, scan_reads, refresh_s
         self.recount_s = recount_s
         self.state: dict[int, list] = {}  # tid -> [fd of its schedstat, run time ns, run delay ns] at its last read
-        self.hot: deque = deque()  # threads whose counters moved at their last read, in turn
+        self.top: int | None = None  # the thread that ran the most at its last read: read at every call
+        self.top_ran = 0  # its run time then (ns)
+        self.hot: deque = deque()  # threads whose counters moved at their last read, in turn (not top)
         self.cold: deque = deque()  # the others, in turn
         self.total_ns = 0
         self.refreshed = -1e18
@@ -105,29 +111,43 @@ class ThreadDelays:
             new = self._refresh()
             self.refreshed = now
         hot, cold = self.hot, self.cold
-        n_hot = min(len(hot), self.max_reads - min(self.cold_reads, len(cold)))
-        n_cold = min(len(cold), self.max_reads - n_hot)
-        todo = list(map(_popleft, repeat(hot, n_hot)))
+        todo = [] if self.top is None else [self.top]
+        room = self.max_reads - len(todo)
+        n_hot = max(0, min(len(hot), room - min(self.cold_reads, len(cold))))
+        n_cold = max(0, min(len(cold), room - n_hot))
+        todo += map(_popleft, repeat(hot, n_hot))
         while n_cold:
             todo.append(cold.popleft())
             n_cold -= 1
         hot_left, cold_left = len(hot), len(cold)  # not in this turn: at the fronts (read ones go behind)
         ran = self._read_all(todo)
-        if cpu_ns is not None:
-            floor, budget = max(2_000_000, cpu_ns // 4), self.scan_reads
-            while budget and cpu_ns - ran > floor and (hot_left or cold_left):  # a thread not read ran
-                if hot_left:  # the hot ones first
-                    tid, hot_left = hot.popleft(), hot_left - 1
-                else:
-                    tid, cold_left = cold.popleft(), cold_left - 1
-                ran += self._read_all((tid,))
-                budget -= 1
+        if cpu_ns is not None and cpu_ns - ran > max(2_000_000, cpu_ns // 4) and (hot_left or cold_left):
+            self._scan(cpu_ns, ran, hot_left, cold_left)  # a thread not read ran
         cold.extendleft(reversed(new))  # read first next time: a read now would show no change
         return self.total_ns
 
+    def _scan(self, cpu_ns: int, ran: int, hot_left: int, cold_left: int) -> None:
+        """The threads not in this turn (the first ``hot_left`` hot and ``cold_left`` cold ones),
+        those that have run the most first, read until the process's CPU time ``cpu_ns`` is
+        accounted for (the run time of the threads read, ``ran`` so far, leaves at most a quarter
+        of it), at most ``scan_reads``; the ones not read stay at the fronts of their turns."""
+        hot, cold, state = self.hot, self.cold, self.state
+        rest_hot = list(map(_popleft, repeat(hot, hot_left)))
+        rest_cold = list(map(_popleft, repeat(cold, cold_left)))
+        floor = max(2_000_000, cpu_ns // 4)
+        done = set()
+        for tid in heapq.nlargest(self.scan_reads, rest_hot + rest_cold, key=lambda t: state[t][1]):
+            if cpu_ns - ran <= floor:
+                break
+            ran += self._read_all((tid,))
+            done.add(tid)
+        hot.extendleft(reversed([t for t in rest_hot if t not in done]))
+        cold.extendleft(reversed([t for t in rest_cold if t not in done]))
+
     def _read_all(self, tids: Any) -> int:
-        """Read ``tids``, each back in the hot or cold turn (a thread that is gone: dropped);
-        returns the run time they added (ns)."""
+        """Read ``tids``, each back in the hot or cold turn, or pinned as :attr:`top` when it ran
+        more than the pinned one (which goes back in the hot turn); a thread that is gone is
+        dropped. Returns the run time they added (ns)."""
         ran = 0
         state, hot, cold, read = self.state, self.hot, self.cold, read_fd
         for tid in tids:
@@ -143,10 +163,19 @@ class ThreadDelays:
             if st[1] is None:  # its first read: where it starts from (its earlier wait is not this
                 st[1], st[2] = run_ns, delay_ns  # interval's); in no turn yet (the caller places it)
                 continue
-            if run_ns != st[1] or delay_ns != st[2]:
-                ran += run_ns - st[1]
+            d = run_ns - st[1]
+            moved = d or delay_ns != st[2]
+            if moved:
+                ran += d
                 self.total_ns += delay_ns - st[2]
                 st[1], st[2] = run_ns, delay_ns
+            if tid == self.top:
+                self.top_ran = d
+            elif d > self.top_ran:
+                if self.top is not None:
+                    hot.append(self.top)
+                self.top, self.top_ran = tid, d
+            elif moved:
                 hot.append(tid)
             else:
                 cold.append(tid)
@@ -154,7 +183,8 @@ class ThreadDelays:
 
     def _refresh(self) -> list:
         """The thread list read again: gone threads dropped, new ones read once (their starting
-        point); returns the new ones, oldest first (the caller puts them in the cold turn)."""
+        point); returns the new ones, those that have run the most first (the caller puts them at
+        the front of the cold turn)."""
         try:
             tids = {int(t) for t in os.listdir(f"/proc/{self.pid}/task")}
         except (OSError, ValueError):
@@ -171,9 +201,11 @@ class ThreadDelays:
         self._read_all(new)  # their starting points, once: their wait from now on counts
         self.hot = deque(t for t in self.hot if t in state)
         self.cold = deque(t for t in self.cold if t in state)
-        return [t for t in new if t in state]
+        return sorted((t for t in new if t in state), key=lambda t: -state[t][1])
 
     def _drop(self, tid: int) -> None:
+        if tid == self.top:
+            self.top, self.top_ran = None, 0
         st = self.state.pop(tid, None)
         if st is not None:
             close_fd(st[0])
@@ -181,7 +213,7 @@ class ThreadDelays:
     def close(self) -> None:
         for tid in list(self.state):
             self._drop(tid)
-        self.hot, self.cold = deque(), deque()
+        self.hot, self.cold, self.top, self.top_ran = deque(), deque(), None, 0
 
 
 def thread_count(fd: int) -> int | None:
