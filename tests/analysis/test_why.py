@@ -561,3 +561,30 @@ def test_stages_that_changed_as_much_come_in_one_order_whatever_the_hash_seed():
     assert len(outs) == 1, outs
     shrank = json.loads(outs.pop())["shrank"]
     assert [x["mesh"] for x in shrank] == [f"generator_{i}" for i in range(6)]
+
+
+def test_a_process_busy_until_just_before_the_waiting_span_began_is_not_on_its_path(tmp_path):
+    """The GRPO app's step 0: the controller's ``rollout`` called a stage whose process was busy
+    with a span of its own (warm-up work) that ended 1.5 ms before the stage's span began but
+    also before ``rollout`` began, under the controller's earlier ``setup`` span. The queued link
+    made ``rollout``'s own time start at that span's end, inside ``setup``: the path did not tile
+    (a controller segment began 0.84 ms before the previous one ended). The time before the
+    waiting span began is not what the stage's process did; the path tiles."""
+    from tests.support.path_runs import Proc
+
+    ev = tmp_path / "events"
+    ev.mkdir()
+    ctl, stage = Proc("controller", 0, 1, ctl=True, actor=""), Proc("scorer", 0, 2)
+    ctl.step(0.0, 0)
+    ctl.span("setup", 0.0, 0.3, 0)
+    stage.span("warm_up", 0.05, 0.2495, None)  # ends at 0.2995, before rollout began
+    ctl.call(0.3005, "c.0", 0)
+    stage.span("score", 0.301, 0.6, 0, link="c.0")
+    ctl.span("rollout", 0.3, 0.7, 0)
+    ctl.span("controller_step", 0.0, 1.0, 0)
+    ctl.write(ev)
+    stage.write(ev)
+    for index in (True, False):
+        r = critical_path(tmp_path, 0, index=index)
+        _check_path(r)
+        assert _cause(r) == ("scorer", 0, "score"), r["answer"]

@@ -142,11 +142,11 @@ class Walker:
             d, how = self._next_dep(node, exact, chain, lo, t, shift, anc)
             q = self._blocker(after, node, anc) if after is not None else None
             d_e = (d.end + shift if d.host == host else d.end) if d is not None else 0
-            queued = q is not None and q is not d and (d is None or (q.end + shift if q.host == host else q.end) >
-                                                       min(d_e, t) + tie)
-            if queued:  # the process of the dependency just covered was busy until it started
-                d, how = q, "queued"
-                d_e = q.end + shift if q.host == host else q.end
+            q_e = (q.end + shift if q.host == host else q.end) if q is not None else 0
+            # the process of the dependency just covered was busy until it started, within this stretch
+            queued = q is not None and q is not d and q_e > lo and (d is None or q_e > min(d_e, t) + tie)
+            if queued:
+                d, how, d_e = q, "queued", q_e
             gap_lo = min(d_e, t) if d is not None else lo
             if peers and t - gap_lo > tie:
                 p = self._arrived_last(node, gap_lo, t, shift, anc)
@@ -156,7 +156,7 @@ class Walker:
             if d is None:
                 break
             self.used.add(d)
-            d_end = min(d_e, t)
+            d_end = max(min(d_e, t), lo)  # the stretch's own time never starts before it
             if d.unfinished:  # never ended: on the path from its start until its waiter resumed
                 d_shift = shift if d.host == host else 0
                 d_start = max(d.start + d_shift, lo)
