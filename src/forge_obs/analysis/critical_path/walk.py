@@ -29,8 +29,8 @@ arrive). Either way the path goes on through the rank that entered last.
 A dependency that never ended (a span left open: its process died or hangs) is on the path up
 to where its waiter resumed (or the step ended), marked unfinished: what the waiter waited on.
 A dependency whose process was busy, until it began, with a span of another request (its last
-span, which ended at most ``tie_s`` or a quarter of its duration before) waited for that span
-(link ``queued``: a blocked event loop, an actor's mailbox).
+span, which ended at most ``tie_s`` or a quarter of its duration before, and after the waiter's
+stretch began) waited for that span (link ``queued``: a blocked event loop, an actor's mailbox).
 
 Clocks: a dependency on another host may appear to end after the span that awaited it (the
 clock offsets are one-way estimates). Causality wins: the dependency is placed to end where the
