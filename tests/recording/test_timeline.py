@@ -146,6 +146,31 @@ def test_open_span_written_as_begin_and_unfinished_in_views(tdir):
     assert load(tdir / "cli.json").slices == s.slices
 
 
+def test_a_process_inside_a_span_on_disk_says_it_is_alive_until_the_span_ends(tdir):
+    """A span written as "B" (open past ``open_after_s``) and nothing else to write: each writer
+    pass writes ``["A", ts]``, so the data of a process killed inside the span reaches its last
+    pass (the span's time open, not none). Once the span ended, passes write nothing."""
+    tl.configure(tdir, open_after_s=0, flush_interval_s=60)  # passes only when flushed
+    stuck = tl.record_span("stuck")
+    stuck.__enter__()
+    tl.flush()  # its "B"
+    tl.flush()
+    tl.flush()
+    path = next((tdir / "events").glob("*.jsonl"))
+    recs = [json.loads(x) for x in path.read_text().splitlines()[1:]]
+    (begin,) = [r for r in recs if r[0] == "B"]
+    alive = [r for r in recs if r[0] == "A"]
+    assert len(alive) == 2 and begin[2] <= alive[0][1] <= alive[1][1], recs
+    run, _items_ = _items(tdir)
+    t0 = json.loads(path.read_text().splitlines()[0])["t0"]
+    assert reader.run_end(run) == t0 + alive[1][1]  # the data reaches the last pass
+    stuck.__exit__(None, None, None)
+    tl.flush()
+    tl.flush()
+    after = path.read_text().splitlines()[1 + len(recs):]
+    assert [json.loads(x)[0] for x in after] == ["E"], after
+
+
 def test_rotation_keeps_every_record(tdir):
     tl.configure(tdir, max_file_mb=0.002, open_after_s=0, flush_interval_s=0.01)
     tl.set_step(0)

@@ -63,8 +63,9 @@ logger = logging.getLogger("forge_obs")
 SPAN, OPEN, INSTANT, STEP, TAG, END = "span", "open", "instant", "step", "tag", "end"
 
 #: the record codes (defined once, in forge_obs/recording/timeline/records.py), read in this one place
-_NAME, _LANE, _INSTANT, _BEGIN, _ENDED, _STEP, _TAG, _META, _DROPPED, _CLOCK, _CLOSED = (
-    rec.NAME, rec.LANE, rec.INSTANT, rec.BEGIN, rec.END, rec.STEP, rec.TAG, rec.META, rec.DROPPED, rec.CLOCK, rec.CLOSE)
+_NAME, _LANE, _INSTANT, _BEGIN, _ENDED, _STEP, _TAG, _META, _DROPPED, _CLOCK, _CLOSED, _ALIVE = (
+    rec.NAME, rec.LANE, rec.INSTANT, rec.BEGIN, rec.END, rec.STEP, rec.TAG, rec.META, rec.DROPPED, rec.CLOCK, rec.CLOSE,
+    rec.ALIVE)
 _CLOCK_LINE = f'["{rec.CLOCK}"'.encode()  # how a clock record's line starts
 
 
@@ -212,6 +213,7 @@ _SHAPES: dict[str, Callable[[list, int], bool]] = {
     _META: lambda r, n: n >= 2 and type(r[1]) is dict,
     _DROPPED: lambda r, n: n >= 2 and _int(r[1]),
     _CLOSED: lambda r, n: n >= 2 and _int(r[1]),
+    _ALIVE: lambda r, n: n >= 2 and _int(r[1]),
     _CLOCK: lambda r, n: n >= 3 and _int(r[1]) and _int(r[2]),
 }
 
@@ -461,7 +463,7 @@ def _record(st: Stream, cur: Cursor, r: list) -> "tuple | None":
 
 
 def _state_record(st: Stream, cur: Cursor, r: list, k: str) -> "tuple | None":
-    """``B`` / ``E`` (an ended span is an item), ``M``, ``D``, ``Z``, ``C``."""
+    """``B`` / ``E`` (an ended span is an item), ``M``, ``D``, ``Z``, ``A``, ``C``."""
     if k == _BEGIN:
         st.opens[r[1]] = (r[3], cur.names.get(r[4], "?"), r[5], _touch(st, cur.base + r[2]), r[6] if len(r) > 6 else None)
     elif k == _ENDED:
@@ -479,7 +481,7 @@ def _state_record(st: Stream, cur: Cursor, r: list, k: str) -> "tuple | None":
             st.actor = r[1]["actor"]
     elif k == _DROPPED:
         st.dropped += r[1]
-    elif k == _CLOSED:
+    elif k == _CLOSED or k == _ALIVE:  # the data reaches this time
         _touch(st, cur.base + r[1])
     elif k == _CLOCK:
         st.clock = r[1] - r[2] if st.clock is None else min(st.clock, r[1] - r[2])

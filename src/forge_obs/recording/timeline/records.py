@@ -29,11 +29,15 @@ relative to the header's ``t0`` (epoch µs), ``step`` is an int or null::
     ["M", {"actor": "TrainActor"}]           MetaRecord: identity update (the actor is learnt late)
     ["D", 120]                               DroppedRecord: 120 records lost (buffer overflow)
     ["C", 1763860000000950, 1763860000000100]   ClockRecord: local receive / controller send (epoch µs)
+    ["A", 9050]                              AliveRecord: the process was alive at 9050 with a
+                                             span of its "B" records still open
     ["Z", 9100]                              CloseRecord: the process closed the file cleanly
 
 A complete span is one record; a span is written as ``B`` (then ``E``) only when it stays open
 longer than ``open_after_s`` or when the file is closed, so that the span a hang is stuck in is
-on disk. A span younger than ``open_after_s`` when the process closes its file cleanly gets
+on disk. While such a span is open, a writer pass that has nothing else to write writes ``A``:
+the data of a process killed inside it reaches its last pass, so the span it died in has the
+time it was open (not none). A span younger than ``open_after_s`` when the process closes its file cleanly gets
 ``["E", sid, close_ts, {"x": "shutdown"}]`` right after its ``B``: the shutdown cut it short.
 
 **CPU time** (``"c"``): the thread CPU time (µs, never more than the span's duration) between
@@ -59,18 +63,19 @@ from operator import itemgetter
 from typing import Any, NamedTuple
 
 __all__ = [
-    "NAME", "LANE", "INSTANT", "BEGIN", "END", "STEP", "TAG", "META", "DROPPED", "CLOCK", "CLOSE", "CODES",
+    "NAME", "LANE", "INSTANT", "BEGIN", "END", "STEP", "TAG", "META", "DROPPED", "CLOCK", "CLOSE", "ALIVE", "CODES",
     "X_FLOW", "X_ATTRS", "X_ERROR", "X_CUT", "X_LINK", "X_CPU", "CUT_SHUTDOWN",
     "K_BEGIN", "K_END", "K_LANE", "K_STEP", "K_TAG", "K_EVENT",
     "BeginEntry", "EndEntry", "LaneEntry", "StepEntry", "TagEntry", "EventEntry",
     "SpanRecord", "BeginRecord", "EndRecord", "InstantRecord", "StepRecord", "TagRecord", "NameRecord",
-    "LaneRecord", "MetaRecord", "DroppedRecord", "ClockRecord", "CloseRecord",
+    "LaneRecord", "MetaRecord", "DroppedRecord", "ClockRecord", "CloseRecord", "AliveRecord",
     "entry_kind", "decode", "dumps",
 ]
 
 # ------------------------------------------------------------------ codes of the file records
 NAME, LANE, INSTANT, BEGIN, END, STEP, TAG, META, DROPPED, CLOCK, CLOSE = "N", "L", "I", "B", "E", "S", "T", "M", "D", "C", "Z"
-CODES = (NAME, LANE, INSTANT, BEGIN, END, STEP, TAG, META, DROPPED, CLOCK, CLOSE)
+ALIVE = "A"
+CODES = (NAME, LANE, INSTANT, BEGIN, END, STEP, TAG, META, DROPPED, CLOCK, CLOSE, ALIVE)
 
 # keys of a record's extras (a dict, or absent)
 X_FLOW = "f"  # the flow id (any JSON value)
@@ -298,6 +303,15 @@ class CloseRecord(NamedTuple):
         return f'["Z",{ts}]\n'
 
 
+class AliveRecord(NamedTuple):
+    ts: int
+    CODE = ALIVE
+
+    @staticmethod
+    def encode(ts: int) -> str:
+        return f'["A",{ts}]\n'
+
+
 # ------------------------------------------------------------------ decoding (readers)
 #: ints beyond this are not what the writer writes (and would not fit the SQL views' BIGINT)
 _BIG = 1 << 62
@@ -333,6 +347,7 @@ _SHAPES: dict = {
     DROPPED: (DroppedRecord, 1, (_int,)),
     CLOCK: (ClockRecord, 2, (_int, _int)),
     CLOSE: (CloseRecord, 1, (_int,)),
+    ALIVE: (AliveRecord, 1, (_int,)),
 }
 _SPAN_SHAPE = (SpanRecord, 5, (_int, _int, _int, _int, _step, _ex))
 

@@ -25,13 +25,16 @@ integer microseconds relative to the header's ``t0`` (epoch µs), ``step`` is an
     ["M", {"actor": "TrainActor"}]           identity update (the actor name is learnt late)
     ["D", 120]                               120 records were dropped (buffer overflow)
     ["C", 1763860000000950, 1763860000000100]   clock sample: local receive / controller send (epoch µs)
+    ["A", 9050]                              alive at 9050, a span of its "B" records still open
     ["Z", 9100]                              the process closed the file cleanly
 
 A complete span is one record (its size per record: ``bench/bench_timeline.py``); a span is written as ``B`` (then ``E``) only
 when it stays open longer than ``open_after_s`` or when the file is closed, so that the span a
 hang is stuck in is on disk. A span younger than ``open_after_s`` when the process closes its file
 cleanly gets ``["E", sid, close_ts, {"x": "shutdown"}]`` right after its ``B``: the shutdown cut
-it short; it is not a hang.
+it short; it is not a hang. While a span written as ``B`` is open, a writer pass with nothing
+else to write writes ``A`` (alive at that time): a process killed inside the span leaves data
+up to its last pass, so the span shows how long it was open.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ from forge_obs.recording.timeline.records import (
     X_CPU,
     X_CUT,
     X_ERROR,
+    AliveRecord,
     BeginEntry,
     BeginRecord,
     ClockRecord,
@@ -340,6 +341,8 @@ class Writer:
                 self._open_spans(final, out)
             if self.dropped > dropped0:
                 out.append(DroppedRecord.encode(self.dropped - dropped0))
+            if not out and self.written_open and not final:  # a span on disk as "B" still open
+                out.append(AliveRecord.encode(self._us(recorder.clock_ns())))
             if out:
                 self._write("".join(out))
 
