@@ -37,8 +37,9 @@ A complete span is one record; a span is written as ``B`` (then ``E``) only when
 longer than ``open_after_s`` or when the file is closed, so that the span a hang is stuck in is
 on disk. While such a span is open, a writer pass that has nothing else to write writes ``A``:
 the data of a process killed inside it reaches its last pass, so the span it died in has the
-time it was open (not none). A span younger than ``open_after_s`` when the process closes its file cleanly gets
-``["E", sid, close_ts, {"x": "shutdown"}]`` right after its ``B``: the shutdown cut it short.
+time it was open (not none). A span younger than ``open_after_s`` when the process closes its
+file cleanly gets ``["E", sid, close_ts, {"x": "shutdown"}]`` right after its ``B``: the
+shutdown cut it short.
 
 **CPU time** (``"c"``): the thread CPU time (µs, never more than the span's duration) between
 the span's enter and exit, for spans that read it (see :mod:`forge_obs.recording.timeline.recorder`).
