@@ -121,25 +121,26 @@ class ThreadDelays:
             n_cold -= 1
         hot_left, cold_left = len(hot), len(cold)  # not in this turn: at the fronts (read ones go behind)
         ran = self._read_all(todo)
-        if cpu_ns is not None and cpu_ns - ran > max(2_000_000, cpu_ns // 4) and (hot_left or cold_left):
-            self._scan(cpu_ns, ran, hot_left, cold_left)  # a thread not read ran
+        if cpu_ns is not None and (hot_left or cold_left):
+            missing = cpu_ns - ran - max(2_000_000, cpu_ns // 4)  # a quarter (2 ms) may stay unaccounted for
+            if missing > 0:  # a thread not read ran
+                self._scan(missing, hot_left, cold_left)
         cold.extendleft(reversed(new))  # read first next time: a read now would show no change
         return self.total_ns
 
-    def _scan(self, cpu_ns: int, ran: int, hot_left: int, cold_left: int) -> None:
+    def _scan(self, missing_ns: int, hot_left: int, cold_left: int) -> None:
         """The threads not in this turn (the first ``hot_left`` hot and ``cold_left`` cold ones),
-        those that have run the most first, read until the process's CPU time ``cpu_ns`` is
-        accounted for (the run time of the threads read, ``ran`` so far, leaves at most a quarter
-        of it), at most ``scan_reads``; the ones not read stay at the fronts of their turns."""
+        those that have run the most first, read until their run time covers ``missing_ns`` (the
+        process's CPU time the reads so far left unaccounted for, beyond what may stay so), at
+        most ``scan_reads``; the ones not read stay at the fronts of their turns."""
         hot, cold, state = self.hot, self.cold, self.state
         rest_hot = list(map(_popleft, repeat(hot, hot_left)))
         rest_cold = list(map(_popleft, repeat(cold, cold_left)))
-        floor = max(2_000_000, cpu_ns // 4)
         done = set()
         for tid in heapq.nlargest(self.scan_reads, rest_hot + rest_cold, key=lambda t: state[t][1]):
-            if cpu_ns - ran <= floor:
+            if missing_ns <= 0:
                 break
-            ran += self._read_all((tid,))
+            missing_ns -= self._read_all((tid,))
             done.add(tid)
         hot.extendleft(reversed([t for t in rest_hot if t not in done]))
         cold.extendleft(reversed([t for t in rest_cold if t not in done]))
